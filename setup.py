@@ -1,0 +1,33 @@
+"""Packaging for trainkit; tool configuration lives in pyproject.toml."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_VERSION = re.search(
+    r'__version__ = "([^"]+)"', Path(__file__).with_name("trainkit").joinpath("__init__.py").read_text()
+).group(1)
+
+setup(
+    name="trainkit",
+    version=_VERSION,
+    description="A config-driven PyTorch training framework in detectron2's style",
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["trainkit", "trainkit.*"]),
+    # torch is a minimum, never a pin: users bring the build that matches their CUDA.
+    install_requires=[
+        "torch>=2.1",
+        "fvcore>=0.1.5",
+        "iopath>=0.1.9",
+        "yacs>=0.1.8",
+        "tensorboard>=2.10",
+        "numpy>=1.21",
+        "pyyaml>=5.1",
+        "pillow>=9.0",
+        "tqdm>=4.29",
+    ],
+    extras_require={"test": ["pytest>=7.0"]},
+    include_package_data=True,
+)

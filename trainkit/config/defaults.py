@@ -1,0 +1,172 @@
+"""The config schema: every key trainkit reads, with its default, meaning, unit and valid values.
+
+A key that is not here cannot be set from a file or the command line (the merge is strict),
+so adding a key means adding it here with a comment, and updating the schema snapshot test.
+"""
+
+from __future__ import annotations
+
+from trainkit.config.config import CfgNode as CN
+
+_C = CN()
+
+# Schema version of config files; bumped when keys are renamed or moved.
+_C.VERSION = 1
+
+# ---------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------
+_C.MODEL = CN()
+# Device the model is built on: "cuda" (launch() picks the GPU from the local rank) or "cpu".
+_C.MODEL.DEVICE = "cpu"
+# Name of a META_ARCH_REGISTRY entry that build_model() instantiates with the cfg.
+_C.MODEL.META_ARCHITECTURE = "ImageClassifier"
+# Path or URL of weights to load before training or for --eval-only; "" means none.
+_C.MODEL.WEIGHTS = ""
+# Number of output classes for classification models.
+_C.MODEL.NUM_CLASSES = 6
+# Per-channel pixel mean and std (0-255 scale, RGB) used to normalise inputs in the model.
+_C.MODEL.PIXEL_MEAN = [127.5, 127.5, 127.5]
+_C.MODEL.PIXEL_STD = [64.0, 64.0, 64.0]
+
+# Options of the built-in ImageClassifier.
+_C.MODEL.CLASSIFIER = CN()
+# Output channels of each conv stage (each stage halves the resolution).
+_C.MODEL.CLASSIFIER.CHANNELS = [16, 32, 64, 96]
+# Padded sizes are rounded up to a multiple of this many pixels.
+_C.MODEL.CLASSIFIER.SIZE_DIVISIBILITY = 16
+
+# ---------------------------------------------------------------------------------------
+# Input (the built-in mapper)
+# ---------------------------------------------------------------------------------------
+_C.INPUT = CN()
+# Probability of a horizontal flip of a training image; 0 disables it.
+_C.INPUT.RANDOM_FLIP_PROB = 0.5
+# Training images are rescaled by a factor drawn uniformly from this [min, max] range.
+_C.INPUT.RANDOM_SCALE = [0.8, 1.2]
+# Longest side (pixels) a test image is resized to; 0 keeps test images as they are.
+_C.INPUT.MAX_SIZE_TEST = 0
+
+# ---------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------
+_C.DATASETS = CN()
+# Names registered in DatasetCatalog used for training (concatenated) and for testing.
+_C.DATASETS.TRAIN = ()
+_C.DATASETS.TEST = ()
+
+# ---------------------------------------------------------------------------------------
+# Data loader
+# ---------------------------------------------------------------------------------------
+_C.DATALOADER = CN()
+# Loader worker processes per rank; 0 loads in the training process.
+_C.DATALOADER.NUM_WORKERS = 2
+# Group training samples into batches of similar aspect ratio (decided from the records'
+# width/height before loading; see ASPECT_RATIO_BINS).
+_C.DATALOADER.ASPECT_RATIO_GROUPING = True
+# Boundaries of the aspect-ratio (width / height) buckets used by grouping, increasing.
+# N boundaries give N + 1 buckets; [1.0] reproduces detectron2's two orientation buckets.
+_C.DATALOADER.ASPECT_RATIO_BINS = [0.5, 0.75, 1.0, 1.333, 2.0]
+# Drop images with no annotations (kept for detectron2 compatibility; unused by classifiers).
+_C.DATALOADER.FILTER_EMPTY_ANNOTATIONS = True
+# Training sampler: "TrainingSampler", "RepeatFactorTrainingSampler" or
+# "RandomSubsetTrainingSampler".
+_C.DATALOADER.SAMPLER_TRAIN = "TrainingSampler"
+# RepeatFactorTrainingSampler: repeat images whose rarest category is below this frequency.
+_C.DATALOADER.REPEAT_THRESHOLD = 0.0
+# RandomSubsetTrainingSampler: fraction (0, 1] of the dataset to train on.
+_C.DATALOADER.RANDOM_SUBSET_RATIO = 1.0
+# Batches each worker prepares ahead (torch DataLoader's prefetch_factor); needs workers.
+_C.DATALOADER.PREFETCH_FACTOR = 2
+# Keep workers alive between loader iterations.
+_C.DATALOADER.PERSISTENT_WORKERS = False
+# Copy batches into page-locked memory (faster host-to-GPU copies); only useful with CUDA.
+_C.DATALOADER.PIN_MEMORY = False
+# Consecutive records that may fail to load before the loader gives up with an error.
+_C.DATALOADER.MAX_CONSECUTIVE_FAILURES = 20
+
+# ---------------------------------------------------------------------------------------
+# Solver
+# ---------------------------------------------------------------------------------------
+_C.SOLVER = CN()
+# Optimizer: "SGD" (with MOMENTUM, NESTEROV) or "AdamW" (with BETAS, EPS).
+_C.SOLVER.OPTIMIZER = "SGD"
+# Images per optimizer step summed over all ranks (not per GPU).
+_C.SOLVER.IMS_PER_BATCH = 16
+# Learning rate for IMS_PER_BATCH images per step.
+_C.SOLVER.BASE_LR = 0.001
+# SGD momentum and Nesterov switch.
+_C.SOLVER.MOMENTUM = 0.9
+_C.SOLVER.NESTEROV = False
+# AdamW betas and epsilon.
+_C.SOLVER.BETAS = (0.9, 0.999)
+_C.SOLVER.EPS = 1e-8
+# L2 weight decay of weights; of normalisation layers' parameters; of biases (None: same
+# as WEIGHT_DECAY).
+_C.SOLVER.WEIGHT_DECAY = 0.0001
+_C.SOLVER.WEIGHT_DECAY_NORM = 0.0
+_C.SOLVER.WEIGHT_DECAY_BIAS = None
+# Learning rate of biases is BASE_LR * BIAS_LR_FACTOR.
+_C.SOLVER.BIAS_LR_FACTOR = 1.0
+# Number of training iterations (optimizer steps).
+_C.SOLVER.MAX_ITER = 40000
+# LR schedule: "WarmupMultiStepLR" (multiply by GAMMA at each of STEPS) or "WarmupCosineLR".
+_C.SOLVER.LR_SCHEDULER_NAME = "WarmupMultiStepLR"
+# Iterations at which WarmupMultiStepLR multiplies the LR by GAMMA.
+_C.SOLVER.STEPS = (30000,)
+_C.SOLVER.GAMMA = 0.1
+# WarmupCosineLR ends at BASE_LR * BASE_LR_END_FACTOR.
+_C.SOLVER.BASE_LR_END_FACTOR = 0.0
+# Linear or constant warm-up over WARMUP_ITERS iterations starting at BASE_LR * WARMUP_FACTOR.
+_C.SOLVER.WARMUP_FACTOR = 0.001
+_C.SOLVER.WARMUP_ITERS = 1000
+# "linear" or "constant".
+_C.SOLVER.WARMUP_METHOD = "linear"
+# Save a checkpoint every this many iterations (and at the end); 0 only at the end.
+_C.SOLVER.CHECKPOINT_PERIOD = 5000
+# Keep only the newest this many periodic checkpoints; 0 keeps all.
+_C.SOLVER.MAX_TO_KEEP = 0
+# Number of ranks the config was written for. When the job has another world size,
+# DefaultTrainer.auto_scale_workers rescales batch, LR and schedule linearly. 0 disables it.
+_C.SOLVER.REFERENCE_WORLD_SIZE = 0
+# Gradient clipping: "value" clips each element to [-CLIP_VALUE, CLIP_VALUE]; "norm" clips
+# each parameter's gradient norm; "full_model" clips the norm of all gradients together.
+_C.SOLVER.CLIP_GRADIENTS = CN({"ENABLED": False})
+_C.SOLVER.CLIP_GRADIENTS.CLIP_TYPE = "value"
+_C.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 1.0
+# p of the p-norm used by the "norm" and "full_model" clip types (inf for max-norm).
+_C.SOLVER.CLIP_GRADIENTS.NORM_TYPE = 2.0
+# Mixed precision: fp16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU.
+_C.SOLVER.AMP = CN({"ENABLED": False})
+
+# ---------------------------------------------------------------------------------------
+# Test / evaluation
+# ---------------------------------------------------------------------------------------
+_C.TEST = CN()
+# Evaluate every this many iterations (and after the last); 0 only after training.
+_C.TEST.EVAL_PERIOD = 0
+# Images per rank in a test batch.
+_C.TEST.IMS_PER_BATCH = 1
+# Expected results, as [[task, metric, value, tolerance], ...], checked after evaluation.
+_C.TEST.EXPECTED_RESULTS = []
+# PreciseBN: recompute BatchNorm statistics over NUM_ITER batches before evaluation.
+_C.TEST.PRECISE_BN = CN({"ENABLED": False})
+_C.TEST.PRECISE_BN.NUM_ITER = 200
+
+# ---------------------------------------------------------------------------------------
+# Misc
+# ---------------------------------------------------------------------------------------
+# Directory for checkpoints, logs, metrics and the resolved config.
+_C.OUTPUT_DIR = "./output"
+# Global seed; < 0 draws a random seed (logged) that is shared by all ranks.
+_C.SEED = -1
+# torch.backends.cudnn.benchmark: faster convolutions for fixed input sizes.
+_C.CUDNN_BENCHMARK = False
+# Console/JSON/TensorBoard writers run every this many iterations.
+_C.WRITER_PERIOD = 20
+# Seconds a rank may go without finishing a phase (data, step, checkpoint, eval) before the
+# watchdog stops the job; 0 disables the watchdog.
+_C.WATCHDOG_TIMEOUT_S = 0.0
+# Placeholder for user-defined keys: anything may be added under it.
+_C.GLOBAL = CN(new_allowed=True)
+_C.GLOBAL.HACK = 1.0

@@ -1,0 +1,1 @@
+"""Lowest layer: distributed helpers, logging, files, RNG, events and small shared tools."""
