@@ -1,0 +1,56 @@
+"""auto_scale_workers: detectron2's documented example and refused configurations."""
+
+import pytest
+
+from trainkit.config import get_cfg
+from trainkit.engine.scaling import ScalingError, auto_scale_config
+
+
+def _cfg(batch=16, lr=0.1, ref=8, max_iter=5000, steps=(4000,), eval_period=1000, ckpt=1000):
+    cfg = get_cfg()
+    cfg.SOLVER.IMS_PER_BATCH = batch
+    cfg.SOLVER.BASE_LR = lr
+    cfg.SOLVER.REFERENCE_WORLD_SIZE = ref
+    cfg.SOLVER.MAX_ITER = max_iter
+    cfg.SOLVER.STEPS = steps
+    cfg.SOLVER.WARMUP_ITERS = 1000
+    cfg.TEST.EVAL_PERIOD = eval_period
+    cfg.SOLVER.CHECKPOINT_PERIOD = ckpt
+    return cfg
+
+
+def test_documented_example():
+    cfg = _cfg()
+    out = auto_scale_config(cfg, 16)
+    assert out.SOLVER.IMS_PER_BATCH == 32
+    assert out.SOLVER.BASE_LR == pytest.approx(0.2)
+    assert out.SOLVER.REFERENCE_WORLD_SIZE == 16
+    assert out.SOLVER.MAX_ITER == 2500
+    assert out.SOLVER.STEPS == (2000,)
+    assert out.TEST.EVAL_PERIOD == 500
+    assert out.SOLVER.WARMUP_ITERS == 500 and out.SOLVER.CHECKPOINT_PERIOD == 500
+    assert out.is_frozen()
+    assert cfg.SOLVER.IMS_PER_BATCH == 16  # the input is not modified
+
+
+@pytest.mark.parametrize("ref", [0, 16])
+def test_disabled_or_same_world_size_is_unchanged(ref):
+    cfg = _cfg(ref=ref)
+    out = auto_scale_config(cfg, 16)
+    assert out.SOLVER.IMS_PER_BATCH == 16 and out.SOLVER.MAX_ITER == 5000
+
+
+def test_scaling_down():
+    out = auto_scale_config(_cfg(ref=8), 2)
+    assert out.SOLVER.IMS_PER_BATCH == 4 and out.SOLVER.MAX_ITER == 20000
+
+
+def test_refuses_period_rounding_to_zero():
+    with pytest.raises(ScalingError, match=r"TEST.EVAL_PERIOD=1 .* would round to 0"):
+        auto_scale_config(_cfg(ref=1, eval_period=1, batch=4), 4)
+
+
+def test_refuses_batch_not_divisible_by_reference():
+    with pytest.raises(ScalingError, match=r"IMS_PER_BATCH=10 is not divisible by SOLVER.REFERENCE_WORLD_SIZE=8"):
+        auto_scale_config(_cfg(batch=10), 16)
+

@@ -1,0 +1,91 @@
+"""Linear rescaling of a config written for one world size to another (detectron2's rule)."""
+
+from __future__ import annotations
+
+import logging
+
+from trainkit.config import CfgNode
+
+__all__ = ["ScalingError", "auto_scale_config"]
+
+logger = logging.getLogger(__name__)
+
+
+class ScalingError(ValueError):
+    """The config cannot be rescaled to the requested world size; the message says why."""
+
+
+def _scaled_period(name: str, value: int, scale: float, new_world: int, old_world: int) -> int:
+    scaled = int(round(value / scale))
+    if value > 0 and scaled == 0:
+        raise ScalingError(
+            f"{name}={value} written for {old_world} workers would round to 0 on {new_world}; "
+            f"raise {name} to at least {int(scale + 0.5)} or set SOLVER.REFERENCE_WORLD_SIZE "
+            f"to 0 to turn off automatic scaling."
+        )
+    return scaled
+
+
+def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
+    """Return a frozen copy of ``cfg`` rescaled from SOLVER.REFERENCE_WORLD_SIZE to ``num_workers``.
+
+    The total batch and the learning rate scale up with the number of workers; MAX_ITER,
+    WARMUP_ITERS, STEPS, TEST.EVAL_PERIOD and SOLVER.CHECKPOINT_PERIOD scale down, so the
+    run sees the same number of images with the same schedule. ``REFERENCE_WORLD_SIZE == 0``
+    or equal to ``num_workers`` returns the config unchanged (frozen copy).
+
+    Args:
+        cfg: the config (not modified).
+        num_workers: the world size of the job.
+
+    Returns:
+        The rescaled config, frozen.
+
+    Raises:
+        ScalingError: If the batch does not divide by either world size, or a positive
+            iteration count or period would round to 0.
+    """
+    out = cfg.clone()
+    out.defrost()
+    old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
+    if old_world == 0 or old_world == num_workers:
+        out.freeze()
+        return out
+    if old_world < 0 or num_workers < 1:
+        raise ScalingError(
+            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {num_workers} workers"
+        )
+    batch = cfg.SOLVER.IMS_PER_BATCH
+    if batch % old_world:
+        raise ScalingError(
+            f"SOLVER.IMS_PER_BATCH={batch} is not divisible by SOLVER.REFERENCE_WORLD_SIZE="
+            f"{old_world}, so the per-worker batch is undefined; make it a multiple of {old_world}."
+        )
+    scale = num_workers / old_world
+    # batch / old_world images per worker, times num_workers: divisible by construction.
+    new_batch = batch // old_world * num_workers
+    solver = out.SOLVER
+    solver.IMS_PER_BATCH = new_batch
+    solver.BASE_LR = cfg.SOLVER.BASE_LR * scale
+    solver.MAX_ITER = _scaled_period("SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world)
+    solver.WARMUP_ITERS = _scaled_period(
+        "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, num_workers, old_world
+    )
+    solver.STEPS = tuple(
+        _scaled_period("SOLVER.STEPS", s, scale, num_workers, old_world) for s in cfg.SOLVER.STEPS
+    )
+    solver.CHECKPOINT_PERIOD = _scaled_period(
+        "SOLVER.CHECKPOINT_PERIOD", cfg.SOLVER.CHECKPOINT_PERIOD, scale, num_workers, old_world
+    )
+    out.TEST.EVAL_PERIOD = _scaled_period(
+        "TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD, scale, num_workers, old_world
+    )
+    solver.REFERENCE_WORLD_SIZE = num_workers
+    logger.info(
+        "Auto-scaling the config from %d to %d workers: IMS_PER_BATCH=%d, BASE_LR=%g, "
+        "MAX_ITER=%d, WARMUP_ITERS=%d, STEPS=%s, CHECKPOINT_PERIOD=%d, EVAL_PERIOD=%d",
+        old_world, num_workers, new_batch, solver.BASE_LR, solver.MAX_ITER, solver.WARMUP_ITERS,
+        solver.STEPS, solver.CHECKPOINT_PERIOD, out.TEST.EVAL_PERIOD,
+    )
+    out.freeze()
+    return out
