@@ -324,17 +324,52 @@ def _watch(processes: list, spec: Any, rendezvous: _Rendezvous, report_dir: str)
     running = {p.sentinel: (i, p) for i, p in enumerate(processes)}
     while running:
         ready = multiprocessing.connection.wait(list(running), timeout=_POLL_S)
+        failed = []
         for sentinel in ready:
             local_rank, p = running.pop(sentinel)
             p.join()
             if p.exitcode != 0:
-                rank = spec.machine_rank * spec.num_gpus_per_machine + local_rank
-                message = _describe_failure(rank, p.exitcode, report_dir, local_rank)
-                rendezvous.post_failure(message)
-                raise LaunchError(message, rank=rank)
+                failed.append((local_rank, p.exitcode))
+        if failed:
+            failures = _collect_failures(failed, running, spec, report_dir)
+            rank, message = failures[0]
+            if len(failures) > 1:
+                others = ", ".join(f"rank {r}" for r, _ in failures[1:])
+                message += f"\n(then {others} failed as a consequence)"
+            rendezvous.post_failure(message)
+            raise LaunchError(message, rank=rank)
         remote = rendezvous.failure()
         if remote is not None and running:
             raise LaunchError(f"the job was stopped from another machine: {remote}")
+
+
+# Failures that are the echo of another rank's death: the peer's socket closed under a
+# collective. When a rank raises, its peers often fail this way within milliseconds, and
+# whichever exit the launcher sees first must not be blamed.
+_SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "DistBackendError",
+                      "DistNetworkError", "Broken pipe", "NCCL communicator was aborted")
+_SETTLE_S = 1.0
+
+
+def _collect_failures(failed: list, running: dict, spec: Any, report_dir: str) -> list:
+    """Return (rank, message) for every failed worker, the root cause first.
+
+    Waits up to ``_SETTLE_S`` for the other workers to exit too, so that a rank that died
+    first but was noticed second is still named as the cause.
+    """
+    deadline = time.monotonic() + _SETTLE_S
+    while running and time.monotonic() < deadline:
+        for sentinel in multiprocessing.connection.wait(list(running), timeout=_POLL_S):
+            local_rank, p = running.pop(sentinel)
+            p.join()
+            if p.exitcode != 0:
+                failed.append((local_rank, p.exitcode))
+    failures = []
+    for local_rank, exitcode in failed:
+        rank = spec.machine_rank * spec.num_gpus_per_machine + local_rank
+        failures.append((rank, _describe_failure(rank, exitcode, report_dir, local_rank)))
+    failures.sort(key=lambda item: any(m in item[1] for m in _SECONDARY_MARKERS))
+    return failures
 
 
 def _describe_failure(rank: int, exitcode: int, report_dir: str, local_rank: int) -> str:

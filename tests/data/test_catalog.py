@@ -1,0 +1,50 @@
+import pytest
+
+from trainkit.data import DatasetCatalog, MetadataCatalog
+
+
+@pytest.fixture(autouse=True)
+def clean_catalogs():
+    DatasetCatalog.clear()
+    MetadataCatalog.clear()
+    yield
+    DatasetCatalog.clear()
+    MetadataCatalog.clear()
+
+
+def test_register_get_list_remove():
+    DatasetCatalog.register("toy_train", lambda: [{"i": 1}])
+    assert DatasetCatalog.get("toy_train") == [{"i": 1}]
+    assert DatasetCatalog.list() == ["toy_train"] and "toy_train" in DatasetCatalog
+    DatasetCatalog.remove("toy_train")
+    assert DatasetCatalog.list() == []
+
+
+def test_register_twice_is_an_error():
+    DatasetCatalog.register("a", list)
+    with pytest.raises(ValueError, match="already registered"):
+        DatasetCatalog.register("a", list)
+
+
+def test_unknown_name_lists_registered_names_and_suggests():
+    DatasetCatalog.register("coco_2017_train", list)
+    DatasetCatalog.register("voc_train", list)
+    with pytest.raises(KeyError) as info:
+        DatasetCatalog.get("coco_2017_trian")
+    message = str(info.value)
+    assert "Did you mean 'coco_2017_train'" in message and "'voc_train'" in message
+
+
+def test_metadata_is_set_once():
+    meta = MetadataCatalog.get("toy")
+    meta.thing_classes = ["a", "b"]
+    meta.thing_classes = ["a", "b"]  # same value: fine
+    assert MetadataCatalog.get("toy").thing_classes == ["a", "b"]
+    with pytest.raises(ValueError, match="thing_classes"):
+        meta.thing_classes = ["c"]
+    with pytest.raises(AttributeError, match="available: name, thing_classes"):
+        _ = meta.evaluator_type
+    assert meta.get("evaluator_type", "none") == "none"
+    assert MetadataCatalog.list() == ["toy"]
+    MetadataCatalog.remove("toy")
+    assert MetadataCatalog.list() == []

@@ -1,0 +1,101 @@
+import logging
+import pickle
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from trainkit.data import DatasetFromList, MapDataset, ToIterableDataset, sample_rng, sample_seed
+from trainkit.data.common import AspectRatioGroupedDataset
+from trainkit.data.samplers import InferenceSampler, TrainingSampler
+
+
+def test_dataset_from_list_serialises_into_flat_buffers():
+    records = [{"i": i, "name": f"img{i}.jpg"} for i in range(10)]
+    ds = DatasetFromList(records)
+    assert len(ds) == 10 and ds[3] == records[3] and ds[-1] == records[-1]
+    assert ds._buffer.dtype == np.uint8 and ds._ends.dtype == np.int64
+    ds[3]["i"] = 99  # a fresh copy each time
+    assert ds[3]["i"] == 3
+    with pytest.raises(IndexError):
+        ds[10]
+    plain = DatasetFromList(records, serialize=False)
+    assert plain[2] == records[2] and plain[2] is not records[2]
+    assert len(pickle.loads(pickle.dumps(ds))) == 10
+
+
+def _fail_on_odd(record):
+    if record % 2:
+        return None
+    return record
+
+
+def test_map_dataset_skips_failing_records_deterministically(caplog):
+    ds = MapDataset(list(range(20)), _fail_on_odd)
+    with caplog.at_level(logging.WARNING, logger="trainkit.data.common"):
+        first = [ds[i] for i in range(20)]
+    assert all(x % 2 == 0 for x in first)
+    assert first == [ds[i] for i in range(20)]  # same replacements every time
+    assert "Skipping record 1 of list" in caplog.text and "consecutive failures" in caplog.text
+
+
+def _raise_oserror(record):
+    if record["path"].startswith("bad"):
+        raise OSError(f"cannot read {record['path']}")
+    return record["path"]
+
+
+def test_map_dataset_treats_exceptions_as_failures(caplog):
+    records = [{"path": "bad0.jpg"}] + [{"path": f"ok{i}.jpg"} for i in range(9)]
+    ds = MapDataset(records, _raise_oserror)
+    with caplog.at_level(logging.WARNING, logger="trainkit.data.common"):
+        assert ds[0].startswith("ok")
+    assert "OSError: cannot read bad0.jpg" in caplog.text
+
+
+def test_too_many_consecutive_failures_name_the_dataset_and_record():
+    ds = MapDataset(
+        [{"file": "x.png"}] * 5, lambda r: None, max_consecutive_failures=3, name="toy_train"
+    )
+    with pytest.raises(
+        RuntimeError, match=r"3 records of dataset 'toy_train'.*'file': 'x.png'"
+    ) as info:
+        ds[0]
+    assert "MAX_CONSECUTIVE_FAILURES" in str(info.value)
+
+
+def _rng_mapper(record):
+    return record, float(sample_rng().random()), sample_seed()
+
+
+def test_sample_context_in_map_dataset_and_error_outside():
+    ds = MapDataset(list(range(5)), _rng_mapper)
+    assert ds[2] == ds[2] and ds[2][1] != ds[3][1]
+    assert ds.map_at(2, seed=1, position=7) != ds.map_at(2, seed=1, position=8)
+    with pytest.raises(RuntimeError, match="inside a mapper"):
+        sample_rng()
+    with pytest.raises(RuntimeError, match="inside a mapper"):
+        sample_seed()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_to_iterable_dataset_workers_split_the_stream(num_workers):
+    ds = ToIterableDataset(
+        list(range(10)), InferenceSampler(10, rank=0, world_size=1), shard_chunk_size=2
+    )
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
+    assert sorted(loader) == list(range(10))
+
+
+def test_to_iterable_dataset_with_training_sampler_computes_worker_shares():
+    n = 12
+    ds = ToIterableDataset(list(range(n)), TrainingSampler(n, seed=3, rank=0, world_size=1))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    first_epoch = [x for x, _ in zip(loader, range(n))]
+    assert sorted(first_epoch) == list(range(n))  # workers together: each index once
+
+
+def test_aspect_ratio_grouped_dataset_groups_by_orientation():
+    samples = [{"width": w, "height": 10} for w in (20, 5, 30, 6, 40, 7)]
+    batches = list(AspectRatioGroupedDataset(samples, 3))
+    assert [[s["width"] for s in b] for b in batches] == [[20, 30, 40], [5, 6, 7]]

@@ -1,0 +1,254 @@
+import io
+import itertools
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from trainkit.config import get_cfg
+from trainkit.data import (
+    DatasetCatalog,
+    build_batch_data_loader,
+    build_test_loader,
+    build_train_loader,
+    sample_rng,
+    sample_seed,
+)
+from trainkit.data._sample_context import sample_context
+from trainkit.data.batching import aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.samplers import TrainingSampler
+
+BINS = [0.5, 0.75, 1.0, 1.333, 2.0]
+
+
+def make_records(n=60):
+    widths = [10, 30, 64, 100, 150, 220]
+    return [{"id": i, "width": widths[i % 6] + i % 4, "height": 100} for i in range(n)]
+
+
+def identity_mapper(record):
+    return record["id"]
+
+
+def rng_mapper(record):
+    return record["id"], int(sample_rng().integers(1 << 30)), sample_seed()
+
+
+def flaky_mapper(record):
+    if record["id"] % 7 == 3:
+        raise OSError(f"unreadable file for record {record['id']}")
+    return record["id"]
+
+
+def make_cfg(**overrides):
+    cfg = get_cfg()
+    cfg.SEED = 42
+    cfg.SOLVER.IMS_PER_BATCH = 4
+    cfg.DATALOADER.NUM_WORKERS = 0
+    cfg.DATALOADER.ASPECT_RATIO_GROUPING = False
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = getattr(node, p)
+        setattr(node, leaf, value)
+    return cfg
+
+
+def take(loader, n):
+    return list(itertools.islice(iter(loader), n))
+
+
+def roundtrip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("grouping", [False, True], ids=["plain", "grouped"])
+def test_batch_stream_is_identical_for_any_num_workers(grouping):
+    records = make_records()
+    streams = {}
+    for num_workers in (0, 1, 2, 4):
+        cfg = make_cfg(
+            **{"DATALOADER.NUM_WORKERS": num_workers, "DATALOADER.ASPECT_RATIO_GROUPING": grouping}
+        )
+        streams[num_workers] = take(build_train_loader(cfg, rng_mapper, dataset=records), 12)
+    assert streams[0] == streams[1] == streams[2] == streams[4]
+    assert all(len(batch) == 4 for batch in streams[0])
+
+
+def test_plain_batches_follow_the_sampler_stream():
+    records = make_records(30)
+    loader = build_train_loader(make_cfg(), identity_mapper, dataset=records)
+    batches = take(loader, 15)  # two epochs
+    flat = [i for b in batches for i in b]
+    expected = list(itertools.islice(iter(TrainingSampler(30, seed=42, rank=0, world_size=1)), 60))
+    assert flat == expected
+    assert loader.num_batches_returned == 15
+    assert loader.last_batch_positions == [56, 57, 58, 59]
+    assert loader.last_batch_indices == batches[-1]
+
+
+def test_grouping_never_mixes_buckets_and_uses_more_than_two():
+    records = make_records()
+    buckets = aspect_ratio_bucket_ids(record_aspect_ratios(records), BINS)
+    assert len(set(buckets.tolist())) > 2
+    cfg = make_cfg(
+        **{"DATALOADER.ASPECT_RATIO_GROUPING": True, "DATALOADER.ASPECT_RATIO_BINS": BINS}
+    )
+    batches = take(build_train_loader(cfg, identity_mapper, dataset=records), 30)
+    for batch in batches:
+        assert len({int(buckets[i]) for i in batch}) == 1
+    assert len({int(buckets[b[0]]) for b in batches}) > 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("grouping", [False, True], ids=["plain", "grouped"])
+def test_loader_state_round_trip_continues_with_the_next_batch(grouping, num_workers):
+    records = make_records()
+    cfg = make_cfg(
+        **{"DATALOADER.ASPECT_RATIO_GROUPING": grouping, "DATALOADER.NUM_WORKERS": num_workers}
+    )
+    reference = take(build_train_loader(cfg, rng_mapper, dataset=records), 20)
+
+    loader = build_train_loader(cfg, rng_mapper, dataset=records)
+    assert take(loader, 7) == reference[:7]  # workers have prefetched beyond batch 7 by now
+    state = roundtrip(loader.state_dict())
+    assert state["num_batches"] == 7
+    if grouping:
+        assert any(state["buckets"]), "expected samples waiting in buckets mid-stream"
+
+    resumed = build_train_loader(cfg, rng_mapper, dataset=records)
+    resumed.load_state_dict(state)
+    assert take(resumed, 13) == reference[7:]
+    # iterating the same loader again also continues after the last returned batch
+    assert take(loader, 3) == reference[7:10]
+
+
+def test_state_of_another_rank_or_batch_size_is_refused():
+    records = make_records()
+    state = build_train_loader(make_cfg(), identity_mapper, dataset=records).state_dict()
+    other = build_train_loader(
+        make_cfg(**{"SOLVER.IMS_PER_BATCH": 8}), identity_mapper, dataset=records
+    )
+    with pytest.raises(ValueError, match="batch_size"):
+        other.load_state_dict(state)
+
+
+def test_sample_rng_depends_only_on_seed_and_position():
+    records = make_records()
+    batches = take(build_train_loader(make_cfg(), rng_mapper, dataset=records), 10)
+    samples = [s for b in batches for s in b]
+    for position, (_, draw, seed) in enumerate(samples):  # world size 1: position = order
+        with sample_context(42, position):
+            assert (draw, seed) == (int(sample_rng().integers(1 << 30)), sample_seed())
+    assert len({draw for _, draw, _ in samples}) == len(samples)
+    other_seed = take(build_train_loader(make_cfg(SEED=43), rng_mapper, dataset=records), 1)
+    assert other_seed[0][0][1] != batches[0][0][1]
+
+
+def test_failing_records_are_skipped_and_data_keeps_flowing(caplog):
+    records = make_records()
+    cfg = make_cfg(**{"DATALOADER.NUM_WORKERS": 0})
+    with caplog.at_level(logging.WARNING, logger="trainkit.data.common"):
+        batches = take(build_train_loader(cfg, flaky_mapper, dataset=records), 20)
+    assert all(len(b) == 4 and all(i % 7 != 3 for i in b) for b in batches)
+    assert "unreadable file for record" in caplog.text
+    with_workers = take(
+        build_train_loader(
+            make_cfg(**{"DATALOADER.NUM_WORKERS": 2}), flaky_mapper, dataset=records
+        ),
+        20,
+    )
+    assert with_workers == batches  # replacements are deterministic
+
+
+def _always_none(record):
+    return None
+
+
+def test_too_many_failures_raise_naming_dataset_and_record():
+    DatasetCatalog.register(
+        "toy_broken", lambda: [{"id": i, "file_name": f"f{i}.png"} for i in range(8)]
+    )
+    try:
+        cfg = make_cfg(
+            **{"DATASETS.TRAIN": ("toy_broken",), "DATALOADER.MAX_CONSECUTIVE_FAILURES": 3}
+        )
+        with pytest.raises(RuntimeError, match=r"dataset 'toy_broken'.*'file_name': 'f\d\.png'"):
+            take(build_train_loader(cfg, _always_none), 1)
+    finally:
+        DatasetCatalog.remove("toy_broken")
+
+
+def test_unknown_dataset_and_bad_batch_size_give_clear_errors():
+    with pytest.raises(KeyError, match="'no_such_set' is not registered"):
+        build_train_loader(make_cfg(**{"DATASETS.TRAIN": ("no_such_set",)}))
+    with pytest.raises(ValueError, match=r"SOLVER.IMS_PER_BATCH=0 .*world size \(1\)"):
+        build_train_loader(make_cfg(**{"SOLVER.IMS_PER_BATCH": 0}), dataset=make_records())
+    with pytest.raises(ValueError, match=r"DATASETS\.TRAIN"):
+        build_train_loader(make_cfg())
+    with pytest.raises(ValueError, match="width"):
+        build_train_loader(
+            make_cfg(**{"DATALOADER.ASPECT_RATIO_GROUPING": True}), dataset=[{"id": 0}]
+        )
+
+
+def test_build_batch_data_loader_with_collate_and_iterable_dataset():
+    sampler = TrainingSampler(10, seed=0, rank=0, world_size=1)
+    loader = build_batch_data_loader(list(range(10)), sampler, 4, collate_fn=torch.tensor)
+    batch = next(iter(loader))
+    assert isinstance(batch, torch.Tensor) and batch.shape == (4,)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    assert list(build_batch_data_loader(Stream(), None, 4)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="sampler"):
+        build_batch_data_loader(list(range(10)), None, 4)
+
+
+def test_build_test_loader_covers_dataset_once():
+    DatasetCatalog.register("toy_test", lambda: [{"id": i} for i in range(7)])
+    try:
+        cfg = make_cfg(**{"TEST.IMS_PER_BATCH": 3})
+        batches = list(build_test_loader(cfg, "toy_test", identity_mapper))
+        assert batches == [[0, 1, 2], [3, 4, 5], [6]]
+    finally:
+        DatasetCatalog.remove("toy_test")
+
+
+@pytest.mark.parametrize(
+    "sampler_name", ["RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler"]
+)
+def test_other_samplers_from_config(sampler_name):
+    records = [dict(r, annotations=[{"category_id": r["id"] % 3}]) for r in make_records()]
+    cfg = make_cfg(
+        **{
+            "DATALOADER.SAMPLER_TRAIN": sampler_name,
+            "DATALOADER.REPEAT_THRESHOLD": 0.5,
+            "DATALOADER.RANDOM_SUBSET_RATIO": 0.5,
+        }
+    )
+    batches = take(build_train_loader(cfg, identity_mapper, dataset=records), 5)
+    assert all(len(b) == 4 for b in batches)
+    with pytest.raises(ValueError, match="TrainingSampler"):
+        build_train_loader(make_cfg(**{"DATALOADER.SAMPLER_TRAIN": "Nope"}), dataset=records)
+
+
+def test_grouping_bins_are_validated():
+    with pytest.raises(ValueError, match="ASPECT_RATIO_BINS"):
+        aspect_ratio_bucket_ids(np.array([1.0]), [2.0, 1.0])
+
+
+def test_persistent_workers_continue_after_the_last_returned_batch():
+    records = make_records()
+    reference = take(build_train_loader(make_cfg(), identity_mapper, dataset=records), 9)
+    cfg = make_cfg(**{"DATALOADER.NUM_WORKERS": 2, "DATALOADER.PERSISTENT_WORKERS": True})
+    loader = build_train_loader(cfg, identity_mapper, dataset=records)
+    assert take(loader, 4) + take(loader, 5) == reference

@@ -1,0 +1,163 @@
+import io
+import itertools
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from trainkit.data.samplers import (
+    InferenceSampler,
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
+
+
+def take(sampler, n):
+    return list(itertools.islice(iter(sampler), n))
+
+
+def roundtrip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_each_epoch_is_a_new_permutation():
+    n = 97
+    stream = take(TrainingSampler(n, seed=1, rank=0, world_size=1), 4 * n)
+    epochs = [stream[e * n : (e + 1) * n] for e in range(4)]
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(n))
+    assert len({tuple(e) for e in epochs}) == 4
+    assert epochs[0] != list(range(n))
+
+
+def test_seed_selects_the_stream_and_shuffle_false_is_ordered():
+    assert take(TrainingSampler(50, seed=1), 50) == take(TrainingSampler(50, seed=1), 50)
+    assert take(TrainingSampler(50, seed=1), 50) != take(TrainingSampler(50, seed=2), 50)
+    assert take(TrainingSampler(5, shuffle=False, seed=0), 12) == [0, 1, 2, 3, 4] * 2 + [0, 1]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_rank_streams_are_disjoint_and_union_is_a_permutation(world_size):
+    n = 24  # divisible: every epoch splits evenly across ranks
+    per_rank = [
+        take(TrainingSampler(n, seed=9, rank=r, world_size=world_size), 2 * n // world_size)
+        for r in range(world_size)
+    ]
+    for epoch in range(2):
+        chunk = n // world_size
+        parts = [set(s[epoch * chunk : (epoch + 1) * chunk]) for s in per_rank]
+        assert sum(map(len, parts)) == n and set().union(*parts) == set(range(n))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TrainingSampler(31, seed=5, rank=1, world_size=3),
+        lambda: RandomSubsetTrainingSampler(
+            40, 0.5, seed_shuffle=2, seed_subset=3, rank=0, world_size=2
+        ),
+        lambda: RepeatFactorTrainingSampler(torch.tensor([1.0, 2.5, 0.5, 1.0, 3.0]), seed=7),
+    ],
+    ids=["training", "subset", "repeat"],
+)
+@pytest.mark.parametrize("k", [0, 1, 17, 60])
+def test_state_round_trip_continues_the_stream(make, k):
+    reference = take(make(), k + 25)
+    sampler = make()
+    assert take(sampler, k) == reference[:k]
+    state = roundtrip(sampler.state_dict())
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert take(fresh, 25) == reference[k:]
+
+
+def test_load_state_of_another_stream_is_refused():
+    state = TrainingSampler(10, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        TrainingSampler(10, seed=2).load_state_dict(state)
+
+
+def test_huge_dataset_in_constant_memory():
+    n = 400_000_000
+    tracemalloc.start()
+    sampler = TrainingSampler(n, seed=0)
+    first = take(sampler, 1000)
+    state = dict(sampler.state_dict(), num_drawn=n - 5)  # jump to the end of epoch 0
+    sampler.load_state_dict(state)
+    tail = take(sampler, 10)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 50 * 2**20  # a materialised permutation would be 3.2 GB
+    assert all(0 <= i < n for i in first + tail) and len(set(first)) == 1000
+
+
+def test_random_subset_stays_in_a_fixed_subset():
+    sampler = RandomSubsetTrainingSampler(100, 0.3, seed_shuffle=1, seed_subset=2)
+    stream = take(sampler, 90)
+    subset = set(stream[:30])
+    assert len(subset) == 30 and set(stream) == subset
+    assert stream[:30] != stream[30:60]  # reshuffled per epoch
+    with pytest.raises(ValueError, match="RANDOM_SUBSET_RATIO"):
+        RandomSubsetTrainingSampler(10, 1.5, seed_shuffle=0, seed_subset=0)
+
+
+def test_repeat_factors_from_category_frequency():
+    records = [{"annotations": [{"category_id": 0}]}] * 9 + [
+        {"annotations": [{"category_id": 1}]},
+        {},
+    ]
+    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5)
+    assert factors[0].item() == 1.0 and factors[-1].item() == 1.0
+    assert factors[9].item() == pytest.approx((0.5 / (1 / 11)) ** 0.5)
+
+
+def test_repeat_factor_sampler_repeats_on_average():
+    sampler = RepeatFactorTrainingSampler([1.0, 3.0, 0.5], seed=0)
+    counts = np.bincount(take(sampler, 4500), minlength=3)
+    assert counts[1] / counts[0] == pytest.approx(3.0, rel=0.1)
+    assert counts[2] / counts[0] == pytest.approx(0.5, rel=0.15)
+
+
+@pytest.mark.parametrize(("size", "world_size"), [(5, 2), (10, 3), (2, 4), (7, 7), (0, 2)])
+def test_inference_sampler_covers_each_index_once(size, world_size):
+    shards = [
+        list(InferenceSampler(size, rank=r, world_size=world_size)) for r in range(world_size)
+    ]
+    assert [i for s in shards for i in s] == list(range(size))
+    assert [
+        len(InferenceSampler(size, rank=r, world_size=world_size)) for r in range(world_size)
+    ] == [len(s) for s in shards]
+
+
+def test_inference_sampler_vs_torch_distributed_sampler():
+    """Compare InferenceSampler with torch's DistributedSampler on the finite case.
+
+    torch's DistributedSampler gives every rank ceil(N / R) indices, padding the (shuffled)
+    list with its own head until it divides evenly, and interleaves ranks (rank r takes
+    positions r, r + R, ...). For N = 5, R = 2 one sample is therefore seen twice per epoch.
+    InferenceSampler instead gives contiguous shards whose sizes differ by at most one and
+    covers each index exactly once, which is what evaluation needs. The interleaving rule is
+    the same one the training samplers use for their infinite streams.
+    """
+    n, world_size = 5, 2
+    data = list(range(n))
+    torch_shards = [
+        list(DistributedSampler(data, num_replicas=world_size, rank=r, shuffle=False))
+        for r in range(world_size)
+    ]
+    assert torch_shards == [[0, 2, 4], [1, 3, 0]]  # padded with the head: index 0 twice
+    ours = [list(InferenceSampler(n, rank=r, world_size=world_size)) for r in range(world_size)]
+    assert ours == [[0, 1, 2], [3, 4]]
+    assert sorted(ours[0] + ours[1]) == data and sorted(torch_shards[0] + torch_shards[1]) != data
+    # With shuffling, torch pads the permuted list the same way (seed + epoch keyed).
+    shuffled = [
+        list(DistributedSampler(data, num_replicas=world_size, rank=r, seed=0))
+        for r in range(world_size)
+    ]
+    assert sum(map(len, shuffled)) == 6 and len(set(shuffled[0] + shuffled[1])) == 5

@@ -1,0 +1,154 @@
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainkit.utils.events import (
+    CommonMetricPrinter,
+    EventStorage,
+    JSONWriter,
+    TensorboardXWriter,
+    get_event_storage,
+)
+
+
+@pytest.fixture
+def events_log(caplog):
+    # setup_logger() may have stopped "trainkit" from propagating to the root logger that
+    # caplog listens on; attach caplog's handler to it directly.
+    target = logging.getLogger("trainkit")
+    attach = not target.propagate
+    if attach:
+        target.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="trainkit.utils.events")
+    yield caplog
+    if attach:
+        target.removeHandler(caplog.handler)
+
+
+def test_get_event_storage_outside_context_is_clear():
+    with pytest.raises(RuntimeError, match="EventStorage"):
+        get_event_storage()
+
+
+def test_storage_stack_nests_and_pops():
+    with EventStorage() as outer:
+        assert get_event_storage() is outer
+        with EventStorage() as inner:
+            assert get_event_storage() is inner
+        assert get_event_storage() is outer
+
+
+def test_put_scalar_history_smoothing_and_scope():
+    with EventStorage(start_iter=3) as storage:
+        storage.put_scalar("loss", 4.0)
+        storage.put_scalar("lr", 0.1, smoothing_hint=False)
+        storage.step()
+        storage.put_scalars(loss=2.0, acc=torch.tensor(0.5))
+        storage.put_scalar("lr", 0.2, smoothing_hint=False)
+        with storage.name_scope("val"):
+            storage.put_scalar("top1", 0.9)
+        storage.put_scalar("late", 1.0, cur_iter=10)
+
+        assert storage.iter == 4
+        assert storage.history("loss").values() == [(4.0, 3), (2.0, 4)]
+        assert storage.latest()["lr"] == (0.2, 4)
+        smoothed = storage.latest_with_smoothing_hint(window_size=2)
+        assert smoothed["loss"] == (3.0, 4)  # median of the window
+        assert smoothed["lr"] == (0.2, 4)  # unsmoothed: latest
+        assert "val/top1" in storage.histories()
+        assert storage.smoothing_hints()["lr"] is False
+        assert storage.latest()["late"] == (1.0, 10)
+        with pytest.raises(KeyError, match="nope"):
+            storage.history("nope")
+        with pytest.raises(ValueError, match="smoothing_hint"):
+            storage.put_scalar("lr", 0.3, smoothing_hint=True)
+        storage.iter = 7
+        assert storage.iter == 7
+
+
+def test_json_writer_appends_only_new_metrics(tmp_path):
+    path = tmp_path / "metrics.json"
+    writer = JSONWriter(str(path), window_size=1)
+    with EventStorage() as storage:
+        for _ in range(3):
+            storage.put_scalars(total_loss=1.5, lr=0.01)
+            storage.step()
+        writer.write()
+        writer.write()  # nothing new: no new line
+        storage.put_scalar("total_loss", 0.5)
+        writer.write()
+    writer.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    # Only the latest value of each metric is kept between writes, so the first write
+    # reports iteration 2 only.
+    assert lines == [
+        {"iteration": 2, "total_loss": 1.5, "lr": 0.01},
+        {"iteration": 3, "total_loss": 0.5},
+    ]
+    JSONWriter(str(path)).close()  # reopening appends, never truncates
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_tensorboard_writer_writes_event_files(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = TensorboardXWriter(str(tmp_path), window_size=1)
+    with EventStorage() as storage:
+        storage.put_scalar("total_loss", 2.0)
+        storage.put_scalar("lr", 0.1, smoothing_hint=False)
+        storage.put_image("img", torch.zeros(3, 4, 4))
+        storage.put_histogram("weights", torch.arange(10.0), bins=5)
+        writer.write()
+        storage.step()
+        storage.put_scalar("total_loss", 1.0)
+        writer.write()
+        assert storage._vis_data == []
+        assert storage._histograms == []
+    writer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    tags = acc.Tags()
+    assert {"total_loss", "lr"} <= set(tags["scalars"])
+    assert [(e.step, e.value) for e in acc.Scalars("total_loss")] == [(0, 2.0), (1, 1.0)]
+    assert [e.step for e in acc.Scalars("lr")] == [0]
+    assert "img" in tags["images"]
+    assert "weights" in tags["histograms"]
+
+
+def test_common_metric_printer_logs_progress(events_log):
+    printer = CommonMetricPrinter(max_iter=100, window_size=5)
+    with EventStorage(start_iter=9) as storage:
+        for time_s in (0.5, 0.5, 0.5):
+            storage.put_scalars(total_loss=1.25, loss_cls=0.75, time=time_s, data_time=0.01)
+        storage.put_scalar("lr", 0.02, smoothing_hint=False)
+        printer.write()
+        eta_s = storage.latest()["eta_seconds"][0]
+    line = events_log.records[-1].getMessage()
+    assert "eta: 0:00:45" in line  # 90 remaining iterations * 0.5 s
+    assert eta_s == pytest.approx(45.0)
+    for part in ("iter: 9", "total_loss: 1.25", "loss_cls: 0.75", "lr: 0.02", "time: 0.5"):
+        assert part in line
+
+
+def test_common_metric_printer_without_timer_and_after_training(events_log):
+    printer = CommonMetricPrinter(max_iter=10)
+    with EventStorage(start_iter=10) as storage:
+        storage.put_scalar("total_loss", 1.0)
+        printer.write()  # training is over: nothing
+        assert not events_log.records
+        storage.iter = 3
+        printer.write()
+    line = events_log.records[-1].getMessage()
+    assert "iter: 3" in line
+    assert "lr: N/A" in line
+    assert "eta" not in line
+
+
+def test_import_does_not_load_tensorboard():
+    code = "import sys, trainkit.utils.events; print('torch.utils.tensorboard' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,198 @@
+"""Reading checkpoint files safely, and checking that saved data stays ``weights_only``-loadable."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "UntrustedCheckpointError",
+    "find_unsafe_value",
+    "read_checkpoint_file",
+    "strip_wrapper_prefixes",
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used as asked (wrong content, or a strict load found mismatches)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file cannot be read: truncated, corrupt, or not a torch checkpoint."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint file needs full pickle (arbitrary code) to load, and it was not trusted."""
+
+
+# Leaf types torch.load(weights_only=True) rebuilds without an allow-list (checked on torch
+# 2.13). Exact types, not isinstance: subclasses such as IntEnum or namedtuples are pickled
+# by reference to their class and are refused on load.
+_PLAIN_LEAVES = (
+    type(None), bool, int, float, complex, str, bytes, bytearray,
+    torch.dtype, torch.device, torch.Size,
+)  # fmt: skip
+_PLAIN_CONTAINERS = (dict, collections.OrderedDict, list, tuple, set)
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
+    """Return a description of the first value ``weights_only`` loading would refuse, or None.
+
+    Args:
+        obj: the data about to be saved.
+        where: the name of ``obj``, used to build the path of the offending value.
+
+    Returns:
+        ``"checkpoint['optimizer']['x'] is a numpy.ndarray"``-style text, or ``None`` if
+        everything is tensors, plain containers and the leaf types above (or classes the user
+        allow-listed with ``torch.serialization.add_safe_globals``).
+    """
+    if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_LEAVES:
+        return None
+    if type(obj) in _PLAIN_CONTAINERS:
+        if isinstance(obj, Mapping):
+            for key, value in obj.items():
+                found = find_unsafe_value(key, f"{where} key") or find_unsafe_value(
+                    value, f"{where}[{key!r}]"
+                )
+                if found:
+                    return found
+        else:
+            for i, value in enumerate(obj):
+                found = find_unsafe_value(value, f"{where}[{i}]")
+                if found:
+                    return found
+        return None
+    if type(obj) in torch.serialization.get_safe_globals():
+        return None
+    return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def read_checkpoint_file(path: str, *, trust_pickle: bool) -> dict[str, Any]:
+    """Load a local checkpoint file onto the CPU, explaining every failure by file name.
+
+    Args:
+        path: a local file.
+        trust_pickle: load with full pickle (runs code named in the file) instead of
+            ``weights_only=True``.
+
+    Returns:
+        The loaded dict; a bare state dict (tensors only) is returned as ``{"model": it}``.
+
+    Raises:
+        UntrustedCheckpointError: If the file holds objects ``weights_only`` refuses.
+        CorruptCheckpointError: If the file cannot be read or is not a checkpoint.
+    """
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except pickle.UnpicklingError as e:
+        match = _UNSUPPORTED_GLOBAL.search(str(e))
+        if match is None:
+            raise _corrupt(path, e) from e
+        raise UntrustedCheckpointError(
+            f"Checkpoint {path} stores a Python object of type {match.group(1)}, which "
+            "torch.load(weights_only=True) refuses because unpickling it can run arbitrary "
+            "code. If you trust this file, load it with Checkpointer(..., trust_pickle=True); "
+            "better, re-save it so it holds only tensors and plain containers."
+        ) from e
+    except (ImportError, AttributeError) as e:
+        if not trust_pickle:
+            raise _corrupt(path, e) from e
+        raise CheckpointError(
+            f"Checkpoint {path} refers to Python code that cannot be imported here: {e}"
+        ) from e
+    except Exception as e:
+        # Damaged bytes surface from deep inside torch.load as many types (RuntimeError from
+        # the zip reader, EOFError, struct.error, UnicodeDecodeError, ...); all mean the
+        # same thing to the user.
+        raise _corrupt(path, e) from e
+    if not isinstance(data, dict):
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} holds a {type(data).__name__}, not a dict; it was not written "
+            "by a trainkit/fvcore/detectron2 Checkpointer or torch.save(state_dict)."
+        )
+    if "model" not in data:
+        if data and all(isinstance(v, torch.Tensor) for v in data.values()):
+            return {"model": data}  # a bare state dict, e.g. torch.save(model.state_dict())
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} has no 'model' entry (top-level keys: "
+            f"{', '.join(map(str, list(data)[:10]))}). Convert it to "
+            "{'model': state_dict} or save the bare state dict."
+        )
+    return data
+
+
+def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
+    try:
+        size = f"{os.path.getsize(path)} bytes"
+    except OSError:
+        size = "unknown size"
+    reason = str(error).split("\n")[0] or type(error).__name__
+    return CorruptCheckpointError(
+        f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: {reason}. The file "
+        "is truncated or corrupt (an interrupted copy or a full disk?); delete it or "
+        "replace it with a good copy."
+    )
+
+
+def strip_wrapper_prefixes(
+    state_dict: Mapping[str, Any], model_keys: set[str]
+) -> collections.OrderedDict[str, Any]:
+    """Drop ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes the model lacks.
+
+    A prefix is removed only when every key has it and the model's own keys do not, so a
+    model with a submodule literally named ``module`` keeps its keys.
+
+    Args:
+        state_dict: the checkpoint's model state.
+        model_keys: the keys of the bare model's ``state_dict()``.
+
+    Returns:
+        A new ``OrderedDict`` (with ``_metadata`` carried over and renamed).
+    """
+    result = collections.OrderedDict(state_dict)
+    metadata = getattr(state_dict, "_metadata", None)
+    metadata = collections.OrderedDict(metadata) if metadata is not None else None
+    changed = True
+    while changed and result:
+        changed = False
+        for prefix in ("module.", "_orig_mod."):
+            if all(k.startswith(prefix) for k in result) and not (
+                model_keys and all(k.startswith(prefix) for k in model_keys)
+            ):
+                result = collections.OrderedDict((k[len(prefix) :], v) for k, v in result.items())
+                if metadata is not None:
+                    # Module version metadata is keyed by module path: "" (the wrapper),
+                    # "module" (the model) and "module.xx"; rename them the same way.
+                    metadata = _strip_metadata_prefix(metadata, prefix)
+                changed = True
+    if metadata is not None:
+        result._metadata = metadata  # type: ignore[attr-defined]
+    return result
+
+
+def _strip_metadata_prefix(
+    metadata: collections.OrderedDict[str, Any], prefix: str
+) -> collections.OrderedDict[str, Any]:
+    # Module version metadata is keyed by module path: "" is the wrapper (dropped),
+    # "module" the wrapped model (becomes ""), "module.xx" a submodule (becomes "xx").
+    renamed: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    for key, value in metadata.items():
+        if key == "":
+            continue
+        if key + "." == prefix:
+            renamed[""] = value
+        elif key.startswith(prefix):
+            renamed[key[len(prefix) :]] = value
+        else:
+            renamed[key] = value
+    return renamed

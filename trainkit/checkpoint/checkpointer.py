@@ -1,0 +1,387 @@
+"""Atomic, unwrapped, ``weights_only``-safe checkpoints on top of fvcore's ``Checkpointer``.
+
+What a checkpoint may hold: tensors and plain containers (dict, OrderedDict, list, tuple,
+set) of numbers, strings, bytes, ``None``, ``torch.dtype``/``device``/``Size``. That is what
+``torch.load(weights_only=True)`` rebuilds without running code, and every load here uses
+it. ``save`` refuses anything else up front (naming the offending entry) rather than writing
+a file that cannot be resumed from. Convert numpy arrays to tensors or lists, and numpy's RNG
+state with :func:`trainkit.utils.env.get_rng_state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
+from torch import nn
+
+from trainkit.checkpoint._files import (
+    CheckpointError,
+    CorruptCheckpointError,
+    find_unsafe_value,
+    read_checkpoint_file,
+    strip_wrapper_prefixes,
+)
+from trainkit.utils import comm
+from trainkit.utils.file_io import PathManager, atomic_write
+
+__all__ = [
+    "Checkpointable",
+    "Checkpointer",
+    "IncompatibleKeys",
+    "unwrap_model",
+]
+
+logger = logging.getLogger(__name__)
+
+_TAG_FILE = "last_checkpoint"
+
+
+class Checkpointable(Protocol):
+    """Anything whose state can be saved and restored: modules, optimizers, schedulers, hooks."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state as tensors and plain containers (see the module docstring)."""
+        ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+        """Restore the state returned by :meth:`state_dict`."""
+        ...
+
+
+class IncompatibleKeys(NamedTuple):
+    """How a checkpoint's model state differed from the model it was loaded into."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    # (key, shape in the checkpoint, shape in the model); these entries were not loaded.
+    incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Return the bare module inside DDP / DataParallel / ``torch.compile`` wrappers.
+
+    Saving the bare module keeps checkpoint keys free of ``module.`` and ``_orig_mod.``
+    prefixes, so a checkpoint loads the same with or without the wrappers.
+    """
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            # torch.compile's OptimizedModule; checked by attribute so torch._dynamo (slow
+            # to import) is not loaded here.
+            model = model._orig_mod  # type: ignore[assignment]
+        else:
+            return model
+
+
+class Checkpointer(_FvcoreCheckpointer):
+    """Save and load a model plus any :class:`Checkpointable` objects.
+
+    Beyond fvcore: saves are atomic (temp file, fsync, rename, then the ``last_checkpoint``
+    tag, also atomically), hold the bare module's state, and refuse data that
+    ``weights_only`` loading cannot read; loads use ``weights_only=True``, accept ``module.``
+    and ``_orig_mod.`` prefixes, explain corrupt files by name, and report shape mismatches
+    in one message. :meth:`resume_or_load` falls back to older checkpoints when the newest
+    is unreadable.
+
+    It does not decide *when* to save (see :class:`PeriodicCheckpointer`) and writes only
+    local files (``atomic_write`` relies on ``os.replace``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        save_dir: str = "",
+        *,
+        save_to_disk: bool | None = None,
+        trust_pickle: bool = False,
+        strict: bool = False,
+        **checkpointables: Checkpointable,
+    ) -> None:
+        """Track ``model`` and ``checkpointables`` under ``save_dir``.
+
+        Args:
+            model: the model, possibly wrapped in DDP or ``torch.compile``.
+            save_dir: directory of checkpoints and the ``last_checkpoint`` tag; ``""``
+                disables saving.
+            save_to_disk: whether :meth:`save` writes; ``None`` means on rank 0 only.
+            trust_pickle: load files with full pickle instead of ``weights_only=True``.
+                Only for files you trust: unpickling can run any code the file names.
+            strict: refuse to load a model state whose keys or shapes differ from the model
+                (by default such entries are skipped and reported).
+            checkpointables: objects saved and restored under their keyword, e.g.
+                ``optimizer=opt, scheduler=sched``.
+        """
+        if save_to_disk is None:
+            save_to_disk = comm.is_main_process()
+        super().__init__(unwrap_model(model), save_dir, save_to_disk=save_to_disk)
+        for key, obj in checkpointables.items():
+            self.add_checkpointable(key, obj)
+        self.logger = logger
+        # The project-wide PathManager, so handlers registered by users apply here too.
+        self.path_manager = PathManager
+        self.trust_pickle = trust_pickle
+        self.strict = strict
+
+    def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
+        """Track one more object under ``key`` (see the constructor's ``checkpointables``).
+
+        Raises:
+            KeyError: If ``key`` is taken or is ``"model"``.
+            TypeError: If the object lacks ``state_dict``/``load_state_dict``.
+        """
+        if key == "model":
+            raise KeyError("'model' is reserved for the model's state; pick another key")
+        if not hasattr(checkpointable, "load_state_dict"):
+            raise TypeError(f"checkpointable {key!r} has no load_state_dict() method")
+        super().add_checkpointable(key, checkpointable)
+
+    def save(self, name: str, **kwargs: Any) -> None:
+        """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
+
+        Does nothing when ``save_dir`` is empty or ``save_to_disk`` is False (other ranks).
+
+        Args:
+            name: file name without ``.pth``.
+            kwargs: extra data stored next to the states (returned by :meth:`load`).
+
+        Raises:
+            ValueError: If ``name`` contains a directory or an extra key shadows a state.
+            TypeError: If some value could not be loaded back with ``weights_only=True``.
+        """
+        if not self.save_dir or not self.save_to_disk:
+            return
+        basename = f"{name}.pth"
+        if os.path.basename(basename) != basename:
+            raise ValueError(f"checkpoint name {name!r} must be a file name, not a path")
+        data: dict[str, Any] = {"model": unwrap_model(self.model).state_dict()}
+        for key, obj in self.checkpointables.items():
+            data[key] = obj.state_dict()
+        clashes = sorted(set(kwargs) & set(data))
+        if clashes:
+            raise ValueError(f"extra data keys {clashes} clash with checkpointable names")
+        data.update(kwargs)
+        if not self.trust_pickle:
+            unsafe = find_unsafe_value(data)
+            if unsafe is not None:
+                raise TypeError(
+                    f"Cannot save {basename}: {unsafe}, which torch.load(weights_only=True) "
+                    "cannot read back. Store tensors and plain containers only (convert "
+                    "numpy arrays with torch.from_numpy or .tolist())."
+                )
+        self.path_manager.mkdirs(self.save_dir)
+        save_file = os.path.join(self.save_dir, basename)
+        self.logger.info("Saving checkpoint to %s", save_file)
+        # Order matters: the tag moves only after the new file is complete and durable, so
+        # a crash at any point leaves the tag naming a loadable checkpoint.
+        with atomic_write(save_file, "wb") as f:
+            torch.save(data, f)
+        self.tag_last_checkpoint(basename)
+
+    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
+        """Atomically record ``last_filename_basename`` as the newest checkpoint."""
+        with atomic_write(os.path.join(self.save_dir, _TAG_FILE), "w") as f:
+            f.write(last_filename_basename)
+
+    def has_checkpoint(self) -> bool:
+        """Return whether ``save_dir`` has a ``last_checkpoint`` tag."""
+        return bool(self.save_dir) and self.path_manager.exists(
+            os.path.join(self.save_dir, _TAG_FILE)
+        )
+
+    def get_checkpoint_file(self) -> str:
+        """Return the path the ``last_checkpoint`` tag names, or ``""`` without a tag."""
+        try:
+            with self.path_manager.open(os.path.join(self.save_dir, _TAG_FILE), "r") as f:
+                last_saved = f.read().strip()
+        except OSError:
+            return ""  # no tag (or it was just removed by another process)
+        return os.path.join(self.save_dir, last_saved) if last_saved else ""
+
+    def get_all_checkpoint_files(self) -> list[str]:
+        """Return every ``.pth`` file in ``save_dir``, newest first (by modification time)."""
+        if not self.save_dir or not self.path_manager.isdir(self.save_dir):
+            return []
+        files = [
+            os.path.join(self.save_dir, name)
+            for name in self.path_manager.ls(self.save_dir)
+            if name.endswith(".pth") and self.path_manager.isfile(os.path.join(self.save_dir, name))
+        ]
+        return sorted(files, key=lambda p: (os.path.getmtime(p), p), reverse=True)
+
+    def load(self, path: str, checkpointables: list[str] | None = None) -> dict[str, Any]:
+        """Load the model (and checkpointables) from ``path``.
+
+        Args:
+            path: a local path or any path ``PathManager`` resolves; ``""`` loads nothing.
+            checkpointables: names of checkpointables to restore; ``None`` means all,
+                ``[]`` only the model.
+
+        Returns:
+            What is left of the checkpoint: extra data from ``save(**extra)`` and states
+            that were not restored.
+
+        Raises:
+            FileNotFoundError: If ``path`` does not exist.
+            CorruptCheckpointError: If the file cannot be read.
+            UntrustedCheckpointError: If the file needs full pickle and ``trust_pickle`` is
+                False.
+            CheckpointError: With ``strict=True``, if the model state does not match.
+        """
+        if not path:
+            self.logger.info("No checkpoint given; the model keeps its initialisation.")
+            return {}
+        local_path = self._local_path(path)
+        checkpoint = read_checkpoint_file(local_path, trust_pickle=self.trust_pickle)
+        return self._restore(checkpoint, local_path, checkpointables)
+
+    def resume_or_load(self, path: str, resume: bool = True) -> dict[str, Any]:
+        """Resume from ``save_dir`` if asked and possible, else load the weights at ``path``.
+
+        With ``resume`` and a ``last_checkpoint`` tag, the tagged file is loaded with every
+        checkpointable. If it is unreadable (missing, truncated, corrupt), the other ``.pth``
+        files in ``save_dir`` are tried newest first, with a warning naming each skipped
+        file. Otherwise only the model is loaded from ``path`` (``""``: nothing).
+
+        Returns:
+            Same as :meth:`load`.
+
+        Raises:
+            CheckpointError: If resuming and no checkpoint in ``save_dir`` is readable.
+            FileNotFoundError: If ``path`` is used and does not exist.
+        """
+        if resume and self.has_checkpoint():
+            return self._resume_newest_loadable()
+        return self.load(path, checkpointables=[])
+
+    def _resume_newest_loadable(self) -> dict[str, Any]:
+        tagged = self.get_checkpoint_file()
+        candidates = [tagged] if tagged else []
+        candidates += [f for f in self.get_all_checkpoint_files() if f != tagged]
+        problems = []
+        for candidate in candidates:
+            if not os.path.isfile(candidate):
+                reason = "it does not exist"
+            else:
+                try:
+                    checkpoint = read_checkpoint_file(candidate, trust_pickle=self.trust_pickle)
+                except CorruptCheckpointError as e:
+                    reason = str(e)
+                else:
+                    if problems:
+                        self.logger.warning("Resuming from older checkpoint %s", candidate)
+                    self.logger.info("Resuming from %s", candidate)
+                    return self._restore(checkpoint, candidate, None)
+            self.logger.warning("Skipping checkpoint %s: %s", candidate, reason)
+            problems.append(f"{candidate}: {reason}")
+        raise CheckpointError(
+            f"Cannot resume: no readable checkpoint in {self.save_dir}. Tried:\n  "
+            + "\n  ".join(problems or ["(no .pth files)"])
+            + "\nMove the broken files away, or start without --resume."
+        )
+
+    def _local_path(self, path: str) -> str:
+        if os.path.isfile(path):
+            return path
+        try:
+            local = self.path_manager.get_local_path(path)
+        except Exception as e:  # iopath raises various types for unknown schemes
+            raise FileNotFoundError(f"Checkpoint {path!r} not found ({e}).") from e
+        if not os.path.isfile(local):
+            raise FileNotFoundError(
+                f"Checkpoint {path!r} not found. Check the path (MODEL.WEIGHTS or the argument "
+                "to load), or pass '' to start from the model's initialisation."
+            )
+        return local
+
+    def _restore(
+        self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
+    ) -> dict[str, Any]:
+        self.logger.info("Loading checkpoint from %s", path)
+        incompatible = self._load_model(checkpoint, path)
+        self._log_incompatible_keys(incompatible)
+        names = list(self.checkpointables) if checkpointables is None else checkpointables
+        for key in names:
+            if key not in self.checkpointables:
+                raise KeyError(
+                    f"{key!r} is not a checkpointable of this Checkpointer; registered: "
+                    f"{', '.join(self.checkpointables) or '(none)'}"
+                )
+            if key in checkpoint:
+                self.logger.info("Loading %s from %s", key, path)
+                self.checkpointables[key].load_state_dict(checkpoint.pop(key))
+            else:
+                self.logger.warning("%s has no state for %r; it keeps its current state", path, key)
+        return checkpoint
+
+    def _load_model(self, checkpoint: dict[str, Any], path: str = "") -> IncompatibleKeys:
+        state = checkpoint.pop("model")
+        if not isinstance(state, Mapping):
+            raise CorruptCheckpointError(
+                f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
+            )
+        state = strip_wrapper_prefixes(state, set(self.model.state_dict()))
+        self._convert_ndarray_to_tensor(state)  # fvcore: numpy arrays from old checkpoints
+        model_state = self.model.state_dict()
+        incorrect_shapes = [
+            (key, tuple(value.shape), tuple(model_state[key].shape))
+            for key, value in state.items()
+            if key in model_state
+            # Lazy modules accept any shape until they are materialised.
+            and not isinstance(model_state[key], nn.parameter.UninitializedParameter)
+            and tuple(value.shape) != tuple(model_state[key].shape)
+        ]
+        if self.strict:
+            expected = IncompatibleKeys(
+                missing_keys=sorted(set(model_state) - set(state)),
+                unexpected_keys=sorted(set(state) - set(model_state)),
+                incorrect_shapes=incorrect_shapes,
+            )
+            if any(expected):
+                # Checked before loading so a refused checkpoint leaves the model untouched.
+                raise CheckpointError(
+                    f"Checkpoint {path} does not match the model (strict=True):\n"
+                    + _describe_incompatible(expected)
+                )
+        for key, _, _ in incorrect_shapes:
+            del state[key]
+        result = self.model.load_state_dict(state, strict=False)
+        return IncompatibleKeys(
+            missing_keys=list(result.missing_keys),
+            unexpected_keys=list(result.unexpected_keys),
+            incorrect_shapes=incorrect_shapes,
+        )
+
+    # type: ignore below: takes this module's IncompatibleKeys, not fvcore's private twin.
+    def _log_incompatible_keys(  # type: ignore[override]
+        self, incompatible: IncompatibleKeys
+    ) -> None:
+        if any(incompatible):
+            self.logger.warning(
+                "The checkpoint does not fully match the model:\n%s",
+                _describe_incompatible(incompatible),
+            )
+
+
+def _describe_incompatible(incompatible: IncompatibleKeys) -> str:
+    lines = []
+    if incompatible.incorrect_shapes:
+        lines.append(
+            f"  skipped {len(incompatible.incorrect_shapes)} entries whose shapes differ "
+            "(checkpoint vs model):"
+        )
+        lines += [
+            f"    {key}: {ckpt} vs {model}" for key, ckpt, model in incompatible.incorrect_shapes
+        ]
+    if incompatible.missing_keys:
+        lines.append("  missing from the checkpoint (left as initialised):")
+        lines += [f"    {k}" for k in sorted(incompatible.missing_keys)]
+    if incompatible.unexpected_keys:
+        lines.append("  in the checkpoint but not in the model (ignored):")
+        lines += [f"    {k}" for k in sorted(incompatible.unexpected_keys)]
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""``PeriodicCheckpointer``: when to save, and which periodic checkpoints to keep."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from fvcore.common.checkpoint import PeriodicCheckpointer as _FvcorePeriodicCheckpointer
+
+from trainkit.checkpoint.checkpointer import Checkpointer
+from trainkit.utils.periodic import is_period_end
+
+__all__ = ["PeriodicCheckpointer"]
+
+logger = logging.getLogger(__name__)
+
+
+class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
+    """Save ``{file_prefix}_{iteration:07d}.pth`` every ``period`` iterations and a final one.
+
+    ``step(iteration)`` is called after each iteration (0-based). After iteration
+    ``max_iter - 1`` it also saves ``{file_prefix}_final.pth``. With ``max_to_keep``, only
+    the newest ``max_to_keep`` periodic files up to the current iteration are kept (files
+    from before a restart count too); the final file is never deleted.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        period: int,
+        max_iter: int | None = None,
+        max_to_keep: int | None = None,
+        file_prefix: str = "model",
+    ) -> None:
+        """Set the schedule.
+
+        Args:
+            checkpointer: the checkpointer that writes the files.
+            period: save after iterations ``period - 1``, ``2 * period - 1``, ...; 0 saves
+                only the final checkpoint.
+            max_iter: the iteration count; ``None`` means no final checkpoint.
+            max_to_keep: periodic files to keep; ``None`` or 0 keeps all.
+            file_prefix: file name prefix.
+
+        Raises:
+            ValueError: If ``period`` or ``max_to_keep`` is negative.
+        """
+        if period < 0:
+            raise ValueError(
+                f"checkpoint period must be >= 0 (SOLVER.CHECKPOINT_PERIOD), got {period}"
+            )
+        if max_to_keep is not None and max_to_keep < 0:
+            raise ValueError(f"max_to_keep must be >= 0 (SOLVER.MAX_TO_KEEP), got {max_to_keep}")
+        super().__init__(checkpointer, period, max_iter, max_to_keep or None, file_prefix)
+
+    def step(self, iteration: int, **kwargs: Any) -> None:
+        """Save if ``iteration`` closes a period or is the last one.
+
+        Args:
+            iteration: the iteration just finished, in ``[0, max_iter - 1]``; stored as
+                ``"iteration"`` in the checkpoint.
+            kwargs: extra data to store.
+        """
+        iteration = int(iteration)
+        extra = {"iteration": iteration, **kwargs}
+        if is_period_end(iteration, self.period):
+            self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", **extra)
+            if self.max_to_keep:
+                self._delete_old_checkpoints(iteration)
+        if self.max_iter is not None and iteration >= self.max_iter - 1:
+            self.checkpointer.save(f"{self.file_prefix}_final", **extra)
+
+    def _delete_old_checkpoints(self, iteration: int) -> None:
+        save_dir = self.checkpointer.save_dir
+        if not save_dir or not self.checkpointer.save_to_disk:
+            return  # only the rank that writes files deletes them
+        pattern = re.compile(rf"^{re.escape(self.file_prefix)}_(\d{{7,}})\.pth$")
+        periodic = []
+        for name in self.path_manager.ls(save_dir):
+            match = pattern.match(name)
+            # Files from an abandoned longer run (after resuming from an older checkpoint)
+            # are left alone: they are overwritten as this run reaches them.
+            if match and int(match.group(1)) <= iteration:
+                periodic.append((int(match.group(1)), os.path.join(save_dir, name)))
+        periodic.sort()
+        for _, path in periodic[: max(len(periodic) - self.max_to_keep, 0)]:
+            logger.info("Deleting old checkpoint %s (max_to_keep=%d)", path, self.max_to_keep)
+            self.path_manager.rm(path)

@@ -1,0 +1,45 @@
+"""Datasets, samplers and loaders: the reproducible, resumable data path."""
+
+from __future__ import annotations
+
+from trainkit.data._sample_context import sample_rng, sample_seed
+from trainkit.data.build import (
+    build_batch_data_loader,
+    build_detection_test_loader,
+    build_detection_train_loader,
+    build_test_loader,
+    build_train_loader,
+    get_detection_dataset_dicts,
+    trivial_batch_collator,
+    worker_init_reset_seed,
+)
+from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
+from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
+from trainkit.data.samplers import (
+    InferenceSampler,
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
+
+__all__ = [
+    "DatasetCatalog",
+    "DatasetFromList",
+    "InferenceSampler",
+    "MapDataset",
+    "MetadataCatalog",
+    "RandomSubsetTrainingSampler",
+    "RepeatFactorTrainingSampler",
+    "ToIterableDataset",
+    "TrainingSampler",
+    "build_batch_data_loader",
+    "build_detection_test_loader",
+    "build_detection_train_loader",
+    "build_test_loader",
+    "build_train_loader",
+    "get_detection_dataset_dicts",
+    "sample_rng",
+    "sample_seed",
+    "trivial_batch_collator",
+    "worker_init_reset_seed",
+]

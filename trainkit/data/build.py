@@ -1,0 +1,323 @@
+"""Build train and test loaders from plain arguments or from a config."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from trainkit.config import CfgNode
+from trainkit.data.batching import BatchIndexStream, aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.catalog import DatasetCatalog
+from trainkit.data.common import AspectRatioGroupedDataset, DatasetFromList, MapDataset
+from trainkit.data.loader import (
+    TrainLoader,
+    trivial_batch_collator,
+    worker_context_kwargs,
+    worker_init_reset_seed,
+)
+from trainkit.data.samplers import (
+    InferenceSampler,
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
+from trainkit.data.samplers._base import StreamSampler
+from trainkit.utils import comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "build_batch_data_loader",
+    "build_detection_test_loader",
+    "build_detection_train_loader",
+    "build_test_loader",
+    "build_train_loader",
+    "get_detection_dataset_dicts",
+    "trivial_batch_collator",
+    "worker_init_reset_seed",
+]
+
+_TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
+
+
+def get_detection_dataset_dicts(names: str | Sequence[str]) -> list[dict[str, Any]]:
+    """Fetch the records of the named datasets from ``DatasetCatalog`` and concatenate them.
+
+    Raises:
+        ValueError: If no name is given or a dataset is empty.
+        KeyError: If a name is not registered (the message lists the registered ones).
+    """
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError("no dataset given: set DATASETS.TRAIN to registered dataset names")
+    records: list[dict[str, Any]] = []
+    for name in names:
+        part = DatasetCatalog.get(name)
+        if len(part) == 0:
+            raise ValueError(f"dataset {name!r} is empty; check its registration function")
+        records.extend(part)
+    return records
+
+
+def _per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int | None) -> int:
+    if single_gpu_batch_size:
+        if total_batch_size:
+            raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
+        return single_gpu_batch_size
+    world_size = comm.get_world_size()
+    if not total_batch_size or total_batch_size < 0 or total_batch_size % world_size:
+        raise ValueError(
+            f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the world size "
+            f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
+        )
+    return total_batch_size // world_size
+
+
+def _dataset_records(dataset: Any) -> Sequence[dict[str, Any]]:
+    # Grouping reads width/height from the unmapped records: unwrap MapDatasets to find them.
+    while isinstance(dataset, MapDataset):
+        dataset = dataset.dataset
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def _iterable_loader(
+    dataset: IterableDataset,
+    batch_size: int,
+    aspect_ratio_grouping: bool,
+    drop_last: bool,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    loader_kwargs: dict[str, Any],
+) -> Any:
+    # detectron2's path for iterable datasets: the dataset shards itself across workers.
+    if not aspect_ratio_grouping:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            collate_fn=collate_fn or trivial_batch_collator,
+            worker_init_fn=worker_init_reset_seed,
+            **loader_kwargs,
+        )
+    samples = DataLoader(
+        dataset,
+        collate_fn=operator.itemgetter(0),
+        worker_init_fn=worker_init_reset_seed,
+        **loader_kwargs,
+    )
+    grouped = AspectRatioGroupedDataset(samples, batch_size)
+    return grouped if collate_fn is None else map(collate_fn, grouped)
+
+
+def build_batch_data_loader(
+    dataset: Dataset | Sequence[Any],
+    sampler: Sampler | None,
+    total_batch_size: int | None,
+    *,
+    aspect_ratio_grouping: bool = False,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    drop_last: bool = True,
+    single_gpu_batch_size: int | None = None,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = False,
+    pin_memory: bool = False,
+    aspect_ratio_bins: Sequence[float] = (1.0,),
+    aspect_ratios: np.ndarray | Sequence[float] | None = None,
+    seed: int | None = None,
+) -> Any:
+    """Build a loader whose batches hold ``total_batch_size // world_size`` samples per rank.
+
+    For a map-style dataset with a sampler it returns a :class:`~trainkit.data.loader.TrainLoader`:
+    batches are composed in this process (grouped by aspect-ratio bucket when asked) and
+    loaded whole by the workers, so the stream does not depend on ``num_workers``, and the
+    loader has ``state_dict()`` / ``load_state_dict()``. An ``IterableDataset`` (no sampler)
+    gets a plain torch ``DataLoader`` (grouping, if asked, by orientation in this process).
+
+    Args:
+        dataset: map-style dataset (or list) of mapped samples, or an ``IterableDataset``.
+        sampler: yields this rank's indices; ``None`` only for an ``IterableDataset``.
+        total_batch_size: batch size summed over ranks.
+        aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
+        num_workers: loader worker processes per rank.
+        collate_fn: list of samples -> batch (default: the list itself).
+        drop_last: drop incomplete batches at the end of a finite sampler.
+        single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
+        prefetch_factor: batches each worker loads ahead.
+        persistent_workers: keep workers across iterations.
+        pin_memory: copy batches to page-locked memory.
+        aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is
+            detectron2's tall/wide split.
+        aspect_ratios: ``width / height`` per dataset index; default: read from the records
+            (unwrapping ``MapDataset``), which need ``width`` and ``height``.
+        seed: key of ``sample_rng()`` in mappers; default: the sampler's seed, else 0.
+
+    Returns:
+        An iterable of batches.
+
+    Raises:
+        ValueError: If the batch size does not divide by the world size, if a map-style
+            dataset has no sampler, or if grouping lacks record sizes.
+    """
+    batch_size = _per_rank_batch_size(total_batch_size, single_gpu_batch_size)
+    loader_kwargs = {
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        "persistent_workers": persistent_workers and num_workers > 0,
+    }
+    if num_workers > 0:
+        loader_kwargs.update(prefetch_factor=prefetch_factor, **worker_context_kwargs())
+    if isinstance(dataset, IterableDataset):
+        if sampler is not None:
+            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
+        return _iterable_loader(
+            dataset, batch_size, aspect_ratio_grouping, drop_last, collate_fn, loader_kwargs
+        )
+    if sampler is None:
+        raise ValueError(
+            "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
+        )
+    if isinstance(dataset, list):
+        dataset = DatasetFromList(dataset, copy=False)
+    bucket_ids = None
+    if aspect_ratio_grouping:
+        ratios = (
+            record_aspect_ratios(_dataset_records(dataset))
+            if aspect_ratios is None
+            else aspect_ratios
+        )
+        bucket_ids = aspect_ratio_bucket_ids(np.asarray(ratios), aspect_ratio_bins)
+    stream = BatchIndexStream(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)
+    if seed is None:
+        seed = sampler.seed if isinstance(sampler, StreamSampler) else 0
+    return TrainLoader(
+        dataset, stream, seed=seed, collate_fn=collate_fn, loader_kwargs=loader_kwargs
+    )
+
+
+def _build_train_sampler(
+    cfg: CfgNode, records: Sequence[dict[str, Any]] | None, size: int, seed: int
+) -> Sampler:
+    name = cfg.DATALOADER.SAMPLER_TRAIN
+    logger.info("Using training sampler %s with seed %d", name, seed)
+    if name == "TrainingSampler":
+        return TrainingSampler(size, seed=seed)
+    if name == "RandomSubsetTrainingSampler":
+        return RandomSubsetTrainingSampler(
+            size, cfg.DATALOADER.RANDOM_SUBSET_RATIO, seed_shuffle=seed, seed_subset=seed
+        )
+    if name == "RepeatFactorTrainingSampler":
+        if records is None:
+            raise ValueError(
+                "RepeatFactorTrainingSampler needs the records: pass dataset as a list of dicts"
+            )
+        factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+            records, cfg.DATALOADER.REPEAT_THRESHOLD
+        )
+        return RepeatFactorTrainingSampler(factors, seed=seed)
+    raise ValueError(
+        f"unknown DATALOADER.SAMPLER_TRAIN {name!r}; choose one of {', '.join(_TRAIN_SAMPLERS)}"
+    )
+
+
+def build_train_loader(
+    cfg: CfgNode,
+    mapper: Callable[[Any], Any] | None = None,
+    *,
+    dataset: Dataset | Sequence[Any] | None = None,
+    sampler: Sampler | None = None,
+) -> TrainLoader:
+    """Build this rank's resumable train loader from ``cfg``.
+
+    Reads ``DATASETS.TRAIN``, ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``. The
+    shared seed is ``cfg.SEED`` if >= 0, else one drawn once here on every rank.
+
+    Args:
+        cfg: the config.
+        mapper: record -> sample (``None``: records are used as they are). It may return
+            ``None`` or raise to skip a record, and may call ``trainkit.data.sample_rng()``.
+        dataset: records (list) or a map-style dataset instead of ``DATASETS.TRAIN``.
+        sampler: instead of the one named by ``DATALOADER.SAMPLER_TRAIN``.
+
+    Returns:
+        A :class:`~trainkit.data.loader.TrainLoader`.
+
+    Raises:
+        ValueError: For an indivisible batch size, an unknown sampler, or missing sizes.
+        KeyError: For an unregistered dataset name.
+
+    Collective:
+        ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` (on every rank, same line).
+    """
+    _per_rank_batch_size(cfg.SOLVER.IMS_PER_BATCH, None)  # fail before loading any data
+    seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
+    names = ",".join(cfg.DATASETS.TRAIN) or None
+    if dataset is None:
+        dataset = get_detection_dataset_dicts(cfg.DATASETS.TRAIN)
+    records = dataset if isinstance(dataset, list) else None
+    if records is not None:
+        dataset = DatasetFromList(records, copy=False)
+    if mapper is not None:
+        dataset = MapDataset(
+            dataset,
+            mapper,
+            name=names,
+            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+        )
+    if sampler is None:
+        sampler = _build_train_sampler(cfg, records, len(dataset), seed)
+    grouping = cfg.DATALOADER.ASPECT_RATIO_GROUPING
+    ratios = record_aspect_ratios(records) if grouping and records is not None else None
+    return build_batch_data_loader(
+        dataset,
+        sampler,
+        cfg.SOLVER.IMS_PER_BATCH,
+        aspect_ratio_grouping=grouping,
+        num_workers=cfg.DATALOADER.NUM_WORKERS,
+        prefetch_factor=cfg.DATALOADER.PREFETCH_FACTOR,
+        persistent_workers=cfg.DATALOADER.PERSISTENT_WORKERS,
+        pin_memory=cfg.DATALOADER.PIN_MEMORY,
+        aspect_ratio_bins=cfg.DATALOADER.ASPECT_RATIO_BINS,
+        aspect_ratios=ratios,
+        seed=seed,
+    )
+
+
+def build_test_loader(
+    cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Callable[[Any], Any] | None = None
+) -> DataLoader:
+    """Build a loader that passes over this rank's contiguous shard of a test set once.
+
+    Batches hold ``TEST.IMS_PER_BATCH`` samples (per rank; the last may be smaller). Every
+    record is seen exactly once across ranks (:class:`InferenceSampler`, no padding).
+
+    Raises:
+        KeyError: For an unregistered dataset name.
+    """
+    dataset: Dataset = DatasetFromList(get_detection_dataset_dicts(dataset_name), copy=False)
+    if mapper is not None:
+        name = dataset_name if isinstance(dataset_name, str) else ",".join(dataset_name)
+        dataset = MapDataset(
+            dataset,
+            mapper,
+            name=name,
+            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+        )
+    return DataLoader(
+        dataset,
+        sampler=InferenceSampler(len(dataset)),
+        batch_size=cfg.TEST.IMS_PER_BATCH,
+        drop_last=False,
+        num_workers=cfg.DATALOADER.NUM_WORKERS,
+        collate_fn=trivial_batch_collator,
+        worker_init_fn=worker_init_reset_seed,
+        **(worker_context_kwargs() if cfg.DATALOADER.NUM_WORKERS > 0 else {}),
+    )
+
+
+build_detection_train_loader = build_train_loader
+build_detection_test_loader = build_test_loader

@@ -1,0 +1,185 @@
+"""The resumable train loader: a main-process batch stream feeding a map-style DataLoader."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing as mp
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from trainkit.data._sample_context import sample_context
+from trainkit.data.batching import BatchIndexStream
+from trainkit.data.common import MapDataset
+from trainkit.utils.env import seed_all_rng
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
+
+
+def worker_context_kwargs() -> dict[str, Any]:
+    """Return the DataLoader arguments that make loader workers fork where possible.
+
+    Ranks started by ``launch()`` inherit "spawn" as their default start method; spawned
+    workers would re-import torch (over a second each), need picklable mappers, and could not
+    share ``DatasetFromList``'s buffers copy-on-write. Loader workers never touch CUDA, so
+    forking them is safe.
+    """
+    return {"multiprocessing_context": "fork"} if "fork" in mp.get_all_start_methods() else {}
+
+
+def trivial_batch_collator(batch: list[Any]) -> list[Any]:
+    """Return the batch unchanged: a list of mapped samples."""
+    return batch
+
+
+def worker_init_reset_seed(worker_id: int) -> None:
+    """Seed Python, numpy and torch in a loader worker from torch's per-worker seed.
+
+    Mappers should prefer :func:`trainkit.data.sample_rng`, which does not depend on the
+    worker; this only keeps code that uses the global generators from repeating itself.
+    """
+    seed_all_rng(torch.initial_seed() % 2**31 + worker_id)
+
+
+class _PositionedDataset(Dataset):
+    """Map ``[index, position]`` items, setting the sample context around the mapper."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, item: list[int]) -> Any:
+        index, position = item
+        if isinstance(self.dataset, MapDataset):
+            return self.dataset.map_at(index, seed=self.seed, position=position)
+        with sample_context(self.seed, position):
+            return self.dataset[index]
+
+
+class _StreamBatchSampler:
+    """DataLoader ``batch_sampler`` that (re)starts the loader's stream at its returned state."""
+
+    def __init__(self, loader: TrainLoader) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[list[list[int]]]:
+        return self._loader._generate_batches()
+
+
+class TrainLoader:
+    """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
+
+    Batches are composed in the training process by a :class:`BatchIndexStream` (sampler plus
+    optional aspect-ratio grouping) and loaded whole by a ``torch.utils.data.DataLoader``'s
+    workers; torch returns them in order, so the stream is the same for any number of workers.
+
+    :meth:`state_dict` describes the batches *returned* by this object, not those the workers
+    prefetched; a loader built the same way that loads it continues with the next batch.
+    Iterating again (a new ``iter()``) continues after the last returned batch, too. Use one
+    iterator at a time. This class does not collate tensors unless given a ``collate_fn``.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        stream: BatchIndexStream,
+        *,
+        seed: int,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        loader_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Create the loader.
+
+        Args:
+            dataset: map-style dataset; a :class:`MapDataset` gets stream positions for
+                its retries and sample context.
+            stream: the batch-index stream of this rank.
+            seed: the shared seed that keys :func:`trainkit.data.sample_rng`.
+            collate_fn: turns the list of mapped samples into a batch (default: keep the list).
+            loader_kwargs: ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
+                ``pin_memory`` and friends for ``torch.utils.data.DataLoader``.
+        """
+        self._stream = stream
+        self._state = stream.state_dict()
+        self._in_flight: collections.deque[dict[str, Any]] = collections.deque()
+        kwargs = dict(loader_kwargs or {})
+        if kwargs.get("num_workers", 0) == 0:
+            kwargs.pop("prefetch_factor", None)  # torch refuses it without workers
+            kwargs["persistent_workers"] = False
+        else:
+            kwargs = {**worker_context_kwargs(), **kwargs}
+        self._torch_loader = DataLoader(
+            _PositionedDataset(dataset, seed),
+            batch_sampler=_StreamBatchSampler(self),
+            collate_fn=collate_fn or trivial_batch_collator,
+            worker_init_fn=worker_init_reset_seed,
+            # A private generator: otherwise every new iterator draws its workers' base seed
+            # from the global torch RNG, which would shift the training RNG stream on resume.
+            generator=torch.Generator().manual_seed(seed),
+            **kwargs,
+        )
+
+    def _generate_batches(self) -> Iterator[list[list[int]]]:
+        # Runs in this process (torch draws the batch sampler here, not in workers). Batches
+        # prefetched by a previous iterator were never returned: regenerate from the state
+        # of the last returned batch.
+        self._in_flight.clear()
+        self._stream.load_state_dict(self._state)
+        for batch, state in self._stream:
+            self._in_flight.append(state)
+            yield batch
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self._torch_loader:
+            # torch returns batches in batch-sampler order, so the oldest state is this batch's.
+            self._state = self._in_flight.popleft()
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the position after the last returned batch, as plain data.
+
+        Returns:
+            A dict with ``num_batches`` (batches returned since the start of the run),
+            ``num_drawn`` (sampler draws consumed on this rank), ``sampler`` (the sampler's
+            ``state_dict()`` or ``None``), ``buckets`` (``[index, position]`` pairs waiting in
+            each aspect-ratio bucket), ``last_batch`` (``[index, position]`` pairs of the last
+            returned batch) and the ``version``, ``batch_size``, ``rank``, ``world_size`` it
+            belongs to. It loads with ``torch.load(weights_only=True)``.
+        """
+        return {
+            **self._state,
+            "buckets": [[list(i) for i in b] for b in self._state["buckets"]],
+            "last_batch": [list(i) for i in self._state["last_batch"]],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the batches recorded in ``state`` (call before iterating).
+
+        Raises:
+            ValueError: If the state was saved by another rank or a differently built loader.
+        """
+        self._stream.load_state_dict(state)  # validates
+        self._state = self._stream.state_dict()
+
+    @property
+    def num_batches_returned(self) -> int:
+        """Batches returned since the start of the run (resumed runs included)."""
+        return int(self._state["num_batches"])
+
+    @property
+    def last_batch_positions(self) -> list[int]:
+        """Global stream positions of the samples of the batch just returned."""
+        return [position for _, position in self._state["last_batch"]]
+
+    @property
+    def last_batch_indices(self) -> list[int]:
+        """Dataset indices of the samples of the batch just returned."""
+        return [index for index, _ in self._state["last_batch"]]

@@ -1,0 +1,134 @@
+"""Mappers: turn a dataset record into what the model consumes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from trainkit.config import CfgNode
+from trainkit.data._sample_context import sample_rng
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ClassificationDatasetMapper"]
+
+
+class ClassificationDatasetMapper:
+    """Read a classification record's image and, for training, augment it.
+
+    Input records hold ``file_name``, ``height``, ``width``, ``label`` and ``image_id``
+    (the ``shapes`` datasets' format). The output is::
+
+        {"image": uint8 tensor [3, H, W] (RGB, after augmentation), "label": int,
+         "height": int, "width": int,  # of the original image, as in the record
+         "file_name": str, "image_id": ...}
+
+    Training applies a random horizontal flip and a random rescale, both drawn from
+    ``trainkit.data.sample_rng()``, the generator of the sample being mapped: the result
+    depends only on the loader's seed and the sample's stream position, not on the worker
+    that maps it. Testing only caps the longest side at ``max_size_test`` (0: no cap).
+
+    It does not crop, pad or normalise: the model pads a batch and normalises it.
+
+    An unreadable or missing image is logged (with its file name) and ``None`` is
+    returned, so that ``MapDataset`` tries another record.
+    """
+
+    def __init__(
+        self,
+        cfg: CfgNode | None = None,
+        is_train: bool = True,
+        *,
+        flip_prob: float | None = None,
+        scale_range: Sequence[float] | None = None,
+        max_size_test: int | None = None,
+    ):
+        """Create the mapper from ``cfg`` and/or explicit arguments.
+
+        Args:
+            cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE`` and
+                ``INPUT.MAX_SIZE_TEST``; ``None`` uses the arguments (or no augmentation).
+            is_train: augment (training) or only cap the size (testing).
+            flip_prob: probability of a horizontal flip; overrides ``cfg``.
+            scale_range: ``[min, max]`` of the uniform rescale factor; overrides ``cfg``.
+            max_size_test: longest side of a test image in pixels, 0 for no cap;
+                overrides ``cfg``.
+
+        Raises:
+            ValueError: If a value is out of range; the message names the config key.
+        """
+        if cfg is not None:
+            flip_prob = cfg.INPUT.RANDOM_FLIP_PROB if flip_prob is None else flip_prob
+            scale_range = cfg.INPUT.RANDOM_SCALE if scale_range is None else scale_range
+            max_size_test = cfg.INPUT.MAX_SIZE_TEST if max_size_test is None else max_size_test
+        self.is_train = is_train
+        self.flip_prob = 0.0 if flip_prob is None else float(flip_prob)
+        self.scale_range = tuple(float(s) for s in (scale_range or (1.0, 1.0)))
+        self.max_size_test = 0 if max_size_test is None else int(max_size_test)
+        if not 0.0 <= self.flip_prob <= 1.0:
+            raise ValueError(f"INPUT.RANDOM_FLIP_PROB must be in [0, 1], got {self.flip_prob}")
+        if len(self.scale_range) != 2 or not 0.0 < self.scale_range[0] <= self.scale_range[1]:
+            raise ValueError(
+                f"INPUT.RANDOM_SCALE must be [min, max] with 0 < min <= max, got "
+                f"{list(self.scale_range)}; use [1.0, 1.0] to disable rescaling."
+            )
+        if self.max_size_test < 0:
+            raise ValueError(f"INPUT.MAX_SIZE_TEST must be >= 0, got {self.max_size_test}")
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Map one record; return ``None`` if its image cannot be read."""
+        file_name = record["file_name"]
+        try:
+            with Image.open(file_name) as f:
+                image = f.convert("RGB")
+        except (OSError, SyntaxError, ValueError) as e:
+            # PIL raises OSError for missing/truncated files, SyntaxError for broken chunks.
+            logger.warning(
+                "Cannot read image %s (%s: %s); skipping it.", file_name, type(e).__name__, e
+            )
+            return None
+        image = self._augment(image) if self.is_train else self._cap_size(image)
+        pixels = np.asarray(image, dtype=np.uint8)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))),
+            "label": int(record["label"]),
+            "height": int(record.get("height", image.height)),
+            "width": int(record.get("width", image.width)),
+            "file_name": file_name,
+            "image_id": record.get("image_id", file_name),
+        }
+
+    def _augment(self, image: Image.Image) -> Image.Image:
+        low, high = self.scale_range
+        if self.flip_prob == 0.0 and low == high == 1.0:
+            return image  # no randomness needed, so usable outside a loader too
+        rng = sample_rng()
+        # Draw both numbers every time, in a fixed order, so each has a fixed place in the
+        # sample's random stream whatever the other turned out to be.
+        do_flip = rng.random() < self.flip_prob
+        scale = rng.uniform(low, high)
+        if do_flip:
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if scale != 1.0:
+            size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+            image = image.resize(size, Image.Resampling.BILINEAR)
+        return image
+
+    def _cap_size(self, image: Image.Image) -> Image.Image:
+        longest = max(image.width, image.height)
+        if self.max_size_test == 0 or longest <= self.max_size_test:
+            return image
+        scale = self.max_size_test / longest
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        return image.resize(size, Image.Resampling.BILINEAR)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClassificationDatasetMapper(is_train={self.is_train}, flip_prob={self.flip_prob}, "
+            f"scale_range={list(self.scale_range)}, max_size_test={self.max_size_test})"
+        )

@@ -1,0 +1,133 @@
+"""The infinite, rank-strided, resumable stream that every training sampler is built on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from trainkit.data.samplers.positions import check_rank, global_positions, worker_local_positions
+from trainkit.utils import comm
+
+__all__ = ["StreamSampler"]
+
+_FIRST_BLOCK = 256  # small first block: a resumed or re-created iterator starts fast
+_MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call overhead
+
+
+class StreamSampler(Sampler[int]):
+    """Base of the training samplers: an infinite stream of dataset indices.
+
+    A subclass defines the *global* stream (what a world-size-1 sampler yields) by
+    implementing :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global
+    positions ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws, which is
+    the whole resumable state.
+
+    It does not shuffle data itself and holds no per-index state; subclasses that need O(N)
+    memory (repeat factors) say so.
+    """
+
+    def __init__(
+        self, seed: int | None, *, rank: int | None = None, world_size: int | None = None
+    ) -> None:
+        # Collective (only when seed is None): shared_random_seed() all-gathers rank 0's draw.
+        self._seed = int(comm.shared_random_seed() if seed is None else seed)
+        if self._seed < 0:
+            raise ValueError(f"sampler seed must be >= 0, got {self._seed}")
+        self._world_size = comm.get_world_size() if world_size is None else int(world_size)
+        self._rank = comm.get_rank() if rank is None else int(rank)
+        check_rank(self._rank, self._world_size)
+        self._num_drawn = 0
+
+    @property
+    def seed(self) -> int:
+        """The seed shared by all ranks."""
+        return self._seed
+
+    @property
+    def rank(self) -> int:
+        """The rank whose share of the global stream this sampler yields."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks the global stream is split over."""
+        return self._world_size
+
+    @property
+    def num_drawn(self) -> int:
+        """Indices this sampler has yielded so far (its local stream position)."""
+        return self._num_drawn
+
+    def _indices_at(self, positions: np.ndarray) -> np.ndarray:
+        """Return the dataset indices at sorted, non-negative global ``positions``."""
+        raise NotImplementedError
+
+    def _stream_key(self) -> dict[str, Any]:
+        """Plain-data identity of the stream, checked when a state is loaded."""
+        return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
+
+    def indices_at_local(self, local_positions: np.ndarray) -> np.ndarray:
+        """Return the indices this rank yields at sorted local positions (O(1) jump).
+
+        Args:
+            local_positions: sorted int64 local positions (draw numbers of this rank).
+
+        Returns:
+            int64 dataset indices, one per position.
+        """
+        return self._indices_at(global_positions(local_positions, self._rank, self._world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        block = _FIRST_BLOCK
+        while True:
+            start = self._num_drawn
+            local = np.arange(start, start + block, dtype=np.int64)
+            for index in self.indices_at_local(local).tolist():
+                # Count before yielding: a state taken while the consumer holds this index
+                # must say it was drawn.
+                self._num_drawn += 1
+                yield index
+            block = min(2 * block, _MAX_BLOCK)
+
+    def iter_worker_share(
+        self, worker_id: int, num_workers: int, chunk_size: int = 1
+    ) -> Iterator[int]:
+        """Yield only a loader worker's chunks of this rank's stream, from the current position.
+
+        Chunks of ``chunk_size`` local positions are dealt round-robin to the workers (see
+        :func:`~trainkit.data.samplers.positions.worker_local_positions`); each worker computes
+        its own share directly instead of drawing and discarding the others'.
+        """
+        rounds = max(1, _MAX_BLOCK // (chunk_size * num_workers))
+        first_round = 0
+        while True:
+            local = worker_local_positions(first_round, rounds, worker_id, num_workers, chunk_size)
+            yield from self.indices_at_local(local + self._num_drawn).tolist()
+            first_round += rounds
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the stream position as plain data (loads with ``torch.load(weights_only=True)``).
+
+        Returns:
+            ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
+        """
+        return {"num_drawn": self._num_drawn, **self._stream_key()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the stream after the ``state["num_drawn"]`` indices already drawn.
+
+        Raises:
+            ValueError: If the state belongs to another stream (sampler type, seed or world size).
+        """
+        expected = self._stream_key()
+        found = {key: state.get(key) for key in expected}
+        if found != expected:
+            raise ValueError(
+                f"sampler state does not match this sampler: saved {found}, this one is "
+                f"{expected}; "
+                "build the sampler with the same arguments (seed, world size) as the saved run."
+            )
+        self._num_drawn = int(state["num_drawn"])

@@ -1,0 +1,317 @@
+"""Training samplers (infinite, shared-seed, rank-strided, resumable) and InferenceSampler."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from trainkit.data.samplers._base import StreamSampler
+from trainkit.data.samplers._permutation import (
+    STREAM_REPEAT,
+    STREAM_SHUFFLE,
+    STREAM_SUBSET,
+    permute,
+    round_keys,
+)
+from trainkit.data.samplers.positions import shard_range, split_positions
+from trainkit.utils import comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "InferenceSampler",
+    "RandomSubsetTrainingSampler",
+    "RepeatFactorTrainingSampler",
+    "TrainingSampler",
+]
+
+
+def _epoch_permute(
+    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, stream: int
+) -> np.ndarray:
+    # Positions come sorted, so a block usually lies in one epoch: one key column then.
+    if epochs[0] == epochs[-1]:
+        keys = round_keys(seed, stream, epochs[:1])
+    else:
+        keys = round_keys(seed, stream, epochs)
+    return permute(offsets, n, keys)
+
+
+class TrainingSampler(StreamSampler):
+    """Yield an infinite stream of indices of a dataset of ``size`` records.
+
+    Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
+    a different one every epoch, computed by a keyed bijection instead of stored: memory is
+    O(1) in ``size`` (4e8 works) and any stream position is reached in O(1), so resume and
+    worker sharding cost nothing. The order differs from detectron2's ``torch.randperm``.
+
+    Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``. This sampler does not
+    pad or stop: for one exact pass over a dataset use :class:`InferenceSampler`.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        shuffle: bool = True,
+        seed: int | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        """Create the sampler.
+
+        Args:
+            size: dataset size (> 0).
+            shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
+            seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
+                (a collective: every rank must construct the sampler together).
+            rank: this rank (default ``comm.get_rank()``); for tests and custom sharding.
+            world_size: number of ranks (default ``comm.get_world_size()``).
+
+        Raises:
+            ValueError: If ``size`` is not positive.
+        """
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"TrainingSampler needs a dataset size > 0, got {size!r}")
+        super().__init__(seed, rank=rank, world_size=world_size)
+        self._size = size
+        self._shuffle = shuffle
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {**super()._stream_key(), "size": self._size, "shuffle": self._shuffle}
+
+    def _indices_at(self, positions: np.ndarray) -> np.ndarray:
+        epochs, offsets = split_positions(positions, self._size)
+        if not self._shuffle:
+            return offsets
+        return _epoch_permute(offsets, epochs, self._size, self._seed, STREAM_SHUFFLE)
+
+
+class RandomSubsetTrainingSampler(StreamSampler):
+    """Like :class:`TrainingSampler`, over a fixed random subset of the dataset.
+
+    The subset (``int(size * subset_ratio)`` indices, chosen by ``seed_subset``) is itself
+    the first part of a keyed permutation, so nothing is materialised either.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        subset_ratio: float,
+        shuffle: bool = True,
+        seed_shuffle: int | None = None,
+        seed_subset: int | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        """Create the sampler.
+
+        Args:
+            size: dataset size (> 0).
+            subset_ratio: fraction of the dataset to train on, in ``(0, 1]``.
+            shuffle: shuffle the subset every epoch.
+            seed_shuffle: seed of the per-epoch shuffles (``None``: shared random seed).
+            seed_subset: seed of the subset choice (``None``: shared random seed).
+            rank: this rank (default ``comm.get_rank()``).
+            world_size: number of ranks (default ``comm.get_world_size()``).
+
+        Raises:
+            ValueError: If ``subset_ratio`` is outside ``(0, 1]`` or selects no index.
+        """
+        if not 0.0 < subset_ratio <= 1.0:
+            raise ValueError(
+                "DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
+                f"{subset_ratio}"
+            )
+        subset_size = int(size * subset_ratio)
+        if subset_size < 1:
+            raise ValueError(
+                f"subset_ratio={subset_ratio} of a dataset of {size} records selects no record; "
+                "use a larger ratio."
+            )
+        super().__init__(seed_shuffle, rank=rank, world_size=world_size)
+        self._seed_subset = int(comm.shared_random_seed() if seed_subset is None else seed_subset)
+        self._size = size
+        self._subset_size = subset_size
+        self._shuffle = shuffle
+        logger.info("Training on a random subset of %d of %d records", subset_size, size)
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {
+            **super()._stream_key(),
+            "size": self._size,
+            "subset_size": self._subset_size,
+            "seed_subset": self._seed_subset,
+            "shuffle": self._shuffle,
+        }
+
+    def _indices_at(self, positions: np.ndarray) -> np.ndarray:
+        epochs, offsets = split_positions(positions, self._subset_size)
+        if self._shuffle:
+            offsets = _epoch_permute(offsets, epochs, self._subset_size, self._seed, STREAM_SHUFFLE)
+        subset_keys = round_keys(self._seed_subset, STREAM_SUBSET, np.zeros(1, dtype=np.int64))
+        return permute(offsets, self._size, subset_keys)
+
+
+class RepeatFactorTrainingSampler(StreamSampler):
+    """Yield each index ``repeat_factors[i]`` times per epoch on average (LVIS-style).
+
+    Epoch ``e`` repeats index ``i`` ``floor(r_i)`` times plus once more with probability
+    ``frac(r_i)`` (stochastic rounding keyed by ``(seed, e)``), then shuffles that list with
+    a keyed bijection. Epochs have different lengths, so jumping to a position walks the
+    epoch lengths from the start (O(N) per epoch passed, done once per resume); memory is
+    O(N) like the factors themselves.
+    """
+
+    def __init__(
+        self,
+        repeat_factors: torch.Tensor | np.ndarray | Sequence[float],
+        shuffle: bool = True,
+        seed: int | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        """Create the sampler.
+
+        Args:
+            repeat_factors: per-record repeat factor (>= 0, not all 0), e.g. from
+                :meth:`repeat_factors_from_category_frequency`.
+            shuffle: shuffle every epoch.
+            seed: shared seed (``None``: shared random seed).
+            rank: this rank (default ``comm.get_rank()``).
+            world_size: number of ranks (default ``comm.get_world_size()``).
+
+        Raises:
+            ValueError: If a factor is negative or every record would be repeated 0 times.
+        """
+        factors = np.asarray(
+            repeat_factors.cpu().numpy()
+            if isinstance(repeat_factors, torch.Tensor)
+            else repeat_factors,
+            dtype=np.float64,
+        )
+        if factors.ndim != 1 or factors.size == 0 or (factors < 0).any() or factors.sum() <= 0:
+            raise ValueError(
+                "repeat_factors must be a non-empty 1-d list of factors >= 0, not all 0"
+            )
+        super().__init__(seed, rank=rank, world_size=world_size)
+        self._int_part = np.floor(factors).astype(np.int64)
+        self._frac_part = factors - self._int_part
+        self._shuffle = shuffle
+        self._epoch_starts: list[int] = [0]  # O(epochs) ints, grown as the stream advances
+        self._cached_epoch: tuple[int, np.ndarray] | None = None
+
+    @staticmethod
+    def repeat_factors_from_category_frequency(
+        dataset_dicts: Sequence[dict[str, Any]], repeat_thresh: float
+    ) -> torch.Tensor:
+        """Compute per-record repeat factors from category frequencies (LVIS rule).
+
+        ``f(c)`` is the fraction of records with an annotation of category ``c``; category
+        factor ``r(c) = max(1, sqrt(repeat_thresh / f(c)))``; a record's factor is the max over
+        its categories (1 for records without annotations).
+
+        Args:
+            dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
+            repeat_thresh: frequency below which categories are over-sampled.
+
+        Returns:
+            float32 tensor of one factor per record.
+        """
+        category_freq: dict[Any, int] = defaultdict(int)
+        for record in dataset_dicts:
+            for cat_id in {ann["category_id"] for ann in record.get("annotations", [])}:
+                category_freq[cat_id] += 1
+        num_records = max(1, len(dataset_dicts))
+        category_rep = {
+            cat: max(1.0, math.sqrt(repeat_thresh / (count / num_records)))
+            for cat, count in category_freq.items()
+        }
+        factors = [
+            max(
+                (category_rep[ann["category_id"]] for ann in record.get("annotations", [])),
+                default=1.0,
+            )
+            for record in dataset_dicts
+        ]
+        return torch.tensor(factors, dtype=torch.float32)
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {**super()._stream_key(), "size": int(self._int_part.size), "shuffle": self._shuffle}
+
+    def _epoch_list(self, epoch: int) -> np.ndarray:
+        if self._cached_epoch is None or self._cached_epoch[0] != epoch:
+            seq = np.random.SeedSequence([self._seed, STREAM_REPEAT, epoch])
+            draws = np.random.Generator(np.random.PCG64(seq)).random(self._frac_part.size)
+            reps = self._int_part + (draws < self._frac_part)
+            self._cached_epoch = (epoch, np.repeat(np.arange(reps.size, dtype=np.int64), reps))
+        return self._cached_epoch[1]
+
+    def _epoch_start(self, epoch: int) -> int:
+        # _epoch_starts[e] is the global position where epoch e starts (cumulative lengths).
+        while len(self._epoch_starts) <= epoch:
+            e = len(self._epoch_starts) - 1
+            self._epoch_starts.append(self._epoch_starts[-1] + int(self._epoch_list(e).size))
+        return self._epoch_starts[epoch]
+
+    def _epoch_of(self, position: int) -> int:
+        while self._epoch_starts[-1] <= position:
+            self._epoch_start(len(self._epoch_starts))
+        return bisect.bisect_right(self._epoch_starts, position) - 1
+
+    def _indices_at(self, positions: np.ndarray) -> np.ndarray:
+        out = np.empty_like(positions)
+        epoch, done = self._epoch_of(int(positions[0])), 0
+        while done < positions.size:
+            start, end_position = self._epoch_start(epoch), self._epoch_start(epoch + 1)
+            end = int(np.searchsorted(positions, end_position, side="left"))
+            if end > done:
+                offsets = positions[done:end] - start
+                if self._shuffle:
+                    keys = round_keys(self._seed, STREAM_SHUFFLE, np.array([epoch]))
+                    offsets = permute(offsets, end_position - start, keys)
+                out[done:end] = self._epoch_list(epoch)[offsets]
+                done = end
+            epoch += 1
+        return out
+
+
+class InferenceSampler(Sampler[int]):
+    """Yield this rank's contiguous shard of ``range(size)``, once, in order.
+
+    Shards differ in size by at most one and together hold every index exactly once (no
+    padding, unlike ``torch.utils.data.DistributedSampler``), which is what evaluation needs.
+    """
+
+    def __init__(
+        self, size: int, *, rank: int | None = None, world_size: int | None = None
+    ) -> None:
+        """Create the sampler.
+
+        Args:
+            size: dataset size (>= 0).
+            rank: this rank (default ``comm.get_rank()``).
+            world_size: number of ranks (default ``comm.get_world_size()``).
+        """
+        if size < 0:
+            raise ValueError(f"InferenceSampler needs a dataset size >= 0, got {size}")
+        self._size = size
+        world_size = comm.get_world_size() if world_size is None else world_size
+        rank = comm.get_rank() if rank is None else rank
+        self._local_indices = shard_range(size, rank, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._local_indices
+
+    def __len__(self) -> int:
+        return len(self._local_indices)

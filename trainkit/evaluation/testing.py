@@ -1,0 +1,94 @@
+"""Log evaluation results for people (``print_csv_format``) and check them (``verify_results``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import pprint
+from collections.abc import Mapping
+from typing import Any
+
+from trainkit.config import CfgNode
+
+__all__ = ["print_csv_format", "verify_results"]
+
+logger = logging.getLogger(__name__)
+
+
+def print_csv_format(results: Mapping[str, Any]) -> None:
+    """Log ``{task: {metric: value}}`` results as comma-separated lines easy to paste into a sheet.
+
+    Metrics whose name contains ``"-"`` (per-category breakdowns, by detectron2's convention)
+    are left out. Lines start with ``copypaste:``. Despite the name nothing is printed; the
+    lines go to this module's logger.
+
+    Args:
+        results: the dict returned by ``inference_on_dataset``.
+
+    Raises:
+        TypeError: If ``results`` is not a mapping.
+    """
+    if not isinstance(results, Mapping):
+        raise TypeError(f"results must be a dict of {{task: {{metric: value}}}}, got {results!r}")
+    for task, res in results.items():
+        if isinstance(res, Mapping):
+            important = [(k, v) for k, v in res.items() if "-" not in k]
+            logger.info("copypaste: Task: %s", task)
+            logger.info("copypaste: %s", ",".join(str(k) for k, _ in important))
+            logger.info("copypaste: %s", ",".join(_format_value(v) for _, v in important))
+        else:
+            logger.info("copypaste: %s=%s", task, res)
+
+
+def _format_value(value: Any) -> str:
+    try:
+        return f"{float(value):.4f}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
+    """Check ``results`` against ``cfg.TEST.EXPECTED_RESULTS``.
+
+    Each entry is ``[task, metric, expected, tolerance]``; a result passes when it exists,
+    is finite, and ``abs(actual - expected) <= tolerance``. Call it on rank 0 only (other
+    ranks have no results).
+
+    Args:
+        cfg: the config.
+        results: ``{task: {metric: value}}`` from evaluation.
+
+    Returns:
+        True (also when nothing is expected).
+
+    Raises:
+        ValueError: If an entry of TEST.EXPECTED_RESULTS is not ``[task, metric, value, tol]``.
+        RuntimeError: If any expected result is missing or out of tolerance; the message
+            lists each failure (detectron2 exits the process here instead).
+    """
+    expected_results = cfg.TEST.EXPECTED_RESULTS
+    failures = []
+    for entry in expected_results:
+        if len(entry) != 4:
+            raise ValueError(
+                f"TEST.EXPECTED_RESULTS entry {entry!r} must be [task, metric, value, tolerance]"
+            )
+        task, metric, expected, tolerance = entry
+        task_results = results.get(task)
+        actual = task_results.get(metric) if isinstance(task_results, Mapping) else None
+        if actual is None:
+            failures.append(f"{task}/{metric}: missing from the results")
+        elif not math.isfinite(float(actual)):
+            failures.append(f"{task}/{metric}: {actual} is not finite")
+        elif abs(float(actual) - float(expected)) > float(tolerance):
+            failures.append(f"{task}/{metric}: got {actual}, expected {expected} +- {tolerance}")
+        else:
+            logger.info(
+                "Verified %s/%s: %s (expected %s +- %s)", task, metric, actual, expected, tolerance
+            )
+    if failures:
+        logger.error("Result verification failed; actual results:\n%s", pprint.pformat(results))
+        raise RuntimeError(
+            "Results do not match TEST.EXPECTED_RESULTS:\n  " + "\n  ".join(failures)
+        )
+    return True

@@ -1,0 +1,58 @@
+"""The meta-architecture registry and ``build_model``."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from trainkit.config import CfgNode
+from trainkit.utils.registry import Registry
+
+__all__ = ["META_ARCH_REGISTRY", "build_model"]
+
+logger = logging.getLogger(__name__)
+
+META_ARCH_REGISTRY = Registry("META_ARCH")
+META_ARCH_REGISTRY.__doc__ = """Registry of whole-model architectures ("meta-architectures").
+
+Register a class with ``@META_ARCH_REGISTRY.register()``; ``build_model`` calls it with the
+config as its only argument. In training mode the model takes a batch (list of mapped
+records) and returns a dict of scalar losses; in eval mode it returns predictions.
+"""
+
+
+def build_model(cfg: CfgNode) -> nn.Module:
+    """Build ``cfg.MODEL.META_ARCHITECTURE`` from the config and move it to ``cfg.MODEL.DEVICE``.
+
+    Weights are not loaded here; use ``trainkit.checkpoint.Checkpointer`` for that.
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        The model, in training mode, on ``cfg.MODEL.DEVICE``.
+
+    Raises:
+        KeyError: If the architecture is not registered (the message lists those that are).
+        ValueError: If MODEL.DEVICE names CUDA and CUDA is not available.
+        TypeError: If the registered object does not build an ``nn.Module``.
+    """
+    meta_arch = cfg.MODEL.META_ARCHITECTURE
+    model_cls = META_ARCH_REGISTRY.get(meta_arch)
+    device = torch.device(cfg.MODEL.DEVICE)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} but CUDA is not available on this machine; "
+            "set MODEL.DEVICE cpu."
+        )
+    model = model_cls(cfg)
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"META_ARCH_REGISTRY entry {meta_arch!r} built a {type(model).__name__}, "
+            "not a torch.nn.Module"
+        )
+    model.to(device)
+    logger.info("Model:\n%s", model)
+    return model

@@ -1,0 +1,12 @@
+"""Optimizers, param groups, gradient clipping and learning-rate schedules built from a config."""
+
+from trainkit.solver.build import build_lr_scheduler, build_optimizer, get_default_optimizer_params
+from trainkit.solver.lr_scheduler import LRMultiplier, WarmupParamScheduler
+
+__all__ = [
+    "LRMultiplier",
+    "WarmupParamScheduler",
+    "build_lr_scheduler",
+    "build_optimizer",
+    "get_default_optimizer_params",
+]

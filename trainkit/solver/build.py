@@ -1,0 +1,303 @@
+"""Build the optimizer (param groups, gradient clipping) and the lr scheduler from a config."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Union
+
+import torch
+from fvcore.common.param_scheduler import (
+    CosineParamScheduler,
+    MultiStepParamScheduler,
+    ParamScheduler,
+)
+from torch import nn
+
+from trainkit.config import CfgNode
+from trainkit.solver.lr_scheduler import LRMultiplier, WarmupParamScheduler
+
+__all__ = [
+    "build_lr_scheduler",
+    "build_optimizer",
+    "get_default_optimizer_params",
+    "maybe_add_gradient_clipping",
+]
+
+logger = logging.getLogger(__name__)
+
+_GradientClipper = Callable[[Iterable[torch.Tensor]], Any]
+_OptimizerOrClass = Union[torch.optim.Optimizer, type]
+
+# Parameters of these layers get SOLVER.WEIGHT_DECAY_NORM: decaying a normalisation scale
+# towards 0 fights the normalisation and usually hurts.
+_NORM_MODULE_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+)
+
+_OPTIMIZERS = ("SGD", "AdamW")
+_LR_SCHEDULERS = ("WarmupMultiStepLR", "WarmupCosineLR")
+_CLIP_TYPES = ("value", "norm", "full_model")
+
+
+def get_default_optimizer_params(
+    model: nn.Module,
+    base_lr: float | None = None,
+    weight_decay: float | None = None,
+    weight_decay_norm: float | None = None,
+    bias_lr_factor: float | None = 1.0,
+    weight_decay_bias: float | None = None,
+    overrides: dict[str, dict[str, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """Return optimizer param groups with separate lr / weight decay for norms and biases.
+
+    Every trainable parameter appears exactly once, even if it is shared between modules.
+    Parameters with identical hyper-parameters are merged into one group. A hyper-parameter
+    left ``None`` is not set in the groups, so the optimizer's own default applies.
+
+    Args:
+        model: the model whose trainable parameters are grouped.
+        base_lr: lr of every group (``None``: the optimizer's ``lr`` argument).
+        weight_decay: weight decay of ordinary parameters.
+        weight_decay_norm: weight decay of normalisation-layer parameters.
+        bias_lr_factor: lr of parameters named ``bias`` is ``base_lr * bias_lr_factor``.
+        weight_decay_bias: weight decay of parameters named ``bias`` (``None``: unchanged).
+        overrides: ``{param_name: {hyperparam: value}}`` applied last, by the parameter's
+            own name within its module (e.g. ``"bias"``, ``"pos_embedding"``).
+
+    Returns:
+        A list of ``{"params": [...], **hyperparams}`` dicts for a ``torch.optim`` optimizer.
+
+    Raises:
+        ValueError: If ``bias_lr_factor`` is set without ``base_lr``, or ``overrides``
+            already has a ``"bias"`` entry that the bias arguments would replace.
+    """
+    overrides = copy.deepcopy(overrides) if overrides is not None else {}
+    defaults: dict[str, float] = {}
+    if base_lr is not None:
+        defaults["lr"] = base_lr
+    if weight_decay is not None:
+        defaults["weight_decay"] = weight_decay
+    bias_overrides: dict[str, float] = {}
+    if bias_lr_factor is not None and bias_lr_factor != 1.0:
+        if base_lr is None:
+            raise ValueError("bias_lr_factor needs base_lr: the bias lr is base_lr * factor.")
+        bias_overrides["lr"] = base_lr * bias_lr_factor
+    if weight_decay_bias is not None:
+        bias_overrides["weight_decay"] = weight_decay_bias
+    if bias_overrides:
+        if "bias" in overrides:
+            raise ValueError(
+                "overrides['bias'] conflicts with bias_lr_factor / weight_decay_bias; "
+                "set bias hyper-parameters in one place."
+            )
+        overrides["bias"] = bias_overrides
+
+    groups: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            hyperparams = dict(defaults)
+            if weight_decay_norm is not None and isinstance(module, _NORM_MODULE_TYPES):
+                hyperparams["weight_decay"] = weight_decay_norm
+            hyperparams.update(overrides.get(param_name, {}))
+            groups.append({"params": [param], **hyperparams})
+    return _merge_param_groups(groups)
+
+
+def _merge_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # One group per distinct hyper-parameter set keeps the optimizer's per-group loops short;
+    # first-seen order keeps the result deterministic across runs.
+    merged: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
+    for group in groups:
+        key = tuple(sorted((k, v) for k, v in group.items() if k != "params"))
+        if key in merged:
+            merged[key]["params"].extend(group["params"])
+        else:
+            merged[key] = {"params": list(group["params"]), **dict(key)}
+    return list(merged.values())
+
+
+def _create_gradient_clipper(clip_cfg: CfgNode) -> tuple[_GradientClipper, bool]:
+    """Return ``(clipper, is_global)``; a global clipper sees every parameter at once."""
+    clip_type = clip_cfg.CLIP_TYPE
+    clip_value = float(clip_cfg.CLIP_VALUE)
+    norm_type = float(clip_cfg.NORM_TYPE)
+    if clip_type == "value":
+        return (lambda params: nn.utils.clip_grad_value_(params, clip_value)), False
+    if clip_type == "norm":
+        return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), False
+    if clip_type == "full_model":
+        return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), True
+    raise ValueError(
+        f"Unknown SOLVER.CLIP_GRADIENTS.CLIP_TYPE {clip_type!r}; choose one of "
+        f"{', '.join(_CLIP_TYPES)}."
+    )
+
+
+def maybe_add_gradient_clipping(cfg: CfgNode, optimizer: _OptimizerOrClass) -> _OptimizerOrClass:
+    """Make ``optimizer`` clip gradients in ``step()`` when SOLVER.CLIP_GRADIENTS is enabled.
+
+    Clipping lives in the optimizer's ``step`` so every training loop gets it without
+    knowing about it. With a closure, note that clipping runs *before* the closure computes
+    new gradients, as in detectron2.
+
+    Args:
+        cfg: config with ``SOLVER.CLIP_GRADIENTS``.
+        optimizer: an optimizer class (a subclass is returned) or an instance (its class
+            is swapped for such a subclass in place and it is returned).
+
+    Returns:
+        ``optimizer`` unchanged if clipping is disabled, else the clipping variant.
+
+    Raises:
+        ValueError: If the clip type is unknown.
+    """
+    clip_cfg = cfg.SOLVER.CLIP_GRADIENTS
+    if not clip_cfg.ENABLED:
+        return optimizer
+    optimizer_type = optimizer if isinstance(optimizer, type) else type(optimizer)
+    if not issubclass(optimizer_type, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer class or instance, got {optimizer!r}")
+    clipper, is_global = _create_gradient_clipper(clip_cfg)
+
+    class _OptimizerWithGradientClip(optimizer_type):  # type: ignore[misc, valid-type]
+        def step(self, closure: Callable[[], float] | None = None) -> Any:
+            if is_global:
+                clipper(itertools.chain.from_iterable(g["params"] for g in self.param_groups))
+            else:
+                for group in self.param_groups:
+                    for param in group["params"]:
+                        clipper(param)
+            # Call the wrapped class explicitly: super() would break if this class were
+            # itself wrapped a second time.
+            return optimizer_type.step(self, closure)
+
+    _OptimizerWithGradientClip.__name__ = optimizer_type.__name__ + "WithGradientClip"
+    _OptimizerWithGradientClip.__qualname__ = _OptimizerWithGradientClip.__name__
+    if isinstance(optimizer, type):
+        return _OptimizerWithGradientClip
+    optimizer.__class__ = _OptimizerWithGradientClip
+    return optimizer
+
+
+def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
+    """Build the optimizer named by SOLVER.OPTIMIZER with trainkit's param groups.
+
+    Args:
+        cfg: the config (``SOLVER.*`` keys).
+        model: the model to optimise.
+
+    Returns:
+        ``torch.optim.SGD`` or ``torch.optim.AdamW`` (a clipping subclass when
+        SOLVER.CLIP_GRADIENTS.ENABLED).
+
+    Raises:
+        ValueError: If SOLVER.OPTIMIZER is unknown, or Nesterov is asked without momentum.
+    """
+    solver = cfg.SOLVER
+    params = get_default_optimizer_params(
+        model,
+        base_lr=solver.BASE_LR,
+        weight_decay_norm=solver.WEIGHT_DECAY_NORM,
+        bias_lr_factor=solver.BIAS_LR_FACTOR,
+        weight_decay_bias=solver.WEIGHT_DECAY_BIAS,
+    )
+    if not params:
+        raise ValueError(
+            f"{type(model).__name__} has no parameter with requires_grad=True to optimise."
+        )
+    name = str(solver.OPTIMIZER)
+    # Case-insensitive so "sgd" and "adamw" in a config work; errors list the canonical names.
+    canonical = {n.lower(): n for n in _OPTIMIZERS}.get(name.lower())
+    if canonical == "SGD":
+        if solver.NESTEROV and solver.MOMENTUM <= 0:
+            raise ValueError(
+                f"SOLVER.NESTEROV=True needs SOLVER.MOMENTUM > 0, got {solver.MOMENTUM}."
+            )
+        optimizer_cls = maybe_add_gradient_clipping(cfg, torch.optim.SGD)
+        return optimizer_cls(
+            params,
+            lr=solver.BASE_LR,
+            momentum=solver.MOMENTUM,
+            nesterov=solver.NESTEROV,
+            weight_decay=solver.WEIGHT_DECAY,
+        )
+    if canonical == "AdamW":
+        optimizer_cls = maybe_add_gradient_clipping(cfg, torch.optim.AdamW)
+        return optimizer_cls(
+            params,
+            lr=solver.BASE_LR,
+            betas=tuple(solver.BETAS),
+            eps=solver.EPS,
+            weight_decay=solver.WEIGHT_DECAY,
+        )
+    raise ValueError(
+        f"Unknown SOLVER.OPTIMIZER {name!r}; choose one of {', '.join(_OPTIMIZERS)}, or "
+        "override DefaultTrainer.build_optimizer for another optimizer."
+    )
+
+
+def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMultiplier:
+    """Build the per-iteration lr schedule named by SOLVER.LR_SCHEDULER_NAME, with warm-up.
+
+    Args:
+        cfg: the config (``SOLVER.*`` keys).
+        optimizer: the optimizer whose lrs are scheduled.
+
+    Returns:
+        An :class:`LRMultiplier` over a :class:`WarmupParamScheduler`.
+
+    Raises:
+        ValueError: If the scheduler name or warm-up method is unknown, or SOLVER.MAX_ITER
+            is not positive.
+    """
+    solver = cfg.SOLVER
+    max_iter = int(solver.MAX_ITER)
+    if max_iter <= 0:
+        raise ValueError(f"SOLVER.MAX_ITER must be positive, got {max_iter}.")
+    name = solver.LR_SCHEDULER_NAME
+    sched: ParamScheduler
+    if name == "WarmupMultiStepLR":
+        steps = sorted(int(s) for s in solver.STEPS)
+        kept = [s for s in steps if 0 < s < max_iter]
+        if len(kept) != len(steps):
+            logger.warning(
+                "SOLVER.STEPS=%s has values outside (0, SOLVER.MAX_ITER=%d); ignoring %s. "
+                "Lower them or raise MAX_ITER if the lr should drop there.",
+                list(solver.STEPS),
+                max_iter,
+                sorted(set(steps) - set(kept)),
+            )
+        kept = sorted(set(kept))  # fvcore wants strictly increasing milestones
+        sched = MultiStepParamScheduler(
+            values=[solver.GAMMA**k for k in range(len(kept) + 1)],
+            milestones=kept,
+            num_updates=max_iter,
+        )
+    elif name == "WarmupCosineLR":
+        sched = CosineParamScheduler(1.0, float(solver.BASE_LR_END_FACTOR))
+    else:
+        raise ValueError(
+            f"Unknown SOLVER.LR_SCHEDULER_NAME {name!r}; choose one of "
+            f"{', '.join(_LR_SCHEDULERS)}, or override DefaultTrainer.build_lr_scheduler."
+        )
+    warmup_length = min(int(solver.WARMUP_ITERS) / max_iter, 1.0)
+    sched = WarmupParamScheduler(
+        sched, float(solver.WARMUP_FACTOR), warmup_length, str(solver.WARMUP_METHOD)
+    )
+    return LRMultiplier(optimizer, multiplier=sched, max_iter=max_iter)
