@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import signal
 import socket
 import traceback
@@ -34,7 +36,9 @@ def _launcher(queue: Any, fn: Callable, world_size_per_machine: int, num_machine
         results = launch(fn, world_size_per_machine, num_machines=num_machines,
                          machine_rank=machine_rank, dist_url=dist_url, args=tuple(args),
                          rendezvous_timeout_s=30.0)
-        queue.put((machine_rank, "ok", results))
+        # Plain pickle bytes: torch's queue reductions would share tensors through file
+        # descriptors that vanish when this process exits.
+        queue.put((machine_rank, "ok", pickle.dumps(results)))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the test
         queue.put((machine_rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
@@ -77,8 +81,8 @@ def run_on_ranks(
     try:
         for _ in launchers:
             machine, status, payload = queue.get(timeout=timeout_s)
-            outcomes[machine] = (status, payload)
-    except Exception:
+            outcomes[machine] = (status, pickle.loads(payload) if status == "ok" else payload)
+    except queue_module.Empty:
         raise TimeoutError(f"distributed job did not finish within {timeout_s} s") from None
     finally:
         for p in launchers:
