@@ -1,8 +1,164 @@
 #!/usr/bin/env python
-"""Train a model from a config: the main job (completed by the main-job milestone)."""
+"""Train (or evaluate) an image classifier from a config: trainkit's main job.
 
+    python tools/train_net.py --config-file configs/shapes/cnn_small.yaml
+    python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --num-gpus 2
+    python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --resume
+    python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --eval-only \
+        MODEL.WEIGHTS output/shapes_cnn_small/model_final.pth
+
+This file is also the template for a new task: subclass DefaultTrainer and override the
+``build_*`` methods that differ (here the evaluator and the mappers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
 import sys
+from typing import Any
+
+from trainkit.checkpoint import Checkpointer
+from trainkit.config import CfgNode, ConfigError, get_cfg
+from trainkit.data import DatasetCatalog, build_test_loader, build_train_loader
+from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.engine import DefaultTrainer, LaunchError, default_argument_parser, default_setup, launch
+from trainkit.engine.launch import check_launch_arguments
+from trainkit.evaluation import ClassificationEvaluator, verify_results
+from trainkit.modeling import META_ARCH_REGISTRY
+from trainkit.utils import comm
+
+logger = logging.getLogger("trainkit.train_net")
+
+
+class Trainer(DefaultTrainer):
+    """DefaultTrainer for classification: image mappers and a top-1/top-5 evaluator."""
+
+    @classmethod
+    def build_train_loader(cls, cfg: CfgNode) -> Any:
+        return build_train_loader(cfg, mapper=ClassificationDatasetMapper(cfg, is_train=True))
+
+    @classmethod
+    def build_test_loader(cls, cfg: CfgNode, dataset_name: str) -> Any:
+        return build_test_loader(cfg, dataset_name, mapper=ClassificationDatasetMapper(cfg, is_train=False))
+
+    @classmethod
+    def build_evaluator(cls, cfg: CfgNode, dataset_name: str) -> ClassificationEvaluator:
+        return ClassificationEvaluator(dataset_name)
+
+
+def setup(args: Any) -> CfgNode:
+    """Build the config from the file and the command-line overrides, then set up the run."""
+    cfg = load_config(args)
+    default_setup(cfg, args)
+    return cfg
+
+
+def load_config(args: Any) -> CfgNode:
+    """Return the merged (not yet set-up) config for ``args``."""
+    cfg = get_cfg()
+    if args.config_file:
+        cfg.merge_from_file(args.config_file)
+    cfg.merge_from_list(args.opts or [])
+    return cfg
+
+
+def main(args: Any) -> dict[str, Any]:
+    """Train, or evaluate with ``--eval-only``; runs in every process of the job."""
+    cfg = setup(args)
+    if args.eval_only:
+        model = Trainer.build_model(cfg)
+        Checkpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+        results = Trainer.test(cfg, model)
+    else:
+        trainer = Trainer(cfg)
+        trainer.resume_or_load(resume=args.resume)
+        results = trainer.train()
+    if comm.is_main_process() and results:
+        _log_results_table(results)
+        verify_results(cfg, results)
+    return results
+
+
+def _log_results_table(results: dict[str, Any]) -> None:
+    rows = [(task, metric, value) for task, metrics in results.items() for metric, value in metrics.items()]
+    lines = ["Final results:", f"  {'task':<16}{'metric':<10}value"]
+    lines += [f"  {task:<16}{metric:<10}{value:.2f}" for task, metric, value in rows]
+    logger.info("\n".join(lines))
+
+
+class UsageError(Exception):
+    """A problem with the command line or config that the user must fix (exit status 2)."""
+
+
+def preflight(args: Any) -> None:
+    """Check, before any process starts, everything a user can get wrong on the command line.
+
+    Raises:
+        UsageError: With a one-line message naming the problem and the fix.
+    """
+    try:
+        check_launch_arguments(args.num_gpus, args.num_machines, args.machine_rank, args.dist_url)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.config_file and not os.path.isfile(args.config_file):
+        raise UsageError(f"config file not found: {args.config_file}. Check --config-file.")
+    try:
+        cfg = load_config(args)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    world_size = args.num_gpus * args.num_machines
+    if not args.eval_only:
+        try:
+            cfg = DefaultTrainer.auto_scale_workers(cfg, world_size)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if cfg.SOLVER.IMS_PER_BATCH % world_size:
+            raise UsageError(
+                f"SOLVER.IMS_PER_BATCH={cfg.SOLVER.IMS_PER_BATCH} is not divisible by the world "
+                f"size {world_size} (--num-gpus x --num-machines); change one of them."
+            )
+    names = list(cfg.DATASETS.TEST) + ([] if args.eval_only else list(cfg.DATASETS.TRAIN))
+    for name in names:
+        if name not in DatasetCatalog.list():
+            raise UsageError(
+                f"dataset {name!r} is not registered; registered: "
+                f"{', '.join(sorted(DatasetCatalog.list()))}. Register it in DatasetCatalog."
+            )
+    arch = cfg.MODEL.META_ARCHITECTURE
+    if arch not in META_ARCH_REGISTRY:
+        raise UsageError(
+            f"MODEL.META_ARCHITECTURE {arch!r} is not registered; registered: "
+            f"{', '.join(sorted(name for name, _ in META_ARCH_REGISTRY))}."
+        )
+    weights = cfg.MODEL.WEIGHTS
+    if weights and "://" not in weights and not os.path.isfile(weights):
+        raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
+    if args.eval_only and not weights and not args.resume:
+        raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """Parse the command line, check it, launch the job; return the exit status."""
+    args = default_argument_parser().parse_args(argv)
+    try:
+        preflight(args)
+        launch(
+            main,
+            args.num_gpus,
+            num_machines=args.num_machines,
+            machine_rank=args.machine_rank,
+            dist_url=args.dist_url,
+            args=(args,),
+        )
+    except (UsageError, TimeoutError) as e:
+        sys.stderr.write(f"train_net.py: error: {e}\n")
+        return 2
+    except LaunchError as e:
+        sys.stderr.write(f"train_net.py: the job failed: {e}\n")
+        return 1
+    return 0
+
 
 if __name__ == "__main__":
-    sys.stderr.write("tools/train_net.py: not implemented yet (the main job lands with issue 5)\n")
-    sys.exit(2)
+    sys.exit(cli())

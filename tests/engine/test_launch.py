@@ -85,7 +85,8 @@ def test_failed_rank_stops_the_job_promptly(func, expected):
     assert info.value.rank == 1
     import multiprocessing
 
-    assert multiprocessing.active_children() == []  # no worker left behind
+    leftover = [p for p in multiprocessing.active_children() if p.name.startswith("trainkit-rank")]
+    assert leftover == []  # no worker left behind
     # far below any collective timeout; generous for a loaded CI machine
     assert time.monotonic() - start < 30
 
@@ -118,7 +119,7 @@ def test_argument_errors():
         launch(_identity, 1, num_machines=2, machine_rank=2)
     with pytest.raises(ValueError, match="at least 1"):
         launch(_identity, 0)
-    with pytest.raises(ValueError, match="one machine only"):
+    with pytest.raises(ValueError, match="works on one machine only"):
         launch(_identity, 1, num_machines=2, machine_rank=0, dist_url="auto")
     with pytest.raises(ValueError, match="not understood"):
         launch(_identity, 2, dist_url="udp://x")

@@ -343,7 +343,10 @@ class DefaultTrainer(TrainerBase):
 
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results."""
-        super().train(self.start_iter, self.max_iter)
+        try:
+            super().train(self.start_iter, self.max_iter)
+        finally:
+            self._trainer.close_data_iterator()
         return getattr(self, "_last_eval_results", {})
 
     def run_step(self) -> None:
@@ -497,8 +500,8 @@ class DefaultTrainer(TrainerBase):
             cfg.SEED = saved_seed
             cfg.freeze()
             self.cfg = cfg
+            self._trainer.close_data_iterator()
             self._trainer.data_loader = self.build_train_loader(cfg)
-            self._trainer._data_loader_iter_obj = None
         self.data_loader.load_state_dict(data_state)
 
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from trainkit.utils import comm
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "launch"]
+__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "check_launch_arguments", "launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,18 +102,13 @@ def launch(
     """
     if _started_by_torchrun():
         return [_run_under_torchrun(main_func, args, timeout)]
-    _check_arguments(num_gpus_per_machine, num_machines, machine_rank)
+    check_launch_arguments(num_gpus_per_machine, num_machines, machine_rank, dist_url)
     world_size = num_machines * num_gpus_per_machine
     if world_size == 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(0)
         return [main_func(*args)]
     dist_url = "auto" if dist_url in (None, "") else dist_url
-    if dist_url == "auto" and num_machines > 1:
-        raise ValueError(
-            "dist_url='auto' works on one machine only; for several machines pass "
-            "--dist-url tcp://HOST:PORT with the address of machine 0."
-        )
     with _Rendezvous(dist_url, machine_rank, rendezvous_timeout_s) as rendezvous:
         spec = _WorkerSpec(
             main_func=main_func,
@@ -134,7 +129,10 @@ def _started_by_torchrun() -> bool:
     return all(v in os.environ for v in _TORCHRUN_VARS)
 
 
-def _check_arguments(num_gpus_per_machine: int, num_machines: int, machine_rank: int) -> None:
+def check_launch_arguments(
+    num_gpus_per_machine: int, num_machines: int = 1, machine_rank: int = 0, dist_url: str | None = None
+) -> None:
+    """Raise ValueError, with the flag to change, if :func:`launch` cannot run these arguments."""
     if num_gpus_per_machine < 1:
         raise ValueError(f"--num-gpus must be at least 1, got {num_gpus_per_machine}.")
     if num_machines < 1:
@@ -149,6 +147,16 @@ def _check_arguments(num_gpus_per_machine: int, num_machines: int, machine_rank:
             f"--num-gpus {num_gpus_per_machine} asks for more GPUs than this machine shows "
             f"({torch.cuda.device_count()}; CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}). Lower --num-gpus."
+        )
+    if dist_url in (None, "", "auto") and num_machines > 1:
+        raise ValueError(
+            "--dist-url auto works on one machine only; for several machines pass "
+            "--dist-url tcp://HOST:PORT with the address of machine 0."
+        )
+    if dist_url not in (None, "", "auto") and not dist_url.startswith(("tcp://", "env://")):
+        raise ValueError(
+            f"--dist-url {dist_url!r} is not understood; use 'auto' on one machine or "
+            f"'tcp://HOST:PORT' (the address of machine 0) for several."
         )
 
 

@@ -376,6 +376,14 @@ class SimpleTrainer(TrainerBase):
             self._data_loader_iter_obj = iter(self.data_loader)
         return self._data_loader_iter_obj
 
+    def close_data_iterator(self) -> None:
+        """Drop the data iterator so its loader workers exit now, not at garbage collection.
+
+        The loader's position is kept by the loader itself, so a later step continues after
+        the last batch it returned.
+        """
+        self._data_loader_iter_obj = None
+
     def _next_batch(self) -> tuple[Any, float]:
         start_s = time.perf_counter()
         try:
