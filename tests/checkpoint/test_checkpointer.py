@@ -311,3 +311,14 @@ def test_save_is_noop_without_dir_or_off_rank(tmp_path):
     Checkpointer(_Net(), "").save("x")
     Checkpointer(_Net(), str(tmp_path), save_to_disk=False).save("x")
     assert not os.listdir(tmp_path)
+
+
+def test_side_copy_does_not_move_the_resume_tag(tmp_path):
+    from trainkit.checkpoint import Checkpointer
+
+    model = torch.nn.Linear(2, 2)
+    ckpt = Checkpointer(model, str(tmp_path))
+    ckpt.save("model_0000009", iteration=9)
+    ckpt.save("model_best", tag_last=False, iteration=4)
+    assert (tmp_path / "last_checkpoint").read_text().strip() == "model_0000009.pth"
+    assert (tmp_path / "model_best.pth").exists()

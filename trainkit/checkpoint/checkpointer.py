@@ -141,13 +141,16 @@ class Checkpointer(_FvcoreCheckpointer):
             raise TypeError(f"checkpointable {key!r} has no load_state_dict() method")
         super().add_checkpointable(key, checkpointable)
 
-    def save(self, name: str, **kwargs: Any) -> None:
+    def save(self, name: str, *, tag_last: bool = True, **kwargs: Any) -> None:
         """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
 
         Does nothing when ``save_dir`` is empty or ``save_to_disk`` is False (other ranks).
 
         Args:
             name: file name without ``.pth``.
+            tag_last: point ``last_checkpoint`` at the new file (what ``--resume`` loads);
+                False for side copies such as the best model, which must not become the
+                resume point.
             kwargs: extra data stored next to the states (returned by :meth:`load`).
 
         Raises:
@@ -181,7 +184,8 @@ class Checkpointer(_FvcoreCheckpointer):
         # a crash at any point leaves the tag naming a loadable checkpoint.
         with atomic_write(save_file, "wb") as f:
             torch.save(data, f)
-        self.tag_last_checkpoint(basename)
+        if tag_last:
+            self.tag_last_checkpoint(basename)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """Atomically record ``last_filename_basename`` as the newest checkpoint."""

@@ -49,7 +49,7 @@ TrainerCallback = Callable[[TrainerBase], None]
 
 
 class _Saver(Protocol):
-    def save(self, name: str, **kwargs: Any) -> None: ...
+    def save(self, name: str, *, tag_last: bool = True, **kwargs: Any) -> None: ...
 
 
 def _trainer_attr(hook: HookBase, name: str) -> Any:
@@ -308,7 +308,7 @@ class BestCheckpointer(HookBase):
             self.best_metric,
         )
         self.best_metric, self.best_iter = float(value), int(metric_iter)
-        self._checkpointer.save(self._file_prefix, iteration=metric_iter)
+        self._checkpointer.save(self._file_prefix, tag_last=False, iteration=metric_iter)
 
     @override
     def after_step(self) -> None:
