@@ -24,6 +24,7 @@ from trainkit.data import DatasetCatalog, build_test_loader, build_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import DefaultTrainer, LaunchError, default_argument_parser, default_setup, launch
 from trainkit.engine.launch import check_launch_arguments
+from trainkit.engine.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from trainkit.evaluation import ClassificationEvaluator, verify_results
 from trainkit.modeling import META_ARCH_REGISTRY
 from trainkit.utils import comm
@@ -154,9 +155,16 @@ def cli(argv: list[str] | None = None) -> int:
     except (UsageError, TimeoutError) as e:
         sys.stderr.write(f"train_net.py: error: {e}\n")
         return 2
+    except TrainingPreempted as e:  # one process: raised here directly
+        sys.stderr.write(f"train_net.py: {e}\n")
+        return PREEMPTED_EXIT_CODE
     except LaunchError as e:
-        sys.stderr.write(f"train_net.py: the job failed: {e}\n")
-        return 1
+        if e.exit_code == PREEMPTED_EXIT_CODE:
+            sys.stderr.write("train_net.py: the job was pre-empted after saving a checkpoint; "
+                             "run the same command with --resume to continue.\n")
+        else:
+            sys.stderr.write(f"train_net.py: the job failed: {e}\n")
+        return e.exit_code
     return 0
 
 

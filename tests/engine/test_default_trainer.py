@@ -7,6 +7,7 @@ overriding one ``build_*`` classmethod.
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +205,60 @@ def test_unscalable_config_refused(tmp_path):
     cfg.SOLVER.REFERENCE_WORLD_SIZE = 3
     with pytest.raises(ValueError, match="not divisible by SOLVER.REFERENCE_WORLD_SIZE=3"):
         RegressionTrainer(cfg)
+
+
+class _SignalAt(hooks.CallbackHook):
+    """Send SIGTERM to this process after iteration ``k`` on rank ``rank`` only."""
+
+    def __init__(self, k, rank=0):
+        import signal
+
+        def after_step(trainer):
+            if trainer.iter == k and comm.get_rank() == rank:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        super().__init__(after_step=after_step)
+
+
+def _train_with_signal(output_dir, k, rank=0):
+    from trainkit.engine.preemption import TrainingPreempted
+
+    seed_all_rng(7 + comm.get_rank())
+    trainer = RegressionTrainer(_cfg(output_dir))
+    # registered first so the signal arrives before the PreemptionHandler's check
+    trainer._hooks.insert(0, _SignalAt(k, rank))
+    trainer._hooks[0].trainer = trainer
+    trainer.resume_or_load(resume=False)
+    try:
+        trainer.train()
+    except TrainingPreempted as e:
+        return {"iteration": e.iteration, "tag": (Path(output_dir) / "last_checkpoint").read_text()}
+    return None
+
+
+def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = _train_with_signal(tmp_path / "pre", k=3)
+    assert stopped == {"iteration": 3, "tag": "model_0000003.pth"}
+    assert signal.getsignal(signal.SIGTERM) is before  # handler restored
+    resumed = _train(tmp_path / "pre", resume=True)
+    assert resumed["start_iter"] == 4
+    _assert_same(_train(tmp_path / "straight"), resumed)
+
+
+def _two_rank_signal(output_dir):
+    return _train_with_signal(output_dir, k=2, rank=1)
+
+
+@pytest.mark.distributed
+def test_sigterm_on_one_rank_stops_all_ranks_at_the_same_iteration(tmp_path):
+    stopped = run_on_ranks(_two_rank_signal, 2, args=(str(tmp_path),), timeout_s=120)
+    # ranks agree on the flag every 5 iterations: the signal after iteration 2 stops both after 4
+    assert [s["iteration"] for s in stopped] == [4, 4]
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000004.pth"
+    resumed = run_on_ranks(_two_rank_run, 2, args=(str(tmp_path), "resume"), timeout_s=120)
+    straight = run_on_ranks(_two_rank_run, 2, args=(str(tmp_path / "s"), "straight"), timeout_s=120)
+    for rank in range(2):
+        _assert_same(straight[rank], resumed[rank])

@@ -202,3 +202,19 @@ def test_torchrun_style_start_joins_through_env(tmp_path):
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world"] == 2 and r["gather"] == [0, 1] for r in results)
     assert [r["local_rank"] for r in results] == [0, 1]
+
+
+class _Preempted(Exception):
+    exit_code = 75
+
+
+def _preempted_everywhere():
+    comm.synchronize()
+    raise _Preempted("stopped by SIGTERM")
+
+
+@pytest.mark.distributed
+def test_worker_exit_code_is_carried_to_launch_error():
+    with pytest.raises(LaunchError) as info:
+        launch(_preempted_everywhere, 2)
+    assert info.value.exit_code == 75

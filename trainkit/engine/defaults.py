@@ -16,6 +16,7 @@ from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
+from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.train_loop import AMPTrainer, HookBase, SimpleTrainer, TrainerBase
 from trainkit.evaluation import DatasetEvaluator, inference_on_dataset, print_csv_format
@@ -312,6 +313,9 @@ class DefaultTrainer(TrainerBase):
                 self.checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD,
                 max_to_keep=cfg.SOLVER.MAX_TO_KEEP or None,
             ),
+            # After the periodic checkpoint, so a stop never pre-empts a regular save, and
+            # before evaluation, so a pre-empted job does not spend its grace period on it.
+            PreemptionHandler(),
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
         ]
         if comm.is_main_process():

@@ -30,9 +30,10 @@ import pickle
 import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
 import torch
@@ -59,11 +60,14 @@ class LaunchError(RuntimeError):
 
     Attributes:
         rank: global rank of the first process that failed (None if unknown).
+        exit_code: the status the job should end with: the failed worker's own exit status
+            when it chose one (pre-emption: 75), else 1.
     """
 
-    def __init__(self, message: str, rank: int | None = None) -> None:
+    def __init__(self, message: str, rank: int | None = None, exit_code: int = 1) -> None:
         super().__init__(message)
         self.rank = rank
+        self.exit_code = exit_code
 
 
 def launch(
@@ -320,7 +324,8 @@ def _spawn_and_watch(spec: Any, rendezvous: _Rendezvous) -> list[Any]:
             p.start()
             processes.append(p)
         try:
-            _watch(processes, spec, rendezvous, report_dir)
+            with _forward_signals(processes):
+                _watch(processes, spec, rendezvous, report_dir)
         finally:
             _stop_all(processes)
         rendezvous.finish(spec.machine_rank, spec.world_size // spec.num_gpus_per_machine)
@@ -345,7 +350,9 @@ def _watch(processes: list, spec: Any, rendezvous: _Rendezvous, report_dir: str)
                 others = ", ".join(f"rank {r}" for r, _ in failures[1:])
                 message += f"\n(then {others} failed as a consequence)"
             rendezvous.post_failure(message)
-            raise LaunchError(message, rank=rank)
+            codes = {code for _, code in failed}
+            exit_code = codes.pop() if len(codes) == 1 and min(codes) > 1 else 1
+            raise LaunchError(message, rank=rank, exit_code=exit_code)
         remote = rendezvous.failure()
         if remote is not None and running:
             raise LaunchError(f"the job was stopped from another machine: {remote}")
@@ -378,6 +385,29 @@ def _collect_failures(failed: list, running: dict, spec: Any, report_dir: str) -
         failures.append((rank, _describe_failure(rank, exitcode, report_dir, local_rank)))
     failures.sort(key=lambda item: any(m in item[1] for m in _SECONDARY_MARKERS))
     return failures
+
+
+@contextlib.contextmanager
+def _forward_signals(processes: list) -> Iterator[None]:
+    """Pass SIGTERM/SIGINT received by the launcher on to every worker (once each)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: object) -> None:
+        del frame
+        logger.warning("Launcher received %s; forwarding it to the workers", signal.Signals(signum).name)
+        for p in processes:
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _describe_failure(rank: int, exitcode: int, report_dir: str, local_rank: int) -> str:
@@ -416,13 +446,18 @@ def _read_result(report_dir: str, local_rank: int) -> Any:
 
 def _worker_entry(local_rank: int, spec: Any, report_dir: str) -> None:
     _die_with_parent()
+    # Signals reach a worker only through the launcher, which forwards each one once; a
+    # Ctrl-C in the terminal would otherwise hit every process twice (directly and forwarded).
+    os.setpgrp()
     rank = spec.machine_rank * spec.num_gpus_per_machine + local_rank
     try:
         result = _worker_main(local_rank, rank, spec)
-    except BaseException:  # report everything, KeyboardInterrupt and SystemExit included
+    except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
         with open(os.path.join(report_dir, f"error{local_rank}.txt"), "w") as f:
             f.write(traceback.format_exc())
-        raise SystemExit(1) from None
+        # An exception may carry the status the job should end with (pre-emption does).
+        code = getattr(e, "exit_code", None)
+        raise SystemExit(code if isinstance(code, int) and code > 0 else 1) from None
     try:
         payload = pickle.dumps(result)
     except Exception:  # an unpicklable return value is not a failure of the job
