@@ -16,9 +16,11 @@ from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
+from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.train_loop import AMPTrainer, HookBase, SimpleTrainer, TrainerBase
+from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.evaluation import DatasetEvaluator, inference_on_dataset, print_csv_format
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
@@ -209,7 +211,27 @@ class _RankStateSnapshot(HookBase):
     def after_step(self) -> None:
         trainer = self.trainer
         if is_period_end(trainer.iter, self._period) or is_last_iter(trainer.iter, trainer.max_iter):
+            trainer._watchdog.enter("checkpoint")
             trainer.snapshot_rank_states()
+
+
+class _WatchdogPhases(HookBase):
+    """Keep the progress watchdog's phase current and run its thread during training."""
+
+    def __init__(self, watchdog: ProgressWatchdog) -> None:
+        self._watchdog = watchdog
+
+    def before_train(self) -> None:
+        self._watchdog.start()
+
+    def after_train(self) -> None:
+        self._watchdog.stop()
+
+    def before_step(self) -> None:
+        self._watchdog.enter("data", self.trainer.iter)
+
+    def after_step(self) -> None:
+        self._watchdog.enter("hooks")
 
 
 class DefaultTrainer(TrainerBase):
@@ -245,10 +267,13 @@ class DefaultTrainer(TrainerBase):
         self.cfg = cfg
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
-        data_loader = self.build_train_loader(cfg)
+        self._train_loader = self.build_train_loader(cfg)
         model = create_ddp_model(model, broadcast_buffers=False)
+        self._watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=get_job_store())
         trainer_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
-        self._trainer = trainer_cls(model, data_loader, optimizer, gather_metric_period=cfg.WRITER_PERIOD)
+        self._trainer = trainer_cls(
+            model, self._watched(self._train_loader), optimizer, gather_metric_period=cfg.WRITER_PERIOD
+        )
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(model, cfg.OUTPUT_DIR, trainer=self)
         self.start_iter = 0
@@ -301,6 +326,7 @@ class DefaultTrainer(TrainerBase):
         """
         cfg = self.cfg
         hooks_list: list[HookBase | None] = [
+            _WatchdogPhases(self._watchdog),
             hooks.IterationTimer(),
             hooks.LRScheduler(),
             hooks.PreciseBN(
@@ -378,10 +404,14 @@ class DefaultTrainer(TrainerBase):
     @property
     def data_loader(self) -> Iterable[Any]:
         """The train loader."""
-        return self._trainer.data_loader
+        return self._train_loader
+
+    def _watched(self, loader: Iterable[Any]) -> Iterable[Any]:
+        return PhaseMarkingLoader(loader, self._watchdog) if self._watchdog.enabled else loader
 
     def _evaluate_for_hook(self) -> dict[str, Any]:
-        self._last_eval_results = self.test(self.cfg, self.model)
+        with self._watchdog.phase("eval"):
+            self._last_eval_results = self.test(self.cfg, self.model)
         return self._last_eval_results
 
     @classmethod
@@ -505,7 +535,8 @@ class DefaultTrainer(TrainerBase):
             cfg.freeze()
             self.cfg = cfg
             self._trainer.close_data_iterator()
-            self._trainer.data_loader = self.build_train_loader(cfg)
+            self._train_loader = self.build_train_loader(cfg)
+            self._trainer.data_loader = self._watched(self._train_loader)
         self.data_loader.load_state_dict(data_state)
 
 

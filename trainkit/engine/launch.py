@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import json
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -39,9 +40,20 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from trainkit.engine.watchdog import (
+    HEARTBEAT_KEY,
+    WATCHDOG_EXIT_CODE,
+    describe_stall,
+    find_stalled_rank,
+)
 from trainkit.utils import comm
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "check_launch_arguments", "launch"]
+__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "check_launch_arguments", "get_job_store", "launch"]
+
+
+def get_job_store() -> dist.Store | None:
+    """Return the job's key-value store in a worker started by :func:`launch`, else None."""
+    return _JOB_STORE
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +64,11 @@ _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTE
 _ABORT_KEY = "trainkit/launch/abort"
 _DONE_KEY = "trainkit/launch/done"
 _POLL_S = 0.1
+_WATCHDOG_POLL_S = 1.0
+
+# The job's rendezvous store in a worker started by launch() (None elsewhere); the
+# progress watchdog publishes through it.
+_JOB_STORE: dist.Store | None = None
 _GRACE_S = 3.0
 
 
@@ -335,6 +352,7 @@ def _spawn_and_watch(spec: Any, rendezvous: _Rendezvous) -> list[Any]:
 def _watch(processes: list, spec: Any, rendezvous: _Rendezvous, report_dir: str) -> None:
     """Wait for every worker; on the first failure anywhere in the job, raise LaunchError."""
     running = {p.sentinel: (i, p) for i, p in enumerate(processes)}
+    heartbeats = _HeartbeatReader(rendezvous, spec.world_size) if spec.machine_rank == 0 else None
     while running:
         ready = multiprocessing.connection.wait(list(running), timeout=_POLL_S)
         failed = []
@@ -356,6 +374,42 @@ def _watch(processes: list, spec: Any, rendezvous: _Rendezvous, report_dir: str)
         remote = rendezvous.failure()
         if remote is not None and running:
             raise LaunchError(f"the job was stopped from another machine: {remote}")
+        stalled = heartbeats.stalled() if heartbeats is not None else None
+        if stalled is not None:
+            message = describe_stall(stalled, stalled["timeout_s"])
+            rendezvous.post_failure(message)
+            raise LaunchError(message, rank=stalled["rank"], exit_code=WATCHDOG_EXIT_CODE)
+
+
+class _HeartbeatReader:
+    """Machine 0's view of every rank's progress record (see ``trainkit.engine.watchdog``)."""
+
+    def __init__(self, rendezvous: _Rendezvous, world_size: int) -> None:
+        self._store = rendezvous.store
+        self._world_size = world_size
+        self._next_read = 0.0
+
+    def stalled(self) -> dict[str, Any] | None:
+        now = time.monotonic()
+        if now < self._next_read or self._store is None:
+            return None
+        self._next_read = now + _WATCHDOG_POLL_S
+        records = []
+        for rank in range(self._world_size):
+            key = HEARTBEAT_KEY.format(rank=rank)
+            try:
+                if not self._store.check([key]):
+                    continue
+                raw = self._store.get(key).decode()
+            except (RuntimeError, dist.DistError):
+                return None
+            record = json.loads(raw)
+            # From the phase's start time rather than the published duration: exact between
+            # records published at different moments, and still growing for a frozen process.
+            record["elapsed_s"] = time.time() - record["started_at"]
+            records.append(record)
+        timeouts = [r["timeout_s"] for r in records if r["timeout_s"] > 0]
+        return find_stalled_rank(records, min(timeouts)) if timeouts else None
 
 
 # Failures that are the echo of another rank's death: the peer's socket closed under a
@@ -474,7 +528,9 @@ def _worker_main(local_rank: int, rank: int, spec: Any) -> Any:
     backend = _default_backend()
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
+    global _JOB_STORE
     store = _connect_store(spec.store_host, spec.store_port, spec.rendezvous_timeout_s)
+    _JOB_STORE = store
     dist.init_process_group(
         backend=backend,
         store=dist.PrefixStore("trainkit/pg", store),
@@ -488,6 +544,7 @@ def _worker_main(local_rank: int, rank: int, spec: Any) -> Any:
         return spec.main_func(*spec.args)
     finally:
         _shutdown_process_group()
+        _JOB_STORE = None
 
 
 def _shutdown_process_group() -> None:

@@ -1,0 +1,74 @@
+"""The progress watchdog: stall detection math, local mode, and a stalled rank in a real job."""
+
+import time
+
+import pytest
+
+from trainkit.engine.watchdog import ProgressWatchdog, describe_stall, find_stalled_rank
+
+
+def test_longest_stuck_rank_is_blamed():
+    records = [
+        {"rank": 0, "phase": "forward/backward", "iteration": 7, "elapsed_s": 11.0},
+        {"rank": 1, "phase": "data", "iteration": 7, "elapsed_s": 12.5},
+    ]
+    assert find_stalled_rank(records, 10.0)["rank"] == 1
+    assert find_stalled_rank(records, 20.0) is None
+    assert find_stalled_rank(records, 0) is None  # disabled
+    text = describe_stall(records[1], 10.0)
+    assert "rank 1 stopped making progress" in text and "'data'" in text and "iteration 7" in text
+
+
+def test_phases_and_local_stall_with_fake_clock():
+    now = [100.0]
+    stalls = []
+    wd = ProgressWatchdog(5.0, rank=0, clock=lambda: now[0], on_local_stall=stalls.append)
+    wd.enter("data", iteration=3)
+    now[0] += 2
+    assert wd.record()["phase"] == "data" and wd.record()["elapsed_s"] == 2
+    with wd.phase("eval"):
+        assert wd.record()["phase"] == "eval"
+    assert wd.record()["phase"] == "hooks"
+    wd.enter("checkpoint")
+    now[0] += 6
+    wd.start()
+    deadline = time.monotonic() + 10
+    while not stalls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wd.stop()
+    assert stalls and "'checkpoint' at iteration 3" in stalls[0]
+
+
+def test_disabled_watchdog_starts_nothing():
+    wd = ProgressWatchdog(0, rank=0)
+    wd.start()
+    assert wd._thread is None
+
+
+def _stall_rank_one_in_data(output_dir):
+    from tests.engine.test_default_trainer import RegressionTrainer, _cfg
+    from trainkit.engine import hooks
+    from trainkit.utils import comm
+
+    cfg = _cfg(output_dir, max_iter=50, workers=0)
+    cfg.WATCHDOG_TIMEOUT_S = 3.0
+    trainer = RegressionTrainer(cfg)
+
+    def before_step(t):
+        if t.iter == 3 and comm.get_rank() == 1:
+            time.sleep(120)  # a hung file system, as far as the job can tell
+
+    trainer.register_hooks([hooks.CallbackHook(before_step=before_step)])
+    trainer.train()
+
+
+@pytest.mark.distributed
+def test_stalled_rank_is_named_with_its_phase(tmp_path):
+    from trainkit.engine import launch
+    from trainkit.engine.launch import LaunchError
+
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"rank 1 stopped making progress: .*phase 'data' at iteration 3") as info:
+        launch(_stall_rank_one_in_data, 2, args=(str(tmp_path),))
+    assert info.value.exit_code == 124
+    assert time.monotonic() - start < 60  # the collective timeout would be 30 minutes

@@ -1,0 +1,187 @@
+"""A progress watchdog: which rank stopped making progress, in which phase, and for how long.
+
+Each rank records the phase it is in (``data``, ``forward/backward``, ``checkpoint``,
+``eval``, ``hooks``) and when it entered it; a daemon thread publishes that once a second.
+
+* Under :func:`trainkit.engine.launch`, the launcher of machine 0 reads every rank's record
+  from the job's rendezvous store; when some rank has been in one phase longer than the
+  timeout, it names the rank that has been stuck the longest (the others are waiting for it
+  in a collective) and stops the job, long before the collective timeout would.
+* Without a launcher (one process, or under torchrun) the thread checks its own rank and
+  ends the process with a message; torchrun then stops the rest of the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+__all__ = ["ProgressWatchdog", "WATCHDOG_EXIT_CODE", "find_stalled_rank"]
+
+logger = logging.getLogger(__name__)
+
+WATCHDOG_EXIT_CODE = 124
+"""Exit status of a process the watchdog ended (like timeout(1))."""
+
+HEARTBEAT_KEY = "trainkit/watchdog/rank{rank}"
+_PUBLISH_PERIOD_S = 1.0
+
+
+class ProgressWatchdog:
+    """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
+
+    Args:
+        timeout_s: seconds one phase may last; 0 disables the watchdog.
+        rank: this process's global rank.
+        store: the job's key-value store (from ``launch``) or None to watch locally.
+        clock: time source (tests inject one).
+        on_local_stall: what to do on a local stall (default: log and end the process).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        rank: int,
+        store: Any | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_local_stall: Callable[[str], None] | None = None,
+    ) -> None:
+        self.timeout_s = float(timeout_s)
+        self._rank = rank
+        self._store = store
+        self._clock = clock
+        self._on_local_stall = on_local_stall or _exit_process
+        self._phase = "start"
+        self._iteration = -1
+        self._since = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a timeout is set."""
+        return self.timeout_s > 0
+
+    def enter(self, phase: str, iteration: int | None = None) -> None:
+        """Record that this rank starts ``phase`` (cheap: two attribute writes)."""
+        self._phase = phase
+        if iteration is not None:
+            self._iteration = iteration
+        self._since = self._clock()
+
+    @contextlib.contextmanager
+    def phase(self, name: str, then: str = "hooks") -> Iterator[None]:
+        """Be in phase ``name`` for the body, then in phase ``then``."""
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.enter(then)
+
+    def record(self) -> dict[str, Any]:
+        """Return this rank's current phase, iteration and seconds spent in the phase.
+
+        ``started_at`` is the phase's start on the wall clock, so that a reader in another
+        process can age a record that stopped being published (a frozen process).
+        """
+        elapsed_s = self._clock() - self._since
+        return {
+            "rank": self._rank,
+            "phase": self._phase,
+            "iteration": self._iteration,
+            "elapsed_s": elapsed_s,
+            "started_at": time.time() - elapsed_s,
+            "timeout_s": self.timeout_s,
+            "pid": os.getpid(),
+        }
+
+    def start(self) -> None:
+        """Start the publishing/checking thread (no-op when disabled)."""
+        if not self.enabled or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="trainkit-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(_PUBLISH_PERIOD_S):
+            record = self.record()
+            if self._store is not None:
+                with contextlib.suppress(Exception):  # the launcher may already be gone
+                    self._store.set(HEARTBEAT_KEY.format(rank=self._rank), json.dumps(record))
+            elif record["elapsed_s"] > self.timeout_s:
+                self._on_local_stall(describe_stall(record, self.timeout_s))
+                return
+
+    def __enter__(self) -> ProgressWatchdog:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def describe_stall(record: dict[str, Any], timeout_s: float) -> str:
+    """Return the one-paragraph report for a stalled rank's record."""
+    return (
+        f"rank {record['rank']} stopped making progress: it has been in phase "
+        f"'{record['phase']}' at iteration {record['iteration']} for {record['elapsed_s']:.0f} s "
+        f"(WATCHDOG_TIMEOUT_S={timeout_s:g}). Other ranks are waiting for it; look at what "
+        f"that phase does on that rank (a slow file system for 'data', a hung GPU for "
+        f"'forward/backward'), or raise WATCHDOG_TIMEOUT_S if the phase is legitimately slow."
+    )
+
+
+def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
+    """Return the record of the rank stuck the longest if any rank exceeded ``timeout_s``.
+
+    Ranks blocked in a collective waiting for a stuck peer entered their phase later than
+    the peer, so the longest-stuck rank is the cause.
+    """
+    if timeout_s <= 0 or not records:
+        return None
+    worst = max(records, key=lambda r: r["elapsed_s"])
+    return worst if worst["elapsed_s"] > timeout_s else None
+
+
+def _exit_process(message: str) -> None:
+    logger.error("Watchdog: %s Ending this process.", message)
+    logging.shutdown()
+    os._exit(WATCHDOG_EXIT_CODE)
+
+
+class PhaseMarkingLoader:
+    """Wrap a train loader so that waiting for a batch counts as phase ``data``.
+
+    Every other attribute (``state_dict``, ...) is the wrapped loader's.
+    """
+
+    def __init__(self, loader: Any, watchdog: ProgressWatchdog) -> None:
+        self._loader = loader
+        self._watchdog = watchdog
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self._loader)
+        while True:
+            self._watchdog.enter("data")
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._watchdog.enter("forward/backward")
+            yield batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
