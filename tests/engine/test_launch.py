@@ -100,7 +100,7 @@ def _sleep_forever_unless_rank3():
 @pytest.mark.distributed
 def test_failure_on_one_machine_stops_the_other():
     with pytest.raises(RankFailure) as info:
-        run_on_ranks(_sleep_forever_unless_rank3, 4, num_machines=2, timeout_s=60)
+        run_on_ranks(_sleep_forever_unless_rank3, 4, num_machines=2, timeout_s=120)
     text = str(info.value)
     assert "rank 3 raised an exception" in text
     assert "stopped from another machine" in text

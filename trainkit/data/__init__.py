@@ -15,6 +15,8 @@ from trainkit.data.build import (
 )
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
+from trainkit.data.metafile import MetaFileDataset
+from trainkit.data.rank_dataset import RankDataLoader, RankDataset
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
@@ -27,8 +29,11 @@ __all__ = [
     "DatasetFromList",
     "InferenceSampler",
     "MapDataset",
+    "MetaFileDataset",
     "MetadataCatalog",
     "RandomSubsetTrainingSampler",
+    "RankDataLoader",
+    "RankDataset",
     "RepeatFactorTrainingSampler",
     "ToIterableDataset",
     "TrainingSampler",
@@ -43,3 +48,6 @@ __all__ = [
     "trivial_batch_collator",
     "worker_init_reset_seed",
 ]
+
+# Imported last, for its side effect: registers the built-in shapes_train / shapes_val.
+from trainkit.data import datasets  # noqa: E402,F401

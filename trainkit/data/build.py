@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode
 from trainkit.data.batching import BatchIndexStream, aspect_ratio_bucket_ids, record_aspect_ratios
@@ -45,23 +45,143 @@ __all__ = [
 _TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
 
 
+def _catalog_part(name: str, *, as_list: bool = True) -> Any:
+    """Call ``name``'s catalog function; a generator stays one unless ``as_list``.
+
+    Raises:
+        ValueError: If the dataset is empty (for a generator: once it turns out empty).
+    """
+    part = DatasetCatalog.get(name)
+    if not _is_lazy_dataset(part) and not isinstance(part, (list, tuple)):
+        part = list(part) if as_list else _non_empty(name, part)
+    if isinstance(part, (list, tuple, Dataset)) and len(part) == 0:
+        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+    return part
+
+
+def _non_empty(name: str, records: Iterable[Any]) -> Iterator[Any]:
+    count = 0
+    for count, record in enumerate(records, 1):  # noqa: B007 - count is read afterwards
+        yield record
+    if count == 0:
+        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+
+
+def _names(names: str | Sequence[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError("no dataset given: set DATASETS.TRAIN to registered dataset names")
+    return names
+
+
+def _is_lazy_dataset(obj: Any) -> bool:
+    # A map-style dataset object (e.g. MetaFileDataset) reads its records on demand; a list,
+    # tuple or generator is records to serialise.
+    return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
+
+
 def get_detection_dataset_dicts(names: str | Sequence[str]) -> list[dict[str, Any]]:
     """Fetch the records of the named datasets from ``DatasetCatalog`` and concatenate them.
+
+    This materialises every record in this process; the loaders built here avoid it on
+    all but local rank 0 (see :meth:`DatasetFromList.from_local_leader`).
 
     Raises:
         ValueError: If no name is given or a dataset is empty.
         KeyError: If a name is not registered (the message lists the registered ones).
     """
-    names = [names] if isinstance(names, str) else list(names)
-    if not names:
-        raise ValueError("no dataset given: set DATASETS.TRAIN to registered dataset names")
     records: list[dict[str, Any]] = []
-    for name in names:
-        part = DatasetCatalog.get(name)
-        if len(part) == 0:
-            raise ValueError(f"dataset {name!r} is empty; check its registration function")
-        records.extend(part)
+    for name in _names(names):
+        records.extend(_catalog_part(name))
     return records
+
+
+def _iter_dataset_dicts(names: list[str], first: Sequence[Any] | None = None) -> Iterator[Any]:
+    # Streams one catalog function's records at a time into the serialiser, so local rank 0
+    # never holds the concatenation of all of them. ``first``: names[0]'s records, if fetched.
+    for i, name in enumerate(names):
+        part = first if i == 0 and first is not None else _catalog_part(name, as_list=False)
+        first = None
+        if _is_lazy_dataset(part):
+            raise ValueError(
+                f"dataset {name!r} is a lazy dataset ({type(part).__name__}) while others in "
+                f"{names} are lists of records; register all of them one way."
+            )
+        yield from part
+        del part
+
+
+def _is_local_leader() -> bool:
+    # Without a local group every rank loads for itself (and from_local_leader says why).
+    if comm.get_world_size() == 1:
+        return True
+    try:
+        return comm.get_local_rank() == 0
+    except RuntimeError:
+        return True
+
+
+def load_catalog_dataset(names: str | Sequence[str]) -> Dataset:
+    """Return the named catalog datasets as one map-style dataset, one copy per machine.
+
+    Catalog functions that return records (a list or a generator) are called on local rank
+    0 only and serialised into shared memory that every local rank maps
+    (:meth:`DatasetFromList.from_local_leader`). Functions that return a map-style dataset
+    (e.g. ``lambda: MetaFileDataset(path)``) are called on every rank: such datasets read
+    records on demand and cost O(1) memory per process. Several names are concatenated.
+
+    Raises:
+        ValueError: If no name is given, a dataset is empty, or record lists and lazy
+            datasets are mixed.
+        KeyError: If a name is not registered.
+
+    Collective:
+        One ``all_gather`` over the local process group (which kind of dataset the names
+        hold), then :meth:`DatasetFromList.from_local_leader`'s. Every rank calls it.
+    """
+    names = _names(names)
+    first: Any = None
+    kind: dict[str, Any] | None = None
+    error: BaseException | None = None
+    if _is_local_leader():
+        # The first function tells the kind; what it returned is reused, not fetched twice.
+        try:
+            first = _catalog_part(names[0], as_list=False)
+            kind = {"lazy": _is_lazy_dataset(first), "error": None}
+        except Exception as e:  # reported to the other ranks so that nobody hangs
+            error = e
+            kind = {"lazy": False, "error": f"{type(e).__name__}: {e}"}
+    leader_kind = _gather_on_machine(kind)[0]
+    if leader_kind["error"] is not None:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"local rank 0 failed to load {names}: {leader_kind['error']}")
+    if leader_kind["lazy"]:
+        parts = [
+            first if i == 0 and first is not None else _catalog_part(name)
+            for i, name in enumerate(names)
+        ]
+        if not all(_is_lazy_dataset(part) for part in parts):
+            raise ValueError(f"datasets {names} mix lazy datasets and record lists")
+        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
+    return DatasetFromList.from_local_leader(
+        lambda: _iter_dataset_dicts(names, first), copy=False
+    )
+
+
+def _gather_on_machine(obj: Any) -> list[Any]:
+    """All-gather ``obj`` over this machine's ranks ([obj] when there is nothing to gather).
+
+    Collective:
+        ``all_gather`` over the local process group when it exists and has > 1 rank.
+    """
+    if comm.get_world_size() == 1:
+        return [obj]
+    try:
+        group = comm.get_local_process_group()
+    except RuntimeError:
+        return [obj]  # every rank lacks it alike: each loads its own copy
+    return comm.all_gather(obj, group=group)
 
 
 def _per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int | None) -> int:
@@ -78,11 +198,12 @@ def _per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: in
     return total_batch_size // world_size
 
 
-def _dataset_records(dataset: Any) -> Sequence[dict[str, Any]]:
+def _dataset_records(dataset: Any) -> Iterator[dict[str, Any]]:
     # Grouping reads width/height from the unmapped records: unwrap MapDatasets to find them.
+    # A generator: one record at a time, never a list of all of them.
     while isinstance(dataset, MapDataset):
         dataset = dataset.dataset
-    return [dataset[i] for i in range(len(dataset))]
+    return (dataset[i] for i in range(len(dataset)))
 
 
 def _iterable_loader(
@@ -199,6 +320,23 @@ def build_batch_data_loader(
     )
 
 
+class _RecordView(Sequence):
+    """The unmapped records of a dataset as a read-only sequence, unpickled one at a time."""
+
+    def __init__(self, dataset: Any) -> None:
+        while isinstance(dataset, MapDataset):
+            dataset = dataset.dataset
+        self._dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            return [self._dataset[i] for i in range(len(self))[idx]]
+        return self._dataset[idx]
+
+
 def _build_train_sampler(
     cfg: CfgNode, records: Sequence[dict[str, Any]] | None, size: int, seed: int
 ) -> Sampler:
@@ -213,7 +351,8 @@ def _build_train_sampler(
     if name == "RepeatFactorTrainingSampler":
         if records is None:
             raise ValueError(
-                "RepeatFactorTrainingSampler needs the records: pass dataset as a list of dicts"
+                "RepeatFactorTrainingSampler needs the records: pass dataset as a list of dicts "
+            "or a dataset of dicts"
             )
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
             records, cfg.DATALOADER.REPEAT_THRESHOLD
@@ -251,13 +390,15 @@ def build_train_loader(
         KeyError: For an unregistered dataset name.
 
     Collective:
-        ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` (on every rank, same line).
+        ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` (on every rank, same line), and
+        :func:`load_catalog_dataset` when ``dataset`` is None.
     """
     _per_rank_batch_size(cfg.SOLVER.IMS_PER_BATCH, None)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
     names = ",".join(cfg.DATASETS.TRAIN) or None
     if dataset is None:
-        dataset = get_detection_dataset_dicts(cfg.DATASETS.TRAIN)
+        # Records are loaded on local rank 0 only, into one shared copy per machine.
+        dataset = load_catalog_dataset(cfg.DATASETS.TRAIN)
     records = dataset if isinstance(dataset, list) else None
     if records is not None:
         dataset = DatasetFromList(records, copy=False)
@@ -268,10 +409,12 @@ def build_train_loader(
             name=names,
             max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
         )
+    # Unmapped records, read one at a time (repeat factors, aspect ratios) when not a list.
+    raw_records = records if records is not None else _RecordView(dataset)
     if sampler is None:
-        sampler = _build_train_sampler(cfg, records, len(dataset), seed)
+        sampler = _build_train_sampler(cfg, raw_records, len(dataset), seed)
     grouping = cfg.DATALOADER.ASPECT_RATIO_GROUPING
-    ratios = record_aspect_ratios(records) if grouping and records is not None else None
+    ratios = record_aspect_ratios(raw_records) if grouping else None
     return build_batch_data_loader(
         dataset,
         sampler,
@@ -297,8 +440,11 @@ def build_test_loader(
 
     Raises:
         KeyError: For an unregistered dataset name.
+
+    Collective:
+        :func:`load_catalog_dataset` (over the local process group); every rank calls it.
     """
-    dataset: Dataset = DatasetFromList(get_detection_dataset_dicts(dataset_name), copy=False)
+    dataset = load_catalog_dataset(dataset_name)
     if mapper is not None:
         name = dataset_name if isinstance(dataset_name, str) else ",".join(dataset_name)
         dataset = MapDataset(

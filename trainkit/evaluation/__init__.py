@@ -1,5 +1,6 @@
 """Evaluators, the distributed inference loop, and result reporting and checking."""
 
+from trainkit.evaluation.classification_evaluation import ClassificationEvaluator
 from trainkit.evaluation.evaluator import (
     DatasetEvaluator,
     DatasetEvaluators,
@@ -9,6 +10,7 @@ from trainkit.evaluation.evaluator import (
 from trainkit.evaluation.testing import print_csv_format, verify_results
 
 __all__ = [
+    "ClassificationEvaluator",
     "DatasetEvaluator",
     "DatasetEvaluators",
     "inference_context",

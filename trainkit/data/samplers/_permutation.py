@@ -27,6 +27,7 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 STREAM_SHUFFLE = 1
 STREAM_SUBSET = 2
 STREAM_REPEAT = 3
+STREAM_RANK_SHARES = 4
 
 
 def _mix64(values: np.ndarray) -> np.ndarray:
