@@ -1,0 +1,121 @@
+"""The main job through the real command line, in subprocesses (short runs)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_NET = str(ROOT / "tools" / "train_net.py")
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def _run(args, timeout=300, **kwargs):
+    return subprocess.run([sys.executable, TRAIN_NET, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, **kwargs)
+
+
+def _top1(output: str) -> float:
+    match = re.findall(r"classification\s+top1\s+([\d.]+)", output)
+    assert match, output[-3000:]
+    return float(match[-1])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    result = _run(["--config-file", SMOKE, "OUTPUT_DIR", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result.stdout + result.stderr
+
+
+def test_train_writes_every_receipt(trained):
+    out, log = trained
+    for name in ("config.yaml", "env.txt", "log.txt", "metrics.json", "model_final.pth",
+                 "model_0000009.pth", "last_checkpoint"):
+        assert (out / name).exists(), name
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(out))
+    assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
+    lines = [json.loads(x) for x in (out / "metrics.json").read_text().splitlines()]
+    assert [x["iteration"] for x in lines if "total_loss" in x][:2] == [4, 9]
+    assert "eta:" in log and "Final results" in log
+    assert 0.0 <= _top1(log) <= 100.0
+
+
+def test_eval_only_reproduces_the_final_accuracy(trained):
+    out, log = trained
+    result = _run(["--config-file", SMOKE, "--eval-only", "MODEL.WEIGHTS", str(out / "model_final.pth"),
+                   "OUTPUT_DIR", str(out / "eval")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _top1(result.stdout + result.stderr) == _top1(log)
+
+
+def test_resume_after_a_kill_continues_from_last_checkpoint(tmp_path):
+    cmd = [sys.executable, TRAIN_NET, "--config-file", SMOKE, "OUTPUT_DIR", str(tmp_path),
+           "SOLVER.MAX_ITER", "60", "SOLVER.CHECKPOINT_PERIOD", "10"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "model_0000019.pth").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    tag = (tmp_path / "last_checkpoint").read_text().strip()
+    saved_iter = int(re.match(r"model_(\d+)\.pth", tag).group(1))
+    assert saved_iter >= 19
+    assert saved_iter < 59, "the run finished before it was killed; nothing was resumed"
+    result = _run(["--config-file", SMOKE, "--resume", "OUTPUT_DIR", str(tmp_path),
+                   "SOLVER.MAX_ITER", "60", "SOLVER.CHECKPOINT_PERIOD", "10"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Starting training from iteration {saved_iter + 1}" in result.stdout + result.stderr
+    assert (tmp_path / "last_checkpoint").read_text().strip() == "model_final.pth"
+
+
+@pytest.mark.distributed
+def test_two_processes_train_and_auto_scale(tmp_path):
+    result = _run(["--config-file", SMOKE, "--num-gpus", "2", "OUTPUT_DIR", str(tmp_path)])
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert "Auto-scaling the config from 1 to 2 workers" in log
+    assert "MAX_ITER=10" in log
+    assert (tmp_path / "model_final.pth").exists() and (tmp_path / "log.txt.rank1").exists()
+    assert 0.0 <= _top1(log) <= 100.0
+
+
+USER_ERRORS = [
+    (["--config-file", "nope.yaml"], "config file not found: nope.yaml"),
+    (["--config-file", SMOKE, "SOLVER.BASE_LRR", "0.1"], "Did you mean SOLVER.BASE_LR?"),
+    (["--config-file", SMOKE, "SOLVER.MAX_ITER", "many"], "SOLVER.MAX_ITER (in the command line) expects int"),
+    (["--config-file", SMOKE, "DATASETS.TRAIN", "('nope',)"], "dataset 'nope' is not registered; registered: "),
+    (["--config-file", SMOKE, "MODEL.META_ARCHITECTURE", "Nope"], "MODEL.META_ARCHITECTURE 'Nope' is not registered"),
+    (["--config-file", SMOKE, "--num-gpus", "3", "SOLVER.REFERENCE_WORLD_SIZE", "0"],
+     "SOLVER.IMS_PER_BATCH=32 is not divisible by the world size 3"),
+    (["--config-file", SMOKE, "--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2 is out of range"),
+    (["--config-file", SMOKE, "MODEL.WEIGHTS", "/no/such.pth"], "MODEL.WEIGHTS file not found: /no/such.pth"),
+    (["--config-file", SMOKE, "--num-machines", "2"], "--dist-url auto works on one machine only"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), USER_ERRORS)
+def test_user_errors_are_one_line_with_status_2(args, message):
+    result = _run(args, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    stderr_lines = result.stderr.strip().splitlines()
+    assert len(stderr_lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in stderr_lines[0]
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("SOLVER:\n  BASE_LR: [0.1\n")
+    result = _run(["--config-file", str(bad)], timeout=120)
+    assert result.returncode == 2
+    assert re.search(r"YAML syntax error in .*bad\.yaml at line \d+", result.stderr)
