@@ -119,3 +119,15 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
     result = _run(["--config-file", str(bad)], timeout=120)
     assert result.returncode == 2
     assert re.search(r"YAML syntax error in .*bad\.yaml at line \d+", result.stderr)
+
+
+def test_visualize_data_writes_batch_grids(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "visualize_data.py"), "--config-file", SMOKE,
+                             "--output-dir", str(tmp_path), "--num-batches", "2"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from PIL import Image
+
+    for i in range(2):
+        with Image.open(tmp_path / f"batch_{i:03d}.png") as im:
+            assert im.width > 0 and im.height > 0
