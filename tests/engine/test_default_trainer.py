@@ -262,3 +262,24 @@ def test_sigterm_on_one_rank_stops_all_ranks_at_the_same_iteration(tmp_path):
     straight = run_on_ranks(_two_rank_run, 2, args=(str(tmp_path / "s"), "straight"), timeout_s=120)
     for rank in range(2):
         _assert_same(straight[rank], resumed[rank])
+
+
+def _flaky_mapper(record):
+    if record["x"][0] > 1.0:  # about 16 % of the records "cannot be read"
+        return None
+    return _noisy_mapper(record)
+
+
+class FlakyDataTrainer(RegressionTrainer):
+    @classmethod
+    def build_train_loader(cls, cfg):
+        return build_train_loader(cfg, mapper=_flaky_mapper, dataset=_records())
+
+
+def test_skipped_records_are_counted_in_metrics(tmp_path, caplog):
+    seed_all_rng(0)
+    trainer = FlakyDataTrainer(_cfg(tmp_path, max_iter=9, workers=2))
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
+    counts = [x["data/skipped_records"] for x in lines if "data/skipped_records" in x]
+    assert counts and counts[-1] > 0 and counts == sorted(counts)

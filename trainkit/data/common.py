@@ -289,6 +289,11 @@ class MapDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    @property
+    def num_failures(self) -> int:
+        """Records that failed in this process so far (each loader worker counts its own)."""
+        return self._num_failures_total
+
     def __getitem__(self, idx: int) -> Any:
         return self.map_at(idx, seed=0, position=idx)
 

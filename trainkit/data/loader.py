@@ -56,12 +56,25 @@ class _PositionedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, item: list[int]) -> Any:
+    def __getitem__(self, item: list[int]) -> tuple[Any, int]:
+        """Return the mapped element and how many records were skipped to produce it."""
         index, position = item
         if isinstance(self.dataset, MapDataset):
-            return self.dataset.map_at(index, seed=self.seed, position=position)
+            failures_before = self.dataset.num_failures
+            element = self.dataset.map_at(index, seed=self.seed, position=position)
+            return element, self.dataset.num_failures - failures_before
         with sample_context(self.seed, position):
-            return self.dataset[index]
+            return self.dataset[index], 0
+
+
+class _CountingCollate:
+    """Collate the elements and add up the records skipped for them (a picklable callable)."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, items: list[tuple[Any, int]]) -> tuple[Any, int]:
+        return self.collate_fn([element for element, _ in items]), sum(n for _, n in items)
 
 
 class _StreamBatchSampler:
@@ -110,6 +123,7 @@ class TrainLoader:
         self._stream = stream
         self._state = stream.state_dict()
         self._in_flight: collections.deque[dict[str, Any]] = collections.deque()
+        self._num_skipped = 0
         kwargs = dict(loader_kwargs or {})
         if kwargs.get("num_workers", 0) == 0:
             kwargs.pop("prefetch_factor", None)  # torch refuses it without workers
@@ -119,7 +133,7 @@ class TrainLoader:
         self._torch_loader = DataLoader(
             _PositionedDataset(dataset, seed),
             batch_sampler=_StreamBatchSampler(self),
-            collate_fn=collate_fn or trivial_batch_collator,
+            collate_fn=_CountingCollate(collate_fn or trivial_batch_collator),
             worker_init_fn=worker_init_reset_seed,
             # A private generator: otherwise every new iterator draws its workers' base seed
             # from the global torch RNG, which would shift the training RNG stream on resume.
@@ -141,6 +155,8 @@ class TrainLoader:
         for batch in self._torch_loader:
             # torch returns batches in batch-sampler order, so the oldest state is this batch's.
             self._state = self._in_flight.popleft()
+            batch, num_skipped = batch
+            self._num_skipped += num_skipped
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -168,6 +184,11 @@ class TrainLoader:
         """
         self._stream.load_state_dict(state)  # validates
         self._state = self._stream.state_dict()
+
+    @property
+    def num_skipped_records(self) -> int:
+        """Records that failed to load (and were replaced) in the batches returned so far."""
+        return self._num_skipped
 
     @property
     def num_batches_returned(self) -> int:

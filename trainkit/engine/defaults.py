@@ -216,7 +216,7 @@ class _RankStateSnapshot(HookBase):
 
 
 class _WatchdogPhases(HookBase):
-    """Keep the progress watchdog's phase current and run its thread during training."""
+    """Keep the progress watchdog's phase current, run its thread, and record skipped records."""
 
     def __init__(self, watchdog: ProgressWatchdog) -> None:
         self._watchdog = watchdog
@@ -232,6 +232,13 @@ class _WatchdogPhases(HookBase):
 
     def after_step(self) -> None:
         self._watchdog.enter("hooks")
+        trainer = self.trainer
+        if is_period_end(trainer.iter, trainer.cfg.WRITER_PERIOD) or is_last_iter(trainer.iter, trainer.max_iter):
+            # Cumulative count of records the loader skipped (unreadable, mapper failed),
+            # so that a slowly rotting dataset shows up in metrics.json, not only in logs.
+            skipped = getattr(trainer.data_loader, "num_skipped_records", None)
+            if skipped is not None:
+                trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
 
 
 class DefaultTrainer(TrainerBase):
