@@ -94,5 +94,7 @@ if __name__ == "__main__":
         main(parse_args())
     except (FileNotFoundError, KeyError, ValueError) as e:
         # User errors (missing config, unknown key or dataset): one line, no traceback.
-        print(f"visualize_data.py: error: {e}", file=sys.stderr)
+        # KeyError's str() would wrap the message in quotes.
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"visualize_data.py: error: {message}", file=sys.stderr)
         sys.exit(2)
