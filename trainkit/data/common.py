@@ -323,10 +323,11 @@ class MapDataset(Dataset):
             failed_idx = idx
             idx = _retry_index(seed, position, attempt, len(self.dataset))
             logger.warning(
-                "Skipping record %d of %s (%s); trying record %d instead "
+                "Skipping record %d of %s %s (%s); trying record %d instead "
                 "(%d consecutive failures, %d in this process)",
                 failed_idx,
                 self._name,
+                _short_repr(record, 160),
                 reason,
                 idx,
                 attempt + 1,

@@ -1,0 +1,119 @@
+"""Run tools/train_net.py with one injected fault, chosen by $TRAINKIT_TEST_FAULT.
+
+    TRAINKIT_TEST_FAULT=kill_during_save:model_0000019 python fault_wrapper.py --config-file ...
+
+The patches are installed at import time, so they also apply inside the processes that
+launch() spawns (they import this file as their main module). Faults:
+
+* ``kill_during_save:NAME``: SIGKILL this process after writing half of checkpoint NAME.
+* ``enospc_on_save:NAME``: fail the write of checkpoint NAME with "No space left on device".
+* ``nan_at_iter:K``: the model returns a NaN loss at its K-th training step in this process.
+* ``worker_dies:K``: the loader worker that maps its K-th sample is SIGKILLed.
+* ``mapper_raises``: the mapper raises for every record whose image_id is a multiple of 7.
+* ``raise_on_rank:R:K``: rank R raises at its K-th training step.
+"""
+
+import errno
+import io
+import os
+import signal
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import train_net  # noqa: E402
+
+FAULT = os.environ.get("TRAINKIT_TEST_FAULT", "")
+KIND, _, ARG = FAULT.partition(":")
+
+
+def _patch_save(action):
+    # The checkpointer writes through a temporary file descriptor, so torch.save cannot see
+    # the checkpoint's name: remember it from Checkpointer.save instead.
+    from trainkit.checkpoint import Checkpointer
+
+    original = torch.save
+    original_checkpointer_save = Checkpointer.save
+    saving = [""]
+
+    def checkpointer_save(self, name, *args, **kwargs):
+        saving[0] = name
+        try:
+            return original_checkpointer_save(self, name, *args, **kwargs)
+        finally:
+            saving[0] = ""
+
+    def save(obj, f, *args, **kwargs):
+        if saving[0] == ARG:
+            buffer = io.BytesIO()
+            original(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            f.write(data[: len(data) // 2])
+            f.flush()
+            action()
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = save
+    Checkpointer.save = checkpointer_save
+
+
+def _patch_forward(make_result):
+    from trainkit.modeling.image_classifier import ImageClassifier
+
+    original = ImageClassifier.forward
+    calls = [0]
+
+    def forward(self, batched_inputs):
+        out = original(self, batched_inputs)
+        if self.training:
+            calls[0] += 1
+            return make_result(calls[0], out)
+        return out
+
+    ImageClassifier.forward = forward
+
+
+if KIND == "kill_during_save":
+    _patch_save(lambda: os.kill(os.getpid(), signal.SIGKILL))
+elif KIND == "enospc_on_save":
+    def _enospc():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    _patch_save(_enospc)
+elif KIND == "nan_at_iter":
+    _patch_forward(lambda n, out: {"loss_cls": out["loss_cls"] * float("nan")} if n == int(ARG) else out)
+elif KIND == "raise_on_rank":
+    rank_str, _, step_str = ARG.partition(":")
+
+    def _maybe_raise(n, out):
+        from trainkit.utils import comm
+
+        if comm.get_rank() == int(rank_str) and n == int(step_str):
+            raise RuntimeError(f"injected failure on rank {rank_str} at step {step_str}")
+        return out
+
+    _patch_forward(_maybe_raise)
+elif KIND in ("worker_dies", "mapper_raises"):
+    from trainkit.data.mappers import ClassificationDatasetMapper
+
+    original_call = ClassificationDatasetMapper.__call__
+    seen = [0]
+
+    def call(self, record):
+        if KIND == "mapper_raises" and self.is_train and record["image_id"] % 7 == 0:
+            raise ValueError(f"injected mapper failure for {record['file_name']}")
+        if KIND == "worker_dies" and torch.utils.data.get_worker_info() is not None:
+            seen[0] += 1
+            if seen[0] == int(ARG):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original_call(self, record)
+
+    ClassificationDatasetMapper.__call__ = call
+elif FAULT:
+    raise SystemExit(f"unknown TRAINKIT_TEST_FAULT {FAULT!r}")
+
+if __name__ == "__main__":
+    sys.exit(train_net.cli(sys.argv[1:]))
