@@ -217,3 +217,62 @@ def write_json(path: str, results: dict[str, Any]) -> None:
     """Write ``results`` to ``path`` (indented JSON)."""
     with open(path, "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- A/B timing
+
+
+def alternate(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Run every case once per round, reversing the order each round (A B, B A, ...).
+
+    Alternating spreads slow phases of a shared machine (another job, a thermal dip) over
+    all cases instead of charging them to whichever case ran then.
+
+    Returns:
+        ``{case: [the value each round's call returned]}``.
+    """
+    names = list(cases)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            samples[name].append(float(cases[name]()))
+    return samples
+
+
+def median(values: list[float]) -> float:
+    """Return the median of ``values`` (the mean of the middle two for an even count)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def verdict(measured: float, target: float, *, higher_is_better: bool) -> str:
+    """Return ``"PASS"`` if ``measured`` meets ``target`` in the given direction, else ``"MISS"``."""
+    ok = measured >= target if higher_is_better else measured <= target
+    return "PASS" if ok else "MISS"
+
+
+def target_text(target: float, *, higher_is_better: bool) -> str:
+    """Return ``">= 0.95"`` / ``"<= 1.05"``, the way targets are printed in every table."""
+    return f"{'>=' if higher_is_better else '<='} {target:g}"
+
+
+@contextlib.contextmanager
+def log_to_file(path: str, name: str = "trainkit") -> Iterator[None]:
+    """Send ``name``'s INFO records to ``path`` (like a run's ``log.txt``), not the console."""
+    import logging
+
+    logger = logging.getLogger(name)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s"))
+    previous = (logger.level, logger.propagate, logger.handlers[:])
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        handler.close()
+        logger.setLevel(previous[0])
+        logger.propagate = previous[1]
+        logger.handlers = previous[2]

@@ -2,7 +2,8 @@
 
 Usage::
 
-    python tools/benchmark.py --task sampler|data_memory|metafile [--json OUT]
+    python tools/benchmark.py --task sampler|data_memory|metafile|train|data|launch|checkpoint|eval|all
+        [--json OUT] [--quick]
 
 A task is a function in ``TASKS`` that takes the parsed arguments and returns a dict of
 results (printed as Markdown tables while it runs, written to ``--json`` at the end). To add
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for _bench_utils
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for _bench_utils, bench/
 
 from _bench_utils import (  # noqa: E402
     MiB,
@@ -38,6 +39,10 @@ from _bench_utils import (  # noqa: E402
     tree_memory,
     write_json,
 )
+from bench.checkpoint import bench_checkpoint  # noqa: E402
+from bench.data import bench_data  # noqa: E402
+from bench.launch import bench_launch  # noqa: E402
+from bench.train import bench_eval, bench_train  # noqa: E402
 
 # --------------------------------------------------------------------------- sampler
 
@@ -448,13 +453,21 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "sampler": bench_sampler,
     "data_memory": bench_data_memory,
     "metafile": bench_metafile,
+    "train": bench_train,
+    "data": bench_data,
+    "launch": bench_launch,
+    "checkpoint": bench_checkpoint,
+    "eval": bench_eval,
 }
 
 
 def main() -> None:
     """Parse the arguments and run the requested tasks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, nargs="+", choices=sorted(TASKS))
+    parser.add_argument("--task", required=True, nargs="+", choices=[*sorted(TASKS), "all"],
+                        help="tasks to run; 'all' runs every task in TASKS' order")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and one round (checks that a task runs, not timing)")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--sampler-size", type=float, default=4e8)
     parser.add_argument("--baseline-size", type=float, default=4e7,
@@ -465,8 +478,9 @@ def main() -> None:
     parser.add_argument("--reads", type=float, default=200_000, help="random reads per process")
     parser.add_argument("--workdir", help="where the metafile task keeps its file")
     args = parser.parse_args()
+    tasks = list(TASKS) if "all" in args.task else args.task
     results = {}
-    for task in args.task:
+    for task in tasks:
         with timer() as elapsed:
             results[task] = TASKS[task](args)
         print(f"\n({task}: {elapsed():.0f} s)")

@@ -346,8 +346,9 @@ class SimpleTrainer(TrainerBase):
         self.zero_grad_before_forward = zero_grad_before_forward
         self._data_loader_iter_obj: Iterator[Any] | None = None
         self._num_batches_read = 0
-        # (iteration, {name: detached scalar tensor}, data time in s) not yet synchronised.
-        self._metric_buffer: list[tuple[int, dict[str, torch.Tensor], float]] = []
+        # (iteration, {name: detached scalar tensor, or float for CPU losses}, data time in s)
+        # not yet synchronised.
+        self._metric_buffer: list[tuple[int, dict[str, Any], float]] = []
 
     @override
     def run_step(self) -> None:
@@ -427,12 +428,14 @@ class SimpleTrainer(TrainerBase):
         )
 
     def _write_metrics(self, loss_dict: dict[str, torch.Tensor], data_time_s: float) -> None:
-        metrics = {name: loss.detach() for name, loss in loss_dict.items()}
+        metrics: dict[str, Any] = {name: loss.detach() for name, loss in loss_dict.items()}
         metrics["total_loss"] = _sum_losses(metrics)
         if metrics["total_loss"].device.type == "cpu":
             # Reading a CPU tensor does not wait for any device, so check every step and
-            # never let a non-finite loss reach the optimizer.
-            _raise_if_non_finite(self.iter, {k: float(v) for k, v in metrics.items()})
+            # never let a non-finite loss reach the optimizer. Keep the floats: the flush
+            # then has nothing left to copy.
+            metrics = {k: float(v) for k, v in metrics.items()}
+            _raise_if_non_finite(self.iter, metrics)
         self._metric_buffer.append((self.iter, metrics, data_time_s))
         if self._is_gather_iter():
             self._flush_metrics()
@@ -447,12 +450,27 @@ class SimpleTrainer(TrainerBase):
         """
         buffered, self._metric_buffer = self._metric_buffer, []
         flat = [
-            value.float().reshape(()) for _, metrics, _ in buffered for value in metrics.values()
+            value.float().reshape(())
+            for _, metrics, _ in buffered
+            for value in metrics.values()
+            if isinstance(value, torch.Tensor)
         ]
-        # One stacked device-to-host copy instead of one .item() sync per value.
-        host_values = iter(torch.stack([v.to(flat[0].device) for v in flat]).cpu().tolist())
+        # One stacked device-to-host copy instead of one .item() sync per value (CPU losses
+        # were read as floats already, in _write_metrics).
+        host_values = (
+            iter(torch.stack([v.to(flat[0].device) for v in flat]).cpu().tolist())
+            if flat
+            else iter(())
+        )
         local = [
-            (cur_iter, {name: next(host_values) for name in metrics}, data_time_s)
+            (
+                cur_iter,
+                {
+                    name: next(host_values) if isinstance(value, torch.Tensor) else value
+                    for name, value in metrics.items()
+                },
+                data_time_s,
+            )
             for cur_iter, metrics, data_time_s in buffered
         ]
         all_ranks = comm.all_gather(local)

@@ -1,0 +1,224 @@
+"""``train`` and ``eval``: trainkit's loops against hand-written ones doing the same work."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import os
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from _bench_utils import alternate, log_to_file, median, print_table, target_text, verdict
+from bench.shapes import batches_of, mapped_samples, shapes_cfg
+from trainkit.config import CfgNode, get_cfg
+from trainkit.engine import SimpleTrainer, default_writers, hooks, launch
+from trainkit.evaluation import ClassificationEvaluator, inference_on_dataset
+from trainkit.modeling import build_model
+from trainkit.solver import build_lr_scheduler, build_optimizer
+from trainkit.utils import comm
+
+WRITER_PERIOD = 20  # PeriodicWriter period and gather_metric_period, as DefaultTrainer uses
+
+
+class TinyMLP(nn.Module):
+    """Two linear layers; a batch is ``(x, y)``, training returns ``{"loss_cls": ...}``."""
+
+    def __init__(self, dim_in: int = 32, hidden: int = 64, num_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim_in, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        x, y = batch
+        logits = self.net(x)
+        return {"loss_cls": F.cross_entropy(logits, y)} if self.training else logits
+
+
+def _mlp_batches(count: int = 16, batch_size: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch_size, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
+            for _ in range(count)]
+
+
+def _solver_cfg(max_iter: int) -> CfgNode:
+    cfg = get_cfg()
+    cfg.SOLVER.BASE_LR = 0.01
+    cfg.SOLVER.MAX_ITER = max_iter
+    cfg.SOLVER.STEPS = (max(1, max_iter * 2 // 3),)
+    cfg.SOLVER.WARMUP_ITERS = max(1, max_iter // 10)
+    return cfg
+
+
+def _run_trainkit(model: nn.Module, batches: list[Any], iters: int, out_dir: str) -> float:
+    """``SimpleTrainer`` with DefaultTrainer's timing, lr and writer hooks: s per iteration."""
+    cfg = _solver_cfg(iters)
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_lr_scheduler(cfg, optimizer)
+    trainer = SimpleTrainer(model, itertools.cycle(batches), optimizer,
+                            gather_metric_period=WRITER_PERIOD)
+    trainer.register_hooks([
+        hooks.IterationTimer(),
+        hooks.LRScheduler(optimizer, scheduler),
+        # Writers on rank 0 only, as DefaultTrainer.build_hooks registers them.
+        hooks.PeriodicWriter(default_writers(out_dir, iters), period=WRITER_PERIOD)
+        if comm.is_main_process() else None,
+    ])
+    start = time.perf_counter()
+    trainer.train(0, iters)
+    return (time.perf_counter() - start) / iters
+
+
+def _run_plain(model: nn.Module, batches: list[Any], iters: int) -> float:
+    """The same work written by hand: next batch, forward, backward, step, lr step."""
+    cfg = _solver_cfg(iters)
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_lr_scheduler(cfg, optimizer)
+    data = iter(itertools.cycle(batches))
+    model.train()
+    start = time.perf_counter()
+    for _ in range(iters):
+        batch = next(data)
+        loss_dict = model(batch)
+        loss = sum(loss_dict.values())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+    return (time.perf_counter() - start) / iters
+
+
+def _compare(template: nn.Module, batches: list[Any], iters: int, rounds: int,
+             wrap: Any = None) -> dict[str, list[float]]:
+    """Alternate trainkit and plain runs, each on a fresh copy of ``template``."""
+
+    def fresh() -> nn.Module:
+        model = copy.deepcopy(template)
+        return wrap(model) if wrap is not None else model
+
+    with tempfile.TemporaryDirectory(prefix="trainkit-bench-train-") as out_dir:
+        counter = itertools.count()
+
+        def trainkit_run() -> float:
+            comm.synchronize()
+            run_dir = os.path.join(out_dir, f"run{next(counter)}")
+            return _run_trainkit(fresh(), batches, iters, run_dir)
+
+        def plain_run() -> float:
+            comm.synchronize()
+            return _run_plain(fresh(), batches, iters)
+
+        with log_to_file(os.path.join(out_dir, "log.txt")):
+            _run_plain(fresh(), batches, min(iters, 20))  # warm-up: allocator, kernels
+            return alternate({"trainkit": trainkit_run, "plain": plain_run}, rounds)
+
+
+def _ddp_rank(iters: int, rounds: int) -> dict[str, list[float]]:
+    """One rank of the 2-process job: DDP tiny MLP, trainkit and hand-written, alternating."""
+    from trainkit.engine import create_ddp_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    template = TinyMLP()
+    return _compare(template, _mlp_batches(), iters, rounds, wrap=create_ddp_model)
+
+
+def bench_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-iteration time of SimpleTrainer + default hooks vs a hand-written loop."""
+    quick = args.quick
+    rounds = 1 if quick else 5
+    mlp_iters, clf_iters = (40, 3) if quick else (400, 25)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    results: dict[str, Any] = {}
+    cases = [("tiny MLP, 1 process", "mlp", 1.05), ("tiny MLP, 2 processes (Gloo DDP)", "ddp", 1.10),
+             ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.02)]
+    rows = []
+    for label, key, target in cases:
+        if key == "mlp":
+            samples = _compare(TinyMLP(), _mlp_batches(), mlp_iters, rounds)
+            iters = mlp_iters
+        elif key == "ddp":
+            samples = launch(_ddp_rank, 2, args=(mlp_iters, rounds))[0]
+            iters = mlp_iters
+        else:
+            cfg = shapes_cfg()
+            batches = batches_of(mapped_samples("train", 16 * 4, cfg), 16)
+            samples = _compare(build_model(cfg), batches, clf_iters, rounds)
+            iters = clf_iters
+        tk, plain = median(samples["trainkit"]), median(samples["plain"])
+        ratio = tk / plain
+        results[key] = {"label": label, "iters": iters, "rounds": rounds, "samples": samples,
+                        "trainkit_s": tk, "plain_s": plain, "ratio": ratio, "target": target,
+                        "verdict": verdict(ratio, target, higher_is_better=False)}
+        rows.append([label, iters, tk * 1e3, plain * 1e3, ratio,
+                     target_text(target, higher_is_better=False), results[key]["verdict"]])
+    print_table(
+        f"Training step: SimpleTrainer + IterationTimer, LRScheduler, PeriodicWriter (console "
+        f"to log file, JSON, TensorBoard; period {WRITER_PERIOD}, gather_metric_period "
+        f"{WRITER_PERIOD}) vs a hand-written loop; medians of {rounds} alternating runs, "
+        "1 torch thread per process",
+        ["model", "iterations/run", "trainkit ms/it", "hand-written ms/it", "ratio", "target",
+         "PASS/MISS"],
+        rows,
+    )
+    return results
+
+
+# --------------------------------------------------------------------------- eval
+
+
+
+
+def _plain_inference(model: nn.Module, loader: list[Any], evaluator: Any) -> dict[str, Any]:
+    evaluator.reset()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for batch in loader:
+            evaluator.process(batch, model(batch))
+    model.train(was_training)
+    return evaluator.evaluate() or {}
+
+
+def bench_eval(args: argparse.Namespace) -> dict[str, Any]:
+    """Images/s of inference_on_dataset vs a hand-written no-grad loop."""
+    quick = args.quick
+    rounds = 1 if quick else 5
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = shapes_cfg()
+    batch_size = 16
+    loader = batches_of(mapped_samples("val", 32 if quick else 256, cfg), batch_size)
+    num_images = sum(len(b) for b in loader)
+    model = build_model(cfg)
+    evaluator = ClassificationEvaluator("shapes_val", distributed=False)
+
+    def timed(fn: Any) -> Any:
+        def run() -> float:
+            start = time.perf_counter()
+            fn(model, loader, evaluator)
+            return num_images / (time.perf_counter() - start)
+        return run
+
+    with tempfile.TemporaryDirectory() as out_dir, log_to_file(os.path.join(out_dir, "log.txt")):
+        _plain_inference(model, loader[:1], evaluator)  # warm-up
+        samples = alternate({"trainkit": timed(inference_on_dataset),
+                             "plain": timed(_plain_inference)}, rounds)
+    tk, plain = median(samples["trainkit"]), median(samples["plain"])
+    ratio, target = tk / plain, 0.95
+    result = {"images": num_images, "rounds": rounds, "samples": samples, "trainkit_ips": tk,
+              "plain_ips": plain, "ratio": ratio, "target": target,
+              "verdict": verdict(ratio, target, higher_is_better=True)}
+    print_table(
+        f"Inference: inference_on_dataset vs a hand-written no_grad loop (ImageClassifier, "
+        f"{num_images} shapes_val images at {batch_size}/batch, ClassificationEvaluator in "
+        f"both; medians of {rounds} alternating runs, 1 torch thread)",
+        ["trainkit images/s", "hand-written images/s", "ratio", "target", "PASS/MISS"],
+        [[tk, plain, ratio, target_text(target, higher_is_better=True), result["verdict"]]],
+    )
+    return result
