@@ -23,6 +23,7 @@ from trainkit.config import CfgNode, ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, build_test_loader, build_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import DefaultTrainer, LaunchError, default_argument_parser, default_setup, launch
+from trainkit.engine.defaults import check_output_dir
 from trainkit.engine.launch import check_launch_arguments
 from trainkit.engine.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from trainkit.evaluation import ClassificationEvaluator, verify_results
@@ -132,24 +133,15 @@ def preflight(args: Any) -> None:
             f"MODEL.META_ARCHITECTURE {arch!r} is not registered; registered: "
             f"{', '.join(sorted(name for name, _ in META_ARCH_REGISTRY))}."
         )
-    _check_output_dir(cfg.OUTPUT_DIR)
+    try:
+        check_output_dir(cfg.OUTPUT_DIR)
+    except PermissionError as e:
+        raise UsageError(str(e)) from None
     weights = cfg.MODEL.WEIGHTS
     if weights and "://" not in weights and not os.path.isfile(weights):
         raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
     if args.eval_only and not weights and not args.resume:
         raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
-
-
-def _check_output_dir(output_dir: str) -> None:
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as e:
-        raise UsageError(
-            f"OUTPUT_DIR {output_dir!r} cannot be created ({e.strerror}); set OUTPUT_DIR to a "
-            f"writable directory."
-        ) from None
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"OUTPUT_DIR {output_dir!r} is not writable; set OUTPUT_DIR to a writable directory.")
 
 
 def cli(argv: list[str] | None = None) -> int:

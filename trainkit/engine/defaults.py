@@ -34,6 +34,7 @@ from trainkit.utils.periodic import is_last_iter, is_period_end
 
 __all__ = [
     "DefaultTrainer",
+    "check_output_dir",
     "create_ddp_model",
     "default_argument_parser",
     "default_setup",
@@ -114,7 +115,7 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     output_dir = cfg.OUTPUT_DIR
     rank = comm.get_rank()
     if output_dir:
-        _ensure_writable(output_dir)
+        check_output_dir(output_dir)
     setup_logger(output_dir or None, distributed_rank=rank, name="trainkit")
     setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
     logger.info("Rank %d of %d (local rank %d)", rank, comm.get_world_size(), comm.get_local_rank())
@@ -142,7 +143,12 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     return cfg
 
 
-def _ensure_writable(output_dir: str) -> None:
+def check_output_dir(output_dir: str) -> None:
+    """Create ``output_dir`` if needed and check that this user can write to it.
+
+    Raises:
+        PermissionError: With a message naming the directory and the fix.
+    """
     try:
         os.makedirs(output_dir, exist_ok=True)
     except OSError as e:
