@@ -35,6 +35,16 @@ _C.MODEL.CLASSIFIER = CN()
 _C.MODEL.CLASSIFIER.CHANNELS = [16, 32, 64, 96]
 # Padded sizes are rounded up to a multiple of this many pixels.
 _C.MODEL.CLASSIFIER.SIZE_DIVISIBILITY = 16
+# 3x3 convs per stage (>= 1): the first has stride 2, the others stride 1. Two per stage
+# give the receptive field needed to see a whole object in a few stages.
+_C.MODEL.CLASSIFIER.CONVS_PER_STAGE = 2
+# Input normalisation: "image" standardises each image by its own per-channel mean and
+# overall std (removes background colour and contrast); "pixel" uses PIXEL_MEAN/PIXEL_STD.
+_C.MODEL.CLASSIFIER.INPUT_NORM = "image"
+# Global pooling before the linear head: "avg", "max", or "avgmax" (both, concatenated).
+_C.MODEL.CLASSIFIER.POOL = "avgmax"
+# Label smoothing of the cross-entropy loss, in [0, 1); 0 is plain cross-entropy.
+_C.MODEL.CLASSIFIER.LABEL_SMOOTHING = 0.0
 
 # ---------------------------------------------------------------------------------------
 # Input (the built-in mapper)
@@ -44,7 +54,10 @@ _C.INPUT = CN()
 _C.INPUT.RANDOM_FLIP_PROB = 0.5
 # Training images are rescaled by a factor drawn uniformly from this [min, max] range.
 _C.INPUT.RANDOM_SCALE = [0.8, 1.2]
-# Longest side (pixels) a test image is resized to; 0 keeps test images as they are.
+# Longest side (pixels) a larger training image is shrunk to before the random rescale;
+# smaller images are kept. 0 keeps training images at their size.
+_C.INPUT.MAX_SIZE_TRAIN = 0
+# Longest side (pixels) a larger test image is shrunk to; 0 keeps test images as they are.
 _C.INPUT.MAX_SIZE_TEST = 0
 
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,11 @@ class ClassificationDatasetMapper:
     Training applies a random horizontal flip and a random rescale, both drawn from
     ``trainkit.data.sample_rng()``, the generator of the sample being mapped: the result
     depends only on the loader's seed and the sample's stream position, not on the worker
-    that maps it. Testing only caps the longest side at ``max_size_test`` (0: no cap).
+    that maps it. The rescale factor multiplies the one that caps the longest side at
+    ``max_size_train`` (0: no cap), and the image is resampled once with their product.
+    Testing only caps the longest side at ``max_size_test`` (0: no cap). Capping both at
+    the same size lets training see test-sized images, and small inputs keep a CNN on a CPU
+    fast: the work per image grows with its area.
 
     It does not crop, pad or normalise: the model pads a batch and normalises it.
 
@@ -46,16 +50,20 @@ class ClassificationDatasetMapper:
         *,
         flip_prob: float | None = None,
         scale_range: Sequence[float] | None = None,
+        max_size_train: int | None = None,
         max_size_test: int | None = None,
     ):
         """Create the mapper from ``cfg`` and/or explicit arguments.
 
         Args:
-            cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE`` and
-                ``INPUT.MAX_SIZE_TEST``; ``None`` uses the arguments (or no augmentation).
+            cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE``,
+                ``INPUT.MAX_SIZE_TRAIN`` and ``INPUT.MAX_SIZE_TEST``; ``None`` uses the
+                arguments (or no augmentation and no cap).
             is_train: augment (training) or only cap the size (testing).
             flip_prob: probability of a horizontal flip; overrides ``cfg``.
             scale_range: ``[min, max]`` of the uniform rescale factor; overrides ``cfg``.
+            max_size_train: longest side of a training image (before the random rescale)
+                in pixels, 0 for no cap; overrides ``cfg``.
             max_size_test: longest side of a test image in pixels, 0 for no cap;
                 overrides ``cfg``.
 
@@ -65,10 +73,14 @@ class ClassificationDatasetMapper:
         if cfg is not None:
             flip_prob = cfg.INPUT.RANDOM_FLIP_PROB if flip_prob is None else flip_prob
             scale_range = cfg.INPUT.RANDOM_SCALE if scale_range is None else scale_range
+            max_size_train = (
+                cfg.INPUT.MAX_SIZE_TRAIN if max_size_train is None else max_size_train
+            )
             max_size_test = cfg.INPUT.MAX_SIZE_TEST if max_size_test is None else max_size_test
         self.is_train = is_train
         self.flip_prob = 0.0 if flip_prob is None else float(flip_prob)
         self.scale_range = tuple(float(s) for s in (scale_range or (1.0, 1.0)))
+        self.max_size_train = 0 if max_size_train is None else int(max_size_train)
         self.max_size_test = 0 if max_size_test is None else int(max_size_test)
         if not 0.0 <= self.flip_prob <= 1.0:
             raise ValueError(f"INPUT.RANDOM_FLIP_PROB must be in [0, 1], got {self.flip_prob}")
@@ -77,6 +89,8 @@ class ClassificationDatasetMapper:
                 f"INPUT.RANDOM_SCALE must be [min, max] with 0 < min <= max, got "
                 f"{list(self.scale_range)}; use [1.0, 1.0] to disable rescaling."
             )
+        if self.max_size_train < 0:
+            raise ValueError(f"INPUT.MAX_SIZE_TRAIN must be >= 0, got {self.max_size_train}")
         if self.max_size_test < 0:
             raise ValueError(f"INPUT.MAX_SIZE_TEST must be >= 0, got {self.max_size_test}")
 
@@ -92,7 +106,10 @@ class ClassificationDatasetMapper:
                 "Cannot read image %s (%s: %s); skipping it.", file_name, type(e).__name__, e
             )
             return None
-        image = self._augment(image) if self.is_train else self._cap_size(image)
+        if self.is_train:
+            image = self._augment(image)
+        else:
+            image = _resize(image, _cap_scale(image, self.max_size_test))
         pixels = np.asarray(image, dtype=np.uint8)
         return {
             "image": torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))),
@@ -105,30 +122,41 @@ class ClassificationDatasetMapper:
 
     def _augment(self, image: Image.Image) -> Image.Image:
         low, high = self.scale_range
+        cap = _cap_scale(image, self.max_size_train)
         if self.flip_prob == 0.0 and low == high == 1.0:
-            return image  # no randomness needed, so usable outside a loader too
+            # No randomness needed, so usable outside a loader too.
+            return _resize(image, cap)
         rng = sample_rng()
         # Draw both numbers every time, in a fixed order, so each has a fixed place in the
         # sample's random stream whatever the other turned out to be.
         do_flip = rng.random() < self.flip_prob
         scale = rng.uniform(low, high)
-        if do_flip:
+        # One resample with the product: cheaper and sharper than capping, then rescaling.
+        image = _resize(image, cap * scale)
+        if do_flip:  # after the resize, so it moves the fewest pixels
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        if scale != 1.0:
-            size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-            image = image.resize(size, Image.Resampling.BILINEAR)
         return image
-
-    def _cap_size(self, image: Image.Image) -> Image.Image:
-        longest = max(image.width, image.height)
-        if self.max_size_test == 0 or longest <= self.max_size_test:
-            return image
-        scale = self.max_size_test / longest
-        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-        return image.resize(size, Image.Resampling.BILINEAR)
 
     def __repr__(self) -> str:
         return (
             f"ClassificationDatasetMapper(is_train={self.is_train}, flip_prob={self.flip_prob}, "
-            f"scale_range={list(self.scale_range)}, max_size_test={self.max_size_test})"
+            f"scale_range={list(self.scale_range)}, max_size_train={self.max_size_train}, "
+            f"max_size_test={self.max_size_test})"
         )
+
+
+def _cap_scale(image: Image.Image, max_size: int) -> float:
+    """Factor that shrinks ``image`` so its longest side is ``max_size`` (1.0: no cap)."""
+    longest = max(image.width, image.height)
+    if max_size == 0 or longest <= max_size:
+        return 1.0
+    return max_size / longest
+
+
+def _resize(image: Image.Image, scale: float) -> Image.Image:
+    """Resize ``image`` by ``scale`` (bilinear, at least 1 pixel a side); 1.0 keeps it."""
+    if scale == 1.0:
+        return image
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    # PIL widens the bilinear kernel when shrinking, so downscaling also anti-aliases.
+    return image.resize(size, Image.Resampling.BILINEAR)

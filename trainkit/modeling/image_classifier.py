@@ -1,4 +1,9 @@
-"""``ImageClassifier``: a small CNN for batches of images of different sizes."""
+"""``ImageClassifier``: a small CNN for batches of images of different sizes.
+
+Images are zero-padded into one batch and a mask of valid pixels follows the features
+through the network, so that in eval mode an image's logits do not depend on its
+batch-mates (nor on how much padding they force on it).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,9 @@ from trainkit.modeling.build import META_ARCH_REGISTRY
 logger = logging.getLogger(__name__)
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
+
+# Smallest per-image standard deviation (0-255 units) that INPUT_NORM "image" divides by.
+_MIN_IMAGE_STD = 8.0
 
 
 class MaskedBatchNorm2d(nn.BatchNorm2d):
@@ -51,20 +59,40 @@ class MaskedBatchNorm2d(nn.BatchNorm2d):
 
 
 class _ConvStage(nn.Module):
-    """3x3 conv (stride 2), masked BN, ReLU; padded positions are set back to zero."""
+    """``num_convs`` 3x3 convs, each followed by masked BN and ReLU; the first has stride 2.
 
-    def __init__(self, in_channels: int, out_channels: int):
+    Padded positions are set back to zero after every conv, so the next conv sees exactly
+    the zeros it would see at the border of the image run alone.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, num_convs: int):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, 3, stride=2, padding=1, bias=False)
-        self.norm = MaskedBatchNorm2d(out_channels)
+        self.convs = nn.ModuleList(
+            nn.Conv2d(
+                in_channels if k == 0 else out_channels,
+                out_channels,
+                3,
+                stride=2 if k == 0 else 1,
+                padding=1,
+                bias=False,  # BN's shift replaces the bias
+            )
+            for k in range(num_convs)
+        )
+        self.norms = nn.ModuleList(MaskedBatchNorm2d(out_channels) for _ in range(num_convs))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Output pixel i sees input pixels 2i-1..2i+1, so it is valid iff input pixel 2i is.
+        # After the stride-2 conv, output pixel i sees input pixels 2i-1..2i+1, so it is
+        # valid iff input pixel 2i is; the stride-1 convs keep the mask as it is.
         mask = mask[:, :, ::2, ::2]
-        x = F.relu(self.norm(self.conv(x), mask))
-        # Re-zero the padding: BN's shift made it non-zero, and the next conv would carry it
-        # into valid pixels near the border, making predictions depend on the batch.
-        return x * mask, mask
+        for conv, norm in zip(self.convs, self.norms):
+            # Re-zero the padding: BN's shift made it non-zero, and the next conv would carry
+            # it into valid pixels near the border, making predictions depend on the batch.
+            x = F.relu(norm(conv(x), mask)) * mask
+        return x, mask
+
+
+_INPUT_NORMS = ("image", "pixel")
+_POOLS = ("avg", "max", "avgmax")
 
 
 @META_ARCH_REGISTRY.register()
@@ -74,28 +102,42 @@ class ImageClassifier(nn.Module):
     Input: a list of dicts with ``"image"`` (uint8 or float tensor [3, H, W], RGB, 0-255)
     and, in training, ``"label"`` (int), as produced by ``ClassificationDatasetMapper``.
 
-    The batch is normalised with ``MODEL.PIXEL_MEAN/STD``, zero-padded to a common size
-    rounded up to ``MODEL.CLASSIFIER.SIZE_DIVISIBILITY``, and passed through one stage per
-    entry of ``MODEL.CLASSIFIER.CHANNELS`` (conv stride 2, BN, ReLU). A mask of valid
-    pixels follows the features: padding is zeroed after every stage, batch-norm
-    statistics and the global average pool count valid pixels only. In eval mode an
-    image's logits therefore do not depend on what else is in its batch.
+    1. Each image is normalised on its own (``MODEL.CLASSIFIER.INPUT_NORM``): ``"image"``
+       subtracts the image's per-channel mean and divides by its standard deviation, both
+       over its valid pixels; ``"pixel"`` uses the fixed ``MODEL.PIXEL_MEAN/STD``.
+    2. The batch is zero-padded to a common size rounded up to
+       ``MODEL.CLASSIFIER.SIZE_DIVISIBILITY``.
+    3. One stage per entry of ``MODEL.CLASSIFIER.CHANNELS``: a stride-2 conv then
+       ``CONVS_PER_STAGE - 1`` stride-1 convs, each with masked BN and ReLU.
+    4. Global pooling over valid pixels (``MODEL.CLASSIFIER.POOL``: average, max, or both
+       concatenated) and a linear head.
 
-    Output: ``{"loss_cls": cross-entropy}`` in training mode, logits [N, NUM_CLASSES] in
-    eval mode. It does not resize images (the mapper does) or post-process predictions.
+    A mask of valid pixels follows the features: padding is zeroed after every conv, and
+    batch-norm statistics and the pooling count valid pixels only. In eval mode an image's
+    logits therefore do not depend on what else is in its batch.
+
+    Output: ``{"loss_cls": cross-entropy}`` (with ``MODEL.CLASSIFIER.LABEL_SMOOTHING``) in
+    training mode, logits [N, NUM_CLASSES] in eval mode. It does not resize images (the
+    mapper does) or post-process predictions.
     """
 
     def __init__(self, cfg: CfgNode):
         """Build the network from ``cfg.MODEL``.
 
         Raises:
-            ValueError: For an empty channel list, a non-positive class count or size
-                divisibility, or a pixel mean/std that is not 3 values (std > 0).
+            ValueError: For an empty channel list, a non-positive class count, size
+                divisibility or convs per stage, an unknown input norm or pool, a label
+                smoothing outside [0, 1), or a pixel mean/std that is not 3 values (std > 0).
         """
         super().__init__()
-        channels = [int(c) for c in cfg.MODEL.CLASSIFIER.CHANNELS]
+        clf = cfg.MODEL.CLASSIFIER
+        channels = [int(c) for c in clf.CHANNELS]
         num_classes = int(cfg.MODEL.NUM_CLASSES)
-        self.size_divisibility = int(cfg.MODEL.CLASSIFIER.SIZE_DIVISIBILITY)
+        self.size_divisibility = int(clf.SIZE_DIVISIBILITY)
+        convs_per_stage = int(clf.CONVS_PER_STAGE)
+        self.input_norm = str(clf.INPUT_NORM)
+        self.pool = str(clf.POOL)
+        self.label_smoothing = float(clf.LABEL_SMOOTHING)
         if not channels or min(channels) < 1:
             raise ValueError(f"MODEL.CLASSIFIER.CHANNELS must be positive ints, got {channels}")
         if num_classes < 1:
@@ -103,6 +145,23 @@ class ImageClassifier(nn.Module):
         if self.size_divisibility < 1:
             raise ValueError(
                 f"MODEL.CLASSIFIER.SIZE_DIVISIBILITY must be >= 1, got {self.size_divisibility}"
+            )
+        if convs_per_stage < 1:
+            raise ValueError(
+                f"MODEL.CLASSIFIER.CONVS_PER_STAGE must be >= 1, got {convs_per_stage}"
+            )
+        if self.input_norm not in _INPUT_NORMS:
+            raise ValueError(
+                f"MODEL.CLASSIFIER.INPUT_NORM must be one of {', '.join(_INPUT_NORMS)}, got "
+                f"{self.input_norm!r}"
+            )
+        if self.pool not in _POOLS:
+            raise ValueError(
+                f"MODEL.CLASSIFIER.POOL must be one of {', '.join(_POOLS)}, got {self.pool!r}"
+            )
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"MODEL.CLASSIFIER.LABEL_SMOOTHING must be in [0, 1), got {self.label_smoothing}"
             )
         mean, std = list(cfg.MODEL.PIXEL_MEAN), list(cfg.MODEL.PIXEL_STD)
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
@@ -114,13 +173,32 @@ class ImageClassifier(nn.Module):
         self.register_buffer("pixel_mean", torch.tensor(mean).view(3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(3, 1, 1), persistent=False)
         in_channels = [3, *channels[:-1]]
-        self.stages = nn.ModuleList(_ConvStage(i, o) for i, o in zip(in_channels, channels))
-        self.head = nn.Linear(channels[-1], num_classes)
+        self.stages = nn.ModuleList(
+            _ConvStage(i, o, convs_per_stage) for i, o in zip(in_channels, channels)
+        )
+        pooled_dim = channels[-1] * (2 if self.pool == "avgmax" else 1)
+        self.head = nn.Linear(pooled_dim, num_classes)
 
     @property
     def device(self) -> torch.device:
         """The device of the model's parameters."""
         return self.pixel_mean.device
+
+    def _normalize(self, image: torch.Tensor) -> torch.Tensor:
+        """Normalise one float image [3, h, w] (0-255) as ``self.input_norm`` says."""
+        if self.input_norm == "pixel":
+            return (image - self.pixel_mean) / self.pixel_std
+        # Per-image standardisation: the background colour and the shape/background
+        # contrast are nuisances drawn anew for every image; removing them here spares the
+        # first layers from learning colour invariance, which they do slowly (a CNN on
+        # fixed-normalised shapes barely leaves chance level in hundreds of iterations).
+        # The statistics use only this image's pixels, so padding cannot change them.
+        mean = image.mean(dim=(1, 2), keepdim=True)
+        centred = image - mean
+        # One std over all channels keeps the relative strength of the colour channels. The
+        # floor (in 0-255 units) stops a nearly flat image from amplifying its noise.
+        std = centred.square().mean().sqrt()
+        return centred / std.clamp(min=_MIN_IMAGE_STD)
 
     def preprocess_image(
         self, batched_inputs: list[dict[str, Any]]
@@ -143,9 +221,23 @@ class ImageClassifier(nn.Module):
         mask = batch.new_zeros((len(images), 1, height, width))
         for i, image in enumerate(images):
             h, w = image.shape[-2:]
-            batch[i, :, :h, :w] = (image.float() - self.pixel_mean) / self.pixel_std
+            batch[i, :, :h, :w] = self._normalize(image.float())
             mask[i, :, :h, :w] = 1.0
         return batch, mask
+
+    def _global_pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Pool features [N, C, H, W] over the valid pixels of ``mask`` into [N, C or 2C]."""
+        pooled = []
+        if self.pool in ("avg", "avgmax"):
+            # Padding is already zero; it must only not count in the denominator.
+            pooled.append(x.sum(dim=(2, 3)) / mask.sum(dim=(2, 3)).clamp(min=1.0))
+        if self.pool in ("max", "avgmax"):
+            # The max picks up a local detail (a corner, a tip) wherever it is, which the
+            # average dilutes in large images. Padding is excluded explicitly rather than
+            # relying on ReLU outputs being >= 0. Every image keeps its top-left pixel
+            # valid at every stage, so no row is all -inf.
+            pooled.append(x.masked_fill(mask == 0, float("-inf")).amax(dim=(2, 3)))
+        return torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]
 
     def forward(
         self, batched_inputs: list[dict[str, Any]]
@@ -158,9 +250,7 @@ class ImageClassifier(nn.Module):
         x, mask = self.preprocess_image(batched_inputs)
         for stage in self.stages:
             x, mask = stage(x, mask)
-        # Masked global average pool: padding (already zero) must not count in the mean.
-        pooled = x.sum(dim=(2, 3)) / mask.sum(dim=(2, 3)).clamp(min=1.0)
-        logits = self.head(pooled)
+        logits = self.head(self._global_pool(x, mask))
         if not self.training:
             return logits
         try:
@@ -171,4 +261,5 @@ class ImageClassifier(nn.Module):
                 "mapper that keeps it (ClassificationDatasetMapper) or call model.eval()."
             ) from None
         targets = torch.as_tensor(labels, device=logits.device)
-        return {"loss_cls": F.cross_entropy(logits, targets)}
+        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        return {"loss_cls": loss}
