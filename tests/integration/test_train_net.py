@@ -131,3 +131,17 @@ def test_visualize_data_writes_batch_grids(tmp_path):
     for i in range(2):
         with Image.open(tmp_path / f"batch_{i:03d}.png") as im:
             assert im.width > 0 and im.height > 0
+
+
+MAIN_CONFIG = str(ROOT / "configs" / "shapes" / "cnn_small.yaml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_gpus", [1, 2])
+def test_main_job_reaches_95_percent(tmp_path, num_gpus):
+    # The full-length run of the README's main command (about 1.5 min on 2 CPU cores).
+    result = _run(["--config-file", MAIN_CONFIG, "--num-gpus", str(num_gpus), "OUTPUT_DIR", str(tmp_path)],
+                  timeout=1200)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert _top1(log) >= 95.0
