@@ -69,7 +69,11 @@ def run_on_ranks(
     """
     per_machine = world_size // num_machines
     dist_url = "auto" if num_machines == 1 else f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("fork")
+    # forkserver, not fork: by now the test process runs threads (loader queues, writers,
+    # stores), and forking it while one holds a lock can deadlock the child. The server is a
+    # clean process with torch and trainkit preloaded, so each launcher still starts fast.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "trainkit.engine"])
     queue = ctx.Queue()
     launchers = [
         ctx.Process(target=_launcher, args=(queue, fn, per_machine, num_machines, m, dist_url, args))
