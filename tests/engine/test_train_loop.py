@@ -183,8 +183,8 @@ def test_metrics_are_gathered_only_at_period_ends(monkeypatch):
 
     def fake_all_gather(obj):
         # Pretend a second rank saw twice the loss and a longer data wait.
-        gathered_at.append([cur_iter for cur_iter, _, _ in obj])
-        other = [(i, {k: 2 * v for k, v in m.items()}, d + 1.0) for i, m, d in obj]
+        gathered_at.append([cur_iter for cur_iter, _, _, _ in obj])
+        other = [(i, names, [2 * v for v in values], d + 1.0) for i, names, values, d in obj]
         return [obj, other]
 
     monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
@@ -204,11 +204,23 @@ def test_metrics_are_gathered_only_at_period_ends(monkeypatch):
     assert [d for d, _ in data_time] == pytest.approx([r + 1.0 for r, _ in rank_data_time])
 
 
+def test_ranks_returning_different_loss_names_are_named(monkeypatch):
+    def fake_all_gather(obj):
+        other = [(i, ("loss_other", "total_loss"), values, d) for i, _, values, d in obj]
+        return [obj, other]
+
+    monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
+    trainer = _simple()
+    trainer.register_hooks([])
+    with pytest.raises(RuntimeError, match=r"rank 1 returned \['loss_other', 'total_loss'\]"):
+        trainer.train(0, 1)
+
+
 def test_metrics_average_over_ranks(monkeypatch):
     monkeypatch.setattr(
         train_loop.comm,
         "all_gather",
-        lambda obj: [obj, [(i, {k: 3 * v for k, v in m.items()}, d) for i, m, d in obj]],
+        lambda obj: [obj, [(i, n, [3 * v for v in values], d) for i, n, values, d in obj]],
     )
     trainer = _simple(lr=0.0)
     local = []

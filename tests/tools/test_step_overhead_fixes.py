@@ -38,7 +38,7 @@ def test_cpu_losses_are_buffered_as_floats_and_flushed():
     with EventStorage() as trainer.storage:
         for trainer.iter in range(4):
             trainer.run_step()
-        assert all(isinstance(v, float) for _, m, _ in trainer._metric_buffer for v in m.values())
+        assert all(isinstance(v, float) for _, _, values, _ in trainer._metric_buffer for v in values)
         trainer.max_iter = 10
         trainer.iter = 4
         trainer.run_step()  # iteration 4 closes the period: flush

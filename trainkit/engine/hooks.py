@@ -143,10 +143,10 @@ class IterationTimer(HookBase):
     @override
     def after_step(self) -> None:
         now_s = self._clock()
-        num_steps_done = self.trainer.iter - self.trainer.start_iter + 1
-        if num_steps_done > self._warmup_iter:
+        trainer = self.trainer
+        if trainer.iter - trainer.start_iter >= self._warmup_iter:
             step_s = now_s - self._step_start_s
-            self.trainer.storage.put_scalars(time=step_s)
+            trainer.storage.put_scalar("time", step_s)
             self._timed_steps_s += step_s
             self._num_timed_steps += 1
         else:
@@ -362,7 +362,8 @@ class LRScheduler(HookBase):
         # A state loaded before the ParamScheduler was wrapped (resume happens before
         # train()), applied in before_train.
         self._pending_state: dict[str, Any] | None = None
-        self._lr_group_index = 0
+        self._main_param_group: dict[str, Any] = {}
+        self._stepped_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     @property
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
@@ -403,14 +404,15 @@ class LRScheduler(HookBase):
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
             self._pending_state = None
-        self._lr_group_index = _main_param_group(optimizer)
+        self._main_param_group = optimizer.param_groups[_main_param_group(optimizer)]
+        self._stepped_scheduler = self.scheduler
 
     @override
     def after_step(self) -> None:
-        optimizer = self._get_optimizer()
-        lr = optimizer.param_groups[self._lr_group_index]["lr"]
+        # Resolved once per train() call (in before_train), not on every step.
+        lr = self._main_param_group["lr"]
         self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
-        self.scheduler.step()
+        self._stepped_scheduler.step()
 
     @override
     def state_dict(self) -> dict[str, Any]:

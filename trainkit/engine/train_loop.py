@@ -123,6 +123,8 @@ class TrainerBase:
         self.start_iter: int = 0
         self.max_iter: int = 0
         self._storage: EventStorage | None = None
+        # Per-step phase -> bound methods of the hooks that override it (see _index_hooks).
+        self._phase_callbacks: dict[str, list[Any]] = {phase: [] for phase in _STEP_PHASES}
 
     @property
     def storage(self) -> EventStorage:
@@ -165,6 +167,16 @@ class TrainerBase:
         for hook in new_hooks:
             hook.trainer = self
         self._hooks.extend(new_hooks)
+        self._index_hooks()
+
+    def _index_hooks(self) -> None:
+        # Per-step phases call only hooks that do something in them: with the usual hooks
+        # most per-step calls would be HookBase's no-ops, a measurable share of a small
+        # model's step.
+        self._phase_callbacks = {
+            phase: [getattr(hook, phase) for hook in self._hooks if _overrides(hook, phase)]
+            for phase in _STEP_PHASES
+        }
 
     def train(self, start_iter: int, max_iter: int) -> None:
         """Run iterations ``start_iter .. max_iter - 1``, calling the hooks around each.
@@ -180,6 +192,8 @@ class TrainerBase:
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
+        # Again here, in case code edited the hook list after registering.
+        self._index_hooks()
         with EventStorage(start_iter) as self.storage:
             try:
                 self.before_train()
@@ -228,18 +242,18 @@ class TrainerBase:
     def before_step(self) -> None:
         """Point the storage at the current iteration, then call every hook's ``before_step``."""
         self.storage.iter = self.iter
-        for hook in self._hooks:
-            hook.before_step()
+        for callback in self._phase_callbacks["before_step"]:
+            callback()
 
     def after_backward(self) -> None:
         """Call every hook's ``after_backward``; ``run_step`` calls this."""
-        for hook in self._hooks:
-            hook.after_backward()
+        for callback in self._phase_callbacks["after_backward"]:
+            callback()
 
     def after_step(self) -> None:
         """Call every hook's ``after_step``."""
-        for hook in self._hooks:
-            hook.after_step()
+        for callback in self._phase_callbacks["after_step"]:
+            callback()
 
     def run_step(self) -> None:
         """Run one iteration; subclasses implement it."""
@@ -282,6 +296,14 @@ class TrainerBase:
             logger.warning(
                 "Saved state of hooks that are not registered is ignored: %s", sorted(saved)
             )
+
+
+_STEP_PHASES = ("before_step", "after_backward", "after_step")
+
+
+def _overrides(hook: HookBase, phase: str) -> bool:
+    # A method set on the instance counts too (some code patches hooks that way).
+    return phase in vars(hook) or getattr(type(hook), phase) is not getattr(HookBase, phase)
 
 
 def _keeps_state(hook: HookBase) -> bool:
@@ -346,9 +368,12 @@ class SimpleTrainer(TrainerBase):
         self.zero_grad_before_forward = zero_grad_before_forward
         self._data_loader_iter_obj: Iterator[Any] | None = None
         self._num_batches_read = 0
-        # (iteration, {name: detached scalar tensor, or float for CPU losses}, data time in s)
-        # not yet synchronised.
-        self._metric_buffer: list[tuple[int, dict[str, Any], float]] = []
+        # Steps not yet synchronised: (iteration, metric names, their values as detached
+        # scalar tensors or, for CPU losses, floats, data time in s).
+        self._metric_buffer: list[tuple[int, tuple[str, ...], list[Any], float]] = []
+        # The loss names of the previous step and the metric names derived from them.
+        self._loss_keys: tuple[str, ...] = ()
+        self._metric_names: tuple[str, ...] = ()
 
     @override
     def run_step(self) -> None:
@@ -364,9 +389,10 @@ class SimpleTrainer(TrainerBase):
             loss_dict = self._losses(batch)
         if not self.zero_grad_before_forward:
             self.optimizer.zero_grad()
-        self._backward(_sum_losses(loss_dict))
+        total_loss = _sum_losses(loss_dict)
+        self._backward(total_loss)
         self.after_backward()
-        self._write_metrics(loss_dict, data_time_s)
+        self._write_metrics(loss_dict, data_time_s, total_loss)
         self._optimizer_step()
 
     @property
@@ -403,7 +429,7 @@ class SimpleTrainer(TrainerBase):
     def _losses(self, batch: Any) -> dict[str, torch.Tensor]:
         output = self.model(batch)
         loss_dict = {"total_loss": output} if isinstance(output, torch.Tensor) else output
-        if not isinstance(loss_dict, Mapping):
+        if type(loss_dict) is not dict and not isinstance(loss_dict, Mapping):
             raise TypeError(
                 "In training mode the model must return a dict of scalar losses or one "
                 f"scalar tensor, got {type(output).__name__}"
@@ -427,16 +453,38 @@ class SimpleTrainer(TrainerBase):
             self.iter, self.max_iter
         )
 
-    def _write_metrics(self, loss_dict: dict[str, torch.Tensor], data_time_s: float) -> None:
-        metrics: dict[str, Any] = {name: loss.detach() for name, loss in loss_dict.items()}
-        metrics["total_loss"] = _sum_losses(metrics)
-        if metrics["total_loss"].device.type == "cpu":
-            # Reading a CPU tensor does not wait for any device, so check every step and
-            # never let a non-finite loss reach the optimizer. Keep the floats: the flush
-            # then has nothing left to copy.
-            metrics = {k: float(v) for k, v in metrics.items()}
-            _raise_if_non_finite(self.iter, metrics)
-        self._metric_buffer.append((self.iter, metrics, data_time_s))
+    def _write_metrics(
+        self,
+        loss_dict: Mapping[str, torch.Tensor],
+        data_time_s: float,
+        total_loss: torch.Tensor | None = None,
+    ) -> None:
+        """Buffer this step's losses and their sum; flush them at the end of each period.
+
+        Args:
+            loss_dict: the model's losses.
+            data_time_s: seconds spent waiting for this step's batch.
+            total_loss: ``_sum_losses(loss_dict)`` when the caller has it already.
+        """
+        if total_loss is None:
+            total_loss = _sum_losses(loss_dict)
+        keys = tuple(loss_dict)
+        if keys != self._loss_keys:
+            # A "total_loss" entry from the model is replaced by the sum, as in _sum_losses.
+            self._loss_keys = keys
+            self._metric_names = tuple(k for k in keys if k != "total_loss") + ("total_loss",)
+        names = self._metric_names
+        losses = [loss_dict[name] for name in names[:-1]] + [total_loss]
+        if total_loss.is_cpu:
+            # Reading a CPU tensor waits for no device, so check every step and never let a
+            # non-finite loss reach the optimizer. The sum is non-finite whenever a term
+            # is, so checking it covers every term. Floats leave the flush nothing to copy.
+            values: list[Any] = [loss.item() for loss in losses]
+            if not math.isfinite(values[-1]):
+                _raise_non_finite(self.iter, names, values)
+        else:
+            values = [loss.detach() for loss in losses]
+        self._metric_buffer.append((self.iter, names, values, data_time_s))
         if self._is_gather_iter():
             self._flush_metrics()
 
@@ -449,40 +497,47 @@ class SimpleTrainer(TrainerBase):
             rank 0 raising while the others wait in the next collective.
         """
         buffered, self._metric_buffer = self._metric_buffer, []
-        flat = [
+        device_values = [
             value.float().reshape(())
-            for _, metrics, _ in buffered
-            for value in metrics.values()
+            for _, _, values, _ in buffered
+            for value in values
             if isinstance(value, torch.Tensor)
         ]
-        # One stacked device-to-host copy instead of one .item() sync per value (CPU losses
-        # were read as floats already, in _write_metrics).
-        host_values = (
-            iter(torch.stack([v.to(flat[0].device) for v in flat]).cpu().tolist())
-            if flat
-            else iter(())
-        )
-        local = [
-            (
-                cur_iter,
-                {
-                    name: next(host_values) if isinstance(value, torch.Tensor) else value
-                    for name, value in metrics.items()
-                },
-                data_time_s,
-            )
-            for cur_iter, metrics, data_time_s in buffered
-        ]
-        all_ranks = comm.all_gather(local)
+        if device_values:
+            # One stacked device-to-host copy instead of one .item() sync per value.
+            host_values = iter(torch.stack(device_values).cpu().tolist())
+            buffered = [
+                (cur_iter, names, [next(host_values) if isinstance(v, torch.Tensor) else v
+                                   for v in values], data_time_s)
+                for cur_iter, names, values, data_time_s in buffered
+            ]
+        all_ranks = comm.all_gather(buffered)
+        # CPU losses of this process were checked at every step; averages and values read
+        # from a device only now are checked here.
+        check_finite = bool(device_values) or len(all_ranks) > 1
+        # Columns of (value, iteration) points, filed with one storage call per metric.
+        series: dict[str, list[tuple[float, int]]] = {"data_time": [], "rank_data_time": []}
+        non_finite: tuple[int, tuple[str, ...], list[float]] | None = None
+        for position, (cur_iter, names, values, data_time_s) in enumerate(buffered):
+            slowest_data_time_s = data_time_s
+            if len(all_ranks) > 1:
+                per_rank = [rank_buffer[position] for rank_buffer in all_ranks]
+                _check_same_loss_names(cur_iter, [entry[1] for entry in per_rank])
+                values = [sum(column) / len(per_rank) for column in zip(*(e[2] for e in per_rank))]
+                slowest_data_time_s = max(entry[3] for entry in per_rank)
+            if check_finite and not all(math.isfinite(v) for v in values):
+                non_finite = (cur_iter, names, values)
+                break
+            series["data_time"].append((slowest_data_time_s, cur_iter))
+            series["rank_data_time"].append((data_time_s, cur_iter))
+            for name, value in zip(names, values):
+                series.setdefault(name, []).append((value, cur_iter))
         storage = self.storage
-        for position, (cur_iter, _, data_time_s) in enumerate(local):
-            per_rank = [rank_local[position] for rank_local in all_ranks]
-            names = per_rank[0][1].keys()
-            averaged = {k: sum(r[1][k] for r in per_rank) / len(per_rank) for k in names}
-            _raise_if_non_finite(cur_iter, averaged)
-            storage.put_scalar("data_time", max(r[2] for r in per_rank), cur_iter=cur_iter)
-            storage.put_scalar("rank_data_time", data_time_s, cur_iter=cur_iter)
-            storage.put_scalars(cur_iter=cur_iter, **averaged)
+        for name, points in series.items():
+            if points:
+                storage.put_scalar_series(name, points)
+        if non_finite is not None:
+            _raise_non_finite(*non_finite)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -500,17 +555,28 @@ class SimpleTrainer(TrainerBase):
 
 
 def _sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    # A model returning one tensor gave {"total_loss": t}; never count that entry twice.
-    if "total_loss" in loss_dict and len(loss_dict) == 1:
-        return loss_dict["total_loss"]
+    # A "total_loss" entry next to other losses is not counted twice: the sum replaces it.
+    # One loss is its own sum; this also covers a model's single tensor, {"total_loss": t}.
+    if len(loss_dict) == 1:
+        return next(iter(loss_dict.values()))
     return functools.reduce(operator.add, (v for k, v in loss_dict.items() if k != "total_loss"))
 
 
-def _raise_if_non_finite(cur_iter: int, loss_values: Mapping[str, float]) -> None:
-    if not all(math.isfinite(v) for v in loss_values.values()):
-        raise FloatingPointError(
-            f"Loss became infinite or NaN at iteration={cur_iter}! loss_dict = {dict(loss_values)}"
-        )
+def _raise_non_finite(cur_iter: int, names: tuple[str, ...], values: list[float]) -> None:
+    raise FloatingPointError(
+        f"Loss became infinite or NaN at iteration={cur_iter}! "
+        f"loss_dict = {dict(zip(names, values))}"
+    )
+
+
+def _check_same_loss_names(cur_iter: int, names_per_rank: list[tuple[str, ...]]) -> None:
+    for rank, names in enumerate(names_per_rank):
+        if names != names_per_rank[0]:
+            raise RuntimeError(
+                f"At iteration {cur_iter} rank 0 returned losses {list(names_per_rank[0])} but "
+                f"rank {rank} returned {list(names)}; every rank must return the same loss "
+                "names in the same order so that they can be averaged."
+            )
 
 
 def _device_type(model: nn.Module) -> str:
