@@ -105,6 +105,44 @@ def test_round_trip_with_optimizer_scheduler_and_extra(tmp_path):
     )
 
 
+def test_loaded_state_is_not_left_mapped_to_the_file(tmp_path):
+    # Files are memory-mapped for speed; whatever outlives the load must be plain memory,
+    # or rotating (deleting) the file would not free its disk space.
+    model, optimizer, _ = _trained(0)
+    Checkpointer(model, str(tmp_path), save_to_disk=True, optimizer=optimizer).save(
+        "model_final", extra_tensor=torch.arange(3.0)
+    )
+    model2, optimizer2, _ = _trained(1)
+    extra = Checkpointer(model2, str(tmp_path), optimizer=optimizer2).load(
+        str(tmp_path / "model_final.pth")
+    )
+    assert _same_params(model, model2)
+    assert torch.equal(extra["extra_tensor"], torch.arange(3.0))
+    kept = [extra["extra_tensor"], *model2.state_dict().values()]
+    kept += [t for state in optimizer2.state.values() for t in state.values()
+             if isinstance(t, torch.Tensor)]
+    assert len(kept) > 3
+    path = str(tmp_path / "model_final.pth")
+    # The check can fail: a tensor torch.load maps is found inside the file's mapping.
+    mapped = torch.load(path, weights_only=True, mmap=True)["model"]
+    assert any(_in_mapping_of(path, t) for t in mapped.values())
+    del mapped
+    assert not any(_in_mapping_of(path, t) for t in kept)
+
+
+def _in_mapping_of(path: str, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s data lies in a memory mapping of ``path`` (Linux /proc)."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == path:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if start <= address < end:
+                    return True
+    return False
+
+
 def test_saves_bare_module_and_accepts_module_prefix(tmp_path):
     model, _, _ = _trained(0)
     wrapped = nn.DataParallel(model)  # same "module." prefix as DDP, without a process group

@@ -23,7 +23,7 @@ def _model(mb: int) -> nn.Module:
 def bench_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """Save (atomic, fsynced) and load (weights_only, into the model) MB/s vs bare torch."""
     quick = args.quick
-    rounds = 1 if quick else 3
+    rounds = 1 if quick else 7  # fsync times vary run to run; medians of 7 settle them
     model = _model(8 if quick else 100)
     work = args.workdir or tempfile.gettempdir()
     with tempfile.TemporaryDirectory(prefix="trainkit-bench-ckpt-", dir=work) as d, \

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import pickle
 import re
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,8 +94,13 @@ def read_checkpoint_file(path: str, *, trust_pickle: bool) -> dict[str, Any]:
         UntrustedCheckpointError: If the file holds objects ``weights_only`` refuses.
         CorruptCheckpointError: If the file cannot be read or is not a checkpoint.
     """
+    # Memory-map the file (zip format, what torch.save has written since torch 1.6): the
+    # model's tensors are then copied from the page cache straight into its parameters,
+    # one copy instead of read-then-copy, about twice torch.load's speed. Other entries
+    # are materialised below, so nothing keeps the file mapped after loading.
+    use_mmap = zipfile.is_zipfile(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        data = torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         match = _UNSUPPORTED_GLOBAL.search(str(e))
         if match is None:
@@ -128,7 +135,30 @@ def read_checkpoint_file(path: str, *, trust_pickle: bool) -> dict[str, Any]:
             f"{', '.join(map(str, list(data)[:10]))}). Convert it to "
             "{'model': state_dict} or save the bare state dict."
         )
+    if use_mmap:
+        # The model state is copied into the model and dropped; everything else (optimizer
+        # state, trainer state) may be kept as it is by whoever loads it, and a tensor
+        # backed by a mapping would keep the file's disk space after checkpoint rotation
+        # deletes it.
+        data = {k: v if k == "model" else _materialize(v) for k, v in data.items()}
     return data
+
+
+def _materialize(obj: Any) -> Any:
+    """Return ``obj`` with every tensor replaced by an in-memory copy (not file-backed)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        # A shallow copy keeps the mapping's type and attributes (a state dict's _metadata).
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = _materialize(v)
+        return out
+    if isinstance(obj, list):
+        return [_materialize(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_materialize(v) for v in obj)
+    return obj
 
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
