@@ -23,9 +23,11 @@ from typing import Any
 # (measured here: 8x slower training with 2 workers on 2 cores). Set it yourself to override.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from trainkit.checkpoint import Checkpointer
+import torch
+
+from trainkit.checkpoint import CheckpointError, Checkpointer, find_shape_mismatches, shape_mismatch_message
 from trainkit.config import CfgNode, ConfigError, get_cfg
-from trainkit.data import DatasetCatalog, build_test_loader, build_train_loader
+from trainkit.data import DatasetCatalog, MetadataCatalog, build_test_loader, build_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import DefaultTrainer, LaunchError, default_argument_parser, default_setup, launch
 from trainkit.engine.defaults import check_output_dir
@@ -75,7 +77,10 @@ def main(args: Any) -> dict[str, Any]:
     cfg = setup(args)
     if args.eval_only:
         model = Trainer.build_model(cfg)
-        Checkpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+        checkpointer = Checkpointer(
+            model, save_dir=cfg.OUTPUT_DIR, allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH
+        )
+        checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         results = Trainer.test(cfg, model)
     else:
         trainer = Trainer(cfg)
@@ -132,6 +137,13 @@ def preflight(args: Any) -> None:
                 f"dataset {name!r} is not registered; registered: "
                 f"{', '.join(sorted(DatasetCatalog.list()))}. Register it in DatasetCatalog."
             )
+    for name in names:
+        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        if classes is not None and cfg.MODEL.NUM_CLASSES < len(classes):
+            raise UsageError(
+                f"MODEL.NUM_CLASSES={cfg.MODEL.NUM_CLASSES} but dataset {name!r} has "
+                f"{len(classes)} classes; set MODEL.NUM_CLASSES {len(classes)}."
+            )
     arch = cfg.MODEL.META_ARCHITECTURE
     if arch not in META_ARCH_REGISTRY:
         raise UsageError(
@@ -147,6 +159,48 @@ def preflight(args: Any) -> None:
         raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
     if args.eval_only and not weights and not args.resume:
         raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
+    if not cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH:
+        _check_checkpoint_fits_model(cfg, args)
+
+
+def _check_checkpoint_fits_model(cfg: CfgNode, args: Any) -> None:
+    """Refuse, before any process starts, a checkpoint whose shapes do not fit the model.
+
+    The model is built on the meta device (no memory, no initialisation) and the file is
+    memory-mapped, so this reads only the file's index. A model that cannot be built on
+    the meta device is not checked here; the load at run time still refuses the mismatch.
+
+    Raises:
+        UsageError: If the file the run would load first has entries of other shapes, or
+            MODEL.WEIGHTS is not a readable checkpoint.
+    """
+    meta_cfg = cfg.clone()
+    meta_cfg.defrost()
+    meta_cfg.MODEL.DEVICE = "meta"
+    try:
+        with torch.device("meta"):
+            model = Trainer.build_model(meta_cfg)
+    except Exception as e:  # user models may need real tensors to build
+        logger.debug("Not checking checkpoint shapes before launch: %s", e)
+        return
+    checkpointer = Checkpointer(model, save_dir=cfg.OUTPUT_DIR, save_to_disk=False)
+    if args.resume and checkpointer.has_checkpoint():
+        path, resuming = checkpointer.get_checkpoint_file(), True
+    elif cfg.MODEL.WEIGHTS and os.path.isfile(cfg.MODEL.WEIGHTS):
+        path, resuming = cfg.MODEL.WEIGHTS, False
+    else:
+        return
+    if not os.path.isfile(path):
+        return  # --resume falls back to an older checkpoint at run time, with a warning
+    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    try:
+        mismatches = find_shape_mismatches(path, model_shapes)
+    except CheckpointError as e:
+        if resuming:
+            return  # as above: resume skips an unreadable checkpoint and says so
+        raise UsageError(f"MODEL.WEIGHTS is not a usable checkpoint: {e}") from None
+    if mismatches:
+        raise UsageError(shape_mismatch_message(path, mismatches))
 
 
 def cli(argv: list[str] | None = None) -> int:

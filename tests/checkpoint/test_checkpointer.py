@@ -105,6 +105,23 @@ def test_round_trip_with_optimizer_scheduler_and_extra(tmp_path):
     )
 
 
+def test_shape_mismatch_can_be_refused_before_anything_loads(tmp_path):
+    from trainkit.checkpoint import CheckpointError, find_shape_mismatches
+
+    source = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 5))
+    Checkpointer(source, str(tmp_path), save_to_disk=True).save("src")
+    target = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    path = str(tmp_path / "src.pth")
+    shapes = {k: tuple(v.shape) for k, v in target.state_dict().items()}
+    assert find_shape_mismatches(path, shapes) == [("1.weight", (5, 3), (2, 3)), ("1.bias", (5,), (2,))]
+    with pytest.raises(CheckpointError, match=r"2 entries have other shapes.*1\.weight \(5, 3\) vs \(2, 3\)"):
+        Checkpointer(target, allow_shape_mismatch=False).load(path)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())  # untouched
+    Checkpointer(target).load(path)  # the default skips them, as detectron2 does
+    assert torch.equal(target[0].weight, source[0].weight)
+
+
 def test_loaded_state_is_not_left_mapped_to_the_file(tmp_path):
     # Files are memory-mapped for speed; whatever outlives the load must be plain memory,
     # or rotating (deleting) the file would not free its disk space.

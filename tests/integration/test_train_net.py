@@ -101,6 +101,8 @@ USER_ERRORS = [
     (["--config-file", SMOKE, "--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2 is out of range"),
     (["--config-file", SMOKE, "MODEL.WEIGHTS", "/no/such.pth"], "MODEL.WEIGHTS file not found: /no/such.pth"),
     (["--config-file", SMOKE, "--num-machines", "2"], "--dist-url auto works on one machine only"),
+    (["--config-file", SMOKE, "MODEL.NUM_CLASSES", "4"],
+     "MODEL.NUM_CLASSES=4 but dataset 'shapes_minival' has 6 classes; set MODEL.NUM_CLASSES 6."),
 ]
 
 
@@ -111,6 +113,49 @@ def test_user_errors_are_one_line_with_status_2(args, message):
     stderr_lines = result.stderr.strip().splitlines()
     assert len(stderr_lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in stderr_lines[0]
+
+
+def _one_line_status_2(result):
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_weights_of_other_shapes_are_refused_with_the_keys(trained):
+    out, _ = trained
+    line = _one_line_status_2(_run(["--config-file", SMOKE, "MODEL.WEIGHTS", str(out / "model_final.pth"),
+                                    "MODEL.NUM_CLASSES", "8"], timeout=120))
+    assert re.search(r"2 entries have other shapes .*head\.weight \(6, \d+\) vs \(8, \d+\); "
+                     r"head\.bias \(6,\) vs \(8,\)", line), line
+    assert "MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True" in line
+
+
+def test_resume_from_a_checkpoint_of_other_shapes_is_refused(trained, tmp_path):
+    out, _ = trained
+    (tmp_path / "model_final.pth").write_bytes((out / "model_final.pth").read_bytes())
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    line = _one_line_status_2(_run(["--config-file", SMOKE, "--resume", "OUTPUT_DIR", str(tmp_path),
+                                    "MODEL.NUM_CLASSES", "8"], timeout=120))
+    assert f"Checkpoint {tmp_path / 'model_final.pth'} does not fit the model" in line
+
+
+def test_corrupt_weights_file_is_named(tmp_path):
+    weights = tmp_path / "broken.pth"
+    weights.write_bytes(b"not a checkpoint")
+    line = _one_line_status_2(_run(["--config-file", SMOKE, "MODEL.WEIGHTS", str(weights)], timeout=120))
+    assert f"Cannot read checkpoint {weights}" in line and "truncated or corrupt" in line
+    assert "weights_only` set to `False` will likely succeed" not in line  # torch's advice is wrong here
+
+
+def test_allowing_shape_mismatch_fine_tunes_a_new_head(trained, tmp_path):
+    out, _ = trained
+    result = _run(["--config-file", SMOKE, "MODEL.WEIGHTS", str(out / "model_final.pth"),
+                   "MODEL.NUM_CLASSES", "8", "MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH", "True",
+                   "SOLVER.MAX_ITER", "2", "OUTPUT_DIR", str(tmp_path)])
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert "skipped 2 entries whose shapes differ" in log
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path):

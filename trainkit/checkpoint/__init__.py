@@ -8,6 +8,8 @@ from trainkit.checkpoint._files import (
 from trainkit.checkpoint.checkpointer import (
     Checkpointable,
     Checkpointer,
+    find_shape_mismatches,
+    shape_mismatch_message,
     unwrap_model,
 )
 from trainkit.checkpoint.periodic import PeriodicCheckpointer
@@ -19,5 +21,7 @@ __all__ = [
     "CorruptCheckpointError",
     "PeriodicCheckpointer",
     "UntrustedCheckpointError",
+    "find_shape_mismatches",
+    "shape_mismatch_message",
     "unwrap_model",
 ]

@@ -79,13 +79,17 @@ def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
 
 
-def read_checkpoint_file(path: str, *, trust_pickle: bool) -> dict[str, Any]:
+def read_checkpoint_file(
+    path: str, *, trust_pickle: bool, keep_mapped: bool = False
+) -> dict[str, Any]:
     """Load a local checkpoint file onto the CPU, explaining every failure by file name.
 
     Args:
         path: a local file.
         trust_pickle: load with full pickle (runs code named in the file) instead of
             ``weights_only=True``.
+        keep_mapped: leave every tensor backed by the file's memory mapping (for a caller
+            that only reads shapes and drops the result).
 
     Returns:
         The loaded dict; a bare state dict (tensors only) is returned as ``{"model": it}``.
@@ -135,7 +139,7 @@ def read_checkpoint_file(path: str, *, trust_pickle: bool) -> dict[str, Any]:
             f"{', '.join(map(str, list(data)[:10]))}). Convert it to "
             "{'model': state_dict} or save the bare state dict."
         )
-    if use_mmap:
+    if use_mmap and not keep_mapped:
         # The model state is copied into the model and dropped; everything else (optimizer
         # state, trainer state) may be kept as it is by whoever loads it, and a tensor
         # backed by a mapping would keep the file's disk space after checkpoint rotation
@@ -166,12 +170,26 @@ def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
         size = f"{os.path.getsize(path)} bytes"
     except OSError:
         size = "unknown size"
-    reason = str(error).split("\n")[0] or type(error).__name__
+    reason = _torch_reason(str(error)) or type(error).__name__
     return CorruptCheckpointError(
         f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: {reason}. The file "
         "is truncated or corrupt (an interrupted copy or a full disk?); delete it or "
         "replace it with a good copy."
     )
+
+
+def _torch_reason(message: str) -> str:
+    """The part of a torch.load error that says what is wrong with the bytes.
+
+    A weights_only failure on damaged bytes opens with generic advice to retry with
+    ``weights_only=False``, wrong for a corrupt file; its cause follows "WeightsUnpickler
+    error:".
+    """
+    marker = "WeightsUnpickler error:"
+    if marker in message:
+        message = message.split(marker, 1)[1]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def strip_wrapper_prefixes(

@@ -33,6 +33,8 @@ __all__ = [
     "Checkpointable",
     "Checkpointer",
     "IncompatibleKeys",
+    "find_shape_mismatches",
+    "shape_mismatch_message",
     "unwrap_model",
 ]
 
@@ -101,6 +103,7 @@ class Checkpointer(_FvcoreCheckpointer):
         save_to_disk: bool | None = None,
         trust_pickle: bool = False,
         strict: bool = False,
+        allow_shape_mismatch: bool = True,
         **checkpointables: Checkpointable,
     ) -> None:
         """Track ``model`` and ``checkpointables`` under ``save_dir``.
@@ -114,6 +117,8 @@ class Checkpointer(_FvcoreCheckpointer):
                 Only for files you trust: unpickling can run any code the file names.
             strict: refuse to load a model state whose keys or shapes differ from the model
                 (by default such entries are skipped and reported).
+            allow_shape_mismatch: skip (and report) model entries whose shapes differ, as
+                detectron2 does; False refuses such a checkpoint, listing the entries.
             checkpointables: objects saved and restored under their keyword, e.g.
                 ``optimizer=opt, scheduler=sched``.
         """
@@ -127,6 +132,7 @@ class Checkpointer(_FvcoreCheckpointer):
         self.path_manager = PathManager
         self.trust_pickle = trust_pickle
         self.strict = strict
+        self.allow_shape_mismatch = allow_shape_mismatch
 
     def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
         """Track one more object under ``key`` (see the constructor's ``checkpointables``).
@@ -352,6 +358,8 @@ class Checkpointer(_FvcoreCheckpointer):
                     f"Checkpoint {path} does not match the model (strict=True):\n"
                     + _describe_incompatible(expected)
                 )
+        if incorrect_shapes and not self.allow_shape_mismatch:
+            raise CheckpointError(shape_mismatch_message(path, incorrect_shapes))
         for key, _, _ in incorrect_shapes:
             del state[key]
         result = self.model.load_state_dict(state, strict=False)
@@ -370,6 +378,59 @@ class Checkpointer(_FvcoreCheckpointer):
                 "The checkpoint does not fully match the model:\n%s",
                 _describe_incompatible(incompatible),
             )
+
+
+def shape_mismatch_message(
+    path: str, incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+) -> str:
+    """One line naming the entries of ``path`` whose shapes differ from the model's, and the fix.
+
+    Args:
+        path: the checkpoint file.
+        incorrect_shapes: ``(key, shape in the checkpoint, shape in the model)`` triples.
+    """
+    shown = "; ".join(f"{k} {tuple(c)} vs {tuple(m)}" for k, c, m in incorrect_shapes[:5])
+    more = f"; and {len(incorrect_shapes) - 5} more" if len(incorrect_shapes) > 5 else ""
+    return (
+        f"Checkpoint {path} does not fit the model: {len(incorrect_shapes)} entries have other "
+        f"shapes (checkpoint vs model): {shown}{more}. Use weights made for this MODEL config, "
+        "or set MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True to skip them and train those layers "
+        "from scratch."
+    )
+
+
+def find_shape_mismatches(
+    path: str, model_shapes: Mapping[str, tuple[int, ...]], *, trust_pickle: bool = False
+) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Compare the model state in ``path`` with ``model_shapes`` without loading any data.
+
+    The file is memory-mapped, so only its index is read: cheap even for a large file.
+
+    Args:
+        path: a local checkpoint file.
+        model_shapes: ``{state_dict key: shape}`` of the model.
+        trust_pickle: as for :class:`Checkpointer`.
+
+    Returns:
+        ``(key, shape in the checkpoint, shape in the model)`` for every key both have with
+        different shapes.
+
+    Raises:
+        CorruptCheckpointError, UntrustedCheckpointError: As :meth:`Checkpointer.load`.
+    """
+    state = read_checkpoint_file(path, trust_pickle=trust_pickle, keep_mapped=True)["model"]
+    if not isinstance(state, Mapping):
+        raise CorruptCheckpointError(
+            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
+        )
+    state = strip_wrapper_prefixes(state, set(model_shapes))
+    return [
+        (key, tuple(value.shape), tuple(model_shapes[key]))
+        for key, value in state.items()
+        if key in model_shapes
+        and hasattr(value, "shape")
+        and tuple(value.shape) != tuple(model_shapes[key])
+    ]
 
 
 def _describe_incompatible(incompatible: IncompatibleKeys) -> str:

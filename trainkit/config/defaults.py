@@ -23,6 +23,10 @@ _C.MODEL.DEVICE = "cpu"
 _C.MODEL.META_ARCHITECTURE = "ImageClassifier"
 # Path or URL of weights to load before training or for --eval-only; "" means none.
 _C.MODEL.WEIGHTS = ""
+# Entries of MODEL.WEIGHTS (or of the checkpoint --resume loads) whose shapes differ from the
+# model stop the run with the list of them. True skips them with a warning instead and
+# leaves those layers as initialised: fine-tuning weights trained for other classes.
+_C.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH = False
 # Number of output classes for classification models.
 _C.MODEL.NUM_CLASSES = 6
 # Per-channel pixel mean and std (0-255 scale, RGB) used to normalise inputs in the model.

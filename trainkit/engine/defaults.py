@@ -288,7 +288,12 @@ class DefaultTrainer(TrainerBase):
             model, self._watched(self._train_loader), optimizer, gather_metric_period=cfg.WRITER_PERIOD
         )
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.checkpointer = Checkpointer(model, cfg.OUTPUT_DIR, trainer=self)
+        self.checkpointer = Checkpointer(
+            model,
+            cfg.OUTPUT_DIR,
+            allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH,
+            trainer=self,
+        )
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
         self._rank_states: list[dict[str, Any]] | None = None
