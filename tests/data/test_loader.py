@@ -151,6 +151,21 @@ def test_sample_rng_depends_only_on_seed_and_position():
     assert other_seed[0][0][1] != batches[0][0][1]
 
 
+def test_sample_rng_continues_within_a_sample_and_survives_nested_samples():
+    with sample_context(7, 3):
+        expected = sample_rng().random(4).tolist()
+    with sample_context(7, 3):
+        first = sample_rng().random(2).tolist()
+        with sample_context(7, 4):  # a mapper mapping another record inside its own call
+            inner = sample_rng().random(2).tolist()
+        rest = sample_rng().random(2).tolist()
+    assert first + rest == expected
+    with sample_context(7, 4):
+        assert sample_rng().random(2).tolist() == inner
+    with sample_context(7, 5):
+        assert sample_rng().random(4).tolist() != expected
+
+
 def test_failing_records_are_skipped_and_data_keeps_flowing(caplog):
     records = make_records()
     cfg = make_cfg(**{"DATALOADER.NUM_WORKERS": 0})
