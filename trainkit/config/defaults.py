@@ -58,6 +58,10 @@ _C.INPUT = CN()
 _C.INPUT.RANDOM_FLIP_PROB = 0.5
 # Training images are rescaled by a factor drawn uniformly from this [min, max] range.
 _C.INPUT.RANDOM_SCALE = [0.8, 1.2]
+# Draw that factor once per batch (every image of a batch rescaled alike) rather than once
+# per image. With aspect-ratio grouping the images of a batch then also share their size,
+# so little padding is left (the shapes dataset: 14 % instead of 32 % of the pixels).
+_C.INPUT.RANDOM_SCALE_PER_BATCH = True
 # Longest side (pixels) a larger training image is shrunk to before the random rescale;
 # smaller images are kept. 0 keeps training images at their size.
 _C.INPUT.MAX_SIZE_TRAIN = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainkit.data._sample_context import sample_rng, sample_seed
+from trainkit.data._sample_context import batch_rng, sample_rng, sample_seed
 from trainkit.data.build import (
     build_batch_data_loader,
     build_detection_test_loader,
@@ -43,6 +43,7 @@ __all__ = [
     "build_test_loader",
     "build_train_loader",
     "get_detection_dataset_dicts",
+    "batch_rng",
     "sample_rng",
     "sample_seed",
     "trivial_batch_collator",

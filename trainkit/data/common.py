@@ -297,8 +297,10 @@ class MapDataset(Dataset):
     def __getitem__(self, idx: int) -> Any:
         return self.map_at(idx, seed=0, position=idx)
 
-    def map_at(self, idx: int, *, seed: int, position: int) -> Any:
+    def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
         """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
+
+        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``.
 
         Raises:
             RuntimeError: After ``max_consecutive_failures`` failed records in a row.
@@ -308,7 +310,7 @@ class MapDataset(Dataset):
             record = None
             try:
                 record = self.dataset[idx]  # reading the record may fail too
-                with sample_context(seed, position):
+                with sample_context(seed, position, batch):
                     result = self._map_func(record)
             except Exception as e:  # any mapper error counts as an unreadable record
                 result, last_error = None, e

@@ -56,15 +56,24 @@ class _PositionedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, item: list[int]) -> tuple[Any, int]:
+    def __getitem__(self, item: list[int], batch: int | None = None) -> tuple[Any, int]:
         """Return the mapped element and how many records were skipped to produce it."""
         index, position = item
         if isinstance(self.dataset, MapDataset):
             failures_before = self.dataset.num_failures
-            element = self.dataset.map_at(index, seed=self.seed, position=position)
+            element = self.dataset.map_at(index, seed=self.seed, position=position, batch=batch)
             return element, self.dataset.num_failures - failures_before
-        with sample_context(self.seed, position):
+        with sample_context(self.seed, position, batch):
             return self.dataset[index], 0
+
+    def __getitems__(self, items: list[list[int]]) -> list[tuple[Any, int]]:
+        """Map a whole batch (torch's fetcher calls this), keying ``batch_rng`` by the batch.
+
+        The batch's key is its smallest stream position: unique among batches (positions
+        are), and the same for any number of workers and after a resume.
+        """
+        batch = min(position for _, position in items)
+        return [self.__getitem__(item, batch) for item in items]
 
 
 class _CountingCollate:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from trainkit.config import CfgNode
-from trainkit.data._sample_context import sample_rng
+from trainkit.data._sample_context import batch_rng, sample_rng
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +28,12 @@ class ClassificationDatasetMapper:
          "height": int, "width": int,  # of the original image, as in the record
          "file_name": str, "image_id": ...}
 
-    Training applies a random horizontal flip and a random rescale, both drawn from
-    ``trainkit.data.sample_rng()``, the generator of the sample being mapped: the result
-    depends only on the loader's seed and the sample's stream position, not on the worker
-    that maps it. The rescale factor multiplies the one that caps the longest side at
+    Training applies a random horizontal flip and a random rescale, drawn from
+    ``trainkit.data.sample_rng()``, the generator of the sample being mapped, and (for the
+    rescale, with ``scale_per_batch``) from ``trainkit.data.batch_rng()``, shared by the
+    samples of a batch: the result depends only on the loader's seed and the sample's
+    stream position, not on the worker that maps it. The rescale factor multiplies the one
+    that caps the longest side at
     ``max_size_train`` (0: no cap), and the image is resampled once with their product.
     Testing only caps the longest side at ``max_size_test`` (0: no cap). Capping both at
     the same size lets training see test-sized images, and small inputs keep a CNN on a CPU
@@ -52,6 +54,7 @@ class ClassificationDatasetMapper:
         scale_range: Sequence[float] | None = None,
         max_size_train: int | None = None,
         max_size_test: int | None = None,
+        scale_per_batch: bool | None = None,
     ):
         """Create the mapper from ``cfg`` and/or explicit arguments.
 
@@ -66,6 +69,8 @@ class ClassificationDatasetMapper:
                 in pixels, 0 for no cap; overrides ``cfg``.
             max_size_test: longest side of a test image in pixels, 0 for no cap;
                 overrides ``cfg``.
+            scale_per_batch: one rescale factor per batch instead of per image
+                (``INPUT.RANDOM_SCALE_PER_BATCH``); overrides ``cfg``.
 
         Raises:
             ValueError: If a value is out of range; the message names the config key.
@@ -77,11 +82,14 @@ class ClassificationDatasetMapper:
                 cfg.INPUT.MAX_SIZE_TRAIN if max_size_train is None else max_size_train
             )
             max_size_test = cfg.INPUT.MAX_SIZE_TEST if max_size_test is None else max_size_test
+            if scale_per_batch is None:
+                scale_per_batch = cfg.INPUT.RANDOM_SCALE_PER_BATCH
         self.is_train = is_train
         self.flip_prob = 0.0 if flip_prob is None else float(flip_prob)
         self.scale_range = tuple(float(s) for s in (scale_range or (1.0, 1.0)))
         self.max_size_train = 0 if max_size_train is None else int(max_size_train)
         self.max_size_test = 0 if max_size_test is None else int(max_size_test)
+        self.scale_per_batch = bool(scale_per_batch)
         if not 0.0 <= self.flip_prob <= 1.0:
             raise ValueError(f"INPUT.RANDOM_FLIP_PROB must be in [0, 1], got {self.flip_prob}")
         if len(self.scale_range) != 2 or not 0.0 < self.scale_range[0] <= self.scale_range[1]:
@@ -131,6 +139,8 @@ class ClassificationDatasetMapper:
         # sample's random stream whatever the other turned out to be.
         do_flip = rng.random() < self.flip_prob
         scale = rng.uniform(low, high)
+        if self.scale_per_batch:
+            scale = batch_rng().uniform(low, high)
         # One resample with the product: cheaper and sharper than capping, then rescaling.
         image = _resize(image, cap * scale)
         if do_flip:  # after the resize, so it moves the fewest pixels
@@ -140,7 +150,8 @@ class ClassificationDatasetMapper:
     def __repr__(self) -> str:
         return (
             f"ClassificationDatasetMapper(is_train={self.is_train}, flip_prob={self.flip_prob}, "
-            f"scale_range={list(self.scale_range)}, max_size_train={self.max_size_train}, "
+            f"scale_range={list(self.scale_range)}, scale_per_batch={self.scale_per_batch}, "
+            f"max_size_train={self.max_size_train}, "
             f"max_size_test={self.max_size_test})"
         )
 
