@@ -152,3 +152,30 @@ def test_import_does_not_load_tensorboard():
     code = "import sys, trainkit.utils.events; print('torch.utils.tensorboard' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_put_scalar_series_equals_one_put_scalar_per_point():
+    points = [(0.5 * i - 3.0, 10 + i) for i in range(25)]
+    with EventStorage() as one_by_one:
+        for value, cur_iter in points:
+            one_by_one.put_scalar("loss", value, cur_iter=cur_iter)
+    with EventStorage() as series:
+        series.put_scalar_series("loss", points[:7])
+        series.put_scalar_series("loss", points[7:])
+        series.put_scalar_series("loss", [])
+        with pytest.raises(ValueError, match="smoothing_hint"):
+            series.put_scalar_series("loss", points[:1], smoothing_hint=False)
+    a, b = one_by_one.history("loss"), series.history("loss")
+    assert a.values() == b.values()
+    assert a.global_avg() == pytest.approx(b.global_avg())
+    assert one_by_one.latest() == series.latest()
+
+
+def test_history_extend_keeps_max_length_and_the_mean_of_all_values():
+    from trainkit.utils.events import _HistoryBuffer
+
+    history = _HistoryBuffer(max_length=4)
+    history.extend([(float(v), v) for v in range(3)])
+    history.extend([(float(v), v) for v in range(3, 7)])
+    assert history.values() == [(3.0, 3), (4.0, 4), (5.0, 5), (6.0, 6)]
+    assert history.global_avg() == pytest.approx(3.0)  # mean of 0..6, not of what is kept

@@ -479,7 +479,12 @@ class SimpleTrainer(TrainerBase):
             # Reading a CPU tensor waits for no device, so check every step and never let a
             # non-finite loss reach the optimizer. The sum is non-finite whenever a term
             # is, so checking it covers every term. Floats leave the flush nothing to copy.
-            values: list[Any] = [loss.item() for loss in losses]
+            # One loss is its own total: read it once.
+            values: list[Any] = (
+                [losses[0].item()] * 2
+                if len(losses) == 2 and losses[0] is total_loss
+                else [x.item() for x in losses]
+            )
             if not math.isfinite(values[-1]):
                 _raise_non_finite(self.iter, names, values)
         else:

@@ -81,6 +81,19 @@ class _HistoryBuffer(HistoryBuffer):
         window = [x[0] for x in self._data[-window_size:]]
         return math.fsum(window) / len(window) if window else float("nan")
 
+    def extend(self, points: list[tuple[float, int]]) -> None:
+        """Append ``(value, iteration)`` points, as ``update`` for each would, in one go."""
+        if not points:
+            return
+        self._data.extend(points)
+        if len(self._data) > self._max_length:
+            del self._data[: len(self._data) - self._max_length]
+        # The running mean over all values ever added, updated with the new ones' sum.
+        count = self._count + len(points)
+        new_sum = math.fsum(value for value, _ in points)
+        self._global_avg += (new_sum - len(points) * self._global_avg) / count
+        self._count = count
+
 
 class EventStorage:
     """Per-iteration metrics (scalars, images, histograms) recorded during training.
@@ -165,13 +178,10 @@ class EventStorage:
                 f"Scalar {name!r} was recorded with smoothing_hint={existing_hint} before and "
                 f"with smoothing_hint={smoothing_hint} now; use one value for a metric."
             )
-        update = self._history[name].update
-        latest = None
-        for value, cur_iter in points:
-            latest = (float(value), int(cur_iter))
-            update(*latest)
-        if latest is not None:
-            self._latest_scalars[name] = latest
+        checked = [(float(value), int(cur_iter)) for value, cur_iter in points]
+        if checked:
+            self._history[name].extend(checked)
+            self._latest_scalars[name] = checked[-1]
 
     def put_scalars(
         self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **kwargs: float
