@@ -158,6 +158,13 @@ def test_allowing_shape_mismatch_fine_tunes_a_new_head(trained, tmp_path):
     assert "skipped 2 entries whose shapes differ" in log
 
 
+def test_binary_config_file_is_a_one_line_error(tmp_path):
+    config = tmp_path / "model.pth.yaml"
+    config.write_bytes(b"PK\x03\x04\xe7\x00\xff binary")
+    line = _one_line_status_2(_run(["--config-file", str(config)], timeout=120))
+    assert f"config file {config} is not UTF-8 text" in line
+
+
 def test_yaml_syntax_error_names_the_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("SOLVER:\n  BASE_LR: [0.1\n")

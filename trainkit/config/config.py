@@ -93,6 +93,11 @@ class CfgNode(_FvcoreCfgNode):
             raise ConfigError(f"cannot parse {path} as YAML: {e}") from None
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"config file {path}{where} is not UTF-8 text (byte {e.start}: "
+                f"{e.object[e.start:e.start + 1]!r}); is it the right file?"
+            ) from None
         if data is None:
             return {}
         if not isinstance(data, dict):
