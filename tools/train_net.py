@@ -28,13 +28,14 @@ import torch
 from trainkit.checkpoint import CheckpointError, Checkpointer, find_shape_mismatches, shape_mismatch_message
 from trainkit.config import CfgNode, ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, MetadataCatalog, build_test_loader, build_train_loader
+from trainkit.data.build import check_train_loader_config
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import DefaultTrainer, LaunchError, default_argument_parser, default_setup, launch
 from trainkit.engine.defaults import check_output_dir
 from trainkit.engine.launch import check_launch_arguments
 from trainkit.engine.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from trainkit.evaluation import ClassificationEvaluator, verify_results
-from trainkit.modeling import META_ARCH_REGISTRY
+from trainkit.modeling import META_ARCH_REGISTRY, model_device
 from trainkit.utils import comm
 
 logger = logging.getLogger("trainkit.train_net")
@@ -150,6 +151,19 @@ def preflight(args: Any) -> None:
             f"MODEL.META_ARCHITECTURE {arch!r} is not registered; registered: "
             f"{', '.join(sorted(name for name, _ in META_ARCH_REGISTRY))}."
         )
+    if not args.eval_only and cfg.SOLVER.MAX_ITER < 1:
+        raise UsageError(
+            f"SOLVER.MAX_ITER={cfg.SOLVER.MAX_ITER}: training needs at least 1 iteration "
+            "(use --eval-only to only evaluate)."
+        )
+    try:
+        model_device(cfg)
+        if not args.eval_only:
+            check_train_loader_config(cfg, world_size)
+            ClassificationDatasetMapper(cfg, is_train=True)
+        ClassificationDatasetMapper(cfg, is_train=False)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         check_output_dir(cfg.OUTPUT_DIR)
     except PermissionError as e:
@@ -159,21 +173,8 @@ def preflight(args: Any) -> None:
         raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
     if args.eval_only and not weights and not args.resume:
         raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
-    if not cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH:
-        _check_checkpoint_fits_model(cfg, args)
-
-
-def _check_checkpoint_fits_model(cfg: CfgNode, args: Any) -> None:
-    """Refuse, before any process starts, a checkpoint whose shapes do not fit the model.
-
-    The model is built on the meta device (no memory, no initialisation) and the file is
-    memory-mapped, so this reads only the file's index. A model that cannot be built on
-    the meta device is not checked here; the load at run time still refuses the mismatch.
-
-    Raises:
-        UsageError: If the file the run would load first has entries of other shapes, or
-            MODEL.WEIGHTS is not a readable checkpoint.
-    """
+    # The model on the meta device: its structure without memory or initialisation. A model
+    # that cannot be built there is not checked here; the same checks happen at run time.
     meta_cfg = cfg.clone()
     meta_cfg.defrost()
     meta_cfg.MODEL.DEVICE = "meta"
@@ -181,8 +182,27 @@ def _check_checkpoint_fits_model(cfg: CfgNode, args: Any) -> None:
         with torch.device("meta"):
             model = Trainer.build_model(meta_cfg)
     except Exception as e:  # user models may need real tensors to build
-        logger.debug("Not checking checkpoint shapes before launch: %s", e)
+        logger.debug("Not checking the model, optimizer and weights before launch: %s", e)
         return
+    if not args.eval_only:
+        try:
+            Trainer.build_lr_scheduler(cfg, Trainer.build_optimizer(cfg, model))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if not cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH:
+        _check_checkpoint_fits_model(cfg, args, model)
+
+
+def _check_checkpoint_fits_model(cfg: CfgNode, args: Any, model: torch.nn.Module) -> None:
+    """Refuse, before any process starts, a checkpoint whose shapes do not fit ``model``.
+
+    ``model`` is on the meta device and the file is memory-mapped, so this reads only the
+    file's index.
+
+    Raises:
+        UsageError: If the file the run would load first has entries of other shapes, or
+            MODEL.WEIGHTS is not a readable checkpoint.
+    """
     checkpointer = Checkpointer(model, save_dir=cfg.OUTPUT_DIR, save_to_disk=False)
     if args.resume and checkpointer.has_checkpoint():
         path, resuming = checkpointer.get_checkpoint_file(), True

@@ -90,6 +90,12 @@ def test_two_processes_train_and_auto_scale(tmp_path):
     assert 0.0 <= _top1(log) <= 100.0
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 USER_ERRORS = [
     (["--config-file", "nope.yaml"], "config file not found: nope.yaml"),
     (["--config-file", SMOKE, "SOLVER.BASE_LRR", "0.1"], "Did you mean SOLVER.BASE_LR?"),
@@ -101,6 +107,17 @@ USER_ERRORS = [
     (["--config-file", SMOKE, "--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2 is out of range"),
     (["--config-file", SMOKE, "MODEL.WEIGHTS", "/no/such.pth"], "MODEL.WEIGHTS file not found: /no/such.pth"),
     (["--config-file", SMOKE, "--num-machines", "2"], "--dist-url auto works on one machine only"),
+    (["--config-file", SMOKE, "SOLVER.IMS_PER_BATCH", "0"], "SOLVER.IMS_PER_BATCH=0 is not a positive multiple"),
+    (["--config-file", SMOKE, "SOLVER.MAX_ITER", "-5"], "SOLVER.MAX_ITER=-5: training needs at least 1 iteration"),
+    (["--config-file", SMOKE, "DATALOADER.NUM_WORKERS", "-1"], "DATALOADER.NUM_WORKERS must be >= 0, got -1"),
+    (["--config-file", SMOKE, "DATALOADER.ASPECT_RATIO_BINS", "[2, 1]"], "DATALOADER.ASPECT_RATIO_BINS must be"),
+    (["--config-file", SMOKE, "MODEL.DEVICE", "gpu0"], "MODEL.DEVICE='gpu0' is not a device name"),
+    (["--config-file", SMOKE, "MODEL.DEVICE", "cuda"] if not _cuda() else ["--num-gpus", "0"],
+     "CUDA is not available on this machine" if not _cuda() else "--num-gpus must be at least 1"),
+    (["--config-file", SMOKE, "SOLVER.BASE_LR", "-1"], "SOLVER.BASE_LR must be >= 0, got -1.0"),
+    (["--config-file", SMOKE, "SOLVER.OPTIMIZER", "Nope"], "Unknown SOLVER.OPTIMIZER 'Nope'"),
+    (["--config-file", SMOKE, "SOLVER.LR_SCHEDULER_NAME", "Nope"], "Unknown SOLVER.LR_SCHEDULER_NAME 'Nope'"),
+    (["--config-file", SMOKE, "INPUT.RANDOM_SCALE", "[0, 1]"], "INPUT.RANDOM_SCALE must be [min, max]"),
     (["--config-file", SMOKE, "MODEL.NUM_CLASSES", "4"],
      "MODEL.NUM_CLASSES=4 but dataset 'shapes_minival' has 6 classes; set MODEL.NUM_CLASSES 6."),
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "build_detection_train_loader",
     "build_test_loader",
     "build_train_loader",
+    "check_train_loader_config",
     "get_detection_dataset_dicts",
     "trivial_batch_collator",
     "worker_init_reset_seed",
@@ -182,6 +183,44 @@ def _gather_on_machine(obj: Any) -> list[Any]:
     except RuntimeError:
         return [obj]  # every rank lacks it alike: each loads its own copy
     return comm.all_gather(obj, group=group)
+
+
+def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> None:
+    """Check the ``DATALOADER`` and batch settings ``build_train_loader`` uses, without data.
+
+    Args:
+        cfg: the config.
+        world_size: the job's process count; ``None`` means the current job's.
+
+    Raises:
+        ValueError: Naming the first setting that is out of range and its valid range.
+    """
+    world_size = comm.get_world_size() if world_size is None else world_size
+    total = cfg.SOLVER.IMS_PER_BATCH
+    if total < 1 or total % world_size:
+        raise ValueError(
+            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of the world size "
+            f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
+        )
+    loader = cfg.DATALOADER
+    if loader.NUM_WORKERS < 0:
+        raise ValueError(f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}")
+    if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
+        raise ValueError(
+            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with workers, got {loader.PREFETCH_FACTOR}"
+        )
+    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+        raise ValueError(
+            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
+            f"{loader.MAX_CONSECUTIVE_FAILURES}"
+        )
+    if loader.SAMPLER_TRAIN not in _TRAIN_SAMPLERS:
+        raise ValueError(
+            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"{', '.join(_TRAIN_SAMPLERS)}"
+        )
+    if loader.ASPECT_RATIO_GROUPING:
+        aspect_ratio_bucket_ids(np.ones(1), loader.ASPECT_RATIO_BINS)  # validates the bins
 
 
 def _per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int | None) -> int:
@@ -393,7 +432,7 @@ def build_train_loader(
         ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` (on every rank, same line), and
         :func:`load_catalog_dataset` when ``dataset`` is None.
     """
-    _per_rank_batch_size(cfg.SOLVER.IMS_PER_BATCH, None)  # fail before loading any data
+    check_train_loader_config(cfg)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
     names = ",".join(cfg.DATASETS.TRAIN) or None
     if dataset is None:

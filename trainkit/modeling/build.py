@@ -10,7 +10,7 @@ from torch import nn
 from trainkit.config import CfgNode
 from trainkit.utils.registry import Registry
 
-__all__ = ["META_ARCH_REGISTRY", "build_model"]
+__all__ = ["META_ARCH_REGISTRY", "build_model", "model_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +21,26 @@ Register a class with ``@META_ARCH_REGISTRY.register()``; ``build_model`` calls 
 config as its only argument. In training mode the model takes a batch (list of mapped
 records) and returns a dict of scalar losses; in eval mode it returns predictions.
 """
+
+
+def model_device(cfg: CfgNode) -> torch.device:
+    """Return the device ``cfg.MODEL.DEVICE`` names, checking that this machine has it.
+
+    Raises:
+        ValueError: If the name is not a device, or names CUDA and CUDA is not available.
+    """
+    try:
+        device = torch.device(cfg.MODEL.DEVICE)
+    except RuntimeError as e:
+        raise ValueError(
+            f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} is not a device name ({e}); use cpu or cuda."
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} but CUDA is not available on this machine; "
+            "set MODEL.DEVICE cpu."
+        )
+    return device
 
 
 def build_model(cfg: CfgNode) -> nn.Module:
@@ -41,12 +61,7 @@ def build_model(cfg: CfgNode) -> nn.Module:
     """
     meta_arch = cfg.MODEL.META_ARCHITECTURE
     model_cls = META_ARCH_REGISTRY.get(meta_arch)
-    device = torch.device(cfg.MODEL.DEVICE)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} but CUDA is not available on this machine; "
-            "set MODEL.DEVICE cpu."
-        )
+    device = model_device(cfg)
     model = model_cls(cfg)
     if not isinstance(model, nn.Module):
         raise TypeError(

@@ -207,9 +207,15 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
         SOLVER.CLIP_GRADIENTS.ENABLED).
 
     Raises:
-        ValueError: If SOLVER.OPTIMIZER is unknown, or Nesterov is asked without momentum.
+        ValueError: If SOLVER.OPTIMIZER is unknown, a rate, momentum or decay is negative,
+            or Nesterov is asked without momentum.
     """
     solver = cfg.SOLVER
+    for key in ("BASE_LR", "MOMENTUM", "WEIGHT_DECAY", "WEIGHT_DECAY_NORM", "BIAS_LR_FACTOR"):
+        value = solver.get(key)
+        if value is not None and value < 0:
+            # torch's own message ("Invalid learning rate: -1.0") does not name the key.
+            raise ValueError(f"SOLVER.{key} must be >= 0, got {value}.")
     params = get_default_optimizer_params(
         model,
         base_lr=solver.BASE_LR,
