@@ -71,10 +71,12 @@ def test_data_json(quick_run):
     data = quick_run[1]["data"]
     assert {(r["workers"], r["kind"]) for r in data["throughput"]} == {
         (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")}
-    assert len(data["padding"]) == 3
+    assert len(data["padding"]) == 5
     for row in data["padding"]:
         assert 0 <= row["padded_to_max"] <= row["padded_after_divisibility"] < 1
-    assert [c["verdict"] in ("PASS", "MISS") for c in data["padding_checks"]] == [True, True]
+    # Two targets, then the per-image rescale comparison, which has none.
+    assert [c["verdict"] for c in data["padding_checks"]][2] == ""
+    assert [c["verdict"] in ("PASS", "MISS") for c in data["padding_checks"]] == [True, True, False]
 
 
 def test_launch_json(quick_run):
