@@ -410,9 +410,11 @@ class LRScheduler(HookBase):
     @override
     def after_step(self) -> None:
         # Resolved once per train() call (in before_train), not on every step.
+        if self._stepped_scheduler is None:  # a caller that skipped before_train
+            self.before_train()
         lr = self._main_param_group["lr"]
         self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
-        self._stepped_scheduler.step()
+        self._stepped_scheduler.step()  # type: ignore[union-attr]
 
     @override
     def state_dict(self) -> dict[str, Any]:

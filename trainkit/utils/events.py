@@ -11,7 +11,6 @@ call :func:`_reset_storage_stack`.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import json
@@ -19,7 +18,7 @@ import logging
 import math
 import statistics
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -147,6 +146,9 @@ class EventStorage:
         value = float(value)
         self._history[name].update(value, cur_iter)
         self._latest_scalars[name] = (value, cur_iter)
+        self._check_smoothing_hint(name, smoothing_hint)
+
+    def _check_smoothing_hint(self, name: str, smoothing_hint: bool) -> None:
         existing_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
         if existing_hint != smoothing_hint:
             raise ValueError(
@@ -172,12 +174,7 @@ class EventStorage:
             ValueError: If ``smoothing_hint`` differs from an earlier call for ``name``.
         """
         name = self._current_prefix + name
-        existing_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
-        if existing_hint != smoothing_hint:
-            raise ValueError(
-                f"Scalar {name!r} was recorded with smoothing_hint={existing_hint} before and "
-                f"with smoothing_hint={smoothing_hint} now; use one value for a metric."
-            )
+        self._check_smoothing_hint(name, smoothing_hint)
         checked = [(float(value), int(cur_iter)) for value, cur_iter in points]
         if checked:
             self._history[name].extend(checked)
@@ -475,7 +472,7 @@ class CommonMetricPrinter(EventWriter):
         # The windowed mean step time of recent writes: the ETA uses their median, which
         # resists slow first steps and occasional stalls (checkpoints, evaluation) as a
         # median over the last ~1000 steps would, without sorting 1000 values every write.
-        self._recent_step_times: collections.deque[float] = collections.deque(maxlen=51)
+        self._recent_step_times: deque[float] = deque(maxlen=51)
 
     def _get_eta(self, storage: EventStorage, iter_time: float | None) -> str | None:
         if self._max_iter is None:
