@@ -1,0 +1,27 @@
+"""The built-in hooks: timing, writing, checkpointing, lr scheduling, evaluation, profiling.
+
+Every hook reads only the trainer surface listed in :class:`~trainkit.engine.train_loop.
+TrainerBase` and decides "is it time?" with :mod:`trainkit.utils.periodic`. Their canonical
+order is set by ``DefaultTrainer.build_hooks``. One module per responsibility; import them
+from here (``trainkit.engine.hooks.X``), the path detectron2 code expects.
+"""
+
+from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckpointer
+from trainkit.engine.hooks.evaluation import EvalHook, PreciseBN
+from trainkit.engine.hooks.loop import CallbackHook, IterationTimer, LRScheduler, PeriodicWriter
+from trainkit.engine.hooks.profiling import TorchMemoryStats, TorchProfiler
+from trainkit.engine.train_loop import HookBase
+
+__all__ = [
+    "BestCheckpointer",
+    "CallbackHook",
+    "EvalHook",
+    "HookBase",
+    "IterationTimer",
+    "LRScheduler",
+    "PeriodicCheckpointer",
+    "PeriodicWriter",
+    "PreciseBN",
+    "TorchMemoryStats",
+    "TorchProfiler",
+]

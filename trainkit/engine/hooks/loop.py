@@ -1,0 +1,264 @@
+"""Hooks of every step: callbacks, the step timer, the writers and the lr scheduler."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from fvcore.common.param_scheduler import ParamScheduler
+from typing_extensions import override
+
+from trainkit.engine.hooks._common import TrainerCallback, is_time, trainer_attr
+from trainkit.engine.train_loop import HookBase
+from trainkit.solver import LRMultiplier
+
+if TYPE_CHECKING:
+    from trainkit.utils.events import EventWriter
+
+__all__ = ["CallbackHook", "IterationTimer", "LRScheduler", "PeriodicWriter"]
+
+logger = logging.getLogger(__name__)
+
+
+class CallbackHook(HookBase):
+    """Run plain functions ``fn(trainer)`` at the hook points; for one-off extensions."""
+
+    def __init__(
+        self,
+        *,
+        before_train: TrainerCallback | None = None,
+        after_train: TrainerCallback | None = None,
+        before_step: TrainerCallback | None = None,
+        after_step: TrainerCallback | None = None,
+    ) -> None:
+        """Store the callbacks; each receives the trainer and any may be ``None``."""
+        self._before_train = before_train
+        self._after_train = after_train
+        self._before_step = before_step
+        self._after_step = after_step
+
+    @override
+    def before_train(self) -> None:
+        if self._before_train is not None:
+            self._before_train(self.trainer)
+
+    @override
+    def after_train(self) -> None:
+        if self._after_train is not None:
+            self._after_train(self.trainer)
+
+    @override
+    def before_step(self) -> None:
+        if self._before_step is not None:
+            self._before_step(self.trainer)
+
+    @override
+    def after_step(self) -> None:
+        if self._after_step is not None:
+            self._after_step(self.trainer)
+
+
+class IterationTimer(HookBase):
+    """Record each step's duration as ``time`` and log the overall speed after training.
+
+    Register it first: a step is timed from this hook's ``before_step`` to its
+    ``after_step``, which then covers the other hooks' ``before_step`` and ``run_step``.
+    The first ``warmup_iter`` steps (slow: allocation, autotuning) are not timed.
+    """
+
+    def __init__(
+        self, warmup_iter: int = 3, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        """Set up the timer.
+
+        Args:
+            warmup_iter: number of steps at the start of ``train()`` that are not timed.
+            clock: returns seconds; injectable so tests need no sleeping.
+        """
+        self._warmup_iter = warmup_iter
+        self._clock = clock
+        self._start_s: float | None = None
+        self._step_start_s = 0.0
+        self._timed_steps_s = 0.0
+        self._num_timed_steps = 0
+
+    @override
+    def before_train(self) -> None:
+        self._start_s = self._clock()
+        self._timed_steps_s = 0.0
+        self._num_timed_steps = 0
+
+    @override
+    def before_step(self) -> None:
+        self._step_start_s = self._clock()
+
+    @override
+    def after_step(self) -> None:
+        now_s = self._clock()
+        trainer = self.trainer
+        if trainer.iter - trainer.start_iter >= self._warmup_iter:
+            step_s = now_s - self._step_start_s
+            trainer.storage.put_scalar("time", step_s)
+            self._timed_steps_s += step_s
+            self._num_timed_steps += 1
+        else:
+            # The overall speed also starts after the warm-up.
+            self._start_s = now_s
+
+    @override
+    def after_train(self) -> None:
+        if self._start_s is None or self._num_timed_steps == 0:
+            return
+        total_s = self._clock() - self._start_s
+        logger.info(
+            "Overall training speed: %d iterations in %.1f s (%.4f s / it)",
+            self._num_timed_steps,
+            self._timed_steps_s,
+            self._timed_steps_s / self._num_timed_steps,
+        )
+        logger.info(
+            "Total training time: %.1f s (%.1f s on hooks)",
+            total_s,
+            total_s - self._timed_steps_s,
+        )
+
+
+class PeriodicWriter(HookBase):
+    """Run the writers every ``period`` iterations, at the last one, and once after training.
+
+    The trainer calls :meth:`final_write` after every hook's ``after_train``, so metrics a
+    later hook records in its ``after_train`` still get written; then the writers close.
+    """
+
+    def __init__(self, writers: Iterable[EventWriter], period: int = 20) -> None:
+        """Store the writers.
+
+        Raises:
+            TypeError: If a writer lacks ``write``/``close``.
+        """
+        self._writers = list(writers)
+        for writer in self._writers:
+            if not (
+                callable(getattr(writer, "write", None))
+                and callable(getattr(writer, "close", None))
+            ):
+                raise TypeError(f"{type(writer).__name__} is not an EventWriter (write/close)")
+        self._period = period
+
+    @override
+    def after_step(self) -> None:
+        if is_time(self.trainer, self._period):
+            for writer in self._writers:
+                writer.write()
+
+    def final_write(self) -> None:
+        """Write once more, then close every writer (the trainer calls this last)."""
+        try:
+            for writer in self._writers:
+                writer.write()
+        finally:
+            for writer in self._writers:
+                writer.close()
+
+
+class LRScheduler(HookBase):
+    """Step the lr scheduler after every optimizer step and record ``lr``.
+
+    The recorded ``lr`` is that of the param group with the most parameters (ties go to the
+    larger lr), which is the "main" lr for the usual bias/norm group splits. The
+    scheduler's state is this hook's resumable state.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | ParamScheduler | None = None,
+    ) -> None:
+        """Store the arguments.
+
+        Args:
+            optimizer: defaults to ``trainer.optimizer``.
+            scheduler: a torch lr scheduler, an fvcore ``ParamScheduler`` (wrapped in an
+                ``LRMultiplier`` over ``trainer.max_iter`` when training starts), or
+                ``None`` for ``trainer.scheduler``.
+        """
+        self._optimizer = optimizer
+        self._scheduler_arg = scheduler
+        self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        # A state loaded before the ParamScheduler was wrapped (resume happens before
+        # train()), applied in before_train.
+        self._pending_state: dict[str, Any] | None = None
+        self._main_param_group: dict[str, Any] = {}
+        self._stepped_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        """The torch scheduler being stepped.
+
+        Raises:
+            RuntimeError: If it is built from a ``ParamScheduler`` and training has not started.
+        """
+        scheduler = self._resolve_scheduler()
+        if scheduler is None:
+            raise RuntimeError("The lr scheduler is built from a ParamScheduler in before_train")
+        return scheduler
+
+    def _resolve_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        if self._scheduler is not None:
+            return self._scheduler
+        if isinstance(self._scheduler_arg, ParamScheduler):
+            return None
+        if self._scheduler_arg is not None:
+            return self._scheduler_arg
+        return trainer_attr(self, "scheduler")
+
+    def _get_optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is not None:
+            return self._optimizer
+        return trainer_attr(self, "optimizer")
+
+    @override
+    def before_train(self) -> None:
+        optimizer = self._get_optimizer()
+        if isinstance(self._scheduler_arg, ParamScheduler):
+            self._scheduler = LRMultiplier(
+                optimizer,
+                self._scheduler_arg,
+                self.trainer.max_iter,
+                last_iter=self.trainer.iter - 1,
+            )
+        if self._pending_state is not None:
+            self.scheduler.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self._main_param_group = optimizer.param_groups[_main_param_group_index(optimizer)]
+        self._stepped_scheduler = self.scheduler
+
+    @override
+    def after_step(self) -> None:
+        # Resolved once per train() call (in before_train), not on every step.
+        if self._stepped_scheduler is None:  # a caller that skipped before_train
+            self.before_train()
+        lr = self._main_param_group["lr"]
+        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        self._stepped_scheduler.step()  # type: ignore[union-attr]
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self._resolve_scheduler()
+        return scheduler.state_dict() if scheduler is not None else {}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        scheduler = self._resolve_scheduler()
+        if scheduler is None:
+            self._pending_state = state
+        else:
+            scheduler.load_state_dict(state)
+
+
+def _main_param_group_index(optimizer: torch.optim.Optimizer) -> int:
+    groups = optimizer.param_groups
+    return max(range(len(groups)), key=lambda i: (len(groups[i]["params"]), groups[i]["lr"]))
