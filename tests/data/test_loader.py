@@ -12,6 +12,7 @@ from trainkit.data import (
     build_batch_data_loader,
     build_test_loader,
     build_train_loader,
+    batch_rng,
     sample_rng,
     sample_seed,
 )
@@ -79,6 +80,31 @@ def test_batch_stream_is_identical_for_any_num_workers(grouping):
         streams[num_workers] = take(build_train_loader(cfg, rng_mapper, dataset=records), 12)
     assert streams[0] == streams[1] == streams[2] == streams[4]
     assert all(len(batch) == 4 for batch in streams[0])
+
+
+def batch_rng_mapper(record):
+    return record["id"], float(batch_rng().random()), float(sample_rng().random())
+
+
+@pytest.mark.parametrize("grouping", [False, True], ids=["plain", "grouped"])
+def test_batch_rng_is_shared_within_a_batch_for_any_num_workers(grouping):
+    records = make_records()
+    streams = {}
+    for num_workers in (0, 2):
+        cfg = make_cfg(
+            **{"DATALOADER.NUM_WORKERS": num_workers, "DATALOADER.ASPECT_RATIO_GROUPING": grouping}
+        )
+        streams[num_workers] = take(build_train_loader(cfg, batch_rng_mapper, dataset=records), 10)
+    assert streams[0] == streams[2]
+    batch_draws = [{draw for _, draw, _ in batch} for batch in streams[0]]
+    assert all(len(draws) == 1 for draws in batch_draws)  # one value per batch
+    assert len({draws.pop() for draws in batch_draws}) == len(streams[0])  # new per batch
+    sample_draws = [draw for batch in streams[0] for _, _, draw in batch]
+    assert len(set(sample_draws)) == len(sample_draws)  # sample_rng still per sample
+    with sample_context(42, 7):  # outside a loader a sample is a batch of its own
+        alone = float(batch_rng().random())
+    with sample_context(42, 7, batch=7):
+        assert float(batch_rng().random()) == alone
 
 
 def test_plain_batches_follow_the_sampler_stream():

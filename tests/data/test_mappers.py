@@ -54,12 +54,31 @@ def test_train_mapper_rescales_the_capped_size_reproducibly(record):
     assert max(widths) <= 80 and min(widths) >= 40 and len(widths) > 1
 
 
+def test_per_batch_rescale_gives_a_batch_one_size(record):
+    mapper = ClassificationDatasetMapper(
+        is_train=True, flip_prob=0.5, scale_range=(0.5, 1.0), max_size_train=80,
+        scale_per_batch=True,
+    )
+    sizes_by_batch = []
+    for batch in range(6):
+        sizes = set()
+        for position in range(batch * 4, batch * 4 + 4):
+            with sample_context(seed=0, position=position, batch=batch * 4):
+                sizes.add(tuple(mapper(record)["image"].shape))
+        sizes_by_batch.append(sizes)
+    assert all(len(sizes) == 1 for sizes in sizes_by_batch)  # same record size, same scale
+    assert len({sizes.pop() for sizes in sizes_by_batch}) > 1  # the scale still varies
+
+
 def test_config_keys_are_read_and_checked():
     cfg = get_cfg()
     cfg.INPUT.MAX_SIZE_TRAIN = 96
     cfg.INPUT.MAX_SIZE_TEST = 72
     mapper = ClassificationDatasetMapper(cfg, is_train=True)
     assert (mapper.max_size_train, mapper.max_size_test) == (96, 72)
+    assert mapper.scale_per_batch is True  # INPUT.RANDOM_SCALE_PER_BATCH's default
+    cfg.INPUT.RANDOM_SCALE_PER_BATCH = False
+    assert ClassificationDatasetMapper(cfg, is_train=True).scale_per_batch is False
     cfg.INPUT.MAX_SIZE_TRAIN = -1
     with pytest.raises(ValueError, match="INPUT.MAX_SIZE_TRAIN"):
         ClassificationDatasetMapper(cfg, is_train=True)
