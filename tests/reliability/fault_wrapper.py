@@ -11,6 +11,8 @@ launch() spawns (they import this file as their main module). Faults:
 * ``worker_dies:K``: the loader worker that maps its K-th sample is SIGKILLed.
 * ``mapper_raises``: the mapper raises for every record whose image_id is a multiple of 7.
 * ``raise_on_rank:R:K``: rank R raises at its K-th training step.
+* ``sleep_at_iter:K``: the K-th training step sleeps 60 s, after creating the file named by
+  $TRAINKIT_TEST_MARKER (so a test knows the process is inside that step).
 """
 
 import errno
@@ -96,6 +98,17 @@ elif KIND == "raise_on_rank":
         return out
 
     _patch_forward(_maybe_raise)
+elif KIND == "sleep_at_iter":
+    import time
+
+    def _maybe_sleep(n, out):
+        if n == int(ARG):
+            with open(os.environ["TRAINKIT_TEST_MARKER"], "w"):
+                pass
+            time.sleep(60)
+        return out
+
+    _patch_forward(_maybe_sleep)
 elif KIND in ("worker_dies", "mapper_raises"):
     from trainkit.data.mappers import ClassificationDatasetMapper
 

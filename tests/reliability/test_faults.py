@@ -110,6 +110,34 @@ def test_sigterm_saves_a_checkpoint_and_exits_75(tmp_path):
     assert re.fullmatch(r"model_\d{7}\.pth", tag)
 
 
+def test_a_second_sigterm_exits_at_once_without_a_checkpoint(tmp_path):
+    marker = tmp_path / "in_slow_step"
+    out = tmp_path / "out"
+    env = {**os.environ, "TRAINKIT_TEST_FAULT": "sleep_at_iter:3", "TRAINKIT_TEST_MARKER": str(marker)}
+    args = [sys.executable, WRAPPER, "--config-file", SMOKE, "OUTPUT_DIR", str(out),
+            "SOLVER.MAX_ITER", "400", "SOLVER.CHECKPOINT_PERIOD", "1000"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():  # inside a step that sleeps for 60 s
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # graceful: would finish the step, then save
+        time.sleep(2.5)  # later than the debounce window for one signal delivered twice
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()  # nothing is left behind if an assertion failed first
+    log = stdout + stderr
+    assert time.monotonic() - started < 10  # not after the 60 s step
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "Received SIGTERM: finishing the current step" in log
+    assert "Received SIGTERM again: exiting now without a checkpoint" in log
+    assert not list(out.glob("*.pth")) and not (out / "last_checkpoint").exists()
+
+
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     result = _run(tmp_path, "SOLVER.MAX_ITER", "20")
     assert result.returncode == 0, result.stderr[-3000:]
