@@ -22,12 +22,27 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 SHORT = ["SOLVER.MAX_ITER", "30", "SOLVER.CHECKPOINT_PERIOD", "10", "SOLVER.REFERENCE_WORLD_SIZE", "0"]
 
 
-def _run(out, *extra, fault="", num_gpus=1, resume=False, timeout=400):
+def _run(out, *extra, fault="", num_gpus=1, resume=False, timeout=400, job_tag=""):
     args = [sys.executable, WRAPPER, "--config-file", SMOKE, "--num-gpus", str(num_gpus)]
     args += ["--resume"] if resume else []
     args += ["OUTPUT_DIR", str(out), *SHORT, *extra]
-    env = dict(os.environ, TRAINKIT_TEST_FAULT=fault)
+    env = dict(os.environ, TRAINKIT_TEST_FAULT=fault, TRAINKIT_TEST_JOB=job_tag)
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def _processes_tagged(job_tag):
+    """PIDs of live processes whose environment holds TRAINKIT_TEST_JOB=job_tag (ranks and
+    loader workers inherit it from the command)."""
+    needle = f"TRAINKIT_TEST_JOB={job_tag}".encode() + b"\0"
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read() + b"\0":
+                    found.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 def _weights(path):
@@ -191,8 +206,12 @@ def test_a_loader_worker_that_dies_is_named(tmp_path):
 @pytest.mark.distributed
 def test_a_rank_that_raises_mid_training_stops_the_job(tmp_path):
     start = time.monotonic()
-    result = _run(tmp_path, fault="raise_on_rank:1:5", num_gpus=2)
+    job_tag = f"raise-{os.getpid()}-{time.time_ns()}"
+    result = _run(tmp_path, fault="raise_on_rank:1:5", num_gpus=2, job_tag=job_tag)
     assert result.returncode == 1
     assert "rank 1 raised an exception" in result.stderr
     assert "injected failure on rank 1 at step 5" in result.stderr
+    assert "Traceback" in result.stderr  # the rank's own traceback is shown
     assert time.monotonic() - start < 120
+    time.sleep(0.5)  # exit is asynchronous for the last children reaped
+    assert _processes_tagged(job_tag) == []  # no rank or loader worker is left behind
