@@ -19,6 +19,28 @@ def test_longest_stuck_rank_is_blamed():
     assert "rank 1 stopped making progress" in text and "'data'" in text and "iteration 7" in text
 
 
+def test_the_rank_furthest_behind_is_blamed_even_if_a_waiting_peer_got_there_first():
+    # Rank 0 got ahead and entered the collective of step 3 before rank 1 entered the data
+    # phase of step 3, where it hangs: rank 0 has waited longer, but rank 1 is the cause.
+    records = [
+        {"rank": 0, "phase": "forward/backward", "iteration": 3, "elapsed_s": 3.2},
+        {"rank": 1, "phase": "data", "iteration": 3, "elapsed_s": 3.1},
+    ]
+    assert find_stalled_rank(records, 3.0)["rank"] == 1
+    # A rank stuck writing a checkpoint after step 5 while its peer waits in step 6.
+    records = [
+        {"rank": 0, "phase": "checkpoint", "iteration": 5, "elapsed_s": 4.0},
+        {"rank": 1, "phase": "forward/backward", "iteration": 6, "elapsed_s": 4.1},
+    ]
+    assert find_stalled_rank(records, 3.0)["rank"] == 0
+    # Equally far: the one stuck longest.
+    records = [
+        {"rank": 0, "phase": "forward/backward", "iteration": 6, "elapsed_s": 4.0},
+        {"rank": 1, "phase": "forward/backward", "iteration": 6, "elapsed_s": 5.0},
+    ]
+    assert find_stalled_rank(records, 3.0)["rank"] == 1
+
+
 def test_phases_and_local_stall_with_fake_clock():
     now = [100.0]
     stalls = []

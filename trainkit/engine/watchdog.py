@@ -5,8 +5,8 @@ Each rank records the phase it is in (``data``, ``forward/backward``, ``checkpoi
 
 * Under :func:`trainkit.engine.launch`, the launcher of machine 0 reads every rank's record
   from the job's rendezvous store; when some rank has been in one phase longer than the
-  timeout, it names the rank that has been stuck the longest (the others are waiting for it
-  in a collective) and stops the job, long before the collective timeout would.
+  timeout, it names the rank furthest behind (the others are waiting for it in a
+  collective) and stops the job, long before the collective timeout would.
 * Without a launcher (one process, or under torchrun) the thread checks its own rank and
   ends the process with a message; torchrun then stops the rest of the job.
 """
@@ -144,16 +144,30 @@ def describe_stall(record: dict[str, Any], timeout_s: float) -> str:
     )
 
 
-def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
-    """Return the record of the rank stuck the longest if any rank exceeded ``timeout_s``.
+# Where each phase falls within an iteration; phases not listed (hooks, checkpoint, eval)
+# come after the step.
+_PHASE_ORDER = {"start": 0, "data": 1, "forward/backward": 2}
+_AFTER_STEP = 3
 
-    Ranks blocked in a collective waiting for a stuck peer entered their phase later than
-    the peer, so the longest-stuck rank is the cause.
+
+def _progress(record: dict[str, Any]) -> tuple[int, int]:
+    return record["iteration"], _PHASE_ORDER.get(record["phase"], _AFTER_STEP)
+
+
+def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
+    """If some rank exceeded ``timeout_s`` in its phase, return the record of the culprit.
+
+    The culprit is the rank furthest behind (earliest iteration, then earliest phase within
+    it): the others have gone on until a collective and wait there for it. Which rank
+    entered its phase first does not tell: a rank that gets ahead (the peer was descheduled
+    for a moment) enters the collective before the peer enters its stuck phase. Among ranks
+    equally far, the one stuck longest is named.
     """
     if timeout_s <= 0 or not records:
         return None
-    worst = max(records, key=lambda r: r["elapsed_s"])
-    return worst if worst["elapsed_s"] > timeout_s else None
+    if max(r["elapsed_s"] for r in records) <= timeout_s:
+        return None
+    return min(records, key=lambda r: (_progress(r), -r["elapsed_s"]))
 
 
 def _exit_process(message: str) -> None:
