@@ -116,21 +116,29 @@ def preflight(args: Any) -> None:
         raise UsageError(str(e)) from None
     if args.config_file and not os.path.isfile(args.config_file):
         raise UsageError(f"config file not found: {args.config_file}. Check --config-file.")
+    world_size = args.num_gpus * args.num_machines
     try:
         cfg = load_config(args)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-    world_size = args.num_gpus * args.num_machines
-    if not args.eval_only:
-        try:
+        if not args.eval_only:
             cfg = DefaultTrainer.auto_scale_workers(cfg, world_size)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        if cfg.SOLVER.IMS_PER_BATCH % world_size:
-            raise UsageError(
-                f"SOLVER.IMS_PER_BATCH={cfg.SOLVER.IMS_PER_BATCH} is not divisible by the world "
-                f"size {world_size} (--num-gpus x --num-machines); change one of them."
-            )
+    except (ConfigError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    _check_registered_names(cfg, args)
+    _check_values(cfg, args, world_size)
+    try:
+        check_output_dir(cfg.OUTPUT_DIR)
+    except PermissionError as e:
+        raise UsageError(str(e)) from None
+    weights = cfg.MODEL.WEIGHTS
+    if weights and "://" not in weights and not os.path.isfile(weights):
+        raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
+    if args.eval_only and not weights and not args.resume:
+        raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
+    _check_on_meta_model(cfg, args)
+
+
+def _check_registered_names(cfg: CfgNode, args: Any) -> None:
+    """Datasets and architecture must be registered; NUM_CLASSES must cover the datasets'."""
     names = list(cfg.DATASETS.TEST) + ([] if args.eval_only else list(cfg.DATASETS.TRAIN))
     for name in names:
         if name not in DatasetCatalog.list():
@@ -138,7 +146,6 @@ def preflight(args: Any) -> None:
                 f"dataset {name!r} is not registered; registered: "
                 f"{', '.join(sorted(DatasetCatalog.list()))}. Register it in DatasetCatalog."
             )
-    for name in names:
         classes = MetadataCatalog.get(name).get("thing_classes", None)
         if classes is not None and cfg.MODEL.NUM_CLASSES < len(classes):
             raise UsageError(
@@ -151,6 +158,10 @@ def preflight(args: Any) -> None:
             f"MODEL.META_ARCHITECTURE {arch!r} is not registered; registered: "
             f"{', '.join(sorted(name for name, _ in META_ARCH_REGISTRY))}."
         )
+
+
+def _check_values(cfg: CfgNode, args: Any, world_size: int) -> None:
+    """Values the run would trip over later: schedule, device, loader and mapper settings."""
     if not args.eval_only and cfg.SOLVER.MAX_ITER < 1:
         raise UsageError(
             f"SOLVER.MAX_ITER={cfg.SOLVER.MAX_ITER}: training needs at least 1 iteration "
@@ -164,17 +175,14 @@ def preflight(args: Any) -> None:
         ClassificationDatasetMapper(cfg, is_train=False)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        check_output_dir(cfg.OUTPUT_DIR)
-    except PermissionError as e:
-        raise UsageError(str(e)) from None
-    weights = cfg.MODEL.WEIGHTS
-    if weights and "://" not in weights and not os.path.isfile(weights):
-        raise UsageError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
-    if args.eval_only and not weights and not args.resume:
-        raise UsageError("--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint).")
-    # The model on the meta device: its structure without memory or initialisation. A model
-    # that cannot be built there is not checked here; the same checks happen at run time.
+
+
+def _check_on_meta_model(cfg: CfgNode, args: Any) -> None:
+    """Build the model on the meta device, then its optimizer and scheduler, and check weights.
+
+    The meta device gives the model's structure without memory or initialisation. A model
+    that cannot be built there is not checked here; the same checks happen at run time.
+    """
     meta_cfg = cfg.clone()
     meta_cfg.defrost()
     meta_cfg.MODEL.DEVICE = "meta"
@@ -220,7 +228,11 @@ def _check_checkpoint_fits_model(cfg: CfgNode, args: Any, model: torch.nn.Module
             return  # as above: resume skips an unreadable checkpoint and says so
         raise UsageError(f"MODEL.WEIGHTS is not a usable checkpoint: {e}") from None
     if mismatches:
-        raise UsageError(shape_mismatch_message(path, mismatches))
+        hint = (
+            " It is the checkpoint --resume continues from: run with the config that wrote it, "
+            "or train into another OUTPUT_DIR." if resuming else ""
+        )
+        raise UsageError(shape_mismatch_message(path, mismatches) + hint)
 
 
 def cli(argv: list[str] | None = None) -> int:

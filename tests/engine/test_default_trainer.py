@@ -283,3 +283,22 @@ def test_skipped_records_are_counted_in_metrics(tmp_path, caplog):
     lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
     counts = [x["data/skipped_records"] for x in lines if "data/skipped_records" in x]
     assert counts and counts[-1] > 0 and counts == sorted(counts)
+
+
+class _GradNormHook(hooks.HookBase):
+    """Sees the gradients between backward and the optimizer step (clipping would go here)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def after_backward(self):
+        grads = [p.grad for p in self.trainer.model.parameters()]
+        self.seen.append((self.trainer.iter, all(g is not None for g in grads)))
+
+
+def test_after_backward_hooks_run_inside_default_trainer_steps(tmp_path):
+    trainer = RegressionTrainer(_cfg(tmp_path, max_iter=4, workers=0))
+    hook = _GradNormHook()
+    trainer.register_hooks([hook])
+    trainer.train()
+    assert hook.seen == [(i, True) for i in range(4)]

@@ -103,7 +103,7 @@ USER_ERRORS = [
     (["--config-file", SMOKE, "DATASETS.TRAIN", "('nope',)"], "dataset 'nope' is not registered; registered: "),
     (["--config-file", SMOKE, "MODEL.META_ARCHITECTURE", "Nope"], "MODEL.META_ARCHITECTURE 'Nope' is not registered"),
     (["--config-file", SMOKE, "--num-gpus", "3", "SOLVER.REFERENCE_WORLD_SIZE", "0"],
-     "SOLVER.IMS_PER_BATCH=32 is not divisible by the world size 3"),
+     "SOLVER.IMS_PER_BATCH=32 is not a positive multiple of the world size (3)"),
     (["--config-file", SMOKE, "--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2 is out of range"),
     (["--config-file", SMOKE, "MODEL.WEIGHTS", "/no/such.pth"], "MODEL.WEIGHTS file not found: /no/such.pth"),
     (["--config-file", SMOKE, "--num-machines", "2"], "--dist-url auto works on one machine only"),
@@ -155,6 +155,7 @@ def test_resume_from_a_checkpoint_of_other_shapes_is_refused(trained, tmp_path):
     line = _one_line_status_2(_run(["--config-file", SMOKE, "--resume", "OUTPUT_DIR", str(tmp_path),
                                     "MODEL.NUM_CLASSES", "8"], timeout=120))
     assert f"Checkpoint {tmp_path / 'model_final.pth'} does not fit the model" in line
+    assert "run with the config that wrote it, or train into another OUTPUT_DIR" in line
 
 
 def test_corrupt_weights_file_is_named(tmp_path):

@@ -2,6 +2,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -179,3 +180,28 @@ def test_history_extend_keeps_max_length_and_the_mean_of_all_values():
     history.extend([(float(v), v) for v in range(3, 7)])
     assert history.values() == [(3.0, 3), (4.0, 4), (5.0, 5), (6.0, 6)]
     assert history.global_avg() == pytest.approx(3.0)  # mean of 0..6, not of what is kept
+
+
+def test_tensorboard_scalars_are_batched_but_keep_the_time_of_their_write(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(path):
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        return acc.Scalars("total_loss") if "total_loss" in acc.Tags()["scalars"] else []
+
+    batched = TensorboardXWriter(str(tmp_path / "batched"), window_size=1)
+    eager = TensorboardXWriter(str(tmp_path / "eager"), window_size=1, handoff_secs=0)
+    with EventStorage() as storage:
+        storage.put_scalars(total_loss=2.0, loss_cls=2.0)
+        written_at = time.time()
+        batched.write()
+        eager.write()
+        eager._writer.flush()
+        assert [e.step for e in scalars(tmp_path / "eager")] == [0]  # handed over at once
+        time.sleep(0.5)
+    batched.close()
+    eager.close()
+    events = scalars(tmp_path / "batched")
+    assert [(e.step, e.value) for e in events] == [(0, 2.0)]
+    assert abs(events[0].wall_time - written_at) < 0.25  # not the time of close()

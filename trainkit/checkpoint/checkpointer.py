@@ -394,8 +394,9 @@ def shape_mismatch_message(
     return (
         f"Checkpoint {path} does not fit the model: {len(incorrect_shapes)} entries have other "
         f"shapes (checkpoint vs model): {shown}{more}. Use weights made for this MODEL config, "
-        "or set MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True to skip them and train those layers "
-        "from scratch."
+        "or skip those entries and train their layers from scratch: set "
+        "MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True (Checkpointer(allow_shape_mismatch=True) "
+        "outside a config)."
     )
 
 

@@ -195,13 +195,7 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
     Raises:
         ValueError: Naming the first setting that is out of range and its valid range.
     """
-    world_size = comm.get_world_size() if world_size is None else world_size
-    total = cfg.SOLVER.IMS_PER_BATCH
-    if total < 1 or total % world_size:
-        raise ValueError(
-            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of the world size "
-            f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
-        )
+    _check_total_batch(cfg.SOLVER.IMS_PER_BATCH, world_size)
     loader = cfg.DATALOADER
     if loader.NUM_WORKERS < 0:
         raise ValueError(f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}")
@@ -229,12 +223,17 @@ def _per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: in
             raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
         return single_gpu_batch_size
     world_size = comm.get_world_size()
-    if not total_batch_size or total_batch_size < 0 or total_batch_size % world_size:
+    _check_total_batch(total_batch_size, world_size)
+    return total_batch_size // world_size  # type: ignore[operator]
+
+
+def _check_total_batch(total: int | None, world_size: int | None) -> None:
+    world_size = comm.get_world_size() if world_size is None else world_size
+    if not total or total < 1 or total % world_size:
         raise ValueError(
-            f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the world size "
+            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of the world size "
             f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
         )
-    return total_batch_size // world_size
 
 
 def _dataset_records(dataset: Any) -> Iterator[dict[str, Any]]:

@@ -33,8 +33,8 @@ class ClassificationDatasetMapper:
     rescale, with ``scale_per_batch``) from ``trainkit.data.batch_rng()``, shared by the
     samples of a batch: the result depends only on the loader's seed and the sample's
     stream position, not on the worker that maps it. The rescale factor multiplies the one
-    that caps the longest side at
-    ``max_size_train`` (0: no cap), and the image is resampled once with their product.
+    that caps the longest side at ``max_size_train`` (0: no cap), and the image is
+    resampled once with their product.
     Testing only caps the longest side at ``max_size_test`` (0: no cap). Capping both at
     the same size lets training see test-sized images, and small inputs keep a CNN on a CPU
     fast: the work per image grows with its area.
@@ -140,6 +140,8 @@ class ClassificationDatasetMapper:
         do_flip = rng.random() < self.flip_prob
         scale = rng.uniform(low, high)
         if self.scale_per_batch:
+            # The per-image draw above is made anyway: a subclass drawing more from
+            # sample_rng() then gets the same stream in either mode.
             scale = batch_rng().uniform(low, high)
         # One resample with the product: cheaper and sharper than capping, then rescaling.
         image = _resize(image, cap * scale)

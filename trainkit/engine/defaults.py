@@ -287,6 +287,9 @@ class DefaultTrainer(TrainerBase):
         self._trainer = trainer_cls(
             model, self._watched(self._train_loader), optimizer, gather_metric_period=cfg.WRITER_PERIOD
         )
+        # The inner step calls after_backward on itself; the hooks are registered here, so
+        # point it at this trainer's dispatch (gradient clipping, accumulation hooks).
+        self._trainer.after_backward = self.after_backward  # type: ignore[method-assign]
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(
             model,
@@ -403,11 +406,6 @@ class DefaultTrainer(TrainerBase):
         self._trainer.max_iter = self.max_iter
         self._trainer.storage = self.storage
         self._trainer.run_step()
-
-    def after_backward(self) -> None:
-        """Forward the inner trainer's after_backward to this trainer's hooks."""
-        for hook in self._hooks:
-            hook.after_backward()
 
     @property
     def model(self) -> nn.Module:
