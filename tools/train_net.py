@@ -25,7 +25,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from trainkit.checkpoint import CheckpointError, Checkpointer, find_shape_mismatches, shape_mismatch_message
+from trainkit.checkpoint import (
+    CheckpointError,
+    Checkpointer,
+    find_shape_mismatches,
+    shape_changing_state_keys,
+    shape_mismatch_message,
+)
 from trainkit.config import CfgNode, ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, MetadataCatalog, build_test_loader, build_train_loader
 from trainkit.data.build import check_train_loader_config
@@ -220,7 +226,8 @@ def _check_checkpoint_fits_model(cfg: CfgNode, args: Any, model: torch.nn.Module
         return
     if not os.path.isfile(path):
         return  # --resume falls back to an older checkpoint at run time, with a warning
-    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    resizable = shape_changing_state_keys(model)
+    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in resizable}
     try:
         mismatches = find_shape_mismatches(path, model_shapes)
     except CheckpointError as e:

@@ -74,18 +74,18 @@ def test_iteration_timer_with_fake_clock(caplog):
     with caplog.at_level(logging.INFO, logger=hooks.__name__):
         trainer.train(0, 4)
     times = trainer.storage.history("time").values()
-    # Step 0 (1.0 -> 3.0) is warm-up and not recorded.
-    assert times == [(0.5, 1), (0.25, 2), (1.0, 3)]
-    assert "3 iterations in 1.8 s (0.5833 s / it)" in caplog.text
-    # Overall time runs from the end of the warm-up (3.0) to after_train (7.0).
-    assert "Total training time: 4.0 s (2.2 s on hooks)" in caplog.text
+    # With warmup_iter=1 the first step completes the warm-up and is timed (as detectron2).
+    assert times == [(2.0, 0), (0.5, 1), (0.25, 2), (1.0, 3)]
+    assert "4 iterations in 3.8 s (0.9375 s / it)" in caplog.text
+    assert "Total training time: 7.0 s (3.2 s on hooks)" in caplog.text
 
 
 def test_iteration_timer_counts_from_start_iter_on_resume():
     ticks = iter(float(i) for i in range(100))
     trainer = _Trainer()
-    trainer.register_hooks([hooks.IterationTimer(warmup_iter=2, clock=lambda: next(ticks))])
+    trainer.register_hooks([hooks.IterationTimer(warmup_iter=3, clock=lambda: next(ticks))])
     trainer.train(10, 14)
+    # Steps 10 and 11 warm up; 12 (the third step of this call) is the first timed.
     assert [i for _, i in trainer.storage.history("time").values()] == [12, 13]
 
 

@@ -178,7 +178,7 @@ def test_non_finite_loss_raises_before_the_weights_change():
     assert torch.equal(model.linear.weight, weights[-1])  # the NaN step never reached the optimizer
 
 
-def test_metrics_are_gathered_only_at_period_ends(monkeypatch):
+def test_metrics_of_every_step_are_gathered_at_period_ends(monkeypatch):
     gathered_at = []
 
     def fake_all_gather(obj):
@@ -188,7 +188,7 @@ def test_metrics_are_gathered_only_at_period_ends(monkeypatch):
         return [obj, other]
 
     monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
-    trainer = _simple(period=4)
+    trainer = _simple(period=4, record_every_step=True)
     seen = []
     trainer.register_hooks(
         [hooks.CallbackHook(after_step=lambda t: seen.append(len(t.storage.histories())))]
@@ -394,3 +394,37 @@ def test_metrics_are_averaged_over_real_ranks():
     for result in results:
         assert result["loss_rank"] == [(1.5, 0), (1.5, 1), (1.5, 2)]
         assert result["num_data_time"] == 3
+
+
+def test_without_record_every_step_only_period_ends_are_recorded(monkeypatch):
+    # detectron2's gather_metric_period: iterations 3 and 7 of 10 with period 4, nothing at
+    # the last iteration, one gather per recorded step.
+    gathered_at = []
+
+    def fake_all_gather(obj):
+        gathered_at.append([cur_iter for cur_iter, _, _, _ in obj])
+        return [obj]
+
+    monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
+    trainer = _simple(period=4)
+    trainer.train(0, 10)
+    assert gathered_at == [[3], [7]]
+    assert [i for _, i in trainer.storage.history("total_loss").values()] == [3, 7]
+
+
+class _NanAtStep(_Regressor):
+    def __init__(self, nan_step):
+        super().__init__()
+        self.nan_step = nan_step
+
+    def forward(self, batch):
+        losses = super().forward(batch)
+        if len(self.seen_dtypes) == self.nan_step + 1:
+            losses["loss_mse"] = losses["loss_mse"] * float("nan")
+        return losses
+
+
+def test_a_non_finite_loss_is_caught_on_a_step_that_is_not_recorded():
+    trainer = _simple(model=_NanAtStep(2), period=5)
+    with pytest.raises(FloatingPointError, match="iteration=2"):
+        trainer.train(0, 10)

@@ -33,7 +33,7 @@ def test_cpu_losses_are_buffered_as_floats_and_flushed():
     module.lin = model
     data = iter([torch.ones(4, 2)] * 10)
     trainer = SimpleTrainer(module, data, torch.optim.SGD(model.parameters(), lr=0.0),
-                            gather_metric_period=5)
+                            gather_metric_period=5, record_every_step=True)
     trainer.register_hooks([])
     with EventStorage() as trainer.storage:
         for trainer.iter in range(4):

@@ -60,7 +60,7 @@ def _run_trainkit(model: nn.Module, batches: list[Any], iters: int, out_dir: str
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     trainer = SimpleTrainer(model, itertools.cycle(batches), optimizer,
-                            gather_metric_period=WRITER_PERIOD)
+                            gather_metric_period=WRITER_PERIOD, record_every_step=True)
     trainer.register_hooks([
         hooks.IterationTimer(),
         hooks.LRScheduler(optimizer, scheduler),

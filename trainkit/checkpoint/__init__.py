@@ -9,19 +9,26 @@ from trainkit.checkpoint.checkpointer import (
     Checkpointable,
     Checkpointer,
     find_shape_mismatches,
+    shape_changing_state_keys,
     shape_mismatch_message,
     unwrap_model,
 )
 from trainkit.checkpoint.periodic import PeriodicCheckpointer
+
+# detectron2's name for the same class: its detection-specific weight-name matching (Caffe2
+# and pycls models) is out of scope, so there is nothing for a subclass to add.
+DetectionCheckpointer = Checkpointer
 
 __all__ = [
     "CheckpointError",
     "Checkpointable",
     "Checkpointer",
     "CorruptCheckpointError",
+    "DetectionCheckpointer",
     "PeriodicCheckpointer",
     "UntrustedCheckpointError",
     "find_shape_mismatches",
+    "shape_changing_state_keys",
     "shape_mismatch_message",
     "unwrap_model",
 ]

@@ -338,10 +338,12 @@ class Checkpointer(_FvcoreCheckpointer):
         state = strip_wrapper_prefixes(state, set(self.model.state_dict()))
         self._convert_ndarray_to_tensor(state)  # fvcore: numpy arrays from old checkpoints
         model_state = self.model.state_dict()
+        resizable = shape_changing_state_keys(self.model)
         incorrect_shapes = [
             (key, tuple(value.shape), tuple(model_state[key].shape))
             for key, value in state.items()
             if key in model_state
+            and key not in resizable
             # Lazy modules accept any shape until they are materialised.
             and not isinstance(model_state[key], nn.parameter.UninitializedParameter)
             and tuple(value.shape) != tuple(model_state[key].shape)
@@ -378,6 +380,29 @@ class Checkpointer(_FvcoreCheckpointer):
                 "The checkpoint does not fully match the model:\n%s",
                 _describe_incompatible(incompatible),
             )
+
+
+def shape_changing_state_keys(model: nn.Module) -> set[str]:
+    """Return the state keys of modules that resize their own buffers when loading.
+
+    Quantization observers and fake-quantize modules start with empty or per-tensor
+    buffers and load per-channel statistics of another shape by design (their
+    ``_load_from_state_dict`` resizes), so such differences are not mismatches.
+
+    Args:
+        model: the bare model.
+
+    Returns:
+        Full state-dict keys owned by such modules.
+    """
+    quantization = torch.ao.quantization
+    resizing_types = (quantization.ObserverBase, quantization.FakeQuantizeBase)
+    keys: set[str] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, resizing_types):
+            prefix = f"{name}." if name else ""
+            keys.update(prefix + key for key in module.state_dict())
+    return keys
 
 
 def shape_mismatch_message(

@@ -284,8 +284,14 @@ class DefaultTrainer(TrainerBase):
         model = create_ddp_model(model, broadcast_buffers=False)
         self._watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=get_job_store())
         trainer_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
+        # Every step's losses are recorded (as with detectron2's default period of 1) but
+        # synchronised only every WRITER_PERIOD steps, when the writers need them.
         self._trainer = trainer_cls(
-            model, self._watched(self._train_loader), optimizer, gather_metric_period=cfg.WRITER_PERIOD
+            model,
+            self._watched(self._train_loader),
+            optimizer,
+            gather_metric_period=cfg.WRITER_PERIOD,
+            record_every_step=True,
         )
         # The inner step calls after_backward on itself; the hooks are registered here, so
         # point it at this trainer's dispatch (gradient clipping, accumulation hooks).
@@ -409,18 +415,32 @@ class DefaultTrainer(TrainerBase):
 
     @property
     def model(self) -> nn.Module:
-        """The (possibly DDP-wrapped) model being trained."""
+        """The (possibly DDP-wrapped) model being trained; assigning replaces the step's."""
         return self._trainer.model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        self._trainer.model = model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer."""
+        """The optimizer; assigning replaces the step's."""
         return self._trainer.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._trainer.optimizer = optimizer
 
     @property
     def data_loader(self) -> Iterable[Any]:
-        """The train loader."""
+        """The train loader; assigning replaces it (the next step starts a new iterator)."""
         return self._train_loader
+
+    @data_loader.setter
+    def data_loader(self, data_loader: Iterable[Any]) -> None:
+        self._trainer.close_data_iterator()
+        self._train_loader = data_loader
+        self._trainer.data_loader = self._watched(data_loader)
 
     def _watched(self, loader: Iterable[Any]) -> Iterable[Any]:
         return PhaseMarkingLoader(loader, self._watchdog) if self._watchdog.enabled else loader

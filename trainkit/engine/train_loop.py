@@ -14,7 +14,7 @@ import math
 import operator
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from typing_extensions import override
 
 from trainkit.utils import comm
-from trainkit.utils.events import EventStorage
+from trainkit.utils.events import EventStorage, get_event_storage
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
 __all__ = ["AMPTrainer", "HookBase", "SimpleTrainer", "TrainerBase"]
@@ -316,10 +316,12 @@ class SimpleTrainer(TrainerBase):
     The model, in training mode, takes a batch and returns a dict of scalar losses (or one
     scalar tensor, recorded as ``total_loss``); their sum is back-propagated.
 
-    Metrics are kept as detached device tensors and synchronised (moved to the host in one
-    copy, gathered over ranks, put into the storage) only every ``gather_metric_period``
-    iterations and at the last one, so a CUDA step never waits for the device. Writers
-    should therefore run at multiples of that period.
+    Metrics follow detectron2's ``gather_metric_period``: by default only the steps that end
+    a period (``(iter + 1) % gather_metric_period == 0``) are recorded, each gathered over
+    ranks when it happens. With ``record_every_step=True`` (what ``DefaultTrainer`` uses)
+    every step's losses are kept as detached tensors and synchronised in one go (one host
+    copy, one gather) at the end of each period and at the last iteration, so a CUDA step
+    never waits for the device and ``metrics.json`` still sees every step.
 
     A non-finite loss raises ``FloatingPointError``. When the loss lives on the CPU it is
     checked every step before the optimizer step (reading a CPU tensor costs nothing). On a
@@ -327,8 +329,8 @@ class SimpleTrainer(TrainerBase):
     that is still before every optimizer step; with a longer period up to ``period - 1``
     steps may have applied before the error is raised, the price of not syncing every step.
 
-    For gradient accumulation, clipping or several optimizers write a hook
-    (``after_backward``) or subclass and override the private pieces, not ``run_step``.
+    For gradient clipping write a hook (``after_backward``); for anything else that changes
+    the step, subclass and override the step's pieces, not ``run_step``.
     """
 
     def __init__(
@@ -339,6 +341,8 @@ class SimpleTrainer(TrainerBase):
         gather_metric_period: int = 1,
         zero_grad_before_forward: bool = False,
         async_write_metrics: bool = False,
+        *,
+        record_every_step: bool = False,
     ) -> None:
         """Set up the step.
 
@@ -347,11 +351,17 @@ class SimpleTrainer(TrainerBase):
             data_loader: an iterable of batches, normally infinite; iterated lazily and the
                 iterator kept across steps.
             optimizer: the optimizer of ``model``'s parameters.
-            gather_metric_period: synchronise and record metrics every this many iterations.
+            gather_metric_period: record (and gather over ranks) metrics every this many
+                iterations.
             zero_grad_before_forward: clear gradients before the forward pass rather than
                 after it (matters only when the forward pass itself reads gradients).
-            async_write_metrics: accepted for detectron2 compatibility; metrics are already
-                kept off the critical path by ``gather_metric_period``.
+            async_write_metrics: accepted for detectron2 compatibility. Metrics are written
+                synchronously: a background gather would interleave with DDP's collectives
+                on the same process group, and ``record_every_step`` already keeps the
+                synchronisation off the critical path.
+            record_every_step: record every step's metrics, synchronised every
+                ``gather_metric_period`` steps and at the last one, instead of only the
+                steps that end a period.
 
         Raises:
             ValueError: If ``gather_metric_period`` is not positive.
@@ -366,13 +376,15 @@ class SimpleTrainer(TrainerBase):
         self.optimizer = optimizer
         self.gather_metric_period = gather_metric_period
         self.zero_grad_before_forward = zero_grad_before_forward
+        self.record_every_step = record_every_step
         self._data_loader_iter_obj: Iterator[Any] | None = None
         self._num_batches_read = 0
         # Steps not yet synchronised: (iteration, metric names, their values as detached
         # scalar tensors or, for CPU losses, floats, data time in s).
-        self._metric_buffer: list[tuple[int, tuple[str, ...], list[Any], float]] = []
+        self._metric_buffer: list[_MetricEntry] = []
         # The loss names of the previous step and the metric names derived from them.
         self._loss_keys: tuple[str, ...] = ()
+        self._metric_prefix = ""
         self._metric_names: tuple[str, ...] = ()
 
     @override
@@ -392,7 +404,7 @@ class SimpleTrainer(TrainerBase):
         total_loss = _sum_losses(loss_dict)
         self._backward(total_loss)
         self.after_backward()
-        self._write_metrics(loss_dict, data_time_s, total_loss)
+        self._write_metrics(loss_dict, data_time_s, total_loss=total_loss)
         self._optimizer_step()
 
     @property
@@ -402,6 +414,19 @@ class SimpleTrainer(TrainerBase):
         if self._data_loader_iter_obj is None:
             self._data_loader_iter_obj = iter(self.data_loader)
         return self._data_loader_iter_obj
+
+    def reset_data_loader(self, data_loader_builder: Callable[[], Iterable[Any]]) -> None:
+        """Replace the data loader by ``data_loader_builder()``; the next step starts its iterator.
+
+        The old loader (and its workers) is released before the new one is built, so two
+        sets of loader workers never run at once.
+
+        Args:
+            data_loader_builder: called without arguments, returns the new loader.
+        """
+        self.close_data_iterator()
+        self.data_loader = ()
+        self.data_loader = data_loader_builder()
 
     def close_data_iterator(self) -> None:
         """Drop the data iterator so its loader workers exit now, not at garbage collection.
@@ -448,101 +473,88 @@ class SimpleTrainer(TrainerBase):
     def _optimizer_step(self) -> None:
         self.optimizer.step()
 
-    def _is_gather_iter(self) -> bool:
-        return is_period_end(self.iter, self.gather_metric_period) or is_last_iter(
-            self.iter, self.max_iter
-        )
+    def _is_gather_iter(self, cur_iter: int) -> bool:
+        if is_period_end(cur_iter, self.gather_metric_period):
+            return True
+        return self.record_every_step and is_last_iter(cur_iter, self.max_iter)
 
     def _write_metrics(
         self,
         loss_dict: Mapping[str, torch.Tensor],
-        data_time_s: float,
+        data_time: float,
+        prefix: str = "",
+        cur_iter: int | None = None,
+        *,
         total_loss: torch.Tensor | None = None,
     ) -> None:
-        """Buffer this step's losses and their sum; flush them at the end of each period.
+        """Record this step's losses, their sum and the data time (see the class docstring).
 
         Args:
             loss_dict: the model's losses.
-            data_time_s: seconds spent waiting for this step's batch.
-            total_loss: ``_sum_losses(loss_dict)`` when the caller has it already.
+            data_time: seconds spent waiting for this step's batch.
+            prefix: prepended to ``total_loss`` (detectron2's convention).
+            cur_iter: the iteration to file them under (default: the current one).
+            total_loss: ``sum(loss_dict.values())`` when the caller has it already.
         """
+        cur_iter = self.iter if cur_iter is None else cur_iter
         if total_loss is None:
             total_loss = _sum_losses(loss_dict)
         keys = tuple(loss_dict)
-        if keys != self._loss_keys:
+        if keys != self._loss_keys or prefix != self._metric_prefix:
             # A "total_loss" entry from the model is replaced by the sum, as in _sum_losses.
-            self._loss_keys = keys
-            self._metric_names = tuple(k for k in keys if k != "total_loss") + ("total_loss",)
-        names = self._metric_names
-        losses = [loss_dict[name] for name in names[:-1]] + [total_loss]
-        if total_loss.is_cpu:
-            # Reading a CPU tensor waits for no device, so check every step and never let a
-            # non-finite loss reach the optimizer. The sum is non-finite whenever a term
-            # is, so checking it covers every term. Floats leave the flush nothing to copy.
-            # One loss is its own total: read it once.
-            values: list[Any] = (
-                [losses[0].item()] * 2
-                if len(losses) == 2 and losses[0] is total_loss
-                else [x.item() for x in losses]
+            self._loss_keys, self._metric_prefix = keys, prefix
+            self._metric_names = tuple(k for k in keys if k != "total_loss") + (
+                f"{prefix}total_loss",
             )
-            if not math.isfinite(values[-1]):
-                _raise_non_finite(self.iter, names, values)
+        names = self._metric_names
+        is_gather_iter = self._is_gather_iter(cur_iter)
+        if total_loss.is_cpu:
+            # Reading a CPU tensor waits for no device, so check every step (recorded or not)
+            # and never let a non-finite loss reach the optimizer. The sum is non-finite
+            # whenever a term is, so checking it covers every term.
+            total = total_loss.item()
+            if not math.isfinite(total):
+                _raise_non_finite(cur_iter, names, _host_values(loss_dict, names, total))
+            if not (self.record_every_step or is_gather_iter):
+                return
+            values: list[Any] = _host_values(loss_dict, names, total)
+        elif self.record_every_step or is_gather_iter:
+            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
         else:
-            values = [loss.detach() for loss in losses]
-        self._metric_buffer.append((self.iter, names, values, data_time_s))
-        if self._is_gather_iter():
-            self._flush_metrics()
+            return
+        self._metric_buffer.append((cur_iter, names, values, data_time))
+        if is_gather_iter:
+            buffered, self._metric_buffer = self._metric_buffer, []
+            _gather_and_file(buffered, self.storage)
 
-    def _flush_metrics(self) -> None:
-        """Synchronise the buffered metrics and put the rank average into the storage.
+    @staticmethod
+    def write_metrics(
+        loss_dict: Mapping[str, torch.Tensor],
+        data_time: float,
+        cur_iter: int,
+        prefix: str = "",
+    ) -> None:
+        """Gather one step's losses over ranks and put their averages into the current storage.
+
+        ``{prefix}total_loss`` is the sum of the averaged losses, ``data_time`` the slowest
+        rank's and ``rank_data_time`` this rank's.
+
+        Args:
+            loss_dict: scalar losses of this rank.
+            data_time: seconds this rank waited for its batch.
+            cur_iter: the iteration to file the values under.
+            prefix: prepended to ``total_loss``.
+
+        Raises:
+            FloatingPointError: On every rank, if an averaged loss is infinite or NaN.
 
         Collective:
-            ``all_gather`` over all ranks (every rank flushes at the same iterations). All
-            ranks see every value, so all raise together on a non-finite loss instead of
-            rank 0 raising while the others wait in the next collective.
+            ``all_gather`` over all ranks; every rank must call it for the same iterations.
         """
-        buffered, self._metric_buffer = self._metric_buffer, []
-        device_values = [
-            value.float().reshape(())
-            for _, _, values, _ in buffered
-            for value in values
-            if isinstance(value, torch.Tensor)
-        ]
-        if device_values:
-            # One stacked device-to-host copy instead of one .item() sync per value.
-            host_values = iter(torch.stack(device_values).cpu().tolist())
-            buffered = [
-                (cur_iter, names, [next(host_values) if isinstance(v, torch.Tensor) else v
-                                   for v in values], data_time_s)
-                for cur_iter, names, values, data_time_s in buffered
-            ]
-        all_ranks = comm.all_gather(buffered)
-        # CPU losses of this process were checked at every step; averages and values read
-        # from a device only now are checked here.
-        check_finite = bool(device_values) or len(all_ranks) > 1
-        # Columns of (value, iteration) points, filed with one storage call per metric.
-        series: dict[str, list[tuple[float, int]]] = {"data_time": [], "rank_data_time": []}
-        non_finite: tuple[int, tuple[str, ...], list[float]] | None = None
-        for position, (cur_iter, names, values, data_time_s) in enumerate(buffered):
-            slowest_data_time_s = data_time_s
-            if len(all_ranks) > 1:
-                per_rank = [rank_buffer[position] for rank_buffer in all_ranks]
-                _check_same_loss_names(cur_iter, [entry[1] for entry in per_rank])
-                values = [sum(column) / len(per_rank) for column in zip(*(e[2] for e in per_rank))]
-                slowest_data_time_s = max(entry[3] for entry in per_rank)
-            if check_finite and not all(math.isfinite(v) for v in values):
-                non_finite = (cur_iter, names, values)
-                break
-            series["data_time"].append((slowest_data_time_s, cur_iter))
-            series["rank_data_time"].append((data_time_s, cur_iter))
-            for name, value in zip(names, values):
-                series.setdefault(name, []).append((value, cur_iter))
-        storage = self.storage
-        for name, points in series.items():
-            if points:
-                storage.put_scalar_series(name, points)
-        if non_finite is not None:
-            _raise_non_finite(*non_finite)
+        total = _sum_losses(loss_dict).detach().float().item()
+        names = tuple(k for k in loss_dict if k != "total_loss") + (f"{prefix}total_loss",)
+        entry = (cur_iter, names, _host_values(loss_dict, names, total), data_time)
+        _gather_and_file([entry], get_event_storage(), always_check=True)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -565,6 +577,71 @@ def _sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
     if len(loss_dict) == 1:
         return next(iter(loss_dict.values()))
     return functools.reduce(operator.add, (v for k, v in loss_dict.items() if k != "total_loss"))
+
+
+# (iteration, metric names, values as floats or detached device tensors, data time in s)
+_MetricEntry = tuple[int, tuple[str, ...], list[Any], float]
+
+
+def _host_values(
+    loss_dict: Mapping[str, torch.Tensor], names: tuple[str, ...], total: float
+) -> list[float]:
+    # The last name is the total, already read; one loss is its own total: read it once.
+    if len(names) == 2 and loss_dict.get(names[0]) is not None and len(loss_dict) == 1:
+        return [total, total]
+    return [float(loss_dict[name].detach().float().item()) for name in names[:-1]] + [total]
+
+
+def _gather_and_file(
+    buffered: list[_MetricEntry], storage: EventStorage, *, always_check: bool = False
+) -> None:
+    """Synchronise buffered metrics and put the rank average into ``storage``.
+
+    Collective:
+        ``all_gather`` over all ranks (every rank flushes at the same iterations). All ranks
+        see every value, so all raise together on a non-finite loss instead of rank 0
+        raising while the others wait in the next collective.
+    """
+    device_values = [
+        value.float().reshape(())
+        for _, _, values, _ in buffered
+        for value in values
+        if isinstance(value, torch.Tensor)
+    ]
+    if device_values:
+        # One stacked device-to-host copy instead of one .item() sync per value.
+        host_values = iter(torch.stack(device_values).cpu().tolist())
+        buffered = [
+            (cur_iter, names, [next(host_values) if isinstance(v, torch.Tensor) else v
+                               for v in values], data_time_s)
+            for cur_iter, names, values, data_time_s in buffered
+        ]
+    all_ranks = comm.all_gather(buffered)
+    # CPU losses of this process were checked at every step; averages and values read
+    # from a device only now are checked here.
+    check_finite = always_check or bool(device_values) or len(all_ranks) > 1
+    # Columns of (value, iteration) points, filed with one storage call per metric.
+    series: dict[str, list[tuple[float, int]]] = {"data_time": [], "rank_data_time": []}
+    non_finite: tuple[int, tuple[str, ...], list[float]] | None = None
+    for position, (cur_iter, names, values, data_time_s) in enumerate(buffered):
+        slowest_data_time_s = data_time_s
+        if len(all_ranks) > 1:
+            per_rank = [rank_buffer[position] for rank_buffer in all_ranks]
+            _check_same_loss_names(cur_iter, [entry[1] for entry in per_rank])
+            values = [sum(column) / len(per_rank) for column in zip(*(e[2] for e in per_rank))]
+            slowest_data_time_s = max(entry[3] for entry in per_rank)
+        if check_finite and not all(math.isfinite(v) for v in values):
+            non_finite = (cur_iter, names, values)
+            break
+        series["data_time"].append((slowest_data_time_s, cur_iter))
+        series["rank_data_time"].append((data_time_s, cur_iter))
+        for name, value in zip(names, values):
+            series.setdefault(name, []).append((value, cur_iter))
+    for name, points in series.items():
+        if points:
+            storage.put_scalar_series(name, points)
+    if non_finite is not None:
+        _raise_non_finite(*non_finite)
 
 
 def _raise_non_finite(cur_iter: int, names: tuple[str, ...], values: list[float]) -> None:
@@ -609,6 +686,9 @@ class AMPTrainer(SimpleTrainer):
         grad_scaler: torch.amp.GradScaler | None = None,
         precision: torch.dtype = torch.float16,
         log_grad_scaler: bool = False,
+        async_write_metrics: bool = False,
+        *,
+        record_every_step: bool = False,
     ) -> None:
         """Set up the step; see :class:`SimpleTrainer` for the shared arguments.
 
@@ -623,9 +703,17 @@ class AMPTrainer(SimpleTrainer):
             precision: the autocast dtype on CUDA; the CPU always uses bfloat16.
             log_grad_scaler: record the loss scale as ``[metric]grad_scaler`` whenever
                 metrics are synchronised (reading it syncs the device).
+            async_write_metrics: see :class:`SimpleTrainer`.
+            record_every_step: see :class:`SimpleTrainer`.
         """
         super().__init__(
-            model, data_loader, optimizer, gather_metric_period, zero_grad_before_forward
+            model,
+            data_loader,
+            optimizer,
+            gather_metric_period,
+            zero_grad_before_forward,
+            async_write_metrics,
+            record_every_step=record_every_step,
         )
         self._autocast_device = _device_type(model)
         if self._autocast_device == "cpu" and precision != torch.bfloat16:
@@ -655,7 +743,7 @@ class AMPTrainer(SimpleTrainer):
             return
         self.grad_scaler.step(self.optimizer)
         self.grad_scaler.update()
-        if self.log_grad_scaler and self._is_gather_iter():
+        if self.log_grad_scaler and self._is_gather_iter(self.iter):
             self.storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale())
 
     @override

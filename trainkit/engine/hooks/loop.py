@@ -99,7 +99,9 @@ class IterationTimer(HookBase):
     def after_step(self) -> None:
         now_s = self._clock()
         trainer = self.trainer
-        if trainer.iter - trainer.start_iter >= self._warmup_iter:
+        # Steps done in this train() call, this one included: as in detectron2, the step
+        # that completes the warm-up is the first one timed.
+        if trainer.iter - trainer.start_iter + 1 >= self._warmup_iter:
             step_s = now_s - self._step_start_s
             trainer.storage.put_scalar("time", step_s)
             self._timed_steps_s += step_s
