@@ -18,7 +18,9 @@ def test_detection_checkpointer_is_the_checkpointer():
 @pytest.mark.parametrize(
     ("wrap_trained", "wrap_fresh"), [(False, False), (True, False), (False, True), (True, True)]
 )
-def test_resume_from_the_last_checkpoint_across_data_parallel_wrappers(tmp_path, wrap_trained, wrap_fresh):
+def test_resume_from_the_last_checkpoint_across_data_parallel_wrappers(
+    tmp_path, wrap_trained, wrap_fresh
+):
     trained, fresh = _model(), _model()
     with torch.no_grad():
         for p in trained.parameters():

@@ -73,13 +73,18 @@ def test_writers_write_at_period_ends_last_iteration_and_after_eval(tmp_path):
     trainer = _trainer()
     json_file = tmp_path / "metrics.json"
     writers = [CommonMetricPrinter(50), JSONWriter(str(json_file))]
-    trainer.register_hooks([hooks.EvalHook(0, lambda: {"metric": 100}), hooks.PeriodicWriter(writers)])
+    trainer.register_hooks(
+        [hooks.EvalHook(0, lambda: {"metric": 100}), hooks.PeriodicWriter(writers)]
+    )
     with mock.patch.object(writers[0].logger, "info") as info:
         trainer.train(0, 50)
     lines = [json.loads(line) for line in json_file.read_text().splitlines()]
     assert [x["iteration"] for x in lines] == [19, 39, 49, 50]
     assert "metric" in lines[-1]
-    printed = [call.args[0] % call.args[1:] if call.args[1:] else call.args[0] for call in info.call_args_list]
+    printed = [
+        call.args[0] % call.args[1:] if call.args[1:] else call.args[0]
+        for call in info.call_args_list
+    ]
     assert len(printed) == 3
     for text, cur_iter in zip(printed, [19, 39, 49]):
         assert f"iter: {cur_iter}" in text
@@ -90,7 +95,10 @@ def test_gather_metric_period_records_only_period_ends(tmp_path):
     trainer = _trainer(gather_metric_period=5)
     json_file = tmp_path / "metrics.json"
     trainer.register_hooks(
-        [hooks.IterationTimer(), hooks.PeriodicWriter([JSONWriter(str(json_file), window_size=10)], period=10)]
+        [
+            hooks.IterationTimer(),
+            hooks.PeriodicWriter([JSONWriter(str(json_file), window_size=10)], period=10),
+        ]
     )
     trainer.train(0, 50)
     lines = [json.loads(line) for line in json_file.read_text().splitlines()]
@@ -135,7 +143,9 @@ def test_write_metrics_is_a_static_method_filing_into_the_storage():
     from trainkit.utils.events import EventStorage
 
     with EventStorage(0) as storage:
-        SimpleTrainer.write_metrics({"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, 0.5, 7, prefix="val_")
+        SimpleTrainer.write_metrics(
+            {"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, 0.5, 7, prefix="val_"
+        )
     assert storage.history("val_total_loss").values() == [(3.0, 7)]
     assert storage.history("a").values() == [(1.0, 7)]
     assert storage.history("data_time").values() == [(0.5, 7)]
@@ -196,7 +206,9 @@ def test_checkpoint_resume_with_fvcore_checkpointer_and_torch_scheduler(tmp_path
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-5)
 
 
-@pytest.mark.parametrize(("total_iter", "period", "expected_calls"), [(30, 15, 2), (31, 15, 3), (20, 0, 1)])
+@pytest.mark.parametrize(
+    ("total_iter", "period", "expected_calls"), [(30, 15, 2), (31, 15, 3), (20, 0, 1)]
+)
 def test_eval_hook_call_count(total_iter, period, expected_calls):
     test_func = mock.Mock(return_value={"metric": 3.0})
     trainer = _trainer()
@@ -207,7 +219,11 @@ def test_eval_hook_call_count(total_iter, period, expected_calls):
 
 @pytest.mark.parametrize(
     ("mode", "values", "expected_saves"),
-    [("max", [0.3, 0.4, 0.35, 0.5], 3), ("min", [1.0, 0.8, 0.9, 0.9], 2), ("min", [math.nan, 0.8, 0.9, 0.9], 1)],
+    [
+        ("max", [0.3, 0.4, 0.35, 0.5], 3),
+        ("min", [1.0, 0.8, 0.9, 0.9], 2),
+        ("min", [math.nan, 0.8, 0.9, 0.9], 1),
+    ],
 )
 def test_best_checkpointer_saves_on_improvement(tmp_path, mode, values, expected_saves):
     trainer = _trainer()
