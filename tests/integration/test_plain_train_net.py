@@ -1,4 +1,4 @@
-"""tools/plain_train_net.py: the explicit loop trains, writes its receipts, resumes and evaluates."""
+"""tools/plain_train_net.py: the explicit loop trains, writes receipts, resumes, evaluates."""
 
 import json
 import subprocess
