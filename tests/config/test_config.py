@@ -57,7 +57,8 @@ def test_unknown_key_in_file_names_key_file_and_suggestion(tmp_path):
 
 
 def test_unknown_key_on_command_line():
-    with pytest.raises(ConfigError, match=r"unknown config key MAX_ITER in the command line\. Did you mean SOLVER.MAX_ITER\?"):
+    message = r"unknown config key MAX_ITER in the command line\. Did you mean SOLVER.MAX_ITER\?"
+    with pytest.raises(ConfigError, match=message):
         get_cfg().merge_from_list(["MAX_ITER", "5"])
 
 
@@ -66,13 +67,16 @@ def test_wrong_type_names_key_expected_and_given(tmp_path):
         get_cfg().merge_from_list(["SOLVER.MAX_ITER", "many"])
     path = tmp_path / "t.yaml"
     path.write_text("SOLVER:\n  BASE_LR: [1, 2]\n")
-    with pytest.raises(ConfigError, match=r"SOLVER.BASE_LR \(in file .*t\.yaml\) expects float.*got list"):
+    message = r"SOLVER.BASE_LR \(in file .*t\.yaml\) expects float.*got list"
+    with pytest.raises(ConfigError, match=message):
         get_cfg().merge_from_file(str(path))
 
 
 def test_int_accepted_for_float_and_literals_parsed():
     cfg = get_cfg()
-    cfg.merge_from_list(["SOLVER.BASE_LR", "1", "SOLVER.STEPS", "(10, 20)", "MODEL.WEIGHTS", "w.pth"])
+    cfg.merge_from_list(
+        ["SOLVER.BASE_LR", "1", "SOLVER.STEPS", "(10, 20)", "MODEL.WEIGHTS", "w.pth"]
+    )
     assert cfg.SOLVER.BASE_LR == 1.0 and isinstance(cfg.SOLVER.BASE_LR, float)
     assert cfg.SOLVER.STEPS == (10, 20)
     assert cfg.MODEL.WEIGHTS == "w.pth"

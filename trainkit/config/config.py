@@ -67,7 +67,9 @@ class CfgNode(_FvcoreCfgNode):
         merged: dict[str, Any] = {}
         for base in bases:
             if not isinstance(base, str):
-                raise ConfigError(f"{path}: _BASE_ must be a file name or a list of them, got {base!r}")
+                raise ConfigError(
+                    f"{path}: _BASE_ must be a file name or a list of them, got {base!r}"
+                )
             base_path = os.path.expanduser(base)
             if not os.path.isabs(base_path) and "://" not in base_path:
                 base_path = os.path.join(os.path.dirname(path), base_path)

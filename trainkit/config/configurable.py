@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
 
 from yacs.config import CfgNode as _YacsCfgNode
@@ -158,19 +158,32 @@ def _arguments_from_config(
     """Call ``from_config_func`` with what it accepts and add the remaining keyword arguments.
 
     Raises:
-        TypeError: If ``from_config_func``'s first parameter is not ``cfg``.
+        TypeError: If ``from_config_func``'s first parameter is not ``cfg``, it cannot take
+            the positional arguments given, or it returns something other than a mapping.
     """
-    parameters = inspect.signature(from_config_func).parameters
+    name = getattr(from_config_func, "__qualname__", repr(from_config_func))
+    signature = inspect.signature(from_config_func)
+    parameters = signature.parameters
     if next(iter(parameters), None) != "cfg":
-        name = getattr(from_config_func, "__qualname__", repr(from_config_func))
         raise TypeError(f"{name} must take 'cfg' as its first argument")
-    takes_anything = any(
-        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values()
-    )
-    if takes_anything:
-        return dict(from_config_func(*args, **kwargs))
-    passed_on = {name: kwargs.pop(name) for name in list(kwargs) if name not in parameters}
-    explicit = dict(from_config_func(*args, **kwargs))
+    takes_anything = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values())
+    passed_on: dict[str, Any] = {}
+    if not takes_anything:
+        passed_on = {key: kwargs.pop(key) for key in list(kwargs) if key not in parameters}
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as e:
+            # Positional arguments after the config can only go to from_config: forwarding
+            # them to __init__ by position would be ambiguous.
+            raise TypeError(
+                f"{name} cannot take these arguments ({e}). In the config form, positional "
+                "arguments after the config go to from_config; pass the others by keyword."
+            ) from None
+    explicit = from_config_func(*args, **kwargs)
+    if not isinstance(explicit, Mapping):
+        raise TypeError(
+            f"{name} must return a dict of arguments for the decorated callable, "
+            f"got {type(explicit).__name__}"
+        )
     # Keyword arguments from_config does not know override what it derived from the config.
-    explicit.update(passed_on)
-    return explicit
+    return {**explicit, **passed_on}

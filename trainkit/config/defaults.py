@@ -131,18 +131,34 @@ _C.SOLVER.WEIGHT_DECAY_BIAS = None
 _C.SOLVER.BIAS_LR_FACTOR = 1.0
 # Number of training iterations (optimizer steps).
 _C.SOLVER.MAX_ITER = 40000
-# LR schedule: "WarmupMultiStepLR" (multiply by GAMMA at each of STEPS) or "WarmupCosineLR".
+# LR schedule: "WarmupMultiStepLR" (multiply by GAMMA at each of STEPS), "WarmupCosineLR"
+# (half cosine from BASE_LR to the end lr below) or "WarmupStepWithFixedGammaLR" (multiply
+# by GAMMA NUM_DECAYS times, at equal intervals).
 _C.SOLVER.LR_SCHEDULER_NAME = "WarmupMultiStepLR"
 # Iterations at which WarmupMultiStepLR multiplies the LR by GAMMA.
 _C.SOLVER.STEPS = (30000,)
+# LR multiplier (> 0) of each decay of WarmupMultiStepLR and WarmupStepWithFixedGammaLR.
 _C.SOLVER.GAMMA = 0.1
-# WarmupCosineLR ends at BASE_LR * BASE_LR_END_FACTOR.
+# Number of decays (positive int) of WarmupStepWithFixedGammaLR.
+_C.SOLVER.NUM_DECAYS = 3
+# End lr of WarmupCosineLR, given one of two ways (the other schedules ignore both):
+# BASE_LR_END is detectron2's absolute lr; BASE_LR_END_FACTOR is a fraction of BASE_LR.
+# Both default to 0 (decay to 0). Set at most one to a non-zero value: setting both is an
+# error. The end lr must lie in [0, BASE_LR]. An absolute BASE_LR_END stays as written when
+# auto-scaling changes BASE_LR (as in detectron2); the factor follows the scaled BASE_LR,
+# so prefer it with REFERENCE_WORLD_SIZE.
+_C.SOLVER.BASE_LR_END = 0.0
 _C.SOLVER.BASE_LR_END_FACTOR = 0.0
 # Linear or constant warm-up over WARMUP_ITERS iterations starting at BASE_LR * WARMUP_FACTOR.
 _C.SOLVER.WARMUP_FACTOR = 0.001
 _C.SOLVER.WARMUP_ITERS = 1000
 # "linear" or "constant".
 _C.SOLVER.WARMUP_METHOD = "linear"
+# False: the schedule runs over the whole training and warm-up covers its first part.
+# True: the schedule is squeezed into the iterations after warm-up (what it does at
+# fraction f of training happens at WARMUP_ITERS + f * (MAX_ITER - WARMUP_ITERS)) and the
+# linear warm-up ends at the schedule's start value.
+_C.SOLVER.RESCALE_INTERVAL = False
 # Save a checkpoint every this many iterations (and at the end); 0 only at the end.
 _C.SOLVER.CHECKPOINT_PERIOD = 5000
 # Keep only the newest this many periodic checkpoints; 0 keeps all.

@@ -18,7 +18,10 @@ META_ARCH_REGISTRY = Registry("META_ARCH")
 META_ARCH_REGISTRY.__doc__ = """Registry of whole-model architectures ("meta-architectures").
 
 Register a class with ``@META_ARCH_REGISTRY.register()``; ``build_model`` calls it with the
-config as its only argument. In training mode the model takes a batch (list of mapped
+config as its only argument. Either ``__init__(self, cfg)`` takes it, or an ``__init__``
+decorated with ``trainkit.config.configurable`` takes explicit arguments and the class's
+``from_config(cls, cfg)`` derives them from the config (detectron2's pattern; the model can
+then also be built without a config). In training mode the model takes a batch (list of mapped
 records) and returns a dict of scalar losses; in eval mode it returns predictions.
 """
 

@@ -13,10 +13,14 @@ from fvcore.common.param_scheduler import (
     CosineParamScheduler,
     MultiStepParamScheduler,
     ParamScheduler,
+    StepWithFixedGammaParamScheduler,
 )
 from torch import nn
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
+
+# _expand_param_groups is re-exported because detectron2's tests import it from solver.build.
+from trainkit.solver._param_groups import _expand_param_groups, reduce_param_groups  # noqa: F401
 from trainkit.solver.lr_scheduler import LRMultiplier, WarmupParamScheduler
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "build_optimizer",
     "get_default_optimizer_params",
     "maybe_add_gradient_clipping",
+    "reduce_param_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,7 +52,7 @@ _NORM_MODULE_TYPES: tuple[type[nn.Module], ...] = (
 )
 
 _OPTIMIZERS = ("SGD", "AdamW")
-_LR_SCHEDULERS = ("WarmupMultiStepLR", "WarmupCosineLR")
+_LR_SCHEDULERS = ("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR")
 _CLIP_TYPES = ("value", "norm", "full_model")
 
 
@@ -58,13 +63,15 @@ def get_default_optimizer_params(
     weight_decay_norm: float | None = None,
     bias_lr_factor: float | None = 1.0,
     weight_decay_bias: float | None = None,
+    lr_factor_func: Callable[[str], float] | None = None,
     overrides: dict[str, dict[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Return optimizer param groups with separate lr / weight decay for norms and biases.
 
     Every trainable parameter appears exactly once, even if it is shared between modules.
-    Parameters with identical hyper-parameters are merged into one group. A hyper-parameter
-    left ``None`` is not set in the groups, so the optimizer's own default applies.
+    Parameters with identical hyper-parameters are merged into one group
+    (:func:`reduce_param_groups`). A hyper-parameter left ``None`` is not set in the groups,
+    so the optimizer's own default applies. The signature is detectron2's.
 
     Args:
         model: the model whose trainable parameters are grouped.
@@ -73,15 +80,20 @@ def get_default_optimizer_params(
         weight_decay_norm: weight decay of normalisation-layer parameters.
         bias_lr_factor: lr of parameters named ``bias`` is ``base_lr * bias_lr_factor``.
         weight_decay_bias: weight decay of parameters named ``bias`` (``None``: unchanged).
+        lr_factor_func: maps a parameter's qualified name (as in
+            ``model.named_parameters()``, e.g. ``"backbone.blocks.3.attn.qkv.weight"``) to a
+            factor its lr is multiplied by (layer-wise lr decay). Applied before
+            ``overrides`` and the bias settings, which replace the lr outright.
         overrides: ``{param_name: {hyperparam: value}}`` applied last, by the parameter's
             own name within its module (e.g. ``"bias"``, ``"pos_embedding"``).
 
     Returns:
-        A list of ``{"params": [...], **hyperparams}`` dicts for a ``torch.optim`` optimizer.
+        A list of ``{**hyperparams, "params": [...]}`` dicts for a ``torch.optim`` optimizer.
 
     Raises:
-        ValueError: If ``bias_lr_factor`` is set without ``base_lr``, or ``overrides``
-            already has a ``"bias"`` entry that the bias arguments would replace.
+        ValueError: If ``bias_lr_factor`` or ``lr_factor_func`` is set without ``base_lr``,
+            or ``overrides`` already has a ``"bias"`` entry that the bias arguments would
+            replace.
     """
     overrides = copy.deepcopy(overrides) if overrides is not None else {}
     defaults: dict[str, float] = {}
@@ -89,6 +101,8 @@ def get_default_optimizer_params(
         defaults["lr"] = base_lr
     if weight_decay is not None:
         defaults["weight_decay"] = weight_decay
+    if lr_factor_func is not None and base_lr is None:
+        raise ValueError("lr_factor_func needs base_lr: a parameter's lr is base_lr * factor.")
     bias_overrides: dict[str, float] = {}
     if bias_lr_factor is not None and bias_lr_factor != 1.0:
         if base_lr is None:
@@ -106,7 +120,7 @@ def get_default_optimizer_params(
 
     groups: list[dict[str, Any]] = []
     seen: set[int] = set()
-    for module in model.modules():
+    for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
@@ -114,22 +128,12 @@ def get_default_optimizer_params(
             hyperparams = dict(defaults)
             if weight_decay_norm is not None and isinstance(module, _NORM_MODULE_TYPES):
                 hyperparams["weight_decay"] = weight_decay_norm
+            if lr_factor_func is not None:
+                qualified = f"{module_name}.{param_name}" if module_name else param_name
+                hyperparams["lr"] *= lr_factor_func(qualified)
             hyperparams.update(overrides.get(param_name, {}))
             groups.append({"params": [param], **hyperparams})
-    return _merge_param_groups(groups)
-
-
-def _merge_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # One group per distinct hyper-parameter set keeps the optimizer's per-group loops short;
-    # first-seen order keeps the result deterministic across runs.
-    merged: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
-    for group in groups:
-        key = tuple(sorted((k, v) for k, v in group.items() if k != "params"))
-        if key in merged:
-            merged[key]["params"].extend(group["params"])
-        else:
-            merged[key] = {"params": list(group["params"]), **dict(key)}
-    return list(merged.values())
+    return reduce_param_groups(groups)
 
 
 def _create_gradient_clipper(clip_cfg: CfgNode) -> tuple[_GradientClipper, bool]:
@@ -261,6 +265,12 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
 def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMultiplier:
     """Build the per-iteration lr schedule named by SOLVER.LR_SCHEDULER_NAME, with warm-up.
 
+    ``WarmupMultiStepLR`` multiplies the lr by SOLVER.GAMMA at each of SOLVER.STEPS;
+    ``WarmupCosineLR`` follows a half cosine from BASE_LR to the end lr (see
+    :func:`_cosine_end_factor`); ``WarmupStepWithFixedGammaLR`` multiplies it by GAMMA
+    SOLVER.NUM_DECAYS times at equal intervals. SOLVER.RESCALE_INTERVAL fits the schedule
+    into the iterations after warm-up instead of the whole run.
+
     Args:
         cfg: the config (``SOLVER.*`` keys).
         optimizer: the optimizer whose lrs are scheduled.
@@ -269,8 +279,9 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
         An :class:`LRMultiplier` over a :class:`WarmupParamScheduler`.
 
     Raises:
-        ValueError: If the scheduler name or warm-up method is unknown, or SOLVER.MAX_ITER
-            is not positive.
+        ValueError: If the scheduler name or warm-up method is unknown, SOLVER.MAX_ITER is
+            not positive, or the schedule's own keys are invalid (ConfigError, a
+            ValueError, for the end lr and NUM_DECAYS).
     """
     solver = cfg.SOLVER
     max_iter = int(solver.MAX_ITER)
@@ -279,24 +290,11 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
     name = solver.LR_SCHEDULER_NAME
     sched: ParamScheduler
     if name == "WarmupMultiStepLR":
-        steps = sorted(int(s) for s in solver.STEPS)
-        kept = [s for s in steps if 0 < s < max_iter]
-        if len(kept) != len(steps):
-            logger.warning(
-                "SOLVER.STEPS=%s has values outside (0, SOLVER.MAX_ITER=%d); ignoring %s. "
-                "Lower them or raise MAX_ITER if the lr should drop there.",
-                list(solver.STEPS),
-                max_iter,
-                sorted(set(steps) - set(kept)),
-            )
-        kept = sorted(set(kept))  # fvcore wants strictly increasing milestones
-        sched = MultiStepParamScheduler(
-            values=[solver.GAMMA**k for k in range(len(kept) + 1)],
-            milestones=kept,
-            num_updates=max_iter,
-        )
+        sched = _multi_step_schedule(solver, max_iter)
     elif name == "WarmupCosineLR":
-        sched = CosineParamScheduler(1.0, float(solver.BASE_LR_END_FACTOR))
+        sched = CosineParamScheduler(1.0, _cosine_end_factor(cfg))
+    elif name == "WarmupStepWithFixedGammaLR":
+        sched = _fixed_gamma_schedule(solver, max_iter)
     else:
         raise ValueError(
             f"Unknown SOLVER.LR_SCHEDULER_NAME {name!r}; choose one of "
@@ -304,6 +302,88 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
         )
     warmup_length = min(int(solver.WARMUP_ITERS) / max_iter, 1.0)
     sched = WarmupParamScheduler(
-        sched, float(solver.WARMUP_FACTOR), warmup_length, str(solver.WARMUP_METHOD)
+        sched,
+        float(solver.WARMUP_FACTOR),
+        warmup_length,
+        str(solver.WARMUP_METHOD),
+        rescale_interval=bool(solver.RESCALE_INTERVAL),
     )
     return LRMultiplier(optimizer, multiplier=sched, max_iter=max_iter)
+
+
+def _cosine_end_factor(cfg: CfgNode) -> float:
+    """Return the lr multiplier WarmupCosineLR ends at, from the two ways to give it.
+
+    SOLVER.BASE_LR_END is detectron2's absolute end lr; SOLVER.BASE_LR_END_FACTOR is
+    trainkit's end lr relative to BASE_LR. Both default to 0 (the lr decays to 0). Set at
+    most one of them to a non-zero value: the factor if set, else BASE_LR_END / BASE_LR.
+
+    Args:
+        cfg: the config (``SOLVER.BASE_LR``, ``SOLVER.BASE_LR_END``,
+            ``SOLVER.BASE_LR_END_FACTOR``).
+
+    Returns:
+        The end value of the cosine, in ``[0, 1]``.
+
+    Raises:
+        ConfigError: If both keys are non-zero, or the resulting end lr is negative or
+            above BASE_LR (or BASE_LR_END is set while BASE_LR is 0).
+    """
+    solver = cfg.SOLVER
+    base_lr, end_lr = float(solver.BASE_LR), float(solver.BASE_LR_END)
+    factor = float(solver.BASE_LR_END_FACTOR)
+    if factor and end_lr:
+        raise ConfigError(
+            f"SOLVER.BASE_LR_END={end_lr} and SOLVER.BASE_LR_END_FACTOR={factor} both set the "
+            "end lr of WarmupCosineLR; set only one (the other to 0)."
+        )
+    if end_lr:
+        if base_lr <= 0:
+            raise ConfigError(
+                f"SOLVER.BASE_LR_END={end_lr} needs SOLVER.BASE_LR > 0, got {base_lr}; "
+                "the end lr cannot exceed the start lr."
+            )
+        factor = end_lr / base_lr
+        key, value = "SOLVER.BASE_LR_END", f"{end_lr} (BASE_LR={base_lr})"
+    else:
+        key, value = "SOLVER.BASE_LR_END_FACTOR", f"{factor}"
+    if not 0.0 <= factor <= 1.0:
+        raise ConfigError(
+            f"{key}={value} makes WarmupCosineLR end at {factor:g} x BASE_LR; the end lr "
+            "must lie between 0 and BASE_LR."
+        )
+    return factor
+
+
+def _multi_step_schedule(solver: CfgNode, max_iter: int) -> ParamScheduler:
+    steps = sorted(int(s) for s in solver.STEPS)
+    kept = [s for s in steps if 0 < s < max_iter]
+    if len(kept) != len(steps):
+        logger.warning(
+            "SOLVER.STEPS=%s has values outside (0, SOLVER.MAX_ITER=%d); ignoring %s. "
+            "Lower them or raise MAX_ITER if the lr should drop there.",
+            list(solver.STEPS),
+            max_iter,
+            sorted(set(steps) - set(kept)),
+        )
+    kept = sorted(set(kept))  # fvcore wants strictly increasing milestones
+    return MultiStepParamScheduler(
+        values=[solver.GAMMA**k for k in range(len(kept) + 1)],
+        milestones=kept,
+        num_updates=max_iter,
+    )
+
+
+def _fixed_gamma_schedule(solver: CfgNode, max_iter: int) -> ParamScheduler:
+    num_decays, gamma = solver.NUM_DECAYS, solver.GAMMA
+    # fvcore's own errors do not name the keys.
+    if not isinstance(num_decays, int) or num_decays <= 0:
+        raise ConfigError(
+            f"SOLVER.NUM_DECAYS must be a positive integer for WarmupStepWithFixedGammaLR, "
+            f"got {num_decays!r}."
+        )
+    if gamma <= 0:
+        raise ConfigError(f"SOLVER.GAMMA must be > 0 for WarmupStepWithFixedGammaLR, got {gamma}.")
+    return StepWithFixedGammaParamScheduler(
+        base_value=1.0, num_decays=num_decays, gamma=float(gamma), num_updates=max_iter
+    )

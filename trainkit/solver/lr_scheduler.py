@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 from typing import Any
 
 import torch
 from fvcore.common.param_scheduler import ParamScheduler
+from torch.optim.lr_scheduler import LRScheduler  # detectron2 re-exports torch's base class
 from typing_extensions import override
 
-__all__ = ["LRMultiplier", "WarmupParamScheduler"]
+__all__ = [
+    "LRMultiplier",
+    "LRScheduler",
+    "WarmupCosineLR",
+    "WarmupMultiStepLR",
+    "WarmupParamScheduler",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +32,10 @@ class WarmupParamScheduler(ParamScheduler):
     ``warmup_factor * scheduler(0)`` to ``scheduler(warmup_length)`` (``"linear"``), or stays at
     ``warmup_factor * scheduler(0)`` (``"constant"``). Afterwards it is ``scheduler(where)``,
     so the wrapped schedule keeps its own timeline (its milestones are not shifted).
+
+    With ``rescale_interval=True`` the wrapped schedule is instead squeezed into the part
+    after warm-up, and the linear warm-up ends at ``scheduler(0)``, where that part starts
+    (detectron2 ramps to ``scheduler(warmup_length)`` and then jumps to ``scheduler(0)``).
     """
 
     def __init__(
@@ -46,11 +59,7 @@ class WarmupParamScheduler(ParamScheduler):
         Raises:
             ValueError: If ``warmup_method`` is unknown or ``warmup_length`` is outside [0, 1].
         """
-        if warmup_method not in _WARMUP_METHODS:
-            raise ValueError(
-                f"Unknown warm-up method {warmup_method!r} (SOLVER.WARMUP_METHOD); "
-                f"choose one of {', '.join(_WARMUP_METHODS)}."
-            )
+        _check_warmup_method(warmup_method)
         if not 0.0 <= warmup_length <= 1.0:
             raise ValueError(f"warmup_length must be in [0, 1], got {warmup_length}")
         self._scheduler = scheduler
@@ -84,7 +93,8 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
     The multiplier is an fvcore :class:`ParamScheduler`, so one schedule object describes
     the whole run and serves any number of param groups with different base lrs (e.g.
     biases with ``BIAS_LR_FACTOR``). Call :meth:`step` once per iteration, after the
-    optimizer's step.
+    optimizer's step. Steps past ``max_iter`` keep the schedule's end value (detectron2
+    raises ``IndexError`` there for step schedules).
 
     :meth:`state_dict` holds only the position and the base lrs (plain numbers), not the
     multiplier: rebuild the scheduler from the config, then load the state to resume.
@@ -141,8 +151,148 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
 
     @override
     def get_lr(self) -> list[float]:
-        # One step past the end (the scheduler is stepped after the final iteration) is
-        # clamped: several fvcore schedulers refuse where >= 1.
-        where = min(self.last_epoch / self._max_iter, 1.0 - 1e-9)
-        multiplier = self._multiplier(max(where, 0.0))
+        multiplier = self._multiplier_at(self.last_epoch)
         return [base_lr * multiplier for base_lr in self.base_lrs]
+
+    def _multiplier_at(self, iteration: int) -> float:
+        where = min(max(iteration / self._max_iter, 0.0), 1.0)
+        if where < 1.0:
+            return self._multiplier(where)
+        # The scheduler is stepped once more after the final iteration (and any number of
+        # times by a loop that overruns max_iter). Report the schedule's end value; a
+        # schedule that cannot be evaluated at its end (fvcore's step schedulers raise
+        # IndexError there, which is what detectron2 does) keeps the last iteration's lr.
+        try:
+            return self._multiplier(1.0)
+        except IndexError:
+            return self._multiplier((self._max_iter - 1) / self._max_iter)
+
+
+# ---- detectron2's older schedulers ----------------------------------------------------------
+# detectron2 still exports these two (deprecated in favour of LRMultiplier); they are kept so
+# that scripts constructing them directly keep working. Their warm-up multiplies the main
+# schedule (it does not end where the schedule picks up), exactly as in detectron2.
+
+
+def _warmup_factor_at_iter(method: str, iteration: int, warmup_iters: int, factor: float) -> float:
+    """Return the multiplier of the old schedulers' warm-up at ``iteration``."""
+    if iteration >= warmup_iters:
+        return 1.0
+    if method == "constant":
+        return factor
+    alpha = iteration / warmup_iters
+    return factor * (1.0 - alpha) + alpha
+
+
+def _check_warmup_method(warmup_method: str) -> None:
+    if warmup_method not in _WARMUP_METHODS:
+        raise ValueError(
+            f"Unknown warm-up method {warmup_method!r} (SOLVER.WARMUP_METHOD); "
+            f"choose one of {', '.join(_WARMUP_METHODS)}."
+        )
+
+
+class WarmupMultiStepLR(torch.optim.lr_scheduler.LRScheduler):
+    """detectron2's older multi-step schedule: ``base_lr * warmup * gamma ** (#milestones passed)``.
+
+    Prefer :func:`trainkit.solver.build_lr_scheduler` (or :class:`LRMultiplier` over a
+    :class:`WarmupParamScheduler`), whose warm-up joins the schedule without a jump.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        milestones: list[int],
+        gamma: float = 0.1,
+        warmup_factor: float = 0.001,
+        warmup_iters: int = 1000,
+        warmup_method: str = "linear",
+        last_epoch: int = -1,
+    ) -> None:
+        """Attach the schedule to ``optimizer``.
+
+        Args:
+            optimizer: the optimizer whose param groups' ``lr`` is set.
+            milestones: increasing iterations at which the lr is multiplied by ``gamma``.
+            gamma: the multiplier applied at each milestone.
+            warmup_factor: the warm-up's multiplier at iteration 0.
+            warmup_iters: length of the warm-up in iterations.
+            warmup_method: ``"linear"`` or ``"constant"``.
+            last_epoch: the last finished iteration, ``-1`` for a new run.
+
+        Raises:
+            ValueError: If ``milestones`` is not increasing or ``warmup_method`` is unknown.
+        """
+        if list(milestones) != sorted(milestones):
+            raise ValueError(f"milestones must be increasing iterations, got {list(milestones)}")
+        _check_warmup_method(warmup_method)
+        logger.warning(
+            "WarmupMultiStepLR is kept for detectron2 scripts; prefer build_lr_scheduler or "
+            "LRMultiplier over a WarmupParamScheduler."
+        )
+        self.milestones = list(milestones)
+        self.gamma = gamma
+        self.warmup_factor = warmup_factor
+        self.warmup_iters = warmup_iters
+        self.warmup_method = warmup_method
+        super().__init__(optimizer, last_epoch)
+
+    @override
+    def get_lr(self) -> list[float]:
+        warmup = _warmup_factor_at_iter(
+            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
+        )
+        decay = self.gamma ** bisect.bisect_right(self.milestones, self.last_epoch)
+        return [base_lr * warmup * decay for base_lr in self.base_lrs]
+
+
+class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
+    """detectron2's older cosine schedule: ``base_lr * warmup * 0.5 * (1 + cos(pi * it / max))``.
+
+    The cosine runs over ``max_iters`` from iteration 0 and decays to 0; prefer
+    :func:`trainkit.solver.build_lr_scheduler` (SOLVER.LR_SCHEDULER_NAME ``WarmupCosineLR``),
+    which also supports an end lr.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        max_iters: int,
+        warmup_factor: float = 0.001,
+        warmup_iters: int = 1000,
+        warmup_method: str = "linear",
+        last_epoch: int = -1,
+    ) -> None:
+        """Attach the schedule to ``optimizer``.
+
+        Args:
+            optimizer: the optimizer whose param groups' ``lr`` is set.
+            max_iters: the iteration at which the cosine reaches 0.
+            warmup_factor: the warm-up's multiplier at iteration 0.
+            warmup_iters: length of the warm-up in iterations.
+            warmup_method: ``"linear"`` or ``"constant"``.
+            last_epoch: the last finished iteration, ``-1`` for a new run.
+
+        Raises:
+            ValueError: If ``max_iters`` is not positive or ``warmup_method`` is unknown.
+        """
+        if max_iters <= 0:
+            raise ValueError(f"max_iters must be positive (SOLVER.MAX_ITER), got {max_iters}")
+        _check_warmup_method(warmup_method)
+        logger.warning(
+            "WarmupCosineLR is kept for detectron2 scripts; prefer build_lr_scheduler or "
+            "LRMultiplier over a WarmupParamScheduler."
+        )
+        self.max_iters = max_iters
+        self.warmup_factor = warmup_factor
+        self.warmup_iters = warmup_iters
+        self.warmup_method = warmup_method
+        super().__init__(optimizer, last_epoch)
+
+    @override
+    def get_lr(self) -> list[float]:
+        warmup = _warmup_factor_at_iter(
+            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
+        )
+        cosine = 0.5 * (1.0 + math.cos(math.pi * self.last_epoch / self.max_iters))
+        return [base_lr * warmup * cosine for base_lr in self.base_lrs]
