@@ -193,9 +193,9 @@ def test_without_rng_restore_resume_differs(tmp_path, monkeypatch):
     """Guard against a vacuous equality test: dropping the RNG restore must break it."""
     straight = _train(tmp_path / "straight")
     _train(tmp_path / "resumed", stop_after=4)
-    import trainkit.engine.defaults as defaults
+    import trainkit.engine.rank_state as rank_state
 
-    monkeypatch.setattr(defaults, "set_rng_state", lambda state: None)
+    monkeypatch.setattr(rank_state, "set_rng_state", lambda state: None)
     resumed = _train(tmp_path / "resumed", resume=True)
     assert any(not torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"])
 

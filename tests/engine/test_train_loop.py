@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainkit.engine import hooks, train_loop
+from trainkit.engine import hooks, step_metrics
 from trainkit.engine.train_loop import AMPTrainer, HookBase, SimpleTrainer, TrainerBase
 
 
@@ -187,7 +187,7 @@ def test_metrics_of_every_step_are_gathered_at_period_ends(monkeypatch):
         other = [(i, names, [2 * v for v in values], d + 1.0) for i, names, values, d in obj]
         return [obj, other]
 
-    monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
+    monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)
     trainer = _simple(period=4, record_every_step=True)
     seen = []
     trainer.register_hooks(
@@ -209,7 +209,7 @@ def test_ranks_returning_different_loss_names_are_named(monkeypatch):
         other = [(i, ("loss_other", "total_loss"), values, d) for i, _, values, d in obj]
         return [obj, other]
 
-    monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
+    monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)
     trainer = _simple()
     trainer.register_hooks([])
     with pytest.raises(RuntimeError, match=r"rank 1 returned \['loss_other', 'total_loss'\]"):
@@ -218,7 +218,7 @@ def test_ranks_returning_different_loss_names_are_named(monkeypatch):
 
 def test_metrics_average_over_ranks(monkeypatch):
     monkeypatch.setattr(
-        train_loop.comm,
+        step_metrics.comm,
         "all_gather",
         lambda obj: [obj, [(i, n, [3 * v for v in values], d) for i, n, values, d in obj]],
     )
@@ -275,7 +275,7 @@ def test_state_dict_round_trip_restores_iteration_hooks_and_optimizer():
 def test_load_state_dict_warns_on_missing_and_unknown_hooks(caplog):
     trainer = _NoopTrainer()
     trainer.register_hooks([_Counter()])
-    with caplog.at_level(logging.WARNING, logger=train_loop.__name__):
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.train_loop"):
         trainer.load_state_dict({"iteration": 3, "hooks": {"Gone": {"x": 1}}})
     assert trainer.iter == 3
     assert "_Counter" in caplog.text
@@ -405,7 +405,7 @@ def test_without_record_every_step_only_period_ends_are_recorded(monkeypatch):
         gathered_at.append([cur_iter for cur_iter, _, _, _ in obj])
         return [obj]
 
-    monkeypatch.setattr(train_loop.comm, "all_gather", fake_all_gather)
+    monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)
     trainer = _simple(period=4)
     trainer.train(0, 10)
     assert gathered_at == [[3], [7]]

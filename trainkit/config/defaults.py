@@ -175,6 +175,24 @@ _C.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 1.0
 _C.SOLVER.CLIP_GRADIENTS.NORM_TYPE = 2.0
 # Mixed precision: fp16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU.
 _C.SOLVER.AMP = CN({"ENABLED": False})
+# Micro-batches per optimizer step (gradient accumulation), >= 1. An iteration is one
+# optimizer step: MAX_ITER, the LR schedule, checkpoint and eval periods count steps.
+# IMS_PER_BATCH stays the images of one step summed over all ranks, so each rank maps
+# IMS_PER_BATCH / (world size * ACCUMULATE_STEPS) images per micro-batch.
+_C.SOLVER.ACCUMULATE_STEPS = 1
+
+# ---------------------------------------------------------------------------------------
+# Exponential moving average of the weights (the MODEL_EMA hook)
+# ---------------------------------------------------------------------------------------
+_C.MODEL_EMA = CN()
+# Keep an EMA of the model's parameters and buffers, updated after every optimizer step
+# and saved in checkpoints.
+_C.MODEL_EMA.ENABLED = False
+# Weight of the old average at each update, in [0, 1): ema = DECAY * ema + (1 - DECAY) * w.
+_C.MODEL_EMA.DECAY = 0.999
+# Evaluate (during training and with --eval-only) with the EMA weights instead of the
+# trained ones.
+_C.MODEL_EMA.USE_FOR_EVAL = False
 
 # ---------------------------------------------------------------------------------------
 # Test / evaluation

@@ -1,21 +1,20 @@
 """Training loops, hooks, launching and default setup."""
 
 from trainkit.engine import hooks
-from trainkit.engine.defaults import (
-    DefaultTrainer,
-    create_ddp_model,
-    default_argument_parser,
-    default_setup,
-    default_writers,
-)
+from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.default_trainer import DefaultTrainer
+from trainkit.engine.defaults import default_argument_parser, default_setup
+from trainkit.engine.writers import default_writers
 from trainkit.engine.launch import DEFAULT_TIMEOUT, LaunchError, launch
-from trainkit.engine.train_loop import AMPTrainer, HookBase, SimpleTrainer, TrainerBase
+from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
+from trainkit.engine.train_loop import HookBase, HookPriority, TrainerBase
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "AMPTrainer",
     "DefaultTrainer",
     "HookBase",
+    "HookPriority",
     "LaunchError",
     "SimpleTrainer",
     "TrainerBase",

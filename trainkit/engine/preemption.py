@@ -57,15 +57,21 @@ class TrainingPreempted(Exception):
 class PreemptionHandler(HookBase):
     """Turn SIGTERM/SIGINT into "finish this step, save, stop" (installed during ``train``).
 
-    Reads ``checkpointer`` and ``snapshot_rank_states`` from the trainer (DefaultTrainer).
+    Reads ``checkpointer`` from the trainer (DefaultTrainer's declared surface).
 
     Collective:
         With several ranks, the stop flags are all-gathered every ``sync_period`` iterations
         so every rank stops after the same iteration; the save is followed by a barrier.
     """
 
-    def __init__(self, sync_period: int = 5, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        sync_period: int = 5,
+        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        before_save: Callable[[], None] | None = None,
+    ) -> None:
         """Configure the handler.
 
         Args:
@@ -73,7 +79,10 @@ class PreemptionHandler(HookBase):
                 ranks (one process checks every iteration).
             signals: the signals that request a stop.
             clock: time source for the debounce window (tests inject one).
+            before_save: called on every rank right before the checkpoint is written (e.g.
+                to gather per-rank state).
         """
+        self._before_save = before_save
         self._sync_period = sync_period
         self._signals = signals
         self._clock = clock
@@ -115,13 +124,17 @@ class PreemptionHandler(HookBase):
         trainer = self.trainer
         requested = self._requested
         if comm.get_world_size() > 1:
-            if not (is_period_end(trainer.iter, self._sync_period) or is_last_iter(trainer.iter, trainer.max_iter)):
+            if not (
+                is_period_end(trainer.iter, self._sync_period)
+                or is_last_iter(trainer.iter, trainer.max_iter)
+            ):
                 return
             flags = [f for f in comm.all_gather(requested) if f is not None]
             requested = flags[0] if flags else None
         if requested is None or is_last_iter(trainer.iter, trainer.max_iter):
             return  # the last iteration saves model_final anyway
-        trainer.snapshot_rank_states()
+        if self._before_save is not None:
+            self._before_save()
         name = f"model_{trainer.iter:07d}"
         trainer.checkpointer.save(name, iteration=trainer.iter)
         comm.synchronize()  # no rank exits (and gets its peers killed) before the file is complete

@@ -19,7 +19,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from typing_extensions import override
+
+from trainkit.engine.train_loop import HookBase, HookPriority
 
 __all__ = ["ProgressWatchdog", "WATCHDOG_EXIT_CODE", "find_stalled_rank"]
 
@@ -32,8 +37,13 @@ HEARTBEAT_KEY = "trainkit/watchdog/rank{rank}"
 _PUBLISH_PERIOD_S = 1.0
 
 
-class ProgressWatchdog:
+class ProgressWatchdog(HookBase):
     """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
+
+    It is also the hook that keeps the phase current: registered with a trainer it runs
+    first (``HookPriority.HIGHEST``), starts its thread in ``before_train``, enters
+    ``data`` before each step and ``hooks`` after it. Code that does other long work (a
+    checkpoint, an evaluation) marks it with :meth:`phase`.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -61,6 +71,24 @@ class ProgressWatchdog:
         self._since = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    priority = HookPriority.HIGHEST
+
+    @override
+    def before_train(self) -> None:
+        self.start()
+
+    @override
+    def after_train(self) -> None:
+        self.stop()
+
+    @override
+    def before_step(self) -> None:
+        self.enter("data", self.trainer.iter)
+
+    @override
+    def after_step(self) -> None:
+        self.enter("hooks")
 
     @property
     def enabled(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from typing_extensions import override
@@ -37,13 +38,26 @@ class PeriodicCheckpointer(HookBase):
         max_iter: int | None = None,
         max_to_keep: int | None = None,
         file_prefix: str = "model",
+        *,
+        before_save: Callable[[], None] | None = None,
     ) -> None:
-        """Store the arguments; ``max_iter=None`` means the trainer's ``max_iter``."""
+        """Store the arguments.
+
+        Args:
+            checkpointer: writes the files.
+            period: save every this many iterations (and at the last one).
+            max_iter: the last iteration + 1; ``None`` means the trainer's ``max_iter``.
+            max_to_keep: keep only this many periodic checkpoints (``None``: all).
+            file_prefix: the checkpoints are ``{file_prefix}_{iteration:07d}.pth``.
+            before_save: called on every rank right before each save, e.g. to gather
+                per-rank state (:meth:`trainkit.engine.rank_state.RankStates.capture`).
+        """
         self._checkpointer = checkpointer
         self._period = period
         self._max_iter = max_iter
         self._max_to_keep = max_to_keep
         self._file_prefix = file_prefix
+        self._before_save = before_save
         self._periodic: _PeriodicCheckpointer | None = None
 
     @property
@@ -61,8 +75,14 @@ class PeriodicCheckpointer(HookBase):
 
     @override
     def after_step(self) -> None:
-        if self._periodic is not None:
-            self._periodic.step(self.trainer.iter)
+        if self._periodic is None:
+            return
+        cur_iter = self.trainer.iter
+        if self._before_save is not None and (
+            is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, self._periodic.max_iter)
+        ):
+            self._before_save()
+        self._periodic.step(cur_iter)
 
 
 class BestCheckpointer(HookBase):

@@ -1,0 +1,404 @@
+"""``DefaultTrainer``: detectron2's trainer built entirely from a config."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.checkpoint import Checkpointer
+from trainkit.config import CfgNode
+from trainkit.data import build_test_loader, build_train_loader
+from trainkit.engine import hooks
+from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.launch import get_job_store
+from trainkit.engine.preemption import PreemptionHandler
+from trainkit.engine.rank_state import RankStates
+from trainkit.engine.scaling import auto_scale_config
+from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
+from trainkit.engine.train_loop import HookBase, TrainerBase
+from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
+from trainkit.engine.writers import default_writers
+from trainkit.evaluation import DatasetEvaluator, inference_on_dataset, print_csv_format
+from trainkit.modeling import build_model
+from trainkit.solver import build_lr_scheduler, build_optimizer
+from trainkit.utils import comm
+from trainkit.utils.events import EventWriter
+from trainkit.utils.logger import setup_logger
+from trainkit.utils.periodic import is_last_iter, is_period_end
+
+__all__ = ["DefaultTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class DefaultTrainer(TrainerBase):
+    """A trainer with detectron2's default behaviour, built entirely from a config.
+
+    It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler,
+    DDP wrapper, checkpointer, hooks and writers, and runs the step of a
+    :class:`SimpleTrainer` (an :class:`AMPTrainer` with ``SOLVER.AMP.ENABLED``), with
+    ``SOLVER.ACCUMULATE_STEPS`` micro-batches per optimizer step. Checkpoints hold everything
+    needed to continue bit for bit: model, optimizer, scheduler, iteration, hook states,
+    every rank's data-stream position and RNG states.
+
+    Where to plug in:
+
+    * a part: override a ``build_*`` classmethod (each delegates to one public function);
+    * something that happens around steps (logging, EMA, early stopping): a hook, in
+      :meth:`build_hooks` or ``register_hooks``, placed by :attr:`HookBase.priority`;
+    * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its step
+      seams, see :mod:`trainkit.engine.simple_trainer`) to ``self._trainer`` after
+      ``super().__init__(cfg)``, as in detectron2;
+    * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
+
+    Attributes hooks may read: ``cfg``, ``scheduler``, ``checkpointer``, ``model``,
+    ``optimizer``, ``data_loader``, plus :class:`TrainerBase`'s.
+    """
+
+    def __init__(self, cfg: CfgNode) -> None:
+        """Build everything from ``cfg`` (rescaled to the world size if it asks for that).
+
+        Collective:
+            ``shared_random_seed`` when ``cfg.SEED < 0``; DDP construction.
+        """
+        super().__init__()
+        if not logging.getLogger("trainkit").handlers:
+            setup_logger(distributed_rank=comm.get_rank())
+        cfg = self.auto_scale_workers(cfg, comm.get_world_size())
+        self._seed_was_random = cfg.SEED < 0
+        cfg = _with_resolved_seed(cfg)
+        self.cfg = cfg
+        model = self.build_model(cfg)
+        optimizer = self.build_optimizer(cfg, model)
+        data_loader = self.build_train_loader(cfg)
+        model = create_ddp_model(model, broadcast_buffers=False)
+        self.watchdog = ProgressWatchdog(
+            cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=get_job_store()
+        )
+        self._train_loader = data_loader
+        step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
+        # Every step's losses are recorded (as with detectron2's default period of 1) but
+        # synchronised only every WRITER_PERIOD steps, when the writers need them.
+        self._trainer = step_cls(
+            model,
+            self._watched(data_loader),
+            optimizer,
+            gather_metric_period=cfg.WRITER_PERIOD,
+            record_every_step=True,
+            accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS,
+        )
+        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
+        self.rank_states = RankStates(lambda: self.iter, lambda: self.data_loader)
+        self.checkpointer = Checkpointer(
+            model,
+            cfg.OUTPUT_DIR,
+            allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH,
+            trainer=self,
+            rank_states=self.rank_states,
+        )
+        self.start_iter = 0
+        self.max_iter = cfg.SOLVER.MAX_ITER
+        self._last_eval_results: dict[str, Any] = {}
+        self.register_hooks(self.build_hooks())
+
+    # ---- the step component -------------------------------------------------------------
+    @property
+    def _trainer(self) -> SimpleTrainer:
+        """The step trainer; assigning one binds it to this trainer's loop and hooks."""
+        return self._step
+
+    @_trainer.setter
+    def _trainer(self, step: SimpleTrainer) -> None:
+        step.bind_to(self)
+        self._step = step
+
+    def run_step(self) -> None:
+        """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
+        self._step.run_step()
+
+    # ---- the parts (one-line override points) ---------------------------------------
+    @classmethod
+    def build_model(cls, cfg: CfgNode) -> nn.Module:
+        """Build the model; override to change it. Delegates to ``modeling.build_model``."""
+        return build_model(cfg)
+
+    @classmethod
+    def build_optimizer(cls, cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
+        """Build the optimizer; override to change it. Delegates to ``solver.build_optimizer``."""
+        return build_optimizer(cfg, model)
+
+    @classmethod
+    def build_lr_scheduler(cls, cfg: CfgNode, optimizer: torch.optim.Optimizer) -> Any:
+        """Build the LR scheduler; delegates to ``solver.build_lr_scheduler``."""
+        return build_lr_scheduler(cfg, optimizer)
+
+    @classmethod
+    def build_train_loader(cls, cfg: CfgNode) -> Iterable[Any]:
+        """Build the train loader; delegates to ``data.build_train_loader`` (no mapper)."""
+        return build_train_loader(cfg)
+
+    @classmethod
+    def build_test_loader(cls, cfg: CfgNode, dataset_name: str) -> Iterable[Any]:
+        """Build a test loader for one dataset; delegates to ``data.build_test_loader``."""
+        return build_test_loader(cfg, dataset_name)
+
+    @classmethod
+    def build_evaluator(cls, cfg: CfgNode, dataset_name: str) -> DatasetEvaluator:
+        """Return the evaluator of ``dataset_name``; there is no default, so override it."""
+        raise NotImplementedError(
+            f"{cls.__name__}.build_evaluator is not implemented, so {dataset_name!r} cannot be "
+            "evaluated; override build_evaluator in your trainer (see tools/train_net.py)."
+        )
+
+    def build_hooks(self) -> list[HookBase]:
+        """Return the default hooks in their canonical order.
+
+        The watchdog and the timer run first (``HookPriority.HIGHEST``: the timer times
+        everything after it), then the LR schedule (so the logged lr is the one used for
+        the step), PreciseBN (changes the model before it is saved or evaluated), the
+        checkpointer (saves before evaluation so a crash in eval loses nothing), pre-emption,
+        evaluation, and the writers last (``LOWEST``) so they see every metric of the step.
+        """
+        cfg = self.cfg
+        hooks_list: list[HookBase | None] = [
+            self.watchdog,
+            hooks.IterationTimer(),
+            hooks.LRScheduler(),
+            hooks.PreciseBN(
+                cfg.TEST.EVAL_PERIOD,
+                self.model,
+                self.build_train_loader(cfg),
+                cfg.TEST.PRECISE_BN.NUM_ITER,
+            )
+            if cfg.TEST.PRECISE_BN.ENABLED and _has_batchnorm(self.model)
+            else None,
+            hooks.PeriodicCheckpointer(
+                self.checkpointer,
+                cfg.SOLVER.CHECKPOINT_PERIOD,
+                max_to_keep=cfg.SOLVER.MAX_TO_KEEP or None,
+                before_save=self._before_save,
+            ),
+            # After the periodic checkpoint, so a stop never pre-empts a regular save, and
+            # before evaluation, so a pre-empted job does not spend its grace period on it.
+            PreemptionHandler(before_save=self._before_save),
+            hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
+            _SkippedRecordsMetric(cfg.WRITER_PERIOD),
+        ]
+        if comm.is_main_process():
+            hooks_list.append(hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD))
+        return [h for h in hooks_list if h is not None]
+
+    def build_writers(self) -> list[EventWriter]:
+        """Return the writers run by the PeriodicWriter hook (rank 0 only)."""
+        return default_writers(self.cfg.OUTPUT_DIR, self.max_iter)
+
+    # ---- running ------------------------------------------------------------------------
+    def resume_or_load(self, resume: bool = True) -> None:
+        """Continue from the last checkpoint in OUTPUT_DIR, or load MODEL.WEIGHTS.
+
+        With ``resume`` and a checkpoint present, everything is restored and training
+        continues with the iteration after the saved one; otherwise only the weights in
+        ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
+        """
+        extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
+        if resume and self.checkpointer.has_checkpoint():
+            # The checkpoint holds the last finished iteration; continue with the next one.
+            self.start_iter = self.iter + 1
+            saved_iter = extra.get("iteration")
+            if saved_iter is not None and saved_iter != self.iter:
+                logger.warning(
+                    "Checkpoint extra data says iteration %s but the trainer state says %d; "
+                    "using the trainer state.",
+                    saved_iter,
+                    self.iter,
+                )
+
+    def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
+        """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results."""
+        try:
+            super().train(self.start_iter, self.max_iter)
+        finally:
+            self._step.close_data_iterator()
+        return self._last_eval_results
+
+    def _before_save(self) -> None:
+        with self.watchdog.phase("checkpoint"):
+            self.rank_states.capture()
+
+    def _evaluate_for_hook(self) -> dict[str, Any]:
+        with self.watchdog.phase("eval"):
+            self._last_eval_results = self.test(self.cfg, self.model)
+        return self._last_eval_results
+
+    # ---- what hooks may read ------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The (possibly DDP-wrapped) model being trained; assigning replaces the step's."""
+        return self._step.model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        self._step.model = model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer; assigning replaces the step's."""
+        return self._step.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step.optimizer = optimizer
+
+    @property
+    def data_loader(self) -> Iterable[Any]:
+        """The train loader; assigning replaces it (the next step starts a new iterator)."""
+        return self._train_loader
+
+    @data_loader.setter
+    def data_loader(self, data_loader: Iterable[Any]) -> None:
+        self._step.close_data_iterator()
+        self._train_loader = data_loader
+        self._step.data_loader = self._watched(data_loader)
+
+    def _watched(self, loader: Iterable[Any]) -> Iterable[Any]:
+        return PhaseMarkingLoader(loader, self.watchdog) if self.watchdog.enabled else loader
+
+    # ---- evaluation and scaling (detectron2's classmethod/staticmethod API) ---------------
+    @classmethod
+    def test(
+        cls,
+        cfg: CfgNode,
+        model: nn.Module,
+        evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
+    ) -> dict[str, Any]:
+        """Evaluate ``model`` on every dataset in ``DATASETS.TEST``.
+
+        Args:
+            cfg: the config.
+            model: the model (wrapped or not).
+            evaluators: one per test dataset; ``None`` builds them with :meth:`build_evaluator`.
+
+        Returns:
+            ``{dataset_name: results}``, or the results themselves for a single dataset
+            (rank 0; other ranks may get empty dicts).
+
+        Collective:
+            ``inference_on_dataset`` gathers on every rank.
+        """
+        names = list(cfg.DATASETS.TEST)
+        if isinstance(evaluators, DatasetEvaluator):
+            evaluators = [evaluators]
+        if evaluators is not None and len(evaluators) != len(names):
+            raise ValueError(
+                f"{len(evaluators)} evaluators given for {len(names)} test datasets {names}"
+            )
+        results: dict[str, Any] = {}
+        for idx, name in enumerate(names):
+            data_loader = cls.build_test_loader(cfg, name)
+            if evaluators is not None:
+                evaluator = evaluators[idx]
+            else:
+                try:
+                    evaluator = cls.build_evaluator(cfg, name)
+                except NotImplementedError as e:
+                    logger.warning("%s Skipping evaluation of %s.", e, name)
+                    results[name] = {}
+                    continue
+            results[name] = inference_on_dataset(model, data_loader, evaluator) or {}
+            if comm.is_main_process() and results[name]:
+                logger.info("Evaluation results for %s in csv format:", name)
+                print_csv_format(results[name])
+        return next(iter(results.values())) if len(results) == 1 else results
+
+    @staticmethod
+    def auto_scale_workers(cfg: CfgNode, num_workers: int) -> CfgNode:
+        """Return ``cfg`` rescaled from ``SOLVER.REFERENCE_WORLD_SIZE`` to ``num_workers``.
+
+        See :func:`trainkit.engine.scaling.auto_scale_config` for the rule and its refusals.
+        """
+        return auto_scale_config(cfg, num_workers)
+
+    # ---- resumable state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Return the loop's state (iteration, hooks), the step's (optimizer) and the seed.
+
+        Every rank's RNG and data-stream state is the separate checkpointable
+        ``rank_states`` (:class:`~trainkit.engine.rank_state.RankStates`).
+        """
+        state = super().state_dict()
+        state["_trainer"] = self._step.state_dict()
+        state["data_seed"] = self.cfg.SEED
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        self._step.load_state_dict(state["_trainer"])
+        saved_seed = state.get("data_seed")
+        if saved_seed is None or saved_seed == self.cfg.SEED:
+            return
+        if not self._seed_was_random:
+            logger.warning(
+                "SEED changed from %d to %d since the checkpoint: the data stream starts "
+                "afresh with the new seed.",
+                saved_seed,
+                self.cfg.SEED,
+            )
+            return
+        # SEED < 0 drew a new seed for this process; continue the saved run's stream (the
+        # rank states, loaded after this, then position the rebuilt loader).
+        logger.info("Continuing the data stream of the checkpoint (seed %d)", saved_seed)
+        cfg = self.cfg.clone()
+        cfg.defrost()
+        cfg.SEED = saved_seed
+        cfg.freeze()
+        self.cfg = cfg
+        self.data_loader = self.build_train_loader(cfg)
+
+
+class _SkippedRecordsMetric(HookBase):
+    """Record the loader's cumulative count of skipped records as ``data/skipped_records``.
+
+    So that a slowly rotting dataset shows up in metrics.json, not only in logs.
+    """
+
+    def __init__(self, period: int) -> None:
+        self._period = period
+
+    def after_step(self) -> None:
+        trainer = self.trainer
+        if is_period_end(trainer.iter, self._period) or is_last_iter(
+            trainer.iter, trainer.max_iter
+        ):
+            loader = trainer.data_loader  # type: ignore[attr-defined]
+            skipped = getattr(loader, "num_skipped_records", None)
+            if skipped is not None:
+                trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
+
+
+def _with_resolved_seed(cfg: CfgNode) -> CfgNode:
+    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
+
+    Collective:
+        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
+    """
+    if cfg.SEED >= 0:
+        return cfg
+    seed = comm.shared_random_seed()
+    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.SEED = seed
+    cfg.freeze()
+    return cfg
+
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, _BATCH_NORMS) for m in model.modules())

@@ -1,0 +1,520 @@
+"""One optimisation step per iteration: ``SimpleTrainer`` and its mixed-precision ``AMPTrainer``.
+
+There is one implementation of the step (:meth:`SimpleTrainer.run_step`); accumulation, mixed
+precision and the gradient scaler are parameters, and ``AMPTrainer`` overrides only the seams
+that differ. The seams are public because users override them:
+
+======================  ===============================================================
+``forward_context()``   the context the forward pass runs in (``AMPTrainer``: autocast)
+``compute_losses(b)``   forward one (micro-)batch and check the loss dict it returns
+``backward(loss)``      back-propagate one micro-batch's (weighted) loss
+``after_backward()``    runs the hooks once per step, on the true, accumulated gradients
+``record_metrics(..)``  what a step writes to the storage (see ``gather_metric_period``)
+``optimizer_step()``    apply the update (``AMPTrainer``: scaler step, update, skip count)
+======================  ===============================================================
+
+Override ``run_step`` itself only for a step of another shape (several optimizers, GANs):
+then consider starting from ``tools/plain_train_net.py`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from trainkit.engine.step_metrics import (
+    MetricEntry,
+    gather_and_file,
+    host_values,
+    metric_names,
+    raise_non_finite,
+    sum_losses,
+)
+from trainkit.engine.train_loop import TrainerBase
+from trainkit.utils.events import get_event_storage
+from trainkit.utils.periodic import is_last_iter, is_period_end
+
+__all__ = ["AMPTrainer", "SimpleTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class SimpleTrainer(TrainerBase):
+    """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
+
+    The model, in training mode, takes a batch and returns a dict of scalar losses (or one
+    scalar tensor, recorded as ``total_loss``); their sum is back-propagated.
+
+    **Accumulation.** With ``accumulate_steps=k`` an iteration (one optimizer step) draws k
+    micro-batches from the loader and sums their gradients; each micro-batch's loss is
+    weighted by its share of the step's samples (``1/k`` for equal sizes), so the update is
+    that of one batch k times larger. Under DDP the gradients are all-reduced only on the
+    last micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
+
+    **Metrics** follow detectron2's ``gather_metric_period``: by default only the steps that
+    end a period (``(iter + 1) % gather_metric_period == 0``) are recorded, each gathered
+    over ranks when it happens. With ``record_every_step=True`` (``DefaultTrainer``) every
+    step's losses are kept and synchronised in one go at the end of each period and at the
+    last iteration, so a CUDA step never waits for the device.
+
+    A non-finite loss raises ``FloatingPointError``. A CPU loss is checked every step before
+    the optimizer step; a device loss when metrics are synchronised (with a period > 1 up to
+    ``period - 1`` steps may have applied by then, the price of not syncing every step).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        gather_metric_period: int = 1,
+        zero_grad_before_forward: bool = False,
+        async_write_metrics: bool = False,
+        *,
+        record_every_step: bool = False,
+        accumulate_steps: int = 1,
+    ) -> None:
+        """Set up the step.
+
+        Args:
+            model: the model; it must stay in training mode during training.
+            data_loader: an iterable of (micro-)batches, normally infinite; iterated lazily
+                and the iterator kept across steps.
+            optimizer: the optimizer of ``model``'s parameters.
+            gather_metric_period: record (and gather over ranks) metrics every this many
+                iterations.
+            zero_grad_before_forward: clear gradients before the forward pass rather than
+                after it (matters only when the forward pass itself reads gradients).
+            async_write_metrics: accepted for detectron2 compatibility. Metrics are written
+                synchronously: a background gather would interleave with DDP's collectives
+                on the same process group, and ``record_every_step`` already keeps the
+                synchronisation off the critical path.
+            record_every_step: record every step's metrics, synchronised every
+                ``gather_metric_period`` steps and at the last one.
+            accumulate_steps: micro-batches per optimizer step.
+
+        Raises:
+            ValueError: If ``gather_metric_period`` or ``accumulate_steps`` is not positive.
+        """
+        super().__init__()
+        if gather_metric_period < 1:
+            raise ValueError(f"gather_metric_period must be >= 1, got {gather_metric_period}")
+        if accumulate_steps < 1:
+            raise ValueError(
+                f"SOLVER.ACCUMULATE_STEPS / accumulate_steps must be >= 1, got {accumulate_steps}"
+            )
+        del async_write_metrics
+        model.train()
+        self.model = model
+        self.data_loader = data_loader
+        self.optimizer = optimizer
+        self.gather_metric_period = gather_metric_period
+        self.zero_grad_before_forward = zero_grad_before_forward
+        self.record_every_step = record_every_step
+        self.accumulate_steps = accumulate_steps
+        self._data_loader_iter_obj: Iterator[Any] | None = None
+        self._num_batches_read = 0
+        self._metric_buffer: list[MetricEntry] = []
+        # The loss names (and prefix) of the previous step and the metric names from them.
+        self._loss_keys: tuple[tuple[str, ...], str] = ((), "")
+        self._metric_names: tuple[str, ...] = ()
+
+    # ---- the step -------------------------------------------------------------------------
+    @override
+    def run_step(self) -> None:
+        if not self.model.training:
+            raise RuntimeError(
+                "The model was switched to eval mode during training; a hook that evaluates "
+                "must restore model.train() (inference_on_dataset does)."
+            )
+        batches, data_time_s = self._next_batches()
+        weights = _micro_batch_weights(batches)
+        if self.zero_grad_before_forward:
+            self.optimizer.zero_grad()
+        step_losses: dict[str, torch.Tensor] = {}
+        total_loss: torch.Tensor | None = None
+        for j, batch in enumerate(batches):
+            with self._gradient_sync(is_last=j == len(batches) - 1):
+                with self.forward_context():
+                    loss_dict = self.compute_losses(batch)
+                if j == 0 and not self.zero_grad_before_forward:
+                    self.optimizer.zero_grad()
+                total = sum_losses(loss_dict)
+                self.backward(total if weights is None else total * weights[j])
+            if weights is None:
+                step_losses, total_loss = loss_dict, total
+            else:
+                _add_weighted(step_losses, loss_dict, weights[j])
+        if total_loss is None:
+            total_loss = sum_losses(step_losses)
+        self.after_backward()
+        self.record_metrics(step_losses, data_time_s, total_loss=total_loss)
+        self.optimizer_step()
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Return the context the forward pass runs in (none here; autocast in AMPTrainer)."""
+        return contextlib.nullcontext()
+
+    def compute_losses(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Run the model on one (micro-)batch and return its checked dict of scalar losses.
+
+        Raises:
+            TypeError: If the model returns neither a dict nor a tensor.
+            ValueError: If the dict is empty or a loss is not a one-element tensor.
+        """
+        output = self.model(batch)
+        loss_dict = {"total_loss": output} if isinstance(output, torch.Tensor) else output
+        if not isinstance(loss_dict, Mapping):
+            raise TypeError(
+                "In training mode the model must return a dict of scalar losses or one "
+                f"scalar tensor, got {type(output).__name__}"
+            )
+        if not loss_dict:
+            raise ValueError("The model returned an empty loss dict; there is nothing to train")
+        for name, loss in loss_dict.items():
+            # numel() reads shape metadata only, so this check does not sync the device.
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise ValueError(f"Loss {name!r} must be a one-element tensor, got {loss!r}")
+        return dict(loss_dict)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's loss (already weighted for accumulation)."""
+        loss.backward()
+
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients."""
+        self.optimizer.step()
+
+    def _gradient_sync(self, *, is_last: bool) -> contextlib.AbstractContextManager[Any]:
+        # DDP all-reduces on every backward unless told not to: only the last micro-batch
+        # of a step needs the reduced gradients.
+        if not is_last and isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    # ---- data -----------------------------------------------------------------------------
+    @property
+    def _data_loader_iter(self) -> Iterator[Any]:
+        # Created on first use, not in __init__: starting loader workers is expensive and a
+        # trainer built only to evaluate or to load a checkpoint never needs them.
+        if self._data_loader_iter_obj is None:
+            self._data_loader_iter_obj = iter(self.data_loader)
+        return self._data_loader_iter_obj
+
+    def _next_batches(self) -> tuple[list[Any], float]:
+        start_s = time.perf_counter()
+        batches = []
+        for _ in range(self.accumulate_steps):
+            try:
+                batches.append(next(self._data_loader_iter))
+            except StopIteration:
+                raise RuntimeError(
+                    f"The data loader ran out after {self._num_batches_read} batches at "
+                    f"iteration {self.iter}; a training loader must be infinite (use "
+                    "TrainingSampler)."
+                ) from None
+            self._num_batches_read += 1
+        return batches, time.perf_counter() - start_s
+
+    def reset_data_loader(self, data_loader_builder: Callable[[], Iterable[Any]]) -> None:
+        """Replace the data loader by ``data_loader_builder()``; the next step starts its iterator.
+
+        The old loader (and its workers) is released before the new one is built, so two
+        sets of loader workers never run at once.
+
+        Args:
+            data_loader_builder: called without arguments, returns the new loader.
+        """
+        self.close_data_iterator()
+        self.data_loader = ()
+        self.data_loader = data_loader_builder()
+
+    def close_data_iterator(self) -> None:
+        """Drop the data iterator so its loader workers exit now, not at garbage collection.
+
+        The loader's position is kept by the loader itself, so a later step continues after
+        the last batch it returned.
+        """
+        self._data_loader_iter_obj = None
+
+    # ---- metrics --------------------------------------------------------------------------
+    def record_metrics(
+        self,
+        loss_dict: Mapping[str, torch.Tensor],
+        data_time: float,
+        prefix: str = "",
+        *,
+        total_loss: torch.Tensor | None = None,
+    ) -> None:
+        """Record this step's losses, their sum and the data time (see the class docstring).
+
+        Args:
+            loss_dict: the step's losses (averaged over its micro-batches).
+            data_time: seconds spent waiting for this step's batches.
+            prefix: prepended to ``total_loss`` (detectron2's convention).
+            total_loss: ``sum(loss_dict.values())`` when the caller has it already.
+        """
+        cur_iter = self.iter
+        if total_loss is None:
+            total_loss = sum_losses(loss_dict)
+        if self._loss_keys != (tuple(loss_dict), prefix):
+            self._loss_keys = (tuple(loss_dict), prefix)
+            self._metric_names = metric_names(tuple(loss_dict), prefix)
+        names = self._metric_names
+        is_gather_iter = is_period_end(cur_iter, self.gather_metric_period) or (
+            self.record_every_step and is_last_iter(cur_iter, self.max_iter)
+        )
+        if total_loss.is_cpu:
+            # Reading a CPU tensor waits for no device, so check every step (recorded or not)
+            # and never let a non-finite loss reach the optimizer. The sum is non-finite
+            # whenever a term is, so checking it covers every term.
+            total = total_loss.item()
+            if not math.isfinite(total):
+                raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
+            if not (self.record_every_step or is_gather_iter):
+                return
+            values: list[Any] = host_values(loss_dict, names, total)
+        elif self.record_every_step or is_gather_iter:
+            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
+        else:
+            return
+        self._metric_buffer.append((cur_iter, names, values, data_time))
+        if is_gather_iter:
+            buffered, self._metric_buffer = self._metric_buffer, []
+            gather_and_file(buffered, self.storage)
+
+    def _write_metrics(
+        self, loss_dict: Mapping[str, torch.Tensor], data_time: float, prefix: str = ""
+    ) -> None:
+        """detectron2's name of :meth:`record_metrics` (kept for code that calls it)."""
+        self.record_metrics(loss_dict, data_time, prefix)
+
+    @staticmethod
+    def write_metrics(
+        loss_dict: Mapping[str, torch.Tensor],
+        data_time: float,
+        cur_iter: int,
+        prefix: str = "",
+    ) -> None:
+        """Gather one step's losses over ranks and put their averages into the current storage.
+
+        ``{prefix}total_loss`` is the sum of the averaged losses, ``data_time`` the slowest
+        rank's and ``rank_data_time`` this rank's.
+
+        Args:
+            loss_dict: scalar losses of this rank.
+            data_time: seconds this rank waited for its batch.
+            cur_iter: the iteration to file the values under.
+            prefix: prepended to ``total_loss``.
+
+        Raises:
+            FloatingPointError: On every rank, if an averaged loss is infinite or NaN.
+
+        Collective:
+            ``all_gather`` over all ranks; every rank must call it for the same iterations.
+        """
+        total = sum_losses(loss_dict).detach().float().item()
+        names = metric_names(tuple(loss_dict), prefix)
+        entry = (cur_iter, names, host_values(loss_dict, names, total), data_time)
+        gather_and_file([entry], get_event_storage(), always_check=True)
+
+    # ---- resumable state ------------------------------------------------------------------
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            logger.warning("The trainer state holds no optimizer state; the optimizer starts fresh")
+
+
+def _micro_batch_weights(batches: Sequence[Any]) -> list[float] | None:
+    """Each micro-batch's share of the step's samples (``None`` for a single batch).
+
+    A model's loss is a mean over its batch, so weighting micro-batch j by ``n_j / N`` makes
+    the accumulated gradient the mean over all ``N`` samples even when sizes differ (the
+    tail of a finite loader). Batches without a length count equally.
+    """
+    if len(batches) == 1:
+        return None
+    try:
+        sizes = [len(batch) for batch in batches]
+    except TypeError:
+        return [1.0 / len(batches)] * len(batches)
+    total = sum(sizes)
+    return [size / total for size in sizes] if total else [1.0 / len(batches)] * len(batches)
+
+
+def _add_weighted(
+    into: dict[str, torch.Tensor], loss_dict: Mapping[str, torch.Tensor], weight: float
+) -> None:
+    if into and tuple(into) != tuple(loss_dict):
+        raise RuntimeError(
+            f"Micro-batches of one step returned different losses: {list(into)} and "
+            f"{list(loss_dict)}; the model must return the same loss names for every batch."
+        )
+    for name, loss in loss_dict.items():
+        weighted = loss.detach() * weight
+        into[name] = into[name] + weighted if name in into else weighted
+
+
+def _device_type(model: nn.Module) -> str:
+    param = next(model.parameters(), None)
+    return param.device.type if param is not None else "cpu"
+
+
+class AMPTrainer(SimpleTrainer):
+    """:class:`SimpleTrainer` with automatic mixed precision.
+
+    The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on
+    CUDA and bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss
+    scaling). float16 — on CUDA, or on the CPU when asked for — scales the loss with a
+    ``GradScaler`` (a new one unless given), and then:
+
+    * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips,
+      logs or checks gradients sees their true values (config clipping, inside the
+      optimizer step, sees them too);
+    * a step the scaler skips (inf/NaN gradients) is logged and counted: the count is
+      recorded as ``[metric]amp_skipped_steps`` with the other metrics. The iteration and
+      the LR schedule advance as for any step (torch's ``GradScaler`` convention).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        gather_metric_period: int = 1,
+        zero_grad_before_forward: bool = False,
+        grad_scaler: torch.amp.GradScaler | None = None,
+        precision: torch.dtype | None = None,
+        log_grad_scaler: bool = False,
+        async_write_metrics: bool = False,
+        *,
+        record_every_step: bool = False,
+        accumulate_steps: int = 1,
+    ) -> None:
+        """Set up the step; see :class:`SimpleTrainer` for the shared arguments.
+
+        Args:
+            model: the model, already on its device (which picks the autocast device).
+            data_loader: see :class:`SimpleTrainer`.
+            optimizer: see :class:`SimpleTrainer`.
+            gather_metric_period: see :class:`SimpleTrainer`.
+            zero_grad_before_forward: see :class:`SimpleTrainer`.
+            grad_scaler: the loss scaler; by default a new one with float16, none otherwise.
+            precision: the autocast dtype; ``None``: float16 on CUDA, bfloat16 on the CPU.
+            log_grad_scaler: record the loss scale as ``[metric]grad_scaler`` whenever
+                metrics are recorded.
+            async_write_metrics: see :class:`SimpleTrainer`.
+            record_every_step: see :class:`SimpleTrainer`.
+            accumulate_steps: see :class:`SimpleTrainer`.
+        """
+        super().__init__(
+            model,
+            data_loader,
+            optimizer,
+            gather_metric_period,
+            zero_grad_before_forward,
+            async_write_metrics,
+            record_every_step=record_every_step,
+            accumulate_steps=accumulate_steps,
+        )
+        self._autocast_device = _device_type(model)
+        if precision is None:
+            precision = torch.float16 if self._autocast_device == "cuda" else torch.bfloat16
+        self.precision = precision
+        if grad_scaler is None and precision == torch.float16:
+            grad_scaler = torch.amp.GradScaler(self._autocast_device)
+        self.grad_scaler = grad_scaler
+        self.log_grad_scaler = log_grad_scaler
+        self.num_skipped_steps = 0
+
+    @override
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device_type=self._autocast_device, dtype=self.precision)
+
+    @override
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.grad_scaler is None:
+            super().backward(loss)
+        else:
+            self.grad_scaler.scale(loss).backward()
+
+    @override
+    def after_backward(self) -> None:
+        if self.grad_scaler is not None:
+            # Once per step, after the last micro-batch: the scaler then knows not to
+            # unscale again in step(), and hooks see true gradients.
+            self.grad_scaler.unscale_(self.optimizer)
+        super().after_backward()
+
+    @override
+    def optimizer_step(self) -> None:
+        scaler = self.grad_scaler
+        if scaler is None:
+            super().optimizer_step()
+            return
+        scale_before = scaler.get_scale()
+        scaler.step(self.optimizer)
+        scaler.update()
+        # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
+        scale = scaler.get_scale()
+        if scale < scale_before:
+            self.num_skipped_steps += 1
+            logger.warning(
+                "Iteration %d: the gradient scaler found inf/NaN gradients and skipped the "
+                "optimizer step (%d skipped so far); loss scale %g -> %g",
+                self.iter,
+                self.num_skipped_steps,
+                scale_before,
+                scale,
+            )
+
+    @override
+    def record_metrics(
+        self,
+        loss_dict: Mapping[str, torch.Tensor],
+        data_time: float,
+        prefix: str = "",
+        *,
+        total_loss: torch.Tensor | None = None,
+    ) -> None:
+        super().record_metrics(loss_dict, data_time, prefix, total_loss=total_loss)
+        if self.grad_scaler is None or not is_period_end(self.iter, self.gather_metric_period):
+            return
+        storage = self.storage
+        # Counted up to the previous step: this step's update has not happened yet.
+        storage.put_scalar("[metric]amp_skipped_steps", self.num_skipped_steps, False)
+        if self.log_grad_scaler:
+            storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale(), False)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.grad_scaler is not None:
+            state["grad_scaler"] = self.grad_scaler.state_dict()
+            state["amp_skipped_steps"] = self.num_skipped_steps
+        return state
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.grad_scaler is not None and "grad_scaler" in state:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+            self.num_skipped_steps = int(state.get("amp_skipped_steps", 0))

@@ -1,0 +1,130 @@
+"""What a training step records: losses summed, checked, gathered over ranks, filed in bulk.
+
+The step trainers keep each step's losses as floats (CPU) or detached device tensors and
+hand them here at the iterations that end a ``gather_metric_period``: one host copy for all
+device values, one ``all_gather`` for all ranks, one storage call per metric.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trainkit.utils import comm
+from trainkit.utils.events import EventStorage
+
+__all__ = ["MetricEntry", "gather_and_file", "host_values", "metric_names", "sum_losses"]
+
+MetricEntry = tuple[int, tuple[str, ...], list[Any], float]
+"""(iteration, metric names, values as floats or detached scalar tensors, data time in s)."""
+
+
+def sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Return the sum of the losses; a ``total_loss`` entry among others is not counted twice.
+
+    One loss is its own sum; this also covers a model's single tensor, ``{"total_loss": t}``.
+    """
+    if len(loss_dict) == 1:
+        return next(iter(loss_dict.values()))
+    return functools.reduce(operator.add, (v for k, v in loss_dict.items() if k != "total_loss"))
+
+
+def metric_names(loss_names: tuple[str, ...], prefix: str = "") -> tuple[str, ...]:
+    """Return the names a step records: its losses, then ``{prefix}total_loss`` (their sum)."""
+    return tuple(k for k in loss_names if k != "total_loss") + (f"{prefix}total_loss",)
+
+
+def host_values(
+    loss_dict: Mapping[str, torch.Tensor], names: tuple[str, ...], total: float
+) -> list[float]:
+    """Read the losses named by ``names`` (all but the last) as floats, then ``total``."""
+    if len(names) == 2 and len(loss_dict) == 1:
+        return [total, total]  # one loss is its own total: read it once
+    return [float(loss_dict[name].detach().float().item()) for name in names[:-1]] + [total]
+
+
+def gather_and_file(
+    buffered: list[MetricEntry], storage: EventStorage, *, always_check: bool = False
+) -> None:
+    """Synchronise buffered metrics and put the rank average into ``storage``.
+
+    ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this
+    rank's own.
+
+    Args:
+        buffered: this rank's entries, oldest first.
+        storage: where to file the averages.
+        always_check: check the values for NaN/inf even if every value was checked on this
+            rank already (single process, CPU losses).
+
+    Raises:
+        FloatingPointError: On every rank, after filing the steps before it, if a value is
+            infinite or NaN.
+
+    Collective:
+        ``all_gather`` over all ranks (every rank flushes at the same iterations). All ranks
+        see every value, so all raise together on a non-finite loss instead of rank 0
+        raising while the others wait in the next collective.
+    """
+    device_values = [
+        value.float().reshape(())
+        for _, _, values, _ in buffered
+        for value in values
+        if isinstance(value, torch.Tensor)
+    ]
+    if device_values:
+        # One stacked device-to-host copy instead of one .item() sync per value.
+        host = iter(torch.stack(device_values).cpu().tolist())
+        buffered = [
+            (i, names, [next(host) if isinstance(v, torch.Tensor) else v for v in values], d)
+            for i, names, values, d in buffered
+        ]
+    all_ranks = comm.all_gather(buffered)
+    # CPU losses of this process were checked at every step; averages and values read
+    # from a device only now are checked here.
+    check_finite = always_check or bool(device_values) or len(all_ranks) > 1
+    # Columns of (value, iteration) points, filed with one storage call per metric.
+    series: dict[str, list[tuple[float, int]]] = {"data_time": [], "rank_data_time": []}
+    non_finite: tuple[int, tuple[str, ...], list[float]] | None = None
+    for position, (cur_iter, names, values, data_time_s) in enumerate(buffered):
+        slowest_data_time_s = data_time_s
+        if len(all_ranks) > 1:
+            per_rank = [rank_buffer[position] for rank_buffer in all_ranks]
+            _check_same_loss_names(cur_iter, [entry[1] for entry in per_rank])
+            values = [sum(column) / len(per_rank) for column in zip(*(e[2] for e in per_rank))]
+            slowest_data_time_s = max(entry[3] for entry in per_rank)
+        if check_finite and not all(math.isfinite(v) for v in values):
+            non_finite = (cur_iter, names, values)
+            break
+        series["data_time"].append((slowest_data_time_s, cur_iter))
+        series["rank_data_time"].append((data_time_s, cur_iter))
+        for name, value in zip(names, values):
+            series.setdefault(name, []).append((value, cur_iter))
+    for name, points in series.items():
+        if points:
+            storage.put_scalar_series(name, points)
+    if non_finite is not None:
+        raise_non_finite(*non_finite)
+
+
+def raise_non_finite(cur_iter: int, names: tuple[str, ...], values: list[float]) -> None:
+    """Raise detectron2's error for a loss that became infinite or NaN."""
+    raise FloatingPointError(
+        f"Loss became infinite or NaN at iteration={cur_iter}! "
+        f"loss_dict = {dict(zip(names, values))}"
+    )
+
+
+def _check_same_loss_names(cur_iter: int, names_per_rank: list[tuple[str, ...]]) -> None:
+    for rank, names in enumerate(names_per_rank):
+        if names != names_per_rank[0]:
+            raise RuntimeError(
+                f"At iteration {cur_iter} rank 0 returned losses {list(names_per_rank[0])} but "
+                f"rank {rank} returned {list(names)}; every rank must return the same loss "
+                "names in the same order so that they can be averaged."
+            )
