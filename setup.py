@@ -27,6 +27,9 @@ setup(
         "pyyaml>=5.1",
         "pillow>=9.0",
         "tqdm>=4.29",
+        # Pickles lambdas and closures given as mappers for spawned loader workers
+        # (trainkit.utils.serialize.PicklableWrapper), as detectron2 does.
+        "cloudpickle>=1.3",
     ],
     extras_require={"test": ["pytest>=7.0"]},
     include_package_data=True,

@@ -3,6 +3,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from trainkit.data import DatasetFromList, MapDataset, ToIterableDataset, sample_rng, sample_seed
@@ -99,3 +100,27 @@ def test_aspect_ratio_grouped_dataset_groups_by_orientation():
     samples = [{"width": w, "height": 10} for w in (20, 5, 30, 6, 40, 7)]
     batches = list(AspectRatioGroupedDataset(samples, 3))
     assert [[s["width"] for s in b] for b in batches] == [[20, 30, 40], [5, 6, 7]]
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_iterable_map_dataset_skips_failures_and_gives_up_after_a_run(caplog):
+    ds = MapDataset(_Stream([{"path": "ok1"}, {"path": "bad2"}, {"path": "ok3"}]), _raise_oserror)
+    with caplog.at_level(logging.WARNING):
+        assert list(ds) == ["ok1", "ok3"]
+    assert "Skipping element 1 of _Stream" in caplog.text and "cannot read bad2" in caplog.text
+    assert len(ds) == 3 and ds.num_failures == 1
+    broken = MapDataset(
+        _Stream(list(range(5))), lambda r: None, max_consecutive_failures=2, name="toy_stream"
+    )
+    with pytest.raises(RuntimeError, match=r"2 records of dataset 'toy_stream'.*element 1"):
+        list(broken)

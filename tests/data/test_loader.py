@@ -9,10 +9,10 @@ import torch
 from trainkit.config import get_cfg
 from trainkit.data import (
     DatasetCatalog,
+    batch_rng,
     build_batch_data_loader,
     build_test_loader,
     build_train_loader,
-    batch_rng,
     sample_rng,
     sample_seed,
 )
@@ -293,3 +293,83 @@ def test_persistent_workers_continue_after_the_last_returned_batch():
     cfg = make_cfg(**{"DATALOADER.NUM_WORKERS": 2, "DATALOADER.PERSISTENT_WORKERS": True})
     loader = build_train_loader(cfg, identity_mapper, dataset=records)
     assert take(loader, 4) + take(loader, 5) == reference
+
+
+def test_finite_loader_passes_continue_the_stream_positions():
+    from trainkit.data.samplers import InferenceSampler
+
+    loader = build_batch_data_loader(
+        list(range(6)), InferenceSampler(6, rank=0, world_size=1), 4, drop_last=False
+    )
+    assert take(loader, 10) == [[0, 1, 2, 3], [4, 5]]
+    assert loader.last_batch_positions == [4, 5]
+    assert take(loader, 10) == [[0, 1, 2, 3], [4, 5]]
+    assert loader.last_batch_positions == [10, 11]  # no two returned samples share one
+    state = roundtrip(loader.state_dict())
+    assert state["pass_offset"] == 6 and loader.num_batches_returned == 4
+
+
+def test_finite_loader_stopped_after_its_last_batch_starts_the_next_pass_in_full():
+    from trainkit.data.samplers import InferenceSampler
+
+    loader = build_batch_data_loader(list(range(8)), InferenceSampler(8), 4)
+    assert take(loader, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # never asked for a third
+    assert take(loader, 5) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    mid = build_batch_data_loader(list(range(8)), InferenceSampler(8), 4)
+    take(mid, 1)
+    resumed = build_batch_data_loader(list(range(8)), InferenceSampler(8), 4)
+    resumed.load_state_dict(mid.state_dict())
+    assert take(resumed, 5) == [[4, 5, 6, 7]]  # the rest of the pass, then it ends
+
+
+def test_grouped_finite_loader_has_no_len():
+    from trainkit.data.samplers import InferenceSampler
+
+    loader = build_batch_data_loader(
+        make_records(12), InferenceSampler(12), 4, aspect_ratio_grouping=True
+    )
+    with pytest.raises(TypeError, match="grouped"):
+        len(loader)
+
+
+def test_loader_starts_where_a_fresh_iterator_of_its_sampler_would():
+    sampler = TrainingSampler(30, seed=4, rank=0, world_size=1)
+    expected = list(itertools.islice(iter(sampler), 8))
+    take(sampler, 5)  # drawn directly: a new iterator (and so the loader) starts at 0 again
+    loader = build_batch_data_loader(list(range(30)), sampler, 4)
+    assert take(loader, 2) == [expected[:4], expected[4:]]
+    resumed = TrainingSampler(30, seed=4, rank=0, world_size=1)
+    resumed.load_state_dict({**resumed.state_dict(), "num_drawn": 4})
+    assert take(build_batch_data_loader(list(range(30)), resumed, 4), 1) == [expected[4:]]
+
+
+def test_catalog_train_records_without_usable_annotations_are_filtered():
+    dicts = [
+        {"id": 0, "annotations": [{"category_id": 0}]},
+        {"id": 1, "annotations": []},
+        {"id": 2, "annotations": [{"category_id": 1, "iscrowd": 1}]},
+        {"id": 3},  # no annotations key: not an instance dataset, kept
+    ]
+    DatasetCatalog.register("toy_annotated", lambda: dicts)
+    try:
+        cfg = make_cfg(**{"DATASETS.TRAIN": ("toy_annotated",), "SOLVER.IMS_PER_BATCH": 2})
+        ids = {i for b in take(build_train_loader(cfg, identity_mapper), 6) for i in b}
+        assert ids == {0, 3}
+        cfg = make_cfg(
+            **{
+                "DATASETS.TRAIN": ("toy_annotated",),
+                "SOLVER.IMS_PER_BATCH": 2,
+                "DATALOADER.FILTER_EMPTY_ANNOTATIONS": False,
+            }
+        )
+        ids = {i for b in take(build_train_loader(cfg, identity_mapper), 6) for i in b}
+        assert ids == {0, 1, 2, 3}
+    finally:
+        DatasetCatalog.remove("toy_annotated")
+
+
+def test_explicit_loader_passes_dataloader_arguments_through():
+    sampler = TrainingSampler(10, seed=0, rank=0, world_size=1)
+    loader = build_batch_data_loader(list(range(10)), sampler, 2, num_workers=1, timeout=30)
+    assert loader._torch_loader.timeout == 30
+    assert take(loader, 1) == [take(TrainingSampler(10, seed=0), 2)]

@@ -161,3 +161,42 @@ def test_inference_sampler_vs_torch_distributed_sampler():
         for r in range(world_size)
     ]
     assert sum(map(len, shuffled)) == 6 and len(set(shuffled[0] + shuffled[1])) == 5
+
+
+# A new iter() restarts the stream (detectron2), from the loaded position if any (resume).
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TrainingSampler(31, seed=5, rank=1, world_size=3),
+        lambda: RandomSubsetTrainingSampler(40, 0.5, seed_shuffle=2, seed_subset=3),
+        lambda: RepeatFactorTrainingSampler(torch.tensor([1.0, 2.5, 0.5, 1.0, 3.0]), seed=7),
+    ],
+    ids=["training", "subset", "repeat"],
+)
+def test_loaded_position_is_where_every_new_iterator_starts(make):
+    reference = take(make(), 60)
+    sampler = make()
+    take(sampler, 17)
+    take(sampler, 9)  # a second iterator restarted: its state says 9, not 26
+    assert sampler.state_dict()["num_drawn"] == 9
+    fresh = make()
+    fresh.load_state_dict(roundtrip(sampler.state_dict()))
+    assert take(fresh, 20) == reference[9:29]
+    assert take(fresh, 20) == reference[9:29]  # again from the loaded position
+    assert fresh.state_dict()["num_drawn"] == 29
+
+
+def test_worker_shares_start_at_the_loaded_position():
+    from torch.utils.data import DataLoader
+
+    from trainkit.data import ToIterableDataset
+
+    n = 20
+    reference = take(TrainingSampler(n, seed=1), 3 * n)
+    sampler = TrainingSampler(n, seed=1)
+    sampler.load_state_dict({**sampler.state_dict(), "num_drawn": 7})
+    dataset = ToIterableDataset(list(range(n)), sampler)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    assert list(itertools.islice(loader, 30)) == reference[7:37]

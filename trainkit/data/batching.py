@@ -75,7 +75,9 @@ class BatchIndexStream:
 
     Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
     ``r, r + W, ...``), which every trainkit training sampler is. A sampler that is not a
-    trainkit sampler is restarted and fast-forwarded by drawing, not jumped.
+    trainkit sampler is restarted and fast-forwarded by drawing, not jumped. A finite
+    sampler is drawn in passes (:meth:`next_pass_state`); positions keep growing from one
+    pass to the next, so no two returned samples share one.
     """
 
     def __init__(
@@ -107,7 +109,9 @@ class BatchIndexStream:
         self._state: dict[str, Any] = {
             "version": STATE_VERSION,
             "num_batches": 0,
-            "num_drawn": sampler.num_drawn if is_stream else 0,
+            # Where iter(sampler) would start: 0, or the position its load_state_dict set.
+            "num_drawn": sampler.start_position if is_stream else 0,
+            "pass_offset": 0,  # draws of the finished passes of a finite sampler
             "sampler": sampler.state_dict() if is_stream else None,
             "batch_size": batch_size,
             "rank": self._rank,
@@ -147,9 +151,49 @@ class BatchIndexStream:
             )
         self._state = {
             **state,
+            "pass_offset": int(state.get("pass_offset", 0)),  # absent from older states
             "buckets": [[list(item) for item in bucket] for bucket in state["buckets"]],
             "last_batch": [list(item) for item in state.get("last_batch", [])],
         }
+
+    @staticmethod
+    def at_pass_start(state: dict[str, Any]) -> bool:
+        """Return whether ``state`` is at the start of a pass (nothing drawn or waiting)."""
+        return state["num_drawn"] == 0 and not any(state["buckets"])
+
+    @staticmethod
+    def next_pass_state(state: dict[str, Any]) -> dict[str, Any]:
+        """Return the state that starts a finite sampler's next pass after ``state``.
+
+        Elements still waiting in buckets are dropped, like the tail of a pass with
+        ``drop_last``; the batch count and the global positions carry on.
+        """
+        return {
+            **state,
+            "pass_offset": int(state.get("pass_offset", 0)) + state["num_drawn"],
+            "num_drawn": 0,
+            "buckets": [[] for _ in state["buckets"]],
+            "last_batch": [list(item) for item in state.get("last_batch", [])],
+        }
+
+    def batches_per_pass(self) -> int:
+        """Return the number of batches in one pass over a finite, ungrouped sampler.
+
+        Raises:
+            TypeError: If the sampler is infinite or has no ``len()``, or when grouping
+                (the count then depends on the order of the indices).
+        """
+        if isinstance(self._sampler, StreamSampler):
+            raise TypeError(
+                f"an infinite loader ({type(self._sampler).__name__}) has no len(); use a "
+                "finite sampler such as InferenceSampler for a loader with a length"
+            )
+        if self._bucket_ids is not None:
+            raise TypeError("len() of an aspect-ratio-grouped loader depends on the order")
+        num_indices = len(self._sampler)  # type: ignore[arg-type]  # TypeError if unsized
+        if self._drop_last:
+            return num_indices // self._batch_size
+        return -(-num_indices // self._batch_size)
 
     def _draws(self) -> Iterator[int]:
         num_drawn = self._state["num_drawn"]
@@ -164,8 +208,9 @@ class BatchIndexStream:
         state = self.state_dict()  # work on a copy: yielded states must not change later
         buckets = state["buckets"]
         num_drawn = state["num_drawn"]
+        pass_offset = state["pass_offset"]
         for index in self._draws():
-            position = global_position(num_drawn, self._rank, self._world_size)
+            position = global_position(pass_offset + num_drawn, self._rank, self._world_size)
             num_drawn += 1
             bucket = buckets[0 if self._bucket_ids is None else int(self._bucket_ids[index])]
             bucket.append([int(index), position])

@@ -75,6 +75,10 @@ class _DatasetCatalog:
         """Return the registered names, in registration order."""
         return list(self._funcs)
 
+    def keys(self) -> set[str]:
+        """Return the registered names as a set (detectron2's ``DatasetCatalog.keys()``)."""
+        return set(self._funcs)
+
     def remove(self, name: str) -> None:
         """Forget ``name``.
 

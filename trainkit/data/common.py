@@ -7,13 +7,12 @@ import itertools
 import logging
 import pickle
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from trainkit.data._sample_context import sample_context
+from trainkit.data._map_dataset import MapDataset
 from trainkit.data._shared_buffer import (
     SegmentHandle,
     SegmentWriter,
@@ -26,8 +25,6 @@ from trainkit.utils import comm
 logger = logging.getLogger(__name__)
 
 __all__ = ["AspectRatioGroupedDataset", "DatasetFromList", "MapDataset", "ToIterableDataset"]
-
-_RETRY_SALT = 0x7E7A11  # keys the choice of replacement records
 
 
 class DatasetFromList(Dataset):
@@ -231,115 +228,6 @@ def _attach_or_load(
             reason = f"cannot attach to local rank 0's segment ({type(e).__name__}: {e})"
     logger.warning("%s; loading a private copy of the records on this rank", reason)
     return _serialize_records(load_fn()), reason
-
-
-def _retry_index(seed: int, key: int, attempt: int, size: int) -> int:
-    # A pure function of (seed, failing sample, attempt): the replacement is the same
-    # whichever worker or restart hits the failure, so the stream stays reproducible.
-    seq = np.random.SeedSequence([seed, key, attempt, _RETRY_SALT])
-    return int(seq.generate_state(1, dtype=np.uint64)[0] % size)
-
-
-def _short_repr(obj: Any, limit: int = 200) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class MapDataset(Dataset):
-    """Apply ``map_func`` to each record of a map-style dataset, skipping records that fail.
-
-    A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file). The failure is logged with the index and a running count, and a
-    replacement index is tried, chosen deterministically from (seed, sample, attempt).
-    After ``max_consecutive_failures`` failures in a row for one sample it raises
-    ``RuntimeError`` naming the dataset and the last failing record.
-
-    Every ``map_func`` call runs inside a sample context, so ``trainkit.data.sample_rng()``
-    works in the mapper: the train loader keys it by the global stream position; a plain
-    ``dataset[i]`` keys it by ``i`` (seed 0).
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset | Sequence[Any],
-        map_func: Callable[[Any], Any],
-        *,
-        max_consecutive_failures: int = 20,
-        name: str | None = None,
-    ) -> None:
-        """Wrap ``dataset``.
-
-        Args:
-            dataset: a map-style dataset (or list) of records.
-            map_func: record -> mapped sample, or ``None`` to skip the record.
-            max_consecutive_failures: failures in a row before giving up
-                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
-            name: dataset name used in messages (default: the dataset's class name).
-        """
-        if max_consecutive_failures < 1:
-            raise ValueError(
-                f"DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got {max_consecutive_failures}"
-            )
-        self.dataset = dataset
-        self._map_func = map_func
-        self._max_failures = max_consecutive_failures
-        self._name = name or type(dataset).__name__
-        self._num_failures_total = 0  # per process: each worker counts its own
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    @property
-    def num_failures(self) -> int:
-        """Records that failed in this process so far (each loader worker counts its own)."""
-        return self._num_failures_total
-
-    def __getitem__(self, idx: int) -> Any:
-        return self.map_at(idx, seed=0, position=idx)
-
-    def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
-        """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
-
-        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``.
-
-        Raises:
-            RuntimeError: After ``max_consecutive_failures`` failed records in a row.
-        """
-        last_error: BaseException | None = None
-        for attempt in range(self._max_failures):
-            record = None
-            try:
-                record = self.dataset[idx]  # reading the record may fail too
-                with sample_context(seed, position, batch):
-                    result = self._map_func(record)
-            except Exception as e:  # any mapper error counts as an unreadable record
-                result, last_error = None, e
-            if result is not None:
-                return result
-            self._num_failures_total += 1
-            reason = (
-                f"{type(last_error).__name__}: {last_error}"
-                if last_error
-                else "mapper returned None"
-            )
-            failed_idx = idx
-            idx = _retry_index(seed, position, attempt, len(self.dataset))
-            logger.warning(
-                "Skipping record %d of %s %s (%s); trying record %d instead "
-                "(%d consecutive failures, %d in this process)",
-                failed_idx,
-                self._name,
-                _short_repr(record, 160),
-                reason,
-                idx,
-                attempt + 1,
-                self._num_failures_total,
-            )
-        raise RuntimeError(
-            f"{self._max_failures} records of dataset {self._name!r} failed to load in a row; "
-            f"the last was index {failed_idx}: {_short_repr(record)} ({reason}). Check the files "
-            "and the mapper, or raise DATALOADER.MAX_CONSECUTIVE_FAILURES."
-        ) from last_error
 
 
 def _worker_share(iterable: Iterable[Any], chunk_size: int) -> Iterator[Any]:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import collections
 import logging
 import multiprocessing as mp
-from collections.abc import Callable, Iterator
+import operator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainkit.data._sample_context import sample_context
 from trainkit.data.batching import BatchIndexStream
-from trainkit.data.common import MapDataset
+from trainkit.data.common import AspectRatioGroupedDataset, MapDataset
 from trainkit.utils.env import seed_all_rng
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
+__all__ = ["TrainLoader", "iterable_loader", "trivial_batch_collator", "worker_init_reset_seed"]
 
 
 def worker_context_kwargs() -> dict[str, Any]:
@@ -105,8 +106,12 @@ class TrainLoader:
 
     :meth:`state_dict` describes the batches *returned* by this object, not those the workers
     prefetched; a loader built the same way that loads it continues with the next batch.
-    Iterating again (a new ``iter()``) continues after the last returned batch, too. Use one
-    iterator at a time. This class does not collate tensors unless given a ``collate_fn``.
+    Iterating again (a new ``iter()``) continues after the last returned batch, too, unlike
+    a torch ``DataLoader``: a training loop that re-creates its iterator loses no data. Over
+    a finite sampler, an iteration that would yield nothing from there starts the next pass,
+    so a finished loader can be iterated again like a ``DataLoader``; ``len()`` is then the
+    number of batches of one pass. Use one iterator at a time. This class does not collate
+    tensors unless given a ``collate_fn``.
     """
 
     def __init__(
@@ -139,14 +144,14 @@ class TrainLoader:
             kwargs["persistent_workers"] = False
         else:
             kwargs = {**worker_context_kwargs(), **kwargs}
+        # A private generator: otherwise every new iterator draws its workers' base seed
+        # from the global torch RNG, which would shift the training RNG stream on resume.
+        kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
+        kwargs.setdefault("worker_init_fn", worker_init_reset_seed)
         self._torch_loader = DataLoader(
             _PositionedDataset(dataset, seed),
             batch_sampler=_StreamBatchSampler(self),
             collate_fn=_CountingCollate(collate_fn or trivial_batch_collator),
-            worker_init_fn=worker_init_reset_seed,
-            # A private generator: otherwise every new iterator draws its workers' base seed
-            # from the global torch RNG, which would shift the training RNG stream on resume.
-            generator=torch.Generator().manual_seed(seed),
             **kwargs,
         )
 
@@ -155,10 +160,27 @@ class TrainLoader:
         # prefetched by a previous iterator were never returned: regenerate from the state
         # of the last returned batch.
         self._in_flight.clear()
-        self._stream.load_state_dict(self._state)
+        produced = yield from self._batches_from(self._state)
+        if not produced and not self._stream.at_pass_start(self._state):
+            # Only a finite sampler's stream ends: its pass is over, start the next one.
+            yield from self._batches_from(self._stream.next_pass_state(self._state))
+
+    def _batches_from(self, start: dict[str, Any]) -> Generator[list[list[int]], None, bool]:
+        self._stream.load_state_dict(start)
+        produced = False
         for batch, state in self._stream:
+            produced = True
             self._in_flight.append(state)
             yield batch
+        return produced
+
+    def __len__(self) -> int:
+        """Return the number of batches of one pass over a finite sampler.
+
+        Raises:
+            TypeError: For an infinite sampler, or when grouping by aspect ratio.
+        """
+        return self._stream.batches_per_pass()
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self._torch_loader:
@@ -213,3 +235,46 @@ class TrainLoader:
     def last_batch_indices(self) -> list[int]:
         """Dataset indices of the samples of the batch just returned."""
         return [index for index, _ in self._state["last_batch"]]
+
+
+class _CollatedBatches(IterableDataset):
+    """Apply ``collate_fn`` to every batch of an iterable (re-iterable, unlike ``map``)."""
+
+    def __init__(
+        self, batches: Iterable[list[Any]], collate_fn: Callable[[list[Any]], Any]
+    ) -> None:
+        self.batches = batches
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:
+            yield self.collate_fn(batch)
+
+
+def iterable_loader(
+    dataset: IterableDataset,
+    batch_size: int,
+    *,
+    aspect_ratio_grouping: bool,
+    drop_last: bool,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    loader_kwargs: dict[str, Any],
+) -> Iterable[Any]:
+    """Batch an ``IterableDataset`` with a torch ``DataLoader`` (detectron2's path).
+
+    The dataset shards itself across workers. With grouping, samples cross the worker
+    queue one by one and :class:`AspectRatioGroupedDataset` groups them by orientation in
+    this process. Nothing here can resume: an iterable dataset has no position to save.
+    """
+    loader_kwargs = {"worker_init_fn": worker_init_reset_seed, **loader_kwargs}
+    if not aspect_ratio_grouping:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            collate_fn=collate_fn or trivial_batch_collator,
+            **loader_kwargs,
+        )
+    samples = DataLoader(dataset, collate_fn=operator.itemgetter(0), **loader_kwargs)
+    grouped = AspectRatioGroupedDataset(samples, batch_size)
+    return grouped if collate_fn is None else _CollatedBatches(grouped, collate_fn)

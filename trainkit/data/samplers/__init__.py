@@ -1,4 +1,4 @@
-"""Samplers: infinite resumable training streams and exact inference shards."""
+"""Samplers: infinite resumable training streams, exact inference shards, grouped batches."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from trainkit.data.samplers.distributed_sampler import (
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
+from trainkit.data.samplers.grouped_batch_sampler import GroupedBatchSampler
 
 __all__ = [
+    "GroupedBatchSampler",
     "InferenceSampler",
     "RandomSubsetTrainingSampler",
     "RepeatFactorTrainingSampler",

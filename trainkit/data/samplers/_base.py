@@ -25,6 +25,11 @@ class StreamSampler(Sampler[int]):
     positions ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws, which is
     the whole resumable state.
 
+    As in detectron2, every ``iter()`` starts the stream afresh: from the beginning, or
+    from the position given to :meth:`load_state_dict` (which is how a resumed run skips
+    what it already saw). :meth:`state_dict` describes the iterator advanced most recently;
+    use one iterator at a time when you save states.
+
     It does not shuffle data itself and holds no per-index state; subclasses that need O(N)
     memory (repeat factors) say so.
     """
@@ -39,6 +44,7 @@ class StreamSampler(Sampler[int]):
         self._world_size = comm.get_world_size() if world_size is None else int(world_size)
         self._rank = comm.get_rank() if rank is None else int(rank)
         check_rank(self._rank, self._world_size)
+        self._start = 0  # where a new iterator begins: 0, or what load_state_dict set
         self._num_drawn = 0
 
     @property
@@ -58,8 +64,13 @@ class StreamSampler(Sampler[int]):
 
     @property
     def num_drawn(self) -> int:
-        """Indices this sampler has yielded so far (its local stream position)."""
+        """Local stream position after the last index yielded by the latest iterator."""
         return self._num_drawn
+
+    @property
+    def start_position(self) -> int:
+        """Local stream position a new iterator starts from (0, or the loaded one)."""
+        return self._start
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
         """Return the dataset indices at sorted, non-negative global ``positions``."""
@@ -81,21 +92,25 @@ class StreamSampler(Sampler[int]):
         return self._indices_at(global_positions(local_positions, self._rank, self._world_size))
 
     def __iter__(self) -> Iterator[int]:
+        position = self._start
+        self._num_drawn = position
         block = _FIRST_BLOCK
         while True:
-            start = self._num_drawn
-            local = np.arange(start, start + block, dtype=np.int64)
+            local = np.arange(position, position + block, dtype=np.int64)
             for index in self.indices_at_local(local).tolist():
                 # Count before yielding: a state taken while the consumer holds this index
                 # must say it was drawn.
-                self._num_drawn += 1
+                position += 1
+                self._num_drawn = position
                 yield index
             block = min(2 * block, _MAX_BLOCK)
 
     def iter_worker_share(
         self, worker_id: int, num_workers: int, chunk_size: int = 1
     ) -> Iterator[int]:
-        """Yield only a loader worker's chunks of this rank's stream, from the current position.
+        """Yield only a loader worker's chunks of this rank's stream, from its start.
+
+        The stream starts where ``iter()`` would (:attr:`start_position`).
 
         Chunks of ``chunk_size`` local positions are dealt round-robin to the workers (see
         :func:`~trainkit.data.samplers.positions.worker_local_positions`); each worker computes
@@ -105,7 +120,7 @@ class StreamSampler(Sampler[int]):
         first_round = 0
         while True:
             local = worker_local_positions(first_round, rounds, worker_id, num_workers, chunk_size)
-            yield from self.indices_at_local(local + self._num_drawn).tolist()
+            yield from self.indices_at_local(local + self._start).tolist()
             first_round += rounds
 
     def state_dict(self) -> dict[str, Any]:
@@ -117,7 +132,7 @@ class StreamSampler(Sampler[int]):
         return {"num_drawn": self._num_drawn, **self._stream_key()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the stream after the ``state["num_drawn"]`` indices already drawn.
+        """Make new iterators continue after the ``state["num_drawn"]`` indices already drawn.
 
         Raises:
             ValueError: If the state belongs to another stream (sampler type, seed or world size).
@@ -130,4 +145,4 @@ class StreamSampler(Sampler[int]):
                 f"{expected}; "
                 "build the sampler with the same arguments (seed, world size) as the saved run."
             )
-        self._num_drawn = int(state["num_drawn"])
+        self._start = self._num_drawn = int(state["num_drawn"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -45,6 +46,19 @@ def _epoch_permute(
     return permute(offsets, n, keys)
 
 
+def _checked_size(sampler_name: str, size: Any) -> int:
+    try:
+        size = operator.index(size)  # any integer, numpy's included; not 3.0
+    except TypeError:
+        raise TypeError(
+            f"{sampler_name}(size=...) expects an int (the dataset size), got "
+            f"{type(size).__name__} {size!r}"
+        ) from None
+    if size <= 0:
+        raise ValueError(f"{sampler_name} needs a dataset size > 0, got {size}")
+    return size
+
+
 class TrainingSampler(StreamSampler):
     """Yield an infinite stream of indices of a dataset of ``size`` records.
 
@@ -77,10 +91,10 @@ class TrainingSampler(StreamSampler):
             world_size: number of ranks (default ``comm.get_world_size()``).
 
         Raises:
+            TypeError: If ``size`` is not an integer.
             ValueError: If ``size`` is not positive.
         """
-        if not isinstance(size, int) or size <= 0:
-            raise ValueError(f"TrainingSampler needs a dataset size > 0, got {size!r}")
+        size = _checked_size(type(self).__name__, size)
         super().__init__(seed, rank=rank, world_size=world_size)
         self._size = size
         self._shuffle = shuffle
@@ -95,11 +109,12 @@ class TrainingSampler(StreamSampler):
         return _epoch_permute(offsets, epochs, self._size, self._seed, STREAM_SHUFFLE)
 
 
-class RandomSubsetTrainingSampler(StreamSampler):
+class RandomSubsetTrainingSampler(TrainingSampler):
     """Like :class:`TrainingSampler`, over a fixed random subset of the dataset.
 
     The subset (``int(size * subset_ratio)`` indices, chosen by ``seed_subset``) is itself
-    the first part of a keyed permutation, so nothing is materialised either.
+    the first part of a keyed permutation, so nothing is materialised either. As in
+    detectron2 it is a :class:`TrainingSampler` (``isinstance`` holds).
     """
 
     def __init__(
@@ -125,8 +140,10 @@ class RandomSubsetTrainingSampler(StreamSampler):
             world_size: number of ranks (default ``comm.get_world_size()``).
 
         Raises:
+            TypeError: If ``size`` is not an integer.
             ValueError: If ``subset_ratio`` is outside ``(0, 1]`` or selects no index.
         """
+        size = _checked_size(type(self).__name__, size)
         if not 0.0 < subset_ratio <= 1.0:
             raise ValueError(
                 "DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
@@ -138,20 +155,17 @@ class RandomSubsetTrainingSampler(StreamSampler):
                 f"subset_ratio={subset_ratio} of a dataset of {size} records selects no record; "
                 "use a larger ratio."
             )
-        super().__init__(seed_shuffle, rank=rank, world_size=world_size)
+        # The shuffle seed is drawn before the subset seed, in detectron2's order.
+        super().__init__(size, shuffle, seed_shuffle, rank=rank, world_size=world_size)
         self._seed_subset = int(comm.shared_random_seed() if seed_subset is None else seed_subset)
-        self._size = size
         self._subset_size = subset_size
-        self._shuffle = shuffle
         logger.info("Training on a random subset of %d of %d records", subset_size, size)
 
     def _stream_key(self) -> dict[str, Any]:
         return {
             **super()._stream_key(),
-            "size": self._size,
             "subset_size": self._subset_size,
             "seed_subset": self._seed_subset,
-            "shuffle": self._shuffle,
         }
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
@@ -213,7 +227,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
 
     @staticmethod
     def repeat_factors_from_category_frequency(
-        dataset_dicts: Sequence[dict[str, Any]], repeat_thresh: float
+        dataset_dicts: Sequence[dict[str, Any]], repeat_thresh: float, sqrt: bool = True
     ) -> torch.Tensor:
         """Compute per-record repeat factors from category frequencies (LVIS rule).
 
@@ -224,6 +238,8 @@ class RepeatFactorTrainingSampler(StreamSampler):
         Args:
             dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
             repeat_thresh: frequency below which categories are over-sampled.
+            sqrt: take the square root of ``repeat_thresh / f(c)`` (LVIS); ``False`` uses
+                the ratio itself, which over-samples rare categories more.
 
         Returns:
             float32 tensor of one factor per record.
@@ -234,7 +250,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
                 category_freq[cat_id] += 1
         num_records = max(1, len(dataset_dicts))
         category_rep = {
-            cat: max(1.0, math.sqrt(repeat_thresh / (count / num_records)))
+            cat: max(1.0, _ratio_root(repeat_thresh / (count / num_records), sqrt))
             for cat, count in category_freq.items()
         }
         factors = [
@@ -286,6 +302,10 @@ class RepeatFactorTrainingSampler(StreamSampler):
         return out
 
 
+def _ratio_root(ratio: float, sqrt: bool) -> float:
+    return math.sqrt(ratio) if sqrt else ratio
+
+
 class InferenceSampler(Sampler[int]):
     """Yield this rank's contiguous shard of ``range(size)``, once, in order.
 
@@ -308,7 +328,15 @@ class InferenceSampler(Sampler[int]):
         self._size = size
         world_size = comm.get_world_size() if world_size is None else world_size
         rank = comm.get_rank() if rank is None else rank
-        self._local_indices = shard_range(size, rank, world_size)
+        self._local_indices = self._get_local_indices(size, world_size, rank)
+
+    @staticmethod
+    def _get_local_indices(total_size: int, world_size: int, rank: int) -> range:
+        """Return rank ``rank``'s shard of ``range(total_size)`` (detectron2's helper name).
+
+        The first ``total_size % world_size`` ranks hold one index more than the others.
+        """
+        return shard_range(total_size, rank, world_size)
 
     def __iter__(self) -> Iterator[int]:
         yield from self._local_indices

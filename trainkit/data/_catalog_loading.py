@@ -1,0 +1,270 @@
+"""Turn ``DatasetCatalog`` names into records or datasets, once per machine where possible.
+
+Re-exported by :mod:`trainkit.data.build` (detectron2's import path).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
+
+from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
+from trainkit.data.common import DatasetFromList
+from trainkit.utils import comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["get_detection_dataset_dicts", "load_catalog_dataset"]
+
+
+def _names(names: str | Sequence[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError("no dataset given: set DATASETS.TRAIN to registered dataset names")
+    return names
+
+
+def _is_lazy_dataset(obj: Any) -> bool:
+    # A dataset object (e.g. MetaFileDataset, or an IterableDataset) reads its records on
+    # demand; a list, tuple or generator is records to serialise.
+    return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
+
+
+def _check_not_empty(name: str, part: Any) -> None:
+    # An IterableDataset may have no length (or an infinite stream): it is not checked.
+    if isinstance(part, IterableDataset) or not hasattr(part, "__len__"):
+        return
+    if len(part) == 0:
+        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+
+
+def _catalog_part(name: str, *, as_list: bool = True) -> Any:
+    """Call ``name``'s catalog function; a generator stays one unless ``as_list``.
+
+    Raises:
+        ValueError: If the dataset is empty (for a generator: once it turns out empty).
+    """
+    part = DatasetCatalog.get(name)
+    if not _is_lazy_dataset(part) and not isinstance(part, (list, tuple)):
+        part = list(part) if as_list else _non_empty(name, part)
+    _check_not_empty(name, part)
+    return part
+
+
+def _non_empty(name: str, records: Iterable[Any]) -> Iterator[Any]:
+    count = 0
+    for count, record in enumerate(records, 1):  # noqa: B007 - count is read afterwards
+        yield record
+    if count == 0:
+        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+
+
+def _join_datasets(names: list[str], parts: list[Any]) -> Dataset:
+    """One dataset from several dataset objects (map-style: concatenated; iterable: chained)."""
+    if not all(_is_lazy_dataset(part) for part in parts):
+        raise ValueError(
+            f"datasets {names} mix dataset objects and record lists; register all of them one way."
+        )
+    if len(parts) == 1:
+        return parts[0]
+    iterable = [isinstance(part, IterableDataset) for part in parts]
+    if all(iterable):
+        return ChainDataset(parts)
+    if any(iterable):
+        raise ValueError(f"datasets {names} mix iterable and map-style datasets")
+    return ConcatDataset(parts)
+
+
+def _has_usable_annotations(record: Any) -> bool:
+    # detectron2's rule: an image is kept if one of its annotations is not a crowd region.
+    return any(not ann.get("iscrowd", 0) for ann in record["annotations"])
+
+
+def _num_visible_keypoints(record: Any) -> int:
+    # Keypoints are [x1, y1, v1, x2, y2, v2, ...]; visible means v > 0.
+    return sum(
+        sum(1 for v in ann["keypoints"][2::3] if v > 0)
+        for ann in record["annotations"]
+        if "keypoints" in ann
+    )
+
+
+def keep_record(record: Any, *, filter_empty: bool, min_keypoints: int = 0) -> bool:
+    """Return whether ``record`` survives detectron2's training-time filters.
+
+    Only records with an ``"annotations"`` list are filtered: ``filter_empty`` drops those
+    without a non-crowd annotation, ``min_keypoints`` those with fewer visible keypoints.
+    """
+    if not isinstance(record, dict) or "annotations" not in record:
+        return True
+    if filter_empty and not _has_usable_annotations(record):
+        return False
+    return min_keypoints <= 0 or _num_visible_keypoints(record) >= min_keypoints
+
+
+def _check_thing_classes(names: list[str]) -> None:
+    """Raise if the named datasets declare different ``thing_classes`` in their metadata."""
+    declared = {
+        name: MetadataCatalog.get(name).get("thing_classes")
+        for name in names
+        if MetadataCatalog.get(name).get("thing_classes") is not None
+    }
+    if len({tuple(classes) for classes in declared.values()}) > 1:
+        raise ValueError(
+            f"datasets {names} have different MetadataCatalog thing_classes {declared}; train "
+            "on datasets with the same classes, or pass check_consistency=False."
+        )
+
+
+def get_detection_dataset_dicts(
+    names: str | Sequence[str],
+    filter_empty: bool = True,
+    min_keypoints: int = 0,
+    proposal_files: Sequence[str] | None = None,
+    check_consistency: bool = True,
+) -> list[dict[str, Any]] | Dataset:
+    """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
+
+    Record lists (and generators) are materialised in this process and concatenated; the
+    loaders avoid that on all but local rank 0 (see :func:`load_catalog_dataset`). When the
+    catalog functions return dataset objects (map-style or iterable), those are returned
+    as they are (several: concatenated, or chained for iterables), as in detectron2.
+
+    Args:
+        names: one dataset name or several.
+        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation.
+        min_keypoints: drop records with fewer visible keypoints (0: keep all).
+        proposal_files: precomputed proposals; not supported by trainkit (must be ``None``).
+        check_consistency: refuse datasets whose metadata ``thing_classes`` differ.
+
+    Returns:
+        The records, or a dataset object.
+
+    Raises:
+        ValueError: If no name is given, a dataset is empty (before or after filtering), or
+            the datasets' ``thing_classes`` differ.
+        KeyError: If a name is not registered (the message lists the registered ones).
+        NotImplementedError: If ``proposal_files`` is given.
+    """
+    names = _names(names)
+    if proposal_files is not None:
+        raise NotImplementedError(
+            "trainkit does not load precomputed proposals: pass proposal_files=None (and keep "
+            "MODEL.LOAD_PROPOSALS off)."
+        )
+    parts = [_catalog_part(name) for name in names]
+    if any(_is_lazy_dataset(part) for part in parts):
+        return _join_datasets(names, parts)  # refuses record lists mixed with datasets
+    records: list[dict[str, Any]] = [record for part in parts for record in part]
+    num_before = len(records)
+    records = [
+        r for r in records if keep_record(r, filter_empty=filter_empty, min_keypoints=min_keypoints)
+    ]
+    if len(records) < num_before:
+        logger.info("Filters removed %d records; %d left", num_before - len(records), len(records))
+    if not records:
+        raise ValueError(f"no valid records in {','.join(names)} after filtering")
+    if check_consistency:
+        _check_thing_classes(names)
+    return records
+
+
+def _iter_dataset_dicts(names: list[str], first: Any, filter_empty: bool) -> Iterator[Any]:
+    # Streams one catalog function's records at a time into the serialiser, so local rank 0
+    # never holds the concatenation of all of them. ``first``: names[0]'s records, if fetched.
+    kept = 0
+    for i, name in enumerate(names):
+        part = first if i == 0 and first is not None else _catalog_part(name, as_list=False)
+        first = None
+        if _is_lazy_dataset(part):
+            raise ValueError(
+                f"dataset {name!r} is a dataset object ({type(part).__name__}) while others in "
+                f"{names} are lists of records; register all of them one way."
+            )
+        for record in part:
+            if keep_record(record, filter_empty=filter_empty):
+                kept += 1
+                yield record
+        del part
+    if kept == 0:
+        raise ValueError(f"no valid records in {','.join(names)} after filtering")
+
+
+def _is_local_leader() -> bool:
+    # Without a local group every rank loads for itself (and from_local_leader says why).
+    if comm.get_world_size() == 1:
+        return True
+    try:
+        return comm.get_local_rank() == 0
+    except RuntimeError:
+        return True
+
+
+def _gather_on_machine(obj: Any) -> list[Any]:
+    """All-gather ``obj`` over this machine's ranks ([obj] when there is nothing to gather).
+
+    Collective:
+        ``all_gather`` over the local process group when it exists and has > 1 rank.
+    """
+    if comm.get_world_size() == 1:
+        return [obj]
+    try:
+        group = comm.get_local_process_group()
+    except RuntimeError:
+        return [obj]  # every rank lacks it alike: each loads its own copy
+    return comm.all_gather(obj, group=group)
+
+
+def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
+    """Return the named catalog datasets as one dataset, one copy of the records per machine.
+
+    Catalog functions that return records (a list or a generator) are called on local rank
+    0 only and serialised into shared memory that every local rank maps
+    (:meth:`DatasetFromList.from_local_leader`). Functions that return a dataset object
+    (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) are called on every
+    rank: such datasets read records on demand. Several names are concatenated (iterable
+    datasets: chained).
+
+    Args:
+        names: one dataset name or several.
+        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation
+            (``DATALOADER.FILTER_EMPTY_ANNOTATIONS``; records without the key are kept).
+
+    Raises:
+        ValueError: If no name is given, a dataset is empty, or record lists and dataset
+            objects are mixed.
+        KeyError: If a name is not registered.
+
+    Collective:
+        One ``all_gather`` over the local process group (which kind of dataset the names
+        hold), then :meth:`DatasetFromList.from_local_leader`'s. Every rank calls it.
+    """
+    names = _names(names)
+    first: Any = None
+    kind: dict[str, Any] | None = None
+    error: BaseException | None = None
+    if _is_local_leader():
+        # The first function tells the kind; what it returned is reused, not fetched twice.
+        try:
+            first = _catalog_part(names[0], as_list=False)
+            kind = {"lazy": _is_lazy_dataset(first), "error": None}
+        except Exception as e:  # reported to the other ranks so that nobody hangs
+            error = e
+            kind = {"lazy": False, "error": f"{type(e).__name__}: {e}"}
+    leader_kind = _gather_on_machine(kind)[0]
+    if leader_kind["error"] is not None:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"local rank 0 failed to load {names}: {leader_kind['error']}")
+    if leader_kind["lazy"]:
+        parts = [
+            first if i == 0 and first is not None else _catalog_part(name)
+            for i, name in enumerate(names)
+        ]
+        return _join_datasets(names, parts)
+    return DatasetFromList.from_local_leader(
+        lambda: _iter_dataset_dicts(names, first, filter_empty), copy=False
+    )

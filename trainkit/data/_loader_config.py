@@ -1,0 +1,152 @@
+"""What the train loader reads from a config: checks, batch sizes and the training sampler.
+
+Re-exported by :mod:`trainkit.data.build`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from trainkit.config import CfgNode
+from trainkit.data.batching import aspect_ratio_bucket_ids
+from trainkit.data.common import MapDataset
+from trainkit.data.samplers import (
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
+from trainkit.utils import comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RecordView",
+    "build_train_sampler",
+    "check_train_loader_config",
+    "iter_records",
+    "per_rank_batch_size",
+]
+
+TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
+
+
+def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> None:
+    """Check the ``DATALOADER`` and batch settings the train loader uses, without data.
+
+    Args:
+        cfg: the config.
+        world_size: the job's process count; ``None`` means the current job's.
+
+    Raises:
+        ValueError: Naming the first setting that is out of range and its valid range.
+    """
+    check_total_batch(cfg.SOLVER.IMS_PER_BATCH, world_size)
+    loader = cfg.DATALOADER
+    if loader.NUM_WORKERS < 0:
+        raise ValueError(f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}")
+    if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
+        raise ValueError(
+            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with workers, got {loader.PREFETCH_FACTOR}"
+        )
+    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+        raise ValueError(
+            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
+            f"{loader.MAX_CONSECUTIVE_FAILURES}"
+        )
+    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
+        raise ValueError(
+            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"{', '.join(TRAIN_SAMPLERS)}"
+        )
+    if loader.ASPECT_RATIO_GROUPING:
+        aspect_ratio_bucket_ids(np.ones(1), loader.ASPECT_RATIO_BINS)  # validates the bins
+
+
+def check_total_batch(total: int | None, world_size: int | None) -> None:
+    """Raise unless ``total`` is a positive multiple of ``world_size`` (``None``: the job's).
+
+    Raises:
+        ValueError: Naming ``SOLVER.IMS_PER_BATCH``, the world size and the fix.
+    """
+    world_size = comm.get_world_size() if world_size is None else world_size
+    if not total or total < 1 or total % world_size:
+        raise ValueError(
+            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of the world size "
+            f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
+        )
+
+
+def per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int | None) -> int:
+    """Return the batch size of this rank, from the total or given directly.
+
+    Raises:
+        ValueError: If both or neither are given, or the total does not divide evenly.
+    """
+    if single_gpu_batch_size:
+        if total_batch_size:
+            raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
+        return single_gpu_batch_size
+    world_size = comm.get_world_size()
+    check_total_batch(total_batch_size, world_size)
+    return total_batch_size // world_size  # type: ignore[operator]
+
+
+class RecordView(Sequence):
+    """The unmapped records of a dataset as a read-only sequence, unpickled one at a time."""
+
+    def __init__(self, dataset: Any) -> None:
+        """View the records under ``dataset`` (``MapDataset`` wrappers are looked through)."""
+        while isinstance(dataset, MapDataset):
+            dataset = dataset.dataset
+        self._dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            return [self._dataset[i] for i in range(len(self))[idx]]
+        return self._dataset[idx]
+
+
+def iter_records(dataset: Any) -> Iterator[dict[str, Any]]:
+    """Yield the unmapped records of ``dataset`` one at a time (for widths and heights)."""
+    records = RecordView(dataset)
+    return (records[i] for i in range(len(records)))
+
+
+def build_train_sampler(
+    cfg: CfgNode, records: Sequence[dict[str, Any]], size: int, seed: int
+) -> Sampler:
+    """Build the sampler named by ``DATALOADER.SAMPLER_TRAIN`` with the shared ``seed``.
+
+    Args:
+        cfg: the config.
+        records: the unmapped records (read only by ``RepeatFactorTrainingSampler``).
+        size: the dataset size.
+        seed: the seed shared by all ranks.
+
+    Raises:
+        ValueError: For an unknown sampler name.
+    """
+    name = cfg.DATALOADER.SAMPLER_TRAIN
+    logger.info("Using training sampler %s with seed %d", name, seed)
+    if name == "TrainingSampler":
+        return TrainingSampler(size, seed=seed)
+    if name == "RandomSubsetTrainingSampler":
+        return RandomSubsetTrainingSampler(
+            size, cfg.DATALOADER.RANDOM_SUBSET_RATIO, seed_shuffle=seed, seed_subset=seed
+        )
+    if name == "RepeatFactorTrainingSampler":
+        factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+            records, cfg.DATALOADER.REPEAT_THRESHOLD
+        )
+        return RepeatFactorTrainingSampler(factors, seed=seed)
+    raise ValueError(
+        f"unknown DATALOADER.SAMPLER_TRAIN {name!r}; choose one of {', '.join(TRAIN_SAMPLERS)}"
+    )

@@ -1,0 +1,73 @@
+"""Batches of indices that never mix groups (detectron2's ``GroupedBatchSampler``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import BatchSampler, Sampler
+
+__all__ = ["GroupedBatchSampler"]
+
+
+class GroupedBatchSampler(BatchSampler):
+    """Wrap a sampler and yield batches whose indices all belong to one group.
+
+    Each index from ``sampler`` waits in its group's buffer; a buffer that reaches
+    ``batch_size`` becomes the next batch, so batches follow the sampler's order as
+    closely as grouping allows. Indices still waiting when the sampler ends stay in their
+    buffers and join the next pass, as in detectron2.
+
+    It records no position: for a resumable, grouped train loader use
+    ``build_batch_data_loader(..., aspect_ratio_grouping=True)``, which groups in the
+    same way and has ``state_dict()``. ``len()`` is undefined (it depends on the order).
+    """
+
+    def __init__(
+        self, sampler: Sampler[int], group_ids: Sequence[int] | np.ndarray, batch_size: int
+    ) -> None:
+        """Create the batch sampler.
+
+        Args:
+            sampler: yields indices in ``[0, len(group_ids))``.
+            group_ids: the group of every index.
+            batch_size: indices per batch (>= 1).
+
+        Raises:
+            ValueError: If ``sampler`` is not a ``torch.utils.data.Sampler``, ``group_ids``
+                is not one-dimensional or ``batch_size`` is not positive.
+        """
+        # Deliberately not BatchSampler.__init__: it validates drop_last, which this lacks.
+        if not isinstance(sampler, Sampler):
+            raise ValueError(
+                f"sampler should be a torch.utils.data.Sampler, got {type(sampler).__name__}"
+            )
+        group_ids = np.asarray(group_ids)
+        if group_ids.ndim != 1:
+            raise ValueError(f"group_ids must be one-dimensional, got shape {group_ids.shape}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.sampler = sampler
+        self.group_ids = group_ids
+        self.batch_size = batch_size
+        self.drop_last = False
+        self.buffer_per_group: dict[Any, list[int]] = {
+            group: [] for group in np.unique(group_ids).tolist()
+        }
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for idx in self.sampler:
+            buffer = self.buffer_per_group[self.group_ids[idx].item()]
+            buffer.append(idx)
+            if len(buffer) == self.batch_size:
+                batch = buffer[:]
+                # Empty the buffer before yielding: a consumer that stops here never
+                # resumes this generator, and a full buffer would never fire again.
+                buffer.clear()
+                yield batch
+
+    def __len__(self) -> int:
+        # TypeError (not NotImplementedError as in detectron2): list() and torch treat it
+        # as "no length" instead of failing.
+        raise TypeError("len() of GroupedBatchSampler is undefined: it depends on the order")
