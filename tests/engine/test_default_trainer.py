@@ -17,7 +17,7 @@ from torch import nn
 from tests.dist import run_on_ranks
 from trainkit.config import get_cfg
 from trainkit.data import build_train_loader, sample_rng
-from trainkit.engine import DefaultTrainer, hooks
+from trainkit.engine import DefaultTrainer, SimpleTrainer, hooks
 from trainkit.evaluation import DatasetEvaluator
 from trainkit.utils import comm
 from trainkit.utils.env import seed_all_rng
@@ -106,8 +106,9 @@ class _StopAt(hooks.CallbackHook):
         super().__init__(after_step=after_step)
 
 
-def _cfg(output_dir, max_iter=12, workers=2):
+def _cfg(output_dir, max_iter=12, workers=2, accumulate=1):
     cfg = get_cfg()
+    cfg.SOLVER.ACCUMULATE_STEPS = accumulate
     cfg.OUTPUT_DIR = str(output_dir)
     cfg.SEED = 3
     cfg.DATASETS.TEST = ("regression_val",)
@@ -124,9 +125,9 @@ def _cfg(output_dir, max_iter=12, workers=2):
     return cfg
 
 
-def _train(output_dir, resume=False, stop_after=None, max_iter=12, workers=2):
+def _train(output_dir, resume=False, stop_after=None, max_iter=12, workers=2, accumulate=1):
     seed_all_rng(7 + comm.get_rank())  # what default_setup does in a real script
-    trainer = RegressionTrainer(_cfg(output_dir, max_iter, workers))
+    trainer = RegressionTrainer(_cfg(output_dir, max_iter, workers, accumulate))
     if stop_after is not None:
         trainer.register_hooks([_StopAt(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -167,6 +168,19 @@ def test_exact_resume_single_process(tmp_path):
     resumed = _train(tmp_path / "resumed", resume=True)
     assert resumed["start_iter"] == 5
     _assert_same(straight, resumed)
+
+
+def test_exact_resume_with_accumulation(tmp_path):
+    straight = _train(tmp_path / "straight", accumulate=2)
+    _train(tmp_path / "resumed", stop_after=4, accumulate=2)
+    resumed = _train(tmp_path / "resumed", resume=True, accumulate=2)
+    assert resumed["start_iter"] == 5
+    _assert_same(straight, resumed)
+    # ... and accumulation really changed the run (4-image micro-batches, 2 per step).
+    assert any(
+        not torch.equal(straight["weights"][k], v)
+        for k, v in _train(tmp_path / "plain")["weights"].items()
+    )
 
 
 def _two_rank_run(output_dir, mode):
@@ -302,3 +316,107 @@ def test_after_backward_hooks_run_inside_default_trainer_steps(tmp_path):
     trainer.register_hooks([hook])
     trainer.train()
     assert hook.seen == [(i, True) for i in range(4)]
+
+
+class _CountingStep(SimpleTrainer):
+    """detectron2's way of customising the step: a SimpleTrainer subclass as _trainer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps_run = []
+
+    def run_step(self):
+        self.steps_run.append(self.iter)
+        super().run_step()
+
+
+class _CustomStepTrainer(RegressionTrainer):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._trainer = _CountingStep(self.model, self.data_loader, self.optimizer)
+
+
+def test_a_custom_step_trainer_runs_inside_default_trainer_with_its_hooks(tmp_path):
+    trainer = _CustomStepTrainer(_cfg(tmp_path, max_iter=4, workers=0))
+    hook = _GradNormHook()
+    trainer.register_hooks([hook])
+    trainer.train()
+    assert trainer._trainer.steps_run == [0, 1, 2, 3]  # it sees the loop's iteration
+    assert hook.seen == [(i, True) for i in range(4)]  # and the loop's hooks
+    assert trainer._trainer.storage is trainer.storage
+    state = trainer.state_dict()
+    assert set(state["_trainer"]) == {"optimizer"}  # the loop's state is saved once
+
+
+def test_hooks_run_by_priority_and_the_order_is_logged(tmp_path, caplog):
+    import logging
+
+    trainer = RegressionTrainer(_cfg(tmp_path, max_iter=2, workers=0))
+
+    class Late(hooks.HookBase):
+        pass
+
+    class Early(hooks.HookBase):
+        priority = hooks.HookPriority.HIGH
+
+    trainer.register_hooks([Late(), Early()])
+    names = [type(h).__name__ for h in trainer.hooks]
+    assert names.index("Early") < names.index("PeriodicCheckpointer") < names.index("Late")
+    assert names[-1] == "PeriodicWriter"
+    with caplog.at_level(logging.INFO, logger="trainkit.engine.train_loop"):
+        trainer.train()
+    assert "Hooks, in the order they run: ProgressWatchdog (priority 0), IterationTimer (priority 0)" in caplog.text
+
+
+def _ema_cfg(output_dir, **kwargs):
+    cfg = _cfg(output_dir, **kwargs)
+    cfg.MODEL_EMA.ENABLED = True
+    cfg.MODEL_EMA.DECAY = 0.9
+    return cfg
+
+
+def _train_ema(output_dir, resume=False, stop_after=None, use_for_eval=False):
+    seed_all_rng(7)
+    cfg = _ema_cfg(output_dir, workers=0)
+    cfg.MODEL_EMA.USE_FOR_EVAL = use_for_eval
+    trainer = RegressionTrainer(cfg)
+    if stop_after is not None:
+        trainer.register_hooks([_StopAt(stop_after)])
+    trainer.resume_or_load(resume=resume)
+    try:
+        results = trainer.train()
+    except KeyboardInterrupt:
+        results = None
+    return trainer, results
+
+
+def test_ema_is_the_average_of_the_weights_and_resume_is_bit_exact(tmp_path):
+    trainer, _ = _train_ema(tmp_path / "straight")
+    ema = trainer.model_ema.ema_model.state_dict()
+    weights = trainer.model.state_dict()
+    assert any(not torch.equal(ema[k], weights[k]) for k in weights)  # it is not a copy
+    # EMA runs after the optimizer step and before the checkpointer (priority HIGH)
+    names = [type(h).__name__ for h in trainer.hooks]
+    assert names.index("ModelEMA") < names.index("PeriodicCheckpointer")
+
+    _train_ema(tmp_path / "resumed", stop_after=4)
+    resumed, _ = _train_ema(tmp_path / "resumed", resume=True)
+    for k, v in resumed.model_ema.ema_model.state_dict().items():
+        assert torch.equal(v, ema[k]), k
+
+
+def test_ema_weights_are_used_for_evaluation_and_loadable_for_eval_only(tmp_path):
+    trainer, results = _train_ema(tmp_path, use_for_eval=True)
+    expected = trainer.test(trainer.cfg, trainer.model_ema.ema_model)
+    assert results == expected
+    trained = trainer.test(trainer.cfg, trainer.model)
+    assert trained != expected
+
+    model = RegressionModel()
+    assert hooks.load_ema_weights(model, str(tmp_path / "model_final.pth"))
+    assert trainer.test(trainer.cfg, model) == expected
+
+
+def test_ema_decay_is_validated():
+    with pytest.raises(ValueError, match="MODEL_EMA.DECAY"):
+        hooks.ModelEMA(nn.Linear(1, 1), decay=1.0)

@@ -4,6 +4,7 @@ from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
     UntrustedCheckpointError,
+    read_checkpoint_file,
 )
 from trainkit.checkpoint.checkpointer import (
     Checkpointable,
@@ -28,6 +29,7 @@ __all__ = [
     "PeriodicCheckpointer",
     "UntrustedCheckpointError",
     "find_shape_mismatches",
+    "read_checkpoint_file",
     "shape_changing_state_keys",
     "shape_mismatch_message",
     "unwrap_model",

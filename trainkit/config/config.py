@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from fvcore.common.config import CfgNode as _FvcoreCfgNode
 
+from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import PathManager
 
 __all__ = ["CfgNode", "ConfigError", "get_cfg"]
@@ -17,8 +18,8 @@ __all__ = ["CfgNode", "ConfigError", "get_cfg"]
 BASE_KEY = "_BASE_"
 
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message says what to change."""
+class ConfigError(UsageError, ValueError):
+    """A config file, override or value that cannot be used; the message says what to change."""
 
 
 class CfgNode(_FvcoreCfgNode):

@@ -45,7 +45,7 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
     Raises:
         ValueError: Naming the first setting that is out of range and its valid range.
     """
-    check_total_batch(cfg.SOLVER.IMS_PER_BATCH, world_size)
+    check_total_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)
     loader = cfg.DATALOADER
     if loader.NUM_WORKERS < 0:
         raise ValueError(f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}")
@@ -67,17 +67,32 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
         aspect_ratio_bucket_ids(np.ones(1), loader.ASPECT_RATIO_BINS)  # validates the bins
 
 
-def check_total_batch(total: int | None, world_size: int | None) -> None:
-    """Raise unless ``total`` is a positive multiple of ``world_size`` (``None``: the job's).
+def check_total_batch(
+    total: int | None, world_size: int | None, accumulate_steps: int = 1
+) -> None:
+    """Raise unless ``total`` splits evenly over ``world_size`` ranks x ``accumulate_steps``.
+
+    Args:
+        total: images per optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
+        world_size: the job's process count; ``None`` means the current job's.
+        accumulate_steps: micro-batches per step (``SOLVER.ACCUMULATE_STEPS``).
 
     Raises:
-        ValueError: Naming ``SOLVER.IMS_PER_BATCH``, the world size and the fix.
+        ValueError: Naming ``SOLVER.IMS_PER_BATCH``, the divisor and the fix.
     """
     world_size = comm.get_world_size() if world_size is None else world_size
-    if not total or total < 1 or total % world_size:
+    if accumulate_steps < 1:
+        raise ValueError(f"SOLVER.ACCUMULATE_STEPS must be >= 1, got {accumulate_steps}")
+    parts = world_size * accumulate_steps
+    if not total or total < 1 or total % parts:
+        split = (
+            f"the world size ({world_size})"
+            if accumulate_steps == 1
+            else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
+        )
         raise ValueError(
-            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of the world size "
-            f"({world_size}); pick a positive multiple of {world_size} or change --num-gpus."
+            f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of {split}; pick a "
+            f"positive multiple of {parts} or change --num-gpus."
         )
 
 

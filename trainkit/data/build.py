@@ -212,7 +212,8 @@ def _train_loader_from_config(
         "dataset": dataset,
         "mapper": None,
         "sampler": sampler,
-        "total_batch_size": cfg.SOLVER.IMS_PER_BATCH,
+        # One batch of this loader is one micro-batch: IMS_PER_BATCH is per optimizer step.
+        "total_batch_size": cfg.SOLVER.IMS_PER_BATCH // cfg.SOLVER.ACCUMULATE_STEPS,
         "aspect_ratio_grouping": cfg.DATALOADER.ASPECT_RATIO_GROUPING,
         "num_workers": cfg.DATALOADER.NUM_WORKERS,
         "prefetch_factor": cfg.DATALOADER.PREFETCH_FACTOR,

@@ -56,7 +56,8 @@ class DefaultTrainer(TrainerBase):
     * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
 
     Attributes hooks may read: ``cfg``, ``scheduler``, ``checkpointer``, ``model``,
-    ``optimizer``, ``data_loader``, plus :class:`TrainerBase`'s.
+    ``optimizer``, ``data_loader``, plus :class:`TrainerBase`'s. ``model_ema`` is the
+    :class:`~trainkit.engine.hooks.ModelEMA` hook (``None`` unless ``MODEL_EMA.ENABLED``).
     """
 
     def __init__(self, cfg: CfgNode) -> None:
@@ -103,6 +104,9 @@ class DefaultTrainer(TrainerBase):
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
         self._last_eval_results: dict[str, Any] = {}
+        self.model_ema = (
+            hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None
+        )
         self.register_hooks(self.build_hooks())
 
     # ---- the step component -------------------------------------------------------------
@@ -168,6 +172,8 @@ class DefaultTrainer(TrainerBase):
             self.watchdog,
             hooks.IterationTimer(),
             hooks.LRScheduler(),
+            # HookPriority.HIGH: after the optimizer step, before anything saves or evaluates.
+            self.model_ema,
             hooks.PreciseBN(
                 cfg.TEST.EVAL_PERIOD,
                 self.model,
@@ -230,8 +236,10 @@ class DefaultTrainer(TrainerBase):
             self.rank_states.capture()
 
     def _evaluate_for_hook(self) -> dict[str, Any]:
+        use_ema = self.model_ema is not None and self.cfg.MODEL_EMA.USE_FOR_EVAL
+        model = self.model_ema.ema_model if use_ema else self.model  # type: ignore[union-attr]
         with self.watchdog.phase("eval"):
-            self._last_eval_results = self.test(self.cfg, self.model)
+            self._last_eval_results = self.test(self.cfg, model)
         return self._last_eval_results
 
     # ---- what hooks may read ------------------------------------------------------------

@@ -348,14 +348,14 @@ def _micro_batch_weights(batches: Sequence[Any]) -> list[float] | None:
 
     A model's loss is a mean over its batch, so weighting micro-batch j by ``n_j / N`` makes
     the accumulated gradient the mean over all ``N`` samples even when sizes differ (the
-    tail of a finite loader). Batches without a length count equally.
+    tail of a finite loader). The size of a list (trainkit's batches) or a tensor is its
+    length; other batches (a tuple of tensors, a dict) count equally.
     """
     if len(batches) == 1:
         return None
-    try:
-        sizes = [len(batch) for batch in batches]
-    except TypeError:
+    if not all(isinstance(batch, (list, torch.Tensor)) for batch in batches):
         return [1.0 / len(batches)] * len(batches)
+    sizes = [len(batch) for batch in batches]
     total = sum(sizes)
     return [size / total for size in sizes] if total else [1.0 / len(batches)] * len(batches)
 

@@ -7,21 +7,25 @@ from here (``trainkit.engine.hooks.X``), the path detectron2 code expects.
 """
 
 from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckpointer
+from trainkit.engine.hooks.ema import ModelEMA, load_ema_weights
 from trainkit.engine.hooks.evaluation import EvalHook, PreciseBN
 from trainkit.engine.hooks.loop import CallbackHook, IterationTimer, LRScheduler, PeriodicWriter
 from trainkit.engine.hooks.profiling import TorchMemoryStats, TorchProfiler
-from trainkit.engine.train_loop import HookBase
+from trainkit.engine.train_loop import HookBase, HookPriority
 
 __all__ = [
     "BestCheckpointer",
     "CallbackHook",
     "EvalHook",
     "HookBase",
+    "HookPriority",
     "IterationTimer",
     "LRScheduler",
+    "ModelEMA",
     "PeriodicCheckpointer",
     "PeriodicWriter",
     "PreciseBN",
     "TorchMemoryStats",
     "TorchProfiler",
+    "load_ema_weights",
 ]

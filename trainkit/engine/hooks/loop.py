@@ -12,7 +12,7 @@ from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
 from trainkit.engine.hooks._common import TrainerCallback, is_time, trainer_attr
-from trainkit.engine.train_loop import HookBase
+from trainkit.engine.train_loop import HookBase, HookPriority
 from trainkit.solver import LRMultiplier
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ class IterationTimer(HookBase):
     ``after_step``, which then covers the other hooks' ``before_step`` and ``run_step``.
     The first ``warmup_iter`` steps (slow: allocation, autotuning) are not timed.
     """
+
+    priority = HookPriority.HIGHEST
 
     def __init__(
         self, warmup_iter: int = 3, clock: Callable[[], float] = time.perf_counter
@@ -134,6 +136,8 @@ class PeriodicWriter(HookBase):
     The trainer calls :meth:`final_write` after every hook's ``after_train``, so metrics a
     later hook records in its ``after_train`` still get written; then the writers close.
     """
+
+    priority = HookPriority.LOWEST
 
     def __init__(self, writers: Iterable[EventWriter], period: int = 20) -> None:
         """Store the writers.

@@ -1,0 +1,153 @@
+"""An exponential moving average of the model's weights, kept by a hook."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from typing_extensions import override
+
+from trainkit.checkpoint import read_checkpoint_file, unwrap_model
+from trainkit.engine.train_loop import HookBase, HookPriority
+
+__all__ = ["ModelEMA", "load_ema_weights"]
+
+logger = logging.getLogger(__name__)
+
+
+class ModelEMA(HookBase):
+    """Keep ``ema = decay * ema + (1 - decay) * weights`` after every optimizer step.
+
+    The average covers parameters and buffers (BatchNorm statistics), lives on the model's
+    device, and is updated with torch's multi-tensor EMA (``AveragedModel`` with
+    ``get_ema_multi_avg_fn``). It runs at ``HookPriority.HIGH``: after the step and before
+    anything that saves or evaluates the model, so a checkpoint holds the average of the
+    same step as the weights and a resume is bit-exact. Its state (the averaged weights and
+    the update count) is this hook's checkpoint state; :func:`load_ema_weights` reads it
+    back into a model for evaluation.
+
+    It does not change what is trained: evaluate with :attr:`ema_model` (or
+    ``MODEL_EMA.USE_FOR_EVAL`` in ``DefaultTrainer``).
+    """
+
+    priority = HookPriority.HIGH
+
+    def __init__(self, model: nn.Module | None = None, decay: float = 0.999) -> None:
+        """Set up the average.
+
+        Args:
+            model: the trained model (a DDP wrapper is unwrapped); ``None``: the trainer's
+                ``model``, when training starts.
+            decay: weight of the old average at each update, in ``[0, 1)``.
+
+        Raises:
+            ValueError: If ``decay`` is outside ``[0, 1)``.
+        """
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"MODEL_EMA.DECAY must be in [0, 1), got {decay}")
+        self.decay = decay
+        self._model = model
+        self._averaged: AveragedModel | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    @property
+    def ema_model(self) -> nn.Module:
+        """The averaged copy of the model (in eval use; never trained).
+
+        Raises:
+            RuntimeError: If no model was given and training has not started.
+        """
+        return self._get_averaged().module
+
+    def _get_averaged(self) -> AveragedModel:
+        if self._averaged is None:
+            model = self._model if self._model is not None else self.trainer.model  # type: ignore[attr-defined]
+            # use_buffers: BatchNorm statistics are averaged too, so the EMA model is usable
+            # as it is; the multi-tensor update averages every floating tensor in one go.
+            self._averaged = AveragedModel(
+                unwrap_model(model),
+                multi_avg_fn=get_ema_multi_avg_fn(self.decay),
+                use_buffers=True,
+            )
+            self._averaged.requires_grad_(False)
+            if self._pending_state is not None:
+                self._load(self._pending_state)
+                self._pending_state = None
+        return self._averaged
+
+    @override
+    def before_train(self) -> None:
+        self._get_averaged()
+
+    @override
+    def after_step(self) -> None:
+        model = self._model if self._model is not None else self.trainer.model  # type: ignore[attr-defined]
+        self._get_averaged().update_parameters(unwrap_model(model))
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        averaged = self._get_averaged()
+        return {
+            "decay": self.decay,
+            "num_updates": int(averaged.n_averaged.item()),
+            "model": averaged.module.state_dict(),
+        }
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._averaged is None and self._model is None:
+            self._pending_state = state  # the trainer's model is known in before_train
+            return
+        self._load(state)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        averaged = self._get_averaged()
+        averaged.module.load_state_dict(state["model"])
+        averaged.n_averaged.fill_(int(state["num_updates"]))
+        if state.get("decay", self.decay) != self.decay:
+            logger.warning(
+                "MODEL_EMA.DECAY changed from %s to %s since the checkpoint; continuing the "
+                "saved average with the new decay.",
+                state.get("decay"),
+                self.decay,
+            )
+
+    @contextlib.contextmanager
+    def weights_applied(self, model: nn.Module) -> Iterator[nn.Module]:
+        """Temporarily load the averaged weights into ``model`` (restored on exit)."""
+        target = unwrap_model(model)
+        saved = {k: v.detach().clone() for k, v in target.state_dict().items()}
+        target.load_state_dict(self.ema_model.state_dict())
+        try:
+            yield model
+        finally:
+            target.load_state_dict(saved)
+
+
+def load_ema_weights(model: nn.Module, path: str) -> bool:
+    """Load the EMA weights saved by :class:`ModelEMA` in checkpoint ``path`` into ``model``.
+
+    Args:
+        model: the model to evaluate (a DDP wrapper is unwrapped).
+        path: a checkpoint written by a trainer that ran the ``ModelEMA`` hook.
+
+    Returns:
+        True if the checkpoint held EMA weights (and they were loaded), else False (the
+        model is left as it was; a warning says so).
+
+    Raises:
+        trainkit.checkpoint.CheckpointError: If ``path`` is not a readable checkpoint.
+    """
+    checkpoint = read_checkpoint_file(path, trust_pickle=False)
+    hook_states = checkpoint.get("trainer", {}).get("hooks", {})
+    state = hook_states.get(ModelEMA.__qualname__)
+    if state is None:
+        logger.warning("%s holds no EMA weights; evaluating its trained weights instead", path)
+        return False
+    unwrap_model(model).load_state_dict(state["model"])
+    logger.info("Loaded the EMA weights (%d updates) from %s", state["num_updates"], path)
+    return True

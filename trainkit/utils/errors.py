@@ -1,0 +1,83 @@
+"""Errors a user causes, and how a script reports them: one line, exit status 2.
+
+Every error whose cause is the user's input — a config value, a file name, a dataset or
+architecture name, a command-line flag, weights that do not fit — is a :class:`UsageError`
+(``ConfigError`` and the other user-error types subclass it, next to the builtin type code
+used to catch, such as ``ValueError`` or ``KeyError``). Anything else is a bug or a failure
+of the machine and keeps its traceback.
+
+A script built the detectron2 way never catches them itself: ``default_argument_parser``
+and ``launch`` install :func:`install_usage_error_handler`, so an uncaught ``UsageError``
+ends the process with ``<script>: error: <message>`` on stderr (from rank 0 only) and exit
+status 2, and ``launch`` re-raises one from any worker in the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+
+__all__ = [
+    "USAGE_EXIT_CODE",
+    "MissingFileError",
+    "UnknownNameError",
+    "UsageError",
+    "install_usage_error_handler",
+]
+
+USAGE_EXIT_CODE = 2
+"""Exit status of a run stopped by a user error (argparse's convention); never retried."""
+
+
+class UsageError(Exception):
+    """A problem with the command line, config or input files that the user must fix.
+
+    The message is one line: what is wrong (naming the key, file or value) and what to do.
+    """
+
+
+class UnknownNameError(UsageError, KeyError):
+    """A name (dataset, architecture, sampler, ...) that is not registered; lists the known ones."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; a user reads it as a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingFileError(UsageError, FileNotFoundError):
+    """A file the user named (config, weights, metadata) does not exist."""
+
+
+def _is_rank_zero() -> bool:
+    # The environment says it before (and whether or not) a process group exists.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _report_usage_error(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    if not issubclass(exc_type, UsageError):
+        _previous_hook(exc_type, exc, tb)
+        return
+    if _is_rank_zero():
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        sys.stderr.write(f"{program}: error: {exc}\n")
+        sys.stderr.flush()
+    # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
+    raise SystemExit(USAGE_EXIT_CODE)
+
+
+_previous_hook = sys.excepthook
+
+
+def install_usage_error_handler() -> None:
+    """Make an uncaught :class:`UsageError` end the process with one line and exit status 2.
+
+    Other exceptions go to the previously installed hook (a traceback by default).
+    Installing twice is harmless.
+    """
+    global _previous_hook
+    if sys.excepthook is not _report_usage_error:
+        _previous_hook = sys.excepthook
+        sys.excepthook = _report_usage_error
