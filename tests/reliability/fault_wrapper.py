@@ -129,4 +129,8 @@ elif FAULT:
     raise SystemExit(f"unknown TRAINKIT_TEST_FAULT {FAULT!r}")
 
 if __name__ == "__main__":
-    sys.exit(train_net.cli(sys.argv[1:]))
+    from trainkit.engine import default_argument_parser, launch
+
+    args = default_argument_parser().parse_args()
+    launch(train_net.main, args.num_gpus, num_machines=args.num_machines,
+           machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,))

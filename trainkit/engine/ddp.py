@@ -12,7 +12,9 @@ from trainkit.utils import comm
 __all__ = ["create_ddp_model"]
 
 
-def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any) -> nn.Module:
+def create_ddp_model(
+    model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any
+) -> nn.Module:
     """Wrap ``model`` in DistributedDataParallel when the job has several processes.
 
     Args:
@@ -33,5 +35,3 @@ def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwar
 
         ddp.register_comm_hook(state=None, hook=comm_hooks.fp16_compress_hook)
     return ddp
-
-

@@ -22,7 +22,12 @@ from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.writers import default_writers
-from trainkit.evaluation import DatasetEvaluator, inference_on_dataset, print_csv_format
+from trainkit.evaluation import (
+    DatasetEvaluator,
+    inference_on_dataset,
+    print_csv_format,
+    verify_results,
+)
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
@@ -224,11 +229,20 @@ class DefaultTrainer(TrainerBase):
                 )
 
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
-        """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results."""
+        """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
+
+        On rank 0 the results are logged as a table and checked against
+        ``TEST.EXPECTED_RESULTS`` (as detectron2 does).
+
+        Raises:
+            RuntimeError: If a result is missing or outside its expected range.
+        """
         try:
             super().train(self.start_iter, self.max_iter)
         finally:
             self._step.close_data_iterator()
+        if comm.is_main_process() and self._last_eval_results:
+            verify_results(self.cfg, self._last_eval_results)
         return self._last_eval_results
 
     def _before_save(self) -> None:

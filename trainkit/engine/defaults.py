@@ -21,11 +21,13 @@ from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
 from trainkit.utils.collect_env import format_env_info
 from trainkit.utils.env import seed_all_rng
+from trainkit.utils.errors import MissingFileError, UsageError, install_usage_error_handler
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.logger import setup_logger
 
+# DefaultTrainer is importable from here too (see __getattr__ at the end).
 __all__ = [
-    "DefaultTrainer",
+    "OutputDirError",
     "check_output_dir",
     "create_ddp_model",
     "default_argument_parser",
@@ -56,6 +58,9 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         f"    {sys.argv[0]} --config-file cfg.yaml --num-gpus 8 --num-machines 2 "
         "--machine-rank 0 --dist-url tcp://HOST0:29500\n"
     )
+    # Every script built the detectron2 way starts here: from now on an uncaught user error
+    # ends it with one line and exit status 2 (see trainkit.utils.errors).
+    install_usage_error_handler()
     parser = argparse.ArgumentParser(
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -102,12 +107,14 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         ``cfg``, frozen.
 
     Raises:
-        PermissionError: If ``OUTPUT_DIR`` cannot be created or written.
+        OutputDirError: If ``OUTPUT_DIR`` cannot be created or written.
+        UsageError: If ``MODEL.WEIGHTS`` names no file, or ``--eval-only`` has no weights.
     """
     output_dir = cfg.OUTPUT_DIR
     rank = comm.get_rank()
     if output_dir:
         check_output_dir(output_dir)
+    _check_weights_argument(cfg, args)
     setup_logger(output_dir or None, distributed_rank=rank, name="trainkit")
     setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
     logger.info("Rank %d of %d (local rank %d)", rank, comm.get_world_size(), comm.get_local_rank())
@@ -135,21 +142,35 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     return cfg
 
 
+class OutputDirError(UsageError, PermissionError):
+    """``OUTPUT_DIR`` cannot be created or written; the message names it."""
+
+
+def _check_weights_argument(cfg: CfgNode, args: Any) -> None:
+    weights = cfg.MODEL.WEIGHTS
+    if weights and "://" not in weights and not os.path.isfile(weights):
+        raise MissingFileError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
+    if getattr(args, "eval_only", False) and not weights and not getattr(args, "resume", False):
+        raise UsageError(
+            "--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint)."
+        )
+
+
 def check_output_dir(output_dir: str) -> None:
     """Create ``output_dir`` if needed and check that this user can write to it.
 
     Raises:
-        PermissionError: With a message naming the directory and the fix.
+        OutputDirError: With a message naming the directory and the fix.
     """
     try:
         os.makedirs(output_dir, exist_ok=True)
     except OSError as e:
-        raise PermissionError(
+        raise OutputDirError(
             f"OUTPUT_DIR {output_dir!r} cannot be created ({e.strerror}); set OUTPUT_DIR to a "
             f"writable directory."
         ) from None
     if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise PermissionError(
+        raise OutputDirError(
             f"OUTPUT_DIR {output_dir!r} is not writable by this user; set OUTPUT_DIR to a "
             f"writable directory or fix its permissions."
         )

@@ -97,7 +97,8 @@ class PreemptionHandler(HookBase):
             self._requested, self._requested_at = signal_name, now
             logger.warning(
                 "Received %s: finishing the current step, then saving a checkpoint and stopping. "
-                "Send it again to stop at once without saving.", signal_name,
+                "Send it again to stop at once without saving.",
+                signal_name,
             )
         elif now - self._requested_at > _DEBOUNCE_S:
             logger.error("Received %s again: exiting now without a checkpoint.", signal_name)

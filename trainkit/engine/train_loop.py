@@ -13,150 +13,27 @@ nothing is copied or patched per step.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from trainkit.engine.hook_base import (
+    HookBase,
+    HookDispatch,
+    HookPriority,
+    hook_state_key,
+    keeps_state,
+)
+from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventStorage
 
 if TYPE_CHECKING:
-    from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
+    from trainkit.engine.amp_trainer import AMPTrainer
+    from trainkit.engine.simple_trainer import SimpleTrainer
 
 __all__ = ["AMPTrainer", "HookBase", "HookPriority", "SimpleTrainer", "TrainerBase"]
 
 logger = logging.getLogger(__name__)
-
-
-class HookPriority(enum.IntEnum):
-    """Where a hook runs relative to others: lower runs first; ties keep registration order.
-
-    The built-in hooks use: ``HIGHEST`` the iteration timer (it times everything after it),
-    ``HIGH`` hooks that must see the step's result before anything saves or evaluates it
-    (the weights' EMA), ``NORMAL`` everything else, including checkpointing and evaluation,
-    in ``DefaultTrainer.build_hooks``' order, and ``LOWEST`` the writers, so they see every
-    metric of the step.
-    """
-
-    HIGHEST = 0
-    HIGH = 25
-    NORMAL = 50
-    LOW = 75
-    LOWEST = 100
-
-
-class HookBase:
-    """Base class of the callbacks a :class:`TrainerBase` runs around each step.
-
-    The trainer calls, in priority order (:class:`HookPriority`; equal priorities in
-    registration order)::
-
-        before_train()
-        for cur_iter in range(start_iter, max_iter):
-            before_step(); [run_step: ... after_backward() ...]; after_step()
-        after_train()          # also when training raised
-        final_write()          # only hooks that define it, after every hook's after_train
-
-    ``after_backward`` runs once per optimizer step, after the last micro-batch's backward
-    pass and (with a gradient scaler) after unscaling, so it sees the true gradients.
-
-    A hook reads the trainer through :attr:`trainer`, and only the attributes listed in
-    :class:`TrainerBase`'s docstring. State that must survive a resume goes in
-    :meth:`state_dict`; the trainer saves it under the hook's class ``__qualname__``.
-    """
-
-    priority: int = HookPriority.NORMAL
-    """When this hook runs relative to the others (see :class:`HookPriority`)."""
-
-    # A class attribute, so subclasses that skip ``super().__init__()`` (common in detectron2
-    # hooks) still have an unset back-reference rather than an AttributeError.
-    _trainer_ref: weakref.ref[TrainerBase] | None = None
-
-    @property
-    def trainer(self) -> TrainerBase:
-        """The trainer this hook is registered with.
-
-        It is held through a weak reference so that hooks never keep a finished trainer (its
-        model, optimizer and data loader workers) alive.
-
-        Raises:
-            RuntimeError: If the hook was never registered or its trainer was deleted.
-        """
-        trainer = self._trainer_ref() if self._trainer_ref is not None else None
-        if trainer is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is not registered with a live trainer; "
-                "call trainer.register_hooks([hook]) first."
-            )
-        return trainer
-
-    @trainer.setter
-    def trainer(self, trainer: TrainerBase | None) -> None:
-        self._trainer_ref = None if trainer is None else weakref.ref(trainer)
-
-    def before_train(self) -> None:
-        """Run once before the first iteration."""
-
-    def after_train(self) -> None:
-        """Run once after the last iteration, or after training raised."""
-
-    def before_step(self) -> None:
-        """Run before each iteration's ``run_step``."""
-
-    def after_backward(self) -> None:
-        """Run once per step after the backward pass(es), before the optimizer step."""
-
-    def after_step(self) -> None:
-        """Run after each iteration's ``run_step``."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Return the state to checkpoint; an empty dict (the default) saves nothing."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; the default ignores it."""
-
-
-def _hook_key(hook: HookBase) -> str:
-    # The qualified class name is stable across runs and processes, unlike a position in
-    # the hook list, which changes whenever someone registers one more hook.
-    return type(hook).__qualname__
-
-
-_STEP_PHASES = ("before_step", "after_backward", "after_step")
-
-
-def _overrides(hook: HookBase, phase: str) -> bool:
-    # A method set on the instance counts too (some code patches hooks that way).
-    return phase in vars(hook) or getattr(type(hook), phase) is not getattr(HookBase, phase)
-
-
-def _keeps_state(hook: HookBase) -> bool:
-    return type(hook).state_dict is not HookBase.state_dict
-
-
-class _HookDispatch:
-    """The ordered hooks of one loop and, per step phase, the bound methods that do something.
-
-    Per-step phases call only hooks that override them: with the usual hooks most per-step
-    calls would be HookBase's no-ops, a measurable share of a small model's step.
-    """
-
-    def __init__(self) -> None:
-        self.hooks: list[HookBase] = []
-        self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
-
-    def add(self, hooks: list[HookBase]) -> None:
-        # sorted() is stable: equal priorities keep their registration order.
-        self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
-        self.reindex()
-
-    def reindex(self) -> None:
-        self.callbacks = {
-            phase: [getattr(hook, phase) for hook in self.hooks if _overrides(hook, phase)]
-            for phase in _STEP_PHASES
-        }
 
 
 class _Progress:
@@ -188,7 +65,7 @@ class TrainerBase:
     """
 
     def __init__(self) -> None:
-        self._dispatch = _HookDispatch()
+        self._dispatch = HookDispatch()
         self._progress = _Progress()
         # Set by bind_to: the loop's position and hooks are then the owner's, and so is
         # their state in a checkpoint.
@@ -286,7 +163,9 @@ class TrainerBase:
         for hook in new_hooks:
             if not isinstance(hook, HookBase):
                 raise TypeError(f"hooks must be HookBase instances, got {type(hook).__name__}")
-        stateful_keys = [_hook_key(h) for h in self._dispatch.hooks + new_hooks if _keeps_state(h)]
+        stateful_keys = [
+            hook_state_key(h) for h in self._dispatch.hooks + new_hooks if keeps_state(h)
+        ]
         duplicates = sorted({k for k in stateful_keys if stateful_keys.count(k) > 1})
         if duplicates:
             # Fail at registration, not at the first checkpoint an hour into the run.
@@ -325,6 +204,12 @@ class TrainerBase:
                     self.run_step()
                     self.after_step()
                     self.iter += 1
+            except UsageError as e:
+                # The user's input, not a crash: the message says what to fix.
+                logger.error("Training stopped: %s", e)
+                with contextlib.suppress(Exception):
+                    self.after_train()
+                raise
             except BaseException:
                 logger.exception("Exception during training:")
                 # Each hook's failure is logged inside after_train; the original error is
@@ -406,7 +291,7 @@ class TrainerBase:
             state = hook.state_dict()
             if not state:
                 continue
-            key = _hook_key(hook)
+            key = hook_state_key(hook)
             if key in hook_states:
                 raise ValueError(f"Two hooks save state under the same name {key!r}")
             hook_states[key] = state
@@ -424,10 +309,10 @@ class TrainerBase:
         self.iter = state["iteration"]
         saved = dict(state.get("hooks", {}))
         for hook in self._dispatch.hooks:
-            key = _hook_key(hook)
+            key = hook_state_key(hook)
             if key in saved:
                 hook.load_state_dict(saved.pop(key))
-            elif _keeps_state(hook):
+            elif keeps_state(hook):
                 logger.warning("No saved state for hook %s; it starts fresh", key)
         if saved:
             logger.warning(
@@ -438,8 +323,12 @@ class TrainerBase:
 def __getattr__(name: str) -> Any:
     # SimpleTrainer and AMPTrainer live in their own module (which imports this one);
     # detectron2 code imports them from train_loop, so resolve them here on first use.
-    if name in ("SimpleTrainer", "AMPTrainer"):
-        from trainkit.engine import simple_trainer
+    if name == "SimpleTrainer":
+        from trainkit.engine.simple_trainer import SimpleTrainer
 
-        return getattr(simple_trainer, name)
+        return SimpleTrainer
+    if name == "AMPTrainer":
+        from trainkit.engine.amp_trainer import AMPTrainer
+
+        return AMPTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

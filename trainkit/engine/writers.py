@@ -23,5 +23,3 @@ def default_writers(output_dir: str, max_iter: int | None = None) -> list[EventW
         JSONWriter(os.path.join(output_dir, "metrics.json")),
         TensorboardXWriter(output_dir),
     ]
-
-

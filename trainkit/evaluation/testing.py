@@ -47,8 +47,22 @@ def _format_value(value: Any) -> str:
         return str(value)
 
 
+def _log_results_table(results: Mapping[str, Any]) -> None:
+    rows = [
+        (task, metric, value)
+        for task, metrics in results.items()
+        if isinstance(metrics, Mapping)
+        for metric, value in metrics.items()
+    ]
+    if not rows:
+        return
+    lines = ["Final results:", f"  {'task':<16}{'metric':<10}value"]
+    lines += [f"  {task:<16}{metric:<10}{_format_value(value)}" for task, metric, value in rows]
+    logger.info("\n".join(lines))
+
+
 def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
-    """Check ``results`` against ``cfg.TEST.EXPECTED_RESULTS``.
+    """Log ``results`` as a table, then check them against ``cfg.TEST.EXPECTED_RESULTS``.
 
     Each entry is ``[task, metric, expected, tolerance]``; a result passes when it exists,
     is finite, and ``abs(actual - expected) <= tolerance``. Call it on rank 0 only (other
@@ -66,6 +80,7 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
         RuntimeError: If any expected result is missing or out of tolerance; the message
             lists each failure (detectron2 exits the process here instead).
     """
+    _log_results_table(results)
     expected_results = cfg.TEST.EXPECTED_RESULTS
     failures = []
     for entry in expected_results:

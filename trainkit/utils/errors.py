@@ -54,30 +54,44 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _report_usage_error(
+def _report_uncaught(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
-    if not issubclass(exc_type, UsageError):
-        _previous_hook(exc_type, exc, tb)
-        return
-    if _is_rank_zero():
-        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        sys.stderr.write(f"{program}: error: {exc}\n")
-        sys.stderr.flush()
-    # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
-    raise SystemExit(USAGE_EXIT_CODE)
+    if issubclass(exc_type, UsageError):
+        if _is_rank_zero():
+            _write_line(f"error: {exc}")
+        # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
+        raise SystemExit(USAGE_EXIT_CODE)
+    exit_code = getattr(exc, "exit_code", None)
+    if exc_type.__module__.startswith("trainkit.") and isinstance(exit_code, int) and exit_code > 0:
+        # A trainkit outcome with its own status (a failed rank, a pre-empted run): its
+        # message is the report (the failed rank's traceback included); the launcher's own
+        # stack would only be noise.
+        _write_line(str(exc))
+        raise SystemExit(exit_code)
+    _previous_hook(exc_type, exc, tb)
+
+
+def _write_line(message: str) -> None:
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    sys.stderr.write(f"{program}: {message}\n")
+    sys.stderr.flush()
 
 
 _previous_hook = sys.excepthook
 
 
 def install_usage_error_handler() -> None:
-    """Make an uncaught :class:`UsageError` end the process with one line and exit status 2.
+    """Make uncaught trainkit errors end the process with a message and their exit status.
 
-    Other exceptions go to the previously installed hook (a traceback by default).
-    Installing twice is harmless.
+    A :class:`UsageError` prints one line (on rank 0) and exits with 2; a trainkit error
+    that carries an ``exit_code`` (``LaunchError``: a failed rank and its traceback;
+    ``TrainingPreempted``: 75) prints its message and exits with that status. Other
+    exceptions go to the previously installed hook (a traceback by default). Installing
+    twice is harmless. It changes ``sys.excepthook``: the one process-wide setting trainkit
+    makes, so that every script built the detectron2 way reports errors the same way.
     """
     global _previous_hook
-    if sys.excepthook is not _report_usage_error:
+    if sys.excepthook is not _report_uncaught:
         _previous_hook = sys.excepthook
-        sys.excepthook = _report_usage_error
+        sys.excepthook = _report_uncaught
