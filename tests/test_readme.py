@@ -37,3 +37,41 @@ def test_new_task_example_trains_and_evaluates(tmp_path):
     mse = [m["regression/mse"] for m in metrics if "regression/mse" in m]
     assert mse and mse[-1] < 1.0, mse  # the data has variance ~204; the model fits it
     assert (out / "model_final.pth").exists()
+
+
+def _readme_script(tmp_path):
+    code = next(b for b in _python_blocks((ROOT / "README.md").read_text()) if "class RegressionTrainer" in b)
+    script = tmp_path / "train_linear.py"
+    script.write_text(code)
+    return script
+
+
+def _run_script(script, *args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def test_new_task_example_reports_bad_input_in_one_line(tmp_path):
+    """A user's own script built the detectron2 way gets the library's one-line errors."""
+    script = _readme_script(tmp_path)
+    cases = [
+        # (arguments, what the single stderr line must name)
+        (["SOLVER.BASE_LRR", "0.1"], "SOLVER.BASE_LR"),
+        (["DATASETS.TRAIN", "('no_such_set',)"], "no_such_set"),
+        (["SOLVER.IMS_PER_BATCH", "3", "--num-gpus", "2"], None),  # flags after opts: argparse
+        (["--num-gpus", "2", "SOLVER.IMS_PER_BATCH", "3"], "IMS_PER_BATCH"),
+        (["MODEL.WEIGHTS", "missing.pth"], "missing.pth"),
+        (["OUTPUT_DIR", "/proc/no_such_dir"], "OUTPUT_DIR"),
+        (["--num-gpus", "0"], "--num-gpus"),
+    ]
+    for args, named in cases:
+        if named is None:
+            continue
+        result = _run_script(script, *args, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        assert len(lines) == 1 and named in lines[0], (args, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr

@@ -5,7 +5,8 @@ from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.defaults import default_argument_parser, default_setup
 from trainkit.engine.launch import DEFAULT_TIMEOUT, LaunchError, launch
-from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
+from trainkit.engine.amp_trainer import AMPTrainer
+from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, HookPriority, TrainerBase
 from trainkit.engine.writers import default_writers
 

@@ -18,7 +18,8 @@ from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
 from trainkit.engine.scaling import auto_scale_config
-from trainkit.engine.simple_trainer import AMPTrainer, SimpleTrainer
+from trainkit.engine.amp_trainer import AMPTrainer
+from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.writers import default_writers
