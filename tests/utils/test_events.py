@@ -168,6 +168,8 @@ def test_put_scalar_series_equals_one_put_scalar_per_point():
         series.put_scalar_series("loss", points[:7])
         series.put_scalar_series("loss", points[7:])
         series.put_scalar_series("loss", [])
+        series.put_scalar_series("empty", iter([]))
+        assert "empty" not in series.histories()  # nothing filed, nothing shown
         with pytest.raises(ValueError, match="smoothing_hint"):
             series.put_scalar_series("loss", points[:1], smoothing_hint=False)
     a, b = one_by_one.history("loss"), series.history("loss")

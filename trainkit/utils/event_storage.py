@@ -123,14 +123,17 @@ class EventStorage:
         history.update(value, cur_iter)
         self._latest_scalars[name] = (value, cur_iter)
 
-    def _history_for(self, name: str, smoothing_hint: bool) -> HistoryBuffer:
-        """Return ``name``'s buffer, creating it, after checking its smoothing hint."""
+    def _check_smoothing_hint(self, name: str, smoothing_hint: bool) -> None:
         existing_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
         if existing_hint != smoothing_hint:
             raise ValueError(
                 f"Scalar {name!r} was recorded with smoothing_hint={existing_hint} before and "
                 f"with smoothing_hint={smoothing_hint} now; use one value for a metric."
             )
+
+    def _history_for(self, name: str, smoothing_hint: bool) -> HistoryBuffer:
+        """Return ``name``'s buffer, creating it, after checking its smoothing hint."""
+        self._check_smoothing_hint(name, smoothing_hint)
         history = self._history.get(name)
         if history is None:
             history = self._history[name] = HistoryBuffer()
@@ -154,12 +157,13 @@ class EventStorage:
             ValueError: If ``smoothing_hint`` differs from an earlier call for ``name``.
         """
         name = self._current_prefix + name
-        history = self._history_for(name, smoothing_hint)
         points = points if isinstance(points, (list, tuple)) else list(points)
-        if points:
-            history.extend(points)
-            value, cur_iter = points[-1]
-            self._latest_scalars[name] = (float(value), int(cur_iter))
+        if not points:
+            self._check_smoothing_hint(name, smoothing_hint)
+            return
+        self._history_for(name, smoothing_hint).extend(points)
+        value, cur_iter = points[-1]
+        self._latest_scalars[name] = (float(value), int(cur_iter))
 
     def put_scalars(
         self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **kwargs: float
