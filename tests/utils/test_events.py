@@ -2,6 +2,7 @@ import json
 import logging
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -290,3 +291,34 @@ def test_tensorboard_writer_purge_step_and_kwargs_reach_the_event_file(tmp_path)
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [e.step for e in acc.Scalars("total_loss")] == [5]
+
+
+def test_count_recent_matches_a_walk_back_from_the_newest_value():
+    # detectron2's definition: walk back from the newest value, stop at the first one at
+    # or before (newest iteration - window). Checked on histories in and out of order.
+    def walk(points, window):
+        count = 0
+        for _, cur_iter in reversed(points):
+            if cur_iter <= points[-1][1] - window:
+                break
+            count += 1
+        return count
+
+    rng = random.Random(0)
+    for _ in range(300):
+        history = HistoryBuffer(max_length=rng.choice([3, 10, 1000]))
+        points, cur_iter = [], 0
+        for _ in range(rng.randrange(1, 8)):
+            chunk = []
+            for _ in range(rng.randrange(1, 6)):
+                cur_iter += rng.choice([0, 1, 1, 2, 5]) if rng.random() > 0.05 else -3
+                chunk.append((rng.random(), cur_iter))
+            if len(chunk) == 1 and rng.random() < 0.5:
+                history.update(*chunk[0])
+            else:
+                history.extend(chunk)
+            points += chunk
+        kept = points[-len(history) :]
+        assert history.values() == kept
+        for window in range(1, 12):
+            assert history.count_recent(window) == walk(kept, window)

@@ -48,16 +48,19 @@ class HistoryBuffer:
         if max_length < 1:
             raise ValueError(f"HistoryBuffer max_length must be at least 1, got {max_length}.")
         self._max_length = max_length
-        # Points beyond max_length are dropped in chunks, so that trimming the front of the
-        # arrays (a memmove of everything kept) is rare: reads look at the last max_length.
-        self._trim_at = max_length + max(16, max_length // 8)
         self._values = array("d")
         self._iterations = array("q")
         # Whether the iterations never decrease, the usual case; windows over iterations are
-        # then found by bisection instead of a walk.
+        # then found by bisection instead of a walk. _newest is the last iteration added.
         self._in_order = True
+        self._newest = -(2**63)
         self._count = 0
         self._sum = 0.0
+        # Points beyond max_length are dropped in chunks, so that trimming the front of the
+        # arrays (a memmove of everything kept) is rare: reads look at the last max_length.
+        # _trim_due is the value of _count past which the arrays hold a chunk too many.
+        self._chunk = max(16, max_length // 8)
+        self._trim_due = max_length + self._chunk
 
     def update(self, value: float, iteration: int | None = None) -> None:
         """Add one value.
@@ -67,19 +70,22 @@ class HistoryBuffer:
             iteration: the iteration it belongs to; ``None`` numbers values 0, 1, 2, ... in
                 the order they were added (as fvcore does).
         """
+        # Called for every put_scalar: kept as cheap as fvcore's update.
         value = float(value)
         if iteration is None:
             iteration = self._count
-        elif type(iteration) is not int:
-            iteration = int(iteration)
-        iterations = self._iterations
-        if iterations and iteration < iterations[-1]:
+        if iteration < self._newest:
             self._in_order = False
+        try:
+            self._iterations.append(iteration)
+        except TypeError:  # not an int (fvcore allows floats): store it as one
+            iteration = int(iteration)
+            self._iterations.append(iteration)
+        self._newest = iteration
         self._values.append(value)
-        iterations.append(iteration)
         self._count += 1
         self._sum += value
-        if len(iterations) > self._trim_at:
+        if self._count > self._trim_due:
             self._trim()
 
     def extend(self, points: Sequence[tuple[float, int]]) -> None:
@@ -92,23 +98,22 @@ class HistoryBuffer:
             return
         new_values = array("d", [value for value, _ in points])
         iterations = [int(cur_iter) for _, cur_iter in points]
-        if self._in_order:
-            # Sorting an already sorted run is one linear pass in C.
-            previous = self._iterations[-1:]
-            self._in_order = (
-                not previous or previous[0] <= iterations[0]
-            ) and iterations == sorted(iterations)
+        # Sorting an already sorted run is one linear pass in C.
+        if self._in_order and (self._newest > iterations[0] or iterations != sorted(iterations)):
+            self._in_order = False
         self._values.extend(new_values)
         self._iterations.extend(iterations)
+        self._newest = iterations[-1]
         self._count += len(new_values)
         self._sum += math.fsum(new_values)
-        if len(self._iterations) > self._trim_at:
+        if self._count > self._trim_due:
             self._trim()
 
     def _trim(self) -> None:
         excess = len(self._values) - self._max_length
         del self._values[:excess]
         del self._iterations[:excess]
+        self._trim_due = self._count + self._chunk
 
     def __len__(self) -> int:
         """Number of values kept (at most ``max_length``)."""
@@ -169,8 +174,13 @@ class HistoryBuffer:
         if not end or window_size <= 0:
             return 0
         start = end - self._max_length if end > self._max_length else 0
-        oldest_in_window = iterations[-1] - window_size
+        oldest_in_window = self._newest - window_size
         if self._in_order:
+            # With one value per iteration the window starts window_size values back; look
+            # there first so that a long history costs no more than a short one.
+            guess = end - window_size - 1
+            if guess > start and iterations[guess] <= oldest_in_window:
+                start = guess
             return end - bisect.bisect_right(iterations, oldest_in_window, start, end)
         # Newest first; stop at the first value outside the window.
         count = 0
