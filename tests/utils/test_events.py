@@ -1,5 +1,9 @@
 import json
 import logging
+import math
+import os
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -10,6 +14,7 @@ import torch
 from trainkit.utils.events import (
     CommonMetricPrinter,
     EventStorage,
+    HistoryBuffer,
     JSONWriter,
     TensorboardXWriter,
     get_event_storage,
@@ -164,6 +169,8 @@ def test_put_scalar_series_equals_one_put_scalar_per_point():
         series.put_scalar_series("loss", points[:7])
         series.put_scalar_series("loss", points[7:])
         series.put_scalar_series("loss", [])
+        series.put_scalar_series("empty", iter([]))
+        assert "empty" not in series.histories()  # nothing filed, nothing shown
         with pytest.raises(ValueError, match="smoothing_hint"):
             series.put_scalar_series("loss", points[:1], smoothing_hint=False)
     a, b = one_by_one.history("loss"), series.history("loss")
@@ -173,23 +180,61 @@ def test_put_scalar_series_equals_one_put_scalar_per_point():
 
 
 def test_history_extend_keeps_max_length_and_the_mean_of_all_values():
-    from trainkit.utils.events import _HistoryBuffer
-
-    history = _HistoryBuffer(max_length=4)
+    history = HistoryBuffer(max_length=4)
     history.extend([(float(v), v) for v in range(3)])
     history.extend([(float(v), v) for v in range(3, 7)])
     assert history.values() == [(3.0, 3), (4.0, 4), (5.0, 5), (6.0, 6)]
+    assert len(history) == 4
     assert history.global_avg() == pytest.approx(3.0)  # mean of 0..6, not of what is kept
+    assert history.median(100) == 4.5  # windows never reach past what is kept
+    assert history.avg(2) == 5.5
 
 
-def test_tensorboard_scalars_are_batched_but_keep_the_time_of_their_write(tmp_path):
+def test_history_drops_old_values_in_chunks_but_never_shows_them():
+    history = HistoryBuffer(max_length=3)
+    for v in range(50):
+        history.update(float(v), v)
+        kept = history.values()
+        assert kept == [(float(i), i) for i in range(max(0, v - 2), v + 1)]
+        assert history.median(10) == statistics.median(value for value, _ in kept)
+    assert history.count_recent(100) == 3
+
+
+def test_history_windows_and_counts():
+    history = HistoryBuffer()
+    assert history.global_avg() == 0.0
+    assert math.isnan(history.median(5)) and math.isnan(history.avg(5))
+    with pytest.raises(IndexError):
+        history.latest()
+    history.update(1.0)  # no iteration: numbered in order, 0, 1, ...
+    history.update(5.0)
+    history.update(3.0, 7)
+    assert history.values() == [(1.0, 0), (5.0, 1), (3.0, 7)]
+    assert history.latest() == 3.0
+    assert history.median(2) == 4.0 and history.median(3) == 3.0
+    # An empty window is NaN (fvcore's list slice [-0:] would give every value).
+    assert math.isnan(history.avg(0)) and math.isnan(history.median(0))
+    # Iterations 1 and 7 are more than 5 apart: only the newest value is within 5 of 7.
+    assert history.count_recent(5) == 1
+    assert history.count_recent(7) == 2
+    assert history.count_recent(0) == 0
+    with pytest.raises(ValueError, match="max_length"):
+        HistoryBuffer(max_length=0)
+
+
+def test_tensorboard_scalars_are_batched_but_keep_the_time_of_their_write(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
 
-    def scalars(path):
-        acc = EventAccumulator(str(path))
-        acc.Reload()
-        return acc.Scalars("total_loss") if "total_loss" in acc.Tags()["scalars"] else []
+    handed_over = []
 
+    class RecordingEventFileWriter(event_file_writer.EventFileWriter):
+        def add_event(self, event):
+            if event.summary.value:  # not the file_version event every file starts with
+                handed_over.append((self.get_logdir(), event.step, event.summary.value[0].tag))
+            super().add_event(event)
+
+    monkeypatch.setattr(event_file_writer, "EventFileWriter", RecordingEventFileWriter)
     batched = TensorboardXWriter(str(tmp_path / "batched"), window_size=1)
     eager = TensorboardXWriter(str(tmp_path / "eager"), window_size=1, handoff_secs=0)
     with EventStorage() as storage:
@@ -197,11 +242,83 @@ def test_tensorboard_scalars_are_batched_but_keep_the_time_of_their_write(tmp_pa
         written_at = time.time()
         batched.write()
         eager.write()
-        eager._writer.flush()
-        assert [e.step for e in scalars(tmp_path / "eager")] == [0]  # handed over at once
+        # One event holding both scalars of iteration 0, handed over by the eager writer only.
+        assert handed_over == [(str(tmp_path / "eager"), 0, "total_loss")]
         time.sleep(0.5)
     batched.close()
     eager.close()
-    events = scalars(tmp_path / "batched")
+    assert handed_over[-1] == (str(tmp_path / "batched"), 0, "total_loss")
+    acc = EventAccumulator(str(tmp_path / "batched"))
+    acc.Reload()
+    events = acc.Scalars("total_loss")
     assert [(e.step, e.value) for e in events] == [(0, 2.0)]
+    assert [e.step for e in acc.Scalars("loss_cls")] == [0]
     assert abs(events[0].wall_time - written_at) < 0.25  # not the time of close()
+
+
+def test_smoothing_windows_count_iterations_not_values(tmp_path):
+    # A metric put twice per iteration is smoothed over the same iterations as the others.
+    # (Before, the window was the last N values: 4 values, i.e. iterations 2-3 only.)
+    writer = JSONWriter(str(tmp_path / "metrics.json"), window_size=4)
+    with EventStorage() as storage:
+        for it in range(4):
+            storage.put_scalar("twice", float(it))
+            storage.put_scalar("twice", float(it) + 0.5)
+            storage.step()
+        storage.iter = 3
+        assert storage.count_samples("twice", 4) == 8
+        assert storage.latest_with_smoothing_hint(4)["twice"] == (1.75, 3)
+        writer.write()
+    writer.close()
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"iteration": 3, "twice": 1.75}
+
+
+def test_tensorboard_writer_rejects_arguments_summary_writer_does_not_take(tmp_path):
+    with pytest.raises(TypeError, match="flush_sec"):
+        TensorboardXWriter(str(tmp_path), flush_sec=5)
+
+
+def test_tensorboard_writer_purge_step_and_kwargs_reach_the_event_file(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = TensorboardXWriter(str(tmp_path), window_size=1, purge_step=5, filename_suffix=".x")
+    with EventStorage(start_iter=5) as storage:
+        storage.put_scalar("total_loss", 1.0)
+        writer.write()
+    writer.close()
+    (name,) = os.listdir(tmp_path)
+    assert name.endswith(".x")
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("total_loss")] == [5]
+
+
+def test_count_recent_matches_a_walk_back_from_the_newest_value():
+    # detectron2's definition: walk back from the newest value, stop at the first one at
+    # or before (newest iteration - window). Checked on histories in and out of order.
+    def walk(points, window):
+        count = 0
+        for _, cur_iter in reversed(points):
+            if cur_iter <= points[-1][1] - window:
+                break
+            count += 1
+        return count
+
+    rng = random.Random(0)
+    for _ in range(300):
+        history = HistoryBuffer(max_length=rng.choice([3, 10, 1000]))
+        points, cur_iter = [], 0
+        for _ in range(rng.randrange(1, 8)):
+            chunk = []
+            for _ in range(rng.randrange(1, 6)):
+                cur_iter += rng.choice([0, 1, 1, 2, 5]) if rng.random() > 0.05 else -3
+                chunk.append((rng.random(), cur_iter))
+            if len(chunk) == 1 and rng.random() < 0.5:
+                history.update(*chunk[0])
+            else:
+                history.extend(chunk)
+            points += chunk
+        kept = points[-len(history) :]
+        assert history.values() == kept
+        for window in range(1, 12):
+            assert history.count_recent(window) == walk(kept, window)
