@@ -14,6 +14,7 @@ from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
@@ -420,8 +421,5 @@ def _with_resolved_seed(cfg: CfgNode) -> CfgNode:
     return cfg
 
 
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
 def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, _BATCH_NORMS) for m in model.modules())
+    return any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())

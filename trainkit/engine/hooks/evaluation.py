@@ -8,7 +8,6 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -17,7 +16,10 @@ from trainkit.engine.train_loop import HookBase
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
-__all__ = ["EvalHook", "PreciseBN"]
+__all__ = ["BATCH_NORM_TYPES", "EvalHook", "PreciseBN"]
+
+# The public BatchNorm classes (their shared base class is private to torch).
+BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +124,7 @@ class PreciseBN(HookBase):
         self._bn_layers = [
             m
             for m in self._model.modules()
-            if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+            if isinstance(m, BATCH_NORM_TYPES) and m.training and m.track_running_stats
         ]
         if not self._bn_layers:
             logger.info("PreciseBN does nothing: the model has no BatchNorm layer in training mode")
