@@ -93,12 +93,14 @@ def _memfd_usage(pid: int, sizes: dict[int, int]) -> int:
 def tree_memory(root: int, *, count_memfd: bool = False) -> dict[str, int]:
     """Return PSS, USS, anonymous and RSS summed over ``root``'s process tree, plus ``procs``.
 
+    ``memfd`` is the size of the distinct memfds the tree holds (0 without ``count_memfd``).
+
     With ``count_memfd``, ``pss`` counts every anonymous memory file (memfd) that a process
     of the tree holds at its full size, once, instead of the PSS of its mapped, touched
     pages: a segment written but not (yet) read by anyone occupies memory that no page
     table shows.
     """
-    total = {"pss": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0}
+    total = {"pss": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0, "memfd": 0}
     memfd_sizes: dict[int, int] = {}
     for pid in descendants(root):
         mem = memory_of(pid)
@@ -108,7 +110,8 @@ def tree_memory(root: int, *, count_memfd: bool = False) -> dict[str, int]:
                 total[key] += value
             if count_memfd:
                 total["pss"] -= _memfd_usage(pid, memfd_sizes)
-    total["pss"] += sum(memfd_sizes.values())
+    total["memfd"] = sum(memfd_sizes.values())
+    total["pss"] += total["memfd"]
     return total
 
 

@@ -15,7 +15,7 @@ def test_dataset_from_list_serialises_into_flat_buffers():
     records = [{"i": i, "name": f"img{i}.jpg"} for i in range(10)]
     ds = DatasetFromList(records)
     assert len(ds) == 10 and ds[3] == records[3] and ds[-1] == records[-1]
-    assert ds._buffer.dtype == np.uint8 and ds._ends.dtype == np.int64
+    assert ds._lst._buffer.dtype == np.uint8 and ds._lst._ends.dtype == np.int64
     ds[3]["i"] = 99  # a fresh copy each time
     assert ds[3]["i"] == 3
     with pytest.raises(IndexError):

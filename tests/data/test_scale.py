@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import time
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
@@ -132,8 +133,14 @@ def test_dataset_from_list_lives_in_an_anonymous_segment():
     assert len(ds) == 50 and ds[7] == _records()[7]
     assert ds.segment_identity is not None
     assert ds.segment_identity[1] in _memfd_inodes()
-    clone = pickle.loads(pickle.dumps(ds))  # reattaches: the same segment, not a copy
+    # Sent to a process (spawn, queues): reattaches to the same segment, not a copy.
+    clone = pickle.loads(ForkingPickler.dumps(ds))
     assert clone.segment_identity == ds.segment_identity and clone[49] == _records()[49]
+    # Plain pickle stores the records, like a tensor: loadable once the original is gone.
+    payload = pickle.dumps(DatasetFromList(_records()))
+    restored = pickle.loads(payload)
+    assert restored.segment_identity not in (None, ds.segment_identity)
+    assert [restored[i] for i in range(50)] == _records()
     empty = DatasetFromList([])
     assert len(empty) == 0
 
@@ -149,7 +156,7 @@ def test_pickled_dataset_reattaches_in_another_process():
     ds = DatasetFromList(_records())
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child_reads, args=(pickle.dumps(ds), child))
+    proc = ctx.Process(target=_child_reads, args=(ForkingPickler.dumps(ds), child))
     proc.start()
     identity, record, mapped = parent.recv()
     proc.join(10)

@@ -1,6 +1,6 @@
 """Read-only record segments in anonymous shared memory that other local processes can attach to.
 
-A *segment* holds serialised records: a 32-byte header, the concatenated record bytes, and
+A *segment* holds serialised records: a 64-byte header, the concatenated record bytes, and
 the int64 end offset of every record. It lives in an **anonymous** memory file
 (``memfd_create``, or an unlinked temporary file in ``/dev/shm`` where memfd is missing),
 so it has no name anywhere in the file system:
@@ -10,38 +10,58 @@ so it has no name anywhere in the file system:
 * another process on the machine attaches by opening ``/proc/<pid>/fd/<fd>`` of a process
   that holds it (the same file, not a copy) and maps it read-only. Ranks attach through the
   leader's handle; a spawned loader worker attaches through its parent's handle, which is
-  what pickling a segment sends. Forked workers simply inherit the mapping.
+  what sending a segment to another process sends (multiprocessing's ``ForkingPickler``,
+  which spawn, forkserver and queues use). Forked workers simply inherit the mapping.
+* plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as it does for
+  a torch tensor, so the pickle stays loadable after this process is gone; loading puts
+  them into a new anonymous memory file.
 
 The writer seals a memfd against writes, growth and shrinking once it is complete, so no
 process can change the bytes under another one's feet.
 
 Where none of this is possible (no fd can be created) a segment falls back to private
-memory and says so; pickling such a segment copies its bytes, as a numpy array would.
+memory and says so; sending such a segment copies its bytes, as a numpy array would.
+
+The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
+while they are written. It names the contents: :mod:`trainkit.data._segment_share` uses it
+to find an identical segment that another process on the machine already holds, and a
+spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by digest.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import mmap
 import os
 import tempfile
 import weakref
 from array import array
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SegmentHandle", "SegmentWriter", "SharedSegment", "attach_segment"]
+__all__ = [
+    "SegmentHandle",
+    "SegmentWriter",
+    "SharedSegment",
+    "attach_segment",
+    "is_sealed",
+    "segment_from_fd",
+]
 
 _MAGIC = 0x54524B4954534547  # "TRKITSEG"
-_VERSION = 1
-_HEADER_BYTES = 32  # int64 magic, version, num_records, data_bytes
-_SEAL_ALL = 0
+_VERSION = 2  # 2: the header holds the digest
+_DIGEST_BYTES = 32
+_HEADER_BYTES = 64  # int64 magic, version, num_records, data_bytes; then the digest
+# Seals that make a memfd immutable: nobody can write, grow or shrink it, or lift them.
+_IMMUTABLE_SEALS = 0
 for _flag in ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"):
-    _SEAL_ALL |= getattr(fcntl, _flag, 0)
+    _IMMUTABLE_SEALS |= getattr(fcntl, _flag, 0)
 
 
 class SegmentHandle(NamedTuple):
@@ -54,6 +74,7 @@ class SegmentHandle(NamedTuple):
             number is detected instead of mapping an unrelated file).
         ino: ``st_ino`` of the memory file.
         size: the segment's size in bytes.
+        digest: the digest of its records (to ask for it by content if ``/proc`` fails).
     """
 
     pid: int
@@ -61,6 +82,7 @@ class SegmentHandle(NamedTuple):
     dev: int
     ino: int
     size: int
+    digest: bytes = b""
 
 
 def _create_anonymous_file(name: str) -> int:
@@ -83,17 +105,33 @@ def _write_all(fd: int, data: Any) -> None:
         view = view[written:]
 
 
+def is_sealed(fd: int) -> bool:
+    """Return whether memory file ``fd`` is sealed immutable (only a memfd can be)."""
+    if not _IMMUTABLE_SEALS:
+        return False
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _IMMUTABLE_SEALS == _IMMUTABLE_SEALS
+    except (OSError, AttributeError):
+        return False  # not a memfd (or no sealing on this system)
+
+
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Create one with :class:`SegmentWriter` or :func:`attach_segment`. Pickling sends a
-    handle (this process's pid and fd), so the receiver maps the same pages; it must run on
-    the same machine while this process still holds the segment, which is the case for a
-    loader worker spawned by this process.
+    Create one with :class:`SegmentWriter`, :func:`attach_segment` or
+    :func:`segment_from_fd`. Sent to another process through multiprocessing, a segment
+    travels as a handle (this process's pid and fd, and the digest), so the receiver maps
+    the same pages; it must run on the same machine while this process still holds the
+    segment, which is the case for a loader worker spawned by this process. Plain
+    ``pickle`` stores the bytes.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
-        """Wrap memory file ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None)."""
+        """Wrap memory file ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None).
+
+        Raises:
+            ValueError: If ``buffer`` does not start with a segment header.
+        """
         self._fd = fd
         self._buffer = buffer
         if fd is not None:
@@ -103,18 +141,38 @@ class SharedSegment:
             self._identity: tuple[int, int] | None = (st.st_dev, st.st_ino)
         else:
             self._identity = None
+        if len(buffer) < _HEADER_BYTES:
+            raise ValueError("not a trainkit record segment (too short for a header)")
         header = np.frombuffer(buffer, dtype=np.int64, count=4)
         magic, version, num_records, data_bytes = (int(x) for x in header)
         if magic != _MAGIC or version != _VERSION:
             raise ValueError("not a trainkit record segment (bad header)")
-        self.data = np.frombuffer(buffer, dtype=np.uint8, count=data_bytes, offset=_HEADER_BYTES)
         ends_offset = _HEADER_BYTES + _aligned(data_bytes)
+        if num_records < 0 or data_bytes < 0 or ends_offset + 8 * num_records > len(buffer):
+            raise ValueError("not a trainkit record segment (sizes exceed the file)")
+        self.digest = bytes(buffer[32 : 32 + _DIGEST_BYTES])
+        self.data = np.frombuffer(buffer, dtype=np.uint8, count=data_bytes, offset=_HEADER_BYTES)
         self.ends = np.frombuffer(buffer, dtype=np.int64, count=num_records, offset=ends_offset)
 
     @property
     def shared(self) -> bool:
         """Whether other processes can attach to this segment."""
         return self._fd is not None
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the memory file is sealed immutable (memfd only)."""
+        return self._fd is not None and is_sealed(self._fd)
+
+    def fileno(self) -> int:
+        """Return this process's descriptor of the memory file.
+
+        Raises:
+            ValueError: If the segment lives in private memory.
+        """
+        if self._fd is None:
+            raise ValueError("a private segment has no file descriptor")
+        return self._fd
 
     @property
     def identity(self) -> tuple[int, int] | None:
@@ -130,44 +188,100 @@ class SharedSegment:
         """Return the handle other local processes attach with (``None`` if private)."""
         if self._fd is None or self._identity is None:
             return None
-        return SegmentHandle(os.getpid(), self._fd, *self._identity, self.nbytes)
+        return SegmentHandle(os.getpid(), self._fd, *self._identity, self.nbytes, self.digest)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        handle = self.handle()
-        if handle is None:
-            return _from_private_bytes, (bytes(self._buffer),)
-        return attach_segment, (handle,)
+        return _segment_from_bytes, (bytes(self._buffer),)
+
+
+def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
+    handle = segment.handle()
+    if handle is None:
+        return segment.__reduce__()
+    return attach_segment, (handle,)
+
+
+# Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
+ForkingPickler.register(SharedSegment, _reduce_for_processes)
 
 
 def _aligned(nbytes: int) -> int:
     return (nbytes + 7) // 8 * 8
 
 
-def _from_private_bytes(data: bytes) -> SharedSegment:
-    return SharedSegment(None, data)
+def _segment_from_bytes(data: bytes) -> SharedSegment:
+    """Rebuild a pickled segment in a new sealed memory file (private memory if none)."""
+    try:
+        fd = _create_anonymous_file("trainkit-dataset")
+    except OSError as e:
+        logger.warning("Cannot create a shared memory file (%s); records stay private", e)
+        return SharedSegment(None, data)
+    try:
+        _write_all(fd, data)
+        _seal(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return segment_from_fd(fd, len(data))
+
+
+def _seal(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
+    except (OSError, AttributeError):
+        pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
+
+
+def segment_from_fd(fd: int, size: int) -> SharedSegment:
+    """Map memory file ``fd`` (``size`` bytes) read-only; the segment takes over ``fd``.
+
+    ``fd`` is closed if mapping fails.
+
+    Raises:
+        OSError: If ``fd`` cannot be mapped.
+        ValueError: If its size is not ``size`` or it does not hold a segment.
+    """
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise ValueError(f"memory file has {actual} bytes, expected {size}")
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        return SharedSegment(fd, buffer)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def attach_segment(handle: SegmentHandle) -> SharedSegment:
     """Map the segment described by ``handle`` read-only (the same pages, not a copy).
 
+    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
+    the pid or fd reused) it asks the machine's holder of the same digest for the segment
+    (see :mod:`trainkit.data._segment_share`).
+
     Raises:
         OSError: If the holding process is gone or its descriptor cannot be opened (another
-            machine, another user, ``/proc`` mounted with ``hidepid``).
+            machine, another user) and no holder of the digest answers.
         ValueError: If the descriptor now refers to another file than the handle describes.
     """
     path = f"/proc/{handle.pid}/fd/{handle.fd}"
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino, st.st_size) != (handle.dev, handle.ino, handle.size):
+        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
+            os.close(fd)
             raise ValueError(
                 f"{path} is not the record segment it was shared as (pid or fd reused?)"
             )
-        buffer = mmap.mmap(fd, handle.size, access=mmap.ACCESS_READ)
-    except BaseException:
-        os.close(fd)
-        raise
-    return SharedSegment(fd, buffer)
+        return segment_from_fd(fd, handle.size)
+    except (OSError, ValueError):
+        # Imported here: _segment_share builds on this module.
+        from trainkit.data._segment_share import fetch_segment
+
+        segment = fetch_segment(handle.digest, handle.size) if handle.digest else None
+        if segment is None:
+            raise
+        return segment
 
 
 class SegmentWriter:
@@ -175,13 +289,14 @@ class SegmentWriter:
 
     The bytes go straight into the file's pages, which become the shared copy, so building a
     segment needs no second copy of the data (only the int64 ends, 8 bytes per record, are
-    kept privately until :meth:`finish`).
+    kept privately until :meth:`finish`). They are hashed on the way.
     """
 
     def __init__(self, name: str = "trainkit-records") -> None:
         """Create the memory file (or fall back to private memory, logging why)."""
         self._chunks: list[bytes] | None = None
         self._fd: int | None = None
+        self._hash = hashlib.blake2b(digest_size=_DIGEST_BYTES)
         try:
             self._fd = _create_anonymous_file(name)
             _write_all(self._fd, bytes(_HEADER_BYTES))  # patched by finish()
@@ -196,11 +311,21 @@ class SegmentWriter:
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` to the record bytes."""
         self._data_bytes += len(data)
+        self._hash.update(data)
         if self._fd is not None:
             _write_all(self._fd, data)
         else:
             assert self._chunks is not None
             self._chunks.append(bytes(data))
+
+    def _header(self, ends: array) -> bytes:
+        # The digest covers the record bytes, the ends and both counts, so two segments
+        # with equal digests hold the same records with the same boundaries.
+        self._hash.update(memoryview(ends).cast("B"))
+        counts = np.array([len(ends), self._data_bytes], dtype=np.int64)
+        self._hash.update(counts.tobytes())
+        fields = np.array([_MAGIC, _VERSION, len(ends), self._data_bytes], dtype=np.int64)
+        return fields.tobytes() + self._hash.digest()
 
     def finish(self, ends: array) -> SharedSegment:
         """Write the header and the int64 record ends (``array("q")``), seal, and map.
@@ -208,29 +333,24 @@ class SegmentWriter:
         Args:
             ends: end offset of every record within the record bytes, ascending.
         """
-        num_records = len(ends)
         pad = bytes(_aligned(self._data_bytes) - self._data_bytes)
-        header = np.array([_MAGIC, _VERSION, num_records, self._data_bytes], dtype=np.int64)
+        header = self._header(ends)
         if self._fd is None:
             assert self._chunks is not None
-            self._chunks[0] = header.tobytes()
+            self._chunks[0] = header
             self._chunks += [pad, ends.tobytes()]
             return SharedSegment(None, b"".join(self._chunks))
         fd, self._fd = self._fd, None
         try:
             _write_all(fd, pad)
             _write_all(fd, ends)
-            os.pwrite(fd, header.tobytes(), 0)
-            try:
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL)
-            except (OSError, AttributeError):
-                pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
+            os.pwrite(fd, header, 0)
+            _seal(fd)
             size = os.fstat(fd).st_size
-            buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(fd)
             raise
-        return SharedSegment(fd, buffer)
+        return segment_from_fd(fd, size)
 
     def abort(self) -> None:
         """Discard a segment that will not be finished (frees the memory file)."""

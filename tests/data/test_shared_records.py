@@ -1,0 +1,384 @@
+"""One serialised copy per machine however DatasetFromList is called: sharing by content.
+
+Ranks (and any other processes of the user) that build ``DatasetFromList`` from identical
+records map one memfd segment, found through an abstract unix socket named after the
+records' digest; different records never meet. See trainkit/data/_segment_share.py.
+"""
+
+import gc
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+
+from tests.dist import run_on_ranks
+from trainkit.data import DatasetFromList
+from trainkit.data import _segment_share as share_module
+from trainkit.data._shared_buffer import attach_segment
+
+_BLOB = bytes(range(256)) * 8  # 2 KiB per record: pickles are big, the list stays small
+
+
+def _records(n=800, tag="a", blob=_BLOB):
+    # 800 x 2 KiB = 1.6 MiB serialised: above the sharing threshold (1 MiB).
+    return [{"id": i, "tag": tag, "blob": blob} for i in range(n)]
+
+
+def _mapped_segments(pid="self"):
+    """Inodes of the DatasetFromList memfds that process ``pid`` maps."""
+    inodes = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            if "trainkit-dataset" in line:
+                inodes.add(int(line.split()[4]))
+    return inodes
+
+
+def _share_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("trainkit-share-")]
+
+
+def _stop_sharing_now():
+    share_module.stop_all()
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while _share_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+def _stop_sharing():
+    _stop_sharing_now()  # datasets of earlier tests may still be alive and serving
+    yield
+    _stop_sharing_now()
+
+
+# --------------------------------------------------------------------------- one process
+
+
+def test_identical_records_share_one_segment_and_the_extra_copy_is_freed():
+    gc.collect()
+    before = _mapped_segments()  # earlier tests' datasets may still be alive
+    first = DatasetFromList(_records())
+    second = DatasetFromList(_records())
+    assert first.segment_identity == second.segment_identity is not None
+    # The second copy is gone: one new segment is mapped.
+    assert _mapped_segments() - before == {first.segment_identity[1]}
+    assert second[7] == _records()[7] and len(second) == 800
+
+
+def test_different_records_are_never_shared():
+    ds_a = DatasetFromList(_records(tag="a"))
+    ds_b = DatasetFromList(_records(tag="b"))
+    assert ds_a.segment_identity != ds_b.segment_identity
+    assert ds_a[3]["tag"] == "a" and ds_b[3]["tag"] == "b"
+    boundaries = DatasetFromList(_records(n=400, blob=_BLOB * 2))  # other records, other sizes
+    assert boundaries.segment_identity not in (ds_a.segment_identity, ds_b.segment_identity)
+
+
+def test_a_holder_takes_over_when_the_server_drops_its_dataset():
+    server = DatasetFromList(_records())
+    holder = DatasetFromList(_records())
+    identity = server.segment_identity
+    del server
+    gc.collect()
+    deadline = time.monotonic() + 5
+    later = DatasetFromList(_records())
+    while later.segment_identity != identity and time.monotonic() < deadline:
+        time.sleep(0.05)  # the holder's thread claims the name a moment after the EOF
+        later = DatasetFromList(_records())
+    assert later.segment_identity == holder.segment_identity == identity
+    del holder, later
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while _share_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _share_threads()  # nothing keeps running once the datasets are gone
+
+
+def test_small_datasets_stay_private_without_a_thread():
+    small = DatasetFromList(_records(n=10))
+    again = DatasetFromList(_records(n=10))
+    assert small.segment_identity != again.segment_identity
+    assert not _share_threads()
+
+
+def test_a_forked_child_does_not_keep_the_name_bound(monkeypatch, caplog):
+    import multiprocessing as mp
+
+    monkeypatch.setattr(share_module, "_TIMEOUT_S", 1.0)
+    ds = DatasetFromList(_records())
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=time.sleep, args=(3,))  # inherits the listening socket
+    child.start()
+    try:
+        del ds
+        gc.collect()
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+            rebuilt = DatasetFromList(_records())
+            again = DatasetFromList(_records())
+        # Had the child kept the socket, the name would still be bound with nobody
+        # answering: each build would wait for the timeout and keep a private copy.
+        assert time.monotonic() - began < 1.0
+        assert "Cannot share" not in caplog.text
+        assert rebuilt.segment_identity == again.segment_identity
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_a_handle_that_cannot_be_opened_falls_back_to_the_digest():
+    ds = DatasetFromList(_records())
+    handle = ds._lst._segment.handle()
+    gone = handle._replace(pid=2**22 + 1)  # no such process: /proc/<pid>/fd fails
+    segment = attach_segment(gone)
+    assert segment.identity == ds.segment_identity
+    clone = pickle.loads(ForkingPickler.dumps(ds))  # the usual way: /proc of this process
+    assert clone.segment_identity == ds.segment_identity and clone[5] == _records()[5]
+
+
+def _fake_server(address, payload_fd, message, ready, uid=None):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        if uid is not None:
+            os.setuid(uid)
+        listener.bind(address)
+        listener.listen(1)
+        ready.set()
+        listener.settimeout(5)
+        conn, _ = listener.accept()
+        with conn:
+            socket.send_fds(conn, [message], [payload_fd])
+            conn.recv(1)
+
+
+def test_a_server_offering_other_records_is_refused(caplog):
+    from trainkit.data._dataset_from_list import _serialize_records
+
+    impostor = _serialize_records(_records(tag="x"))  # same size, other records
+    wanted = _serialize_records(_records(tag="y"))  # what the dataset below will build
+    assert impostor.nbytes == wanted.nbytes
+    # Claims to serve the "y" records (right size and digest) but sends the "x" segment.
+    lie = share_module._MESSAGE.pack(share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
+    ready = threading.Event()
+    server = threading.Thread(
+        target=_fake_server,
+        args=(share_module._address(wanted.digest), impostor.fileno(), lie, ready),
+    )
+    server.start()
+    ready.wait(5)
+    with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+        ds = DatasetFromList(_records(tag="y"))
+    server.join(5)
+    assert ds[4]["tag"] == "y" and ds.segment_identity != impostor.identity
+    assert "header names other records" in caplog.text and "private copy" in caplog.text
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a server as another user")
+def test_a_server_of_another_user_is_refused(caplog):
+    import multiprocessing as mp
+
+    from trainkit.data._dataset_from_list import _serialize_records
+
+    wanted = _serialize_records(_records(tag="z"))
+    message = share_module._MESSAGE.pack(
+        share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest
+    )
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    squatter = ctx.Process(
+        target=_fake_server,
+        args=(share_module._address(wanted.digest), wanted.fileno(), message, ready, 65534),
+    )
+    squatter.start()
+    try:
+        assert ready.wait(5)
+        with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+            ds = DatasetFromList(_records(tag="z"))
+        assert ds.segment_identity != wanted.identity and ds[1]["tag"] == "z"
+        assert "another user" in caplog.text
+    finally:
+        squatter.kill()
+        squatter.join()
+
+
+# --------------------------------------------------------------------------- real jobs
+
+
+def _ranks_job(tmp_dir):
+    from trainkit.utils import comm
+
+    rank = comm.get_rank()
+    same = DatasetFromList(_records(tag="same"))
+    own = DatasetFromList(_records(tag=f"rank{rank}"))
+    comm.synchronize()  # both ranks hold both datasets while the other looks
+    result = {
+        "same": same.segment_identity,
+        "own": own.segment_identity,
+        "own_tags": {own[i]["tag"] for i in range(0, 800, 97)},
+        "mapped": _mapped_segments(),
+    }
+    comm.synchronize()
+    return result
+
+
+@pytest.mark.distributed
+def test_ranks_share_identical_lists_and_never_different_ones(tmp_path):
+    results = run_on_ranks(_ranks_job, 2, args=(str(tmp_path),), timeout_s=90)
+    assert results[0]["same"] == results[1]["same"] is not None
+    assert results[0]["own"] != results[1]["own"]
+    assert results[0]["own_tags"] == {"rank0"} and results[1]["own_tags"] == {"rank1"}
+    # Three segments on the machine: the shared one and one per rank, nothing more.
+    assert len(results[0]["mapped"] | results[1]["mapped"]) == 3
+
+
+def _lonely_job():
+    from trainkit.utils import comm
+
+    length = None
+    if comm.get_rank() == 0:  # only this rank builds: it must not wait for the other
+        length = len(DatasetFromList(_records(tag="lonely")))
+    comm.synchronize()
+    return length
+
+
+@pytest.mark.distributed
+def test_a_rank_that_builds_alone_does_not_wait_for_the_others():
+    began = time.monotonic()
+    assert run_on_ranks(_lonely_job, 2, timeout_s=60) == [800, None]
+    assert time.monotonic() - began < 40  # far from the collective timeouts
+
+
+# --------------------------------------------------------------------------- memory (PSS)
+
+
+def _tree(root):
+    """``root`` and every live process below it."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _pss_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    except OSError:
+        return 0  # gone meanwhile
+
+
+def _segment_sizes(pid):
+    """{inode: mapped bytes} of the DatasetFromList memfds that ``pid`` maps."""
+    sizes = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                if "trainkit-dataset" in line:
+                    span, inode = line.split()[0], int(line.split()[4])
+                    start, end = (int(x, 16) for x in span.split("-"))
+                    sizes[inode] = sizes.get(inode, 0) + end - start
+    except OSError:
+        pass
+    return sizes
+
+
+class _ReadEverything:
+    """Item i makes a loader worker read every page of the records (the worst case)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return 2  # one item per worker
+
+    def __getitem__(self, i):
+        held = self.dataset._lst
+        return int(held._buffer[::4096].sum()) + int(held._ends[::512].sum())
+
+
+def _measure_job(dataset):
+    """Job-wide PSS and segments while 2 loader workers per rank have read ``dataset``."""
+    from torch.utils.data import DataLoader
+
+    from trainkit.utils import comm
+
+    loader = DataLoader(
+        _ReadEverything(dataset), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    batches = iter(loader)
+    next(batches), next(batches)  # both workers read everything and stay alive
+    comm.synchronize()
+    measured = None
+    if comm.get_rank() == 0:
+        tree = _tree(os.getppid())  # the launcher: every rank and worker of the job
+        segments = {}
+        for pid in tree:
+            segments.update(_segment_sizes(pid))
+        measured = {"pss": sum(_pss_bytes(pid) for pid in tree), "procs": len(tree),
+                    "segment_bytes": sum(segments.values())}
+    comm.synchronize()
+    batches._shutdown_workers()
+    return measured
+
+
+def _memory_job(num_records, record_bytes):
+    from trainkit.utils import comm
+
+    control = _measure_job(DatasetFromList([{"id": i} for i in range(16)]))
+    blob = bytes(range(256)) * (record_bytes // 256)
+    records = [{"id": i, "blob": blob} for i in range(num_records)]
+    dataset = DatasetFromList(records)  # every rank builds the same list itself
+    del records
+    gc.collect()
+    loaded = _measure_job(dataset)
+    comm.synchronize()
+    return {"control": control, "loaded": loaded, "identity": dataset.segment_identity,
+            "copy_bytes": dataset._lst._segment.nbytes}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_building_the_same_list_hold_one_copy():
+    # 2 ranks x 2 fork workers, each worker reads every page; 2048 x 16 KiB = 32 MiB.
+    rank0, rank1 = run_on_ranks(_memory_job, 2, args=(2048, 16384), timeout_s=120)
+    assert rank0["identity"] == rank1["identity"] is not None
+    control, loaded, copy_bytes = rank0["control"], rank0["loaded"], rank0["copy_bytes"]
+    assert control["procs"] == loaded["procs"] == 7  # launcher, 2 ranks, 4 workers
+    added = (loaded["pss"] - control["pss"]) / copy_bytes
+    held = loaded["segment_bytes"] / copy_bytes
+    mib = copy_bytes / 2**20
+    print(f"serialised copies: {added:.2f} by PSS, {held:.2f} mapped ({mib:.1f} MiB each)")
+    assert held <= 1.25
+    assert 0.75 <= added <= 1.25
+
+
+# --------------------------------------------------------------------------- default method
+
+
+def test_a_plain_call_changes_the_default_until_it_is_restored():
+    from trainkit.data.common import set_default_dataset_from_list_serialize_method
+
+    restore = set_default_dataset_from_list_serialize_method(tuple)
+    try:
+        assert DatasetFromList([1, 2])._lst == (1, 2)
+        assert DatasetFromList.from_local_leader(lambda: [3, 4])._lst == (3, 4)
+    finally:
+        restore.__exit__(None, None, None)
+    assert DatasetFromList([1, 2]).segment_identity is not None

@@ -1,0 +1,386 @@
+"""One copy of identical record segments per machine, found by content, with no collective.
+
+Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
+detectron2 code does) first serialises it into its own sealed memfd, hashing the bytes on
+the way (:class:`~trainkit.data._shared_buffer.SegmentWriter`). Then it calls
+:func:`share_segment`, which meets the other processes of the machine that hold the same
+records at a Linux *abstract* unix socket named after the digest and the user id::
+
+    \\0trainkit-records/<uid>/<blake2b digest, hex>
+
+* The first process to ``bind`` that name serves its segment: a daemon thread accepts
+  connections and sends the memfd itself over the socket (``SCM_RIGHTS``), so no ``/proc``
+  access is needed and nothing but the kernel's fd table is involved.
+* A later process connects instead, receives the descriptor, checks it (the peer runs as
+  the same user, the file is sealed immutable, its size and the digest in its header match
+  the segment just built), maps it and drops its own copy: one copy per machine in steady
+  state. Two processes that finish at the same time race for ``bind``; the loser connects.
+* Different records give different digests, hence different names: a process is never
+  given another list's records. Abstract names vanish with their last socket, so nothing
+  is left behind after a crash, and no process waits for another one: a process that
+  builds a dataset alone simply serves it to nobody.
+* Holders keep their connection open to *watch* the server. When the server exits or
+  drops the dataset, the connection closes; the watchers race to ``bind`` and the winner
+  serves its mapping (the same file), so a process that builds the same records later
+  still finds the copy instead of adding a second one.
+* Forked loader workers inherit the mapping; an at-fork handler closes the inherited
+  sockets in the child so that only the parent serves. Spawned workers attach through the
+  pickled handle (``/proc/<pid>/fd/<fd>``) or, where that fails, ask for the digest here.
+* Where memfd sealing or abstract unix sockets are unavailable (another OS, a sandbox),
+  or a connection times out, the process keeps its private copy and logs one line.
+  Segments under :data:`MIN_SHARED_BYTES` are not shared: the saving would be smaller than
+  the thread and sockets it costs.
+
+Peak memory: each process that builds the records holds its own copy until the
+rendezvous, so while ranks build at the same time the machine briefly holds one copy per
+building rank (on top of the lists the callers already hold); the extra copies are freed
+as soon as each rank attaches. Same-user processes are trusted (they could read this
+process's memory anyway); other users can neither be served nor serve (``SO_PEERCRED``).
+
+This module keeps a per-process set of live shares for the at-fork handler; tests stop
+them with :func:`stop_all`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+import weakref
+
+from trainkit.data._shared_buffer import SharedSegment, is_sealed, segment_from_fd
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MIN_SHARED_BYTES", "fetch_segment", "share_segment", "stop_all"]
+
+MIN_SHARED_BYTES = 1 << 20
+_TIMEOUT_S = 10.0  # for connect + receive: a live server answers in milliseconds
+_CLAIM_ATTEMPTS = 8  # with a growing pause: about 0.5 s for a stopping server to close
+_MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
+_MESSAGE_MAGIC = b"TKSHARE1"
+
+_LIVE: weakref.WeakSet[_Share] = weakref.WeakSet()
+
+
+def _address(digest: bytes) -> bytes:
+    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def _receive(digest: bytes, size: int) -> tuple[socket.socket, int]:
+    """Connect to the holder of ``digest``; return the open connection and the received fd.
+
+    Raises:
+        ConnectionRefusedError: If nobody serves ``digest`` right now.
+        OSError: If the holder is not trustworthy or does not answer as expected.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = -1
+    try:
+        sock.settimeout(_TIMEOUT_S)
+        sock.connect(_address(digest))
+        if _peer(sock)[1] != os.getuid():
+            raise PermissionError("the socket for these records belongs to another user")
+        message, fds, _, _ = socket.recv_fds(sock, _MESSAGE.size, 1)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if len(message) != _MESSAGE.size or fd < 0:
+            raise ConnectionError("the holder closed the connection without an answer")
+        if _MESSAGE.unpack(message) != (_MESSAGE_MAGIC, size, digest):
+            raise ConnectionError("the holder offered other records than asked for")
+        if os.fstat(fd).st_size != size or not is_sealed(fd):
+            raise ConnectionError("the offered memory file is not sealed or has another size")
+        sock.settimeout(None)
+        return sock, fd
+    except BaseException:
+        sock.close()
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def _map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
+    try:
+        segment = segment_from_fd(fd, size)
+    except ValueError as e:
+        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
+    if segment.digest != digest:
+        raise ConnectionError("the offered segment's header names other records")
+    return segment
+
+
+def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
+    """Map the segment with ``digest`` that a process on this machine serves, if any.
+
+    Returns:
+        The segment (same pages as the server's), or ``None`` if nobody serves it or the
+        answer failed a check (logged at debug level).
+    """
+    try:
+        sock, fd = _receive(digest, size)
+    except OSError as e:
+        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
+        return None
+    sock.close()
+    try:
+        return _map_received(fd, digest, size)
+    except OSError as e:
+        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
+        return None
+
+
+def share_segment(segment: SharedSegment) -> SharedSegment:
+    """Return the machine's copy of ``segment``'s records, serving ``segment`` if first.
+
+    If another process of this user serves a segment with the same digest, that segment
+    is returned (the caller drops its own, freeing it); otherwise ``segment`` is returned
+    and served until it is garbage-collected. Never waits for other processes beyond one
+    connection attempt (at most ``_TIMEOUT_S`` if a holder hangs).
+
+    Returns:
+        A segment with the same records as ``segment``.
+    """
+    if not segment.shared or segment.nbytes < MIN_SHARED_BYTES:
+        return segment
+    if not segment.sealed:
+        logger.info("Records stay private to this process: their memory file cannot be sealed")
+        return segment
+    share = _Share(segment.digest, segment.nbytes, os.dup(segment.fileno()))
+    try:
+        result = share.join(segment)
+    except OSError as e:
+        share.close()
+        logger.warning(
+            "Cannot share the records with other processes on this machine (%s: %s); "
+            "this process keeps a private copy",
+            type(e).__name__,
+            e,
+        )
+        return segment
+    _LIVE.add(share)
+    weakref.finalize(result, share.stop)
+    if result is not segment:
+        logger.info(
+            "Process %s on this machine holds the same %d records: mapping its copy "
+            "(%.2f MiB not duplicated)",
+            share.server_pid,
+            int(result.ends.size),
+            result.nbytes / 2**20,
+        )
+    return result
+
+
+def stop_all() -> None:
+    """Stop serving and watching every segment of this process (for tests)."""
+    for share in list(_LIVE):
+        share.stop()
+
+
+def _forget_in_child() -> None:
+    # A forked child must not answer for its parent: close (never shut down, which would
+    # also break the parent's sockets) the inherited copies of every socket.
+    for share in list(_LIVE):
+        share.after_fork_in_child()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class _Share:
+    """This process's part in sharing one segment: serving it, or watching who does."""
+
+    def __init__(self, digest: bytes, size: int, fd: int) -> None:
+        self._digest, self._size, self._fd = digest, size, fd
+        self._listener: socket.socket | None = None
+        self._conn: socket.socket | None = None  # to the server, while watching
+        self._clients: list[socket.socket] = []
+        self._selector: selectors.BaseSelector | None = None
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # guards the socket attributes against stop()
+        self._thread: threading.Thread | None = None
+        self.server_pid: int | None = None  # who served the segment we mapped, if not us
+
+    def join(self, own: SharedSegment) -> SharedSegment:
+        """Serve ``own`` or take the served copy; start the thread that keeps it going.
+
+        Raises:
+            OSError: If neither worked (the caller keeps ``own``).
+        """
+        result = own
+        for attempt in range(_CLAIM_ATTEMPTS):
+            if self._try_bind():
+                break
+            try:
+                conn, fd = _receive(self._digest, self._size)
+            except ConnectionRefusedError:
+                time.sleep(0.02 * attempt)  # the server left between bind and connect
+                continue
+            try:
+                result = _map_received(fd, self._digest, self._size)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+            self.server_pid = _peer(conn)[0]
+            os.close(self._fd)
+            self._fd = os.dup(result.fileno())  # serve the same file if we take over
+            break
+        else:
+            raise OSError(f"no stable holder after {_CLAIM_ATTEMPTS} attempts")
+        name = f"trainkit-share-{self._digest.hex()[:8]}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        return result
+
+    def _try_bind(self) -> bool:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(_address(self._digest))
+            listener.listen(64)
+        except OSError as e:
+            listener.close()
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+        self._listener = listener
+        return True
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                if self._listener is not None:
+                    self._serve()
+                    return
+                self._watch()
+                if self._stopped.is_set() or not self._claim():
+                    return
+        except Exception as e:  # a daemon thread must not die noisily; sharing just ends
+            logger.debug("Sharing segment %s ended: %s", self._digest.hex()[:12], e)
+        finally:
+            self.close()
+
+    def _serve(self) -> None:
+        assert self._listener is not None
+        selector = selectors.DefaultSelector()
+        with self._lock:
+            if self._stopped.is_set():
+                selector.close()
+                return
+            self._selector = selector
+        selector.register(self._listener, selectors.EVENT_READ)
+        message = _MESSAGE.pack(_MESSAGE_MAGIC, self._size, self._digest)
+        while not self._stopped.is_set():
+            for key, _ in selector.select():
+                sock = key.fileobj
+                if sock is self._listener:
+                    if not self._accept(selector, message):
+                        return  # the listener was shut down by stop()
+                else:  # a client hung up (or sent something it should not): forget it
+                    selector.unregister(sock)
+                    self._clients.remove(sock)
+                    sock.close()
+
+    def _accept(self, selector: selectors.BaseSelector, message: bytes) -> bool:
+        assert self._listener is not None
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return False
+        try:
+            if _peer(conn)[1] != os.getuid():
+                raise PermissionError("another user asked for the records")
+            conn.settimeout(_TIMEOUT_S)
+            socket.send_fds(conn, [message], [self._fd])
+        except OSError as e:
+            logger.debug("Not serving segment %s to a client: %s", self._digest.hex()[:12], e)
+            conn.close()
+            return True
+        self._clients.append(conn)
+        selector.register(conn, selectors.EVENT_READ)
+        return True
+
+    def _watch(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        try:
+            while conn.recv(64):
+                pass  # the server never sends more; EOF means it stopped serving
+        except OSError:
+            pass
+        with self._lock:
+            self._conn = None
+        conn.close()
+
+    def _claim(self) -> bool:
+        # The server is gone: serve our mapping (the same file) or watch the new server.
+        for attempt in range(_CLAIM_ATTEMPTS):
+            with self._lock:
+                if self._stopped.is_set():
+                    return False
+                if self._try_bind():
+                    return True
+            try:
+                conn, fd = _receive(self._digest, self._size)
+            except ConnectionRefusedError:
+                time.sleep(0.02 * attempt)
+                continue
+            os.close(fd)  # we keep our mapping of the same records
+            with self._lock:
+                self._conn = conn
+                if self._stopped.is_set():
+                    return False
+            return True
+        return False
+
+    def stop(self) -> None:
+        """Stop serving or watching (wakes the thread, which closes everything)."""
+        self._stopped.set()
+        with self._lock:
+            for sock in (self._listener, self._conn):
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+        if self._thread is None:
+            self.close()
+
+    def close(self) -> None:
+        """Close every socket and the descriptor (from the thread, or if it never ran)."""
+        self._stopped.set()
+        with self._lock:
+            self.abandon()
+
+    def after_fork_in_child(self) -> None:
+        """Drop the inherited sockets; the thread that used the lock does not exist here."""
+        self._lock = threading.Lock()
+        self._thread = None
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close this process's sockets and descriptor without touching shared state."""
+        self._stopped.set()
+        for sock in (self._listener, self._conn, *self._clients):
+            if sock is not None:
+                sock.close()
+        if self._selector is not None:
+            self._selector.close()
+        self._listener, self._conn, self._clients, self._selector = None, None, [], None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
