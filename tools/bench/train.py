@@ -54,16 +54,26 @@ def _solver_cfg(max_iter: int) -> CfgNode:
     return cfg
 
 
-def _run_trainkit(model: nn.Module, batches: list[Any], iters: int, out_dir: str) -> float:
+def _run_trainkit(
+    model: nn.Module,
+    batches: list[Any],
+    iters: int,
+    out_dir: str,
+    *,
+    accumulate: int = 1,
+    ema: bool = False,
+) -> float:
     """``SimpleTrainer`` with DefaultTrainer's timing, lr and writer hooks: s per iteration."""
     cfg = _solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     trainer = SimpleTrainer(model, itertools.cycle(batches), optimizer,
-                            gather_metric_period=WRITER_PERIOD, record_every_step=True)
+                            gather_metric_period=WRITER_PERIOD, record_every_step=True,
+                            accumulate_steps=accumulate)
     trainer.register_hooks([
         hooks.IterationTimer(),
         hooks.LRScheduler(optimizer, scheduler),
+        hooks.ModelEMA(model, decay=0.999) if ema else None,
         # Writers on rank 0 only, as DefaultTrainer.build_hooks registers them.
         hooks.PeriodicWriter(default_writers(out_dir, iters), period=WRITER_PERIOD)
         if comm.is_main_process() else None,
@@ -73,8 +83,8 @@ def _run_trainkit(model: nn.Module, batches: list[Any], iters: int, out_dir: str
     return (time.perf_counter() - start) / iters
 
 
-def _run_plain(model: nn.Module, batches: list[Any], iters: int) -> float:
-    """The same work written by hand: next batch, forward, backward, step, lr step."""
+def _run_plain(model: nn.Module, batches: list[Any], iters: int, *, accumulate: int = 1) -> float:
+    """The same work written by hand: next batch(es), forward, backward, step, lr step."""
     cfg = _solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
@@ -82,18 +92,18 @@ def _run_plain(model: nn.Module, batches: list[Any], iters: int) -> float:
     model.train()
     start = time.perf_counter()
     for _ in range(iters):
-        batch = next(data)
-        loss_dict = model(batch)
-        loss = sum(loss_dict.values())
         optimizer.zero_grad()
-        loss.backward()
+        for _ in range(accumulate):
+            loss_dict = model(next(data))
+            loss = sum(loss_dict.values())
+            (loss / accumulate if accumulate > 1 else loss).backward()
         optimizer.step()
         scheduler.step()
     return (time.perf_counter() - start) / iters
 
 
 def _compare(template: nn.Module, batches: list[Any], iters: int, rounds: int,
-             wrap: Any = None) -> dict[str, list[float]]:
+             wrap: Any = None, accumulate: int = 1) -> dict[str, list[float]]:
     """Alternate trainkit and plain runs, each on a fresh copy of ``template``."""
 
     def fresh() -> nn.Module:
@@ -106,15 +116,29 @@ def _compare(template: nn.Module, batches: list[Any], iters: int, rounds: int,
         def trainkit_run() -> float:
             comm.synchronize()
             run_dir = os.path.join(out_dir, f"run{next(counter)}")
-            return _run_trainkit(fresh(), batches, iters, run_dir)
+            return _run_trainkit(fresh(), batches, iters, run_dir, accumulate=accumulate)
 
         def plain_run() -> float:
             comm.synchronize()
-            return _run_plain(fresh(), batches, iters)
+            return _run_plain(fresh(), batches, iters, accumulate=accumulate)
 
         with log_to_file(os.path.join(out_dir, "log.txt")):
             _run_plain(fresh(), batches, min(iters, 20))  # warm-up: allocator, kernels
             return alternate({"trainkit": trainkit_run, "plain": plain_run}, rounds)
+
+
+def _ema_cost(template: nn.Module, batches: list[Any], iters: int, rounds: int) -> dict[str, list[float]]:
+    """Alternate trainkit runs with and without the ModelEMA hook (same hooks otherwise)."""
+    with tempfile.TemporaryDirectory(prefix="trainkit-bench-ema-") as out_dir:
+        counter = itertools.count()
+
+        def run(ema: bool) -> float:
+            run_dir = os.path.join(out_dir, f"run{next(counter)}")
+            return _run_trainkit(copy.deepcopy(template), batches, iters, run_dir, ema=ema)
+
+        with log_to_file(os.path.join(out_dir, "log.txt")):
+            _run_plain(copy.deepcopy(template), batches, 2)  # warm-up
+            return alternate({"with_ema": lambda: run(True), "without": lambda: run(False)}, rounds)
 
 
 def _ddp_rank(iters: int, rounds: int) -> dict[str, list[float]]:
@@ -138,12 +162,16 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     results: dict[str, Any] = {}
     cases = [("tiny MLP, 1 process", "mlp", 1.05), ("tiny MLP, 2 processes (Gloo DDP)", "ddp", 1.10),
+             ("tiny MLP, 1 process, 4 micro-batches per step (ACCUMULATE_STEPS 4)", "accum", 1.05),
              ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.02)]
     rows = []
     for label, key, target in cases:
         if key == "mlp":
             samples = _compare(TinyMLP(), _mlp_batches(), mlp_iters, rounds)
             iters = mlp_iters
+        elif key == "accum":
+            iters = max(1, mlp_iters // 4)
+            samples = _compare(TinyMLP(), _mlp_batches(), iters, rounds, accumulate=4)
         elif key == "ddp":
             samples = launch(_ddp_rank, 2, args=(ddp_iters, rounds))[0]
             iters = ddp_iters
@@ -168,7 +196,24 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
          "PASS/MISS"],
         rows,
     )
+    results["ema"] = _bench_ema(quick, rounds, clf_iters)
     return results
+
+
+def _bench_ema(quick: bool, rounds: int, iters: int) -> dict[str, Any]:
+    """What the ModelEMA hook adds to an ImageClassifier step (decay 0.999, every step)."""
+    cfg = shapes_cfg()
+    batches = batches_of(mapped_samples("train", 16 * 4, cfg), 16)
+    samples = _ema_cost(build_model(cfg), batches, iters, rounds)
+    with_ema, without = median(samples["with_ema"]), median(samples["without"])
+    print_table(
+        f"ModelEMA on the ImageClassifier (shapes, 64 px, batch 16, {iters} iterations/run, "
+        f"trainer with timer, LR and writer hooks; medians of {rounds} alternating runs)",
+        ["step ms without EMA", "step ms with EMA", "EMA adds ms/step", "EMA share of the step"],
+        [[without * 1e3, with_ema * 1e3, (with_ema - without) * 1e3,
+          f"{(with_ema - without) / without:.1%}"]],
+    )
+    return {"samples": samples, "with_ema_s": with_ema, "without_s": without}
 
 
 # --------------------------------------------------------------------------- eval
