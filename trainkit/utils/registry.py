@@ -101,7 +101,7 @@ class Registry(_FvcoreRegistry):
         known = self.names()
         close = difflib.get_close_matches(str(name), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        where = f"{key}={name!r}" if key else repr(name)
+        where = f"{key} {name!r}" if key else repr(name)
         fix = f"Fix {key}, or register" if key else "Register"
         return (
             f"{where} is not registered in the {self.name} registry.{hint} Registered: "
