@@ -76,7 +76,9 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     solver = out.SOLVER
     solver.IMS_PER_BATCH = new_batch
     solver.BASE_LR = cfg.SOLVER.BASE_LR * scale
-    solver.MAX_ITER = _scaled_period("SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world)
+    solver.MAX_ITER = _scaled_period(
+        "SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world
+    )
     solver.WARMUP_ITERS = _scaled_period(
         "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, num_workers, old_world
     )
