@@ -96,6 +96,14 @@ def test_missing_file_and_yaml_error_with_line(tmp_path):
         get_cfg().merge_from_file(str(bad))
 
 
+def test_key_that_yaml_reads_as_a_number_or_bool_is_a_config_error(tmp_path):
+    for text, key in (("MODEL:\n  1: 2\n", "MODEL.1"), ("yes: 3\n", "True")):
+        path = tmp_path / "keys.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=rf"config key {key} \(in file .*keys\.yaml\)"):
+            get_cfg().merge_from_file(str(path))
+
+
 def test_yaml_cannot_run_code(tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("OUTPUT_DIR: !!python/object/apply:os.system ['echo pwned']\n")

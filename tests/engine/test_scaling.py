@@ -2,8 +2,9 @@
 
 import pytest
 
-from trainkit.config import get_cfg
+from trainkit.config import ConfigError, get_cfg
 from trainkit.engine.scaling import ScalingError, auto_scale_config
+from trainkit.utils import UsageError
 
 
 def _cfg(batch=16, lr=0.1, ref=8, max_iter=5000, steps=(4000,), eval_period=1000, ckpt=1000):
@@ -51,6 +52,22 @@ def test_refuses_period_rounding_to_zero():
 
 
 def test_refuses_batch_not_divisible_by_reference():
-    with pytest.raises(ScalingError, match=r"IMS_PER_BATCH=10 is not divisible by SOLVER.REFERENCE_WORLD_SIZE=8"):
+    with pytest.raises(
+        ScalingError, match=r"IMS_PER_BATCH=10 is not divisible by SOLVER.REFERENCE_WORLD_SIZE=8"
+    ):
         auto_scale_config(_cfg(batch=10), 16)
 
+
+
+def test_refusals_are_config_errors_that_users_see_as_one_line():
+    with pytest.raises(ConfigError) as info:
+        auto_scale_config(_cfg(batch=10), 16)
+    assert isinstance(info.value, UsageError) and isinstance(info.value, ScalingError)
+    with pytest.raises(ScalingError, match=r"SOLVER.REFERENCE_WORLD_SIZE=-2 .* or 0 to turn off"):
+        auto_scale_config(_cfg(ref=-2), 4)
+
+
+def test_a_world_size_below_one_is_a_callers_bug_not_a_usage_error():
+    with pytest.raises(ValueError, match="num_workers") as info:
+        auto_scale_config(_cfg(ref=8), 0)
+    assert not isinstance(info.value, UsageError)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from trainkit.utils.errors import MissingFileError, UsageError
+
 __all__ = [
     "CheckpointError",
     "CorruptCheckpointError",
@@ -23,8 +25,13 @@ __all__ = [
 ]
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used as asked (wrong content, or a strict load found mismatches)."""
+class CheckpointError(UsageError, RuntimeError):
+    """A checkpoint cannot be used as asked (wrong content, or a strict load found mismatches).
+
+    A :class:`~trainkit.utils.errors.UsageError`: the user must replace, convert or trust the
+    file, or change the config it is loaded into; it stays a ``RuntimeError`` for callers that
+    catch that.
+    """
 
 
 class CorruptCheckpointError(CheckpointError):
@@ -95,9 +102,13 @@ def read_checkpoint_file(
         The loaded dict; a bare state dict (tensors only) is returned as ``{"model": it}``.
 
     Raises:
+        MissingFileError: A ``FileNotFoundError``: if ``path`` does not exist.
         UntrustedCheckpointError: If the file holds objects ``weights_only`` refuses.
         CorruptCheckpointError: If the file cannot be read or is not a checkpoint.
     """
+    if not os.path.isfile(path):
+        # torch.load's own error would be reported below as a corrupt file.
+        raise MissingFileError(f"Checkpoint {path} not found; check the path.")
     # Memory-map the file (zip format, what torch.save has written since torch 1.6): the
     # model's tensors are then copied from the page cache straight into its parameters,
     # one copy instead of read-then-copy, about twice torch.load's speed. Other entries

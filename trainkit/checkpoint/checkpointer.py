@@ -27,6 +27,7 @@ from trainkit.checkpoint._files import (
     strip_wrapper_prefixes,
 )
 from trainkit.utils import comm
+from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 
 __all__ = [
@@ -237,7 +238,7 @@ class Checkpointer(_FvcoreCheckpointer):
             that were not restored.
 
         Raises:
-            FileNotFoundError: If ``path`` does not exist.
+            MissingFileError: A ``FileNotFoundError``: if ``path`` does not exist.
             CorruptCheckpointError: If the file cannot be read.
             UntrustedCheckpointError: If the file needs full pickle and ``trust_pickle`` is
                 False.
@@ -263,7 +264,7 @@ class Checkpointer(_FvcoreCheckpointer):
 
         Raises:
             CheckpointError: If resuming and no checkpoint in ``save_dir`` is readable.
-            FileNotFoundError: If ``path`` is used and does not exist.
+            MissingFileError: A ``FileNotFoundError``: if ``path`` is used and does not exist.
         """
         if resume and self.has_checkpoint():
             return self._resume_newest_loadable()
@@ -301,9 +302,12 @@ class Checkpointer(_FvcoreCheckpointer):
         try:
             local = self.path_manager.get_local_path(path)
         except Exception as e:  # iopath raises various types for unknown schemes
-            raise FileNotFoundError(f"Checkpoint {path!r} not found ({e}).") from e
+            raise MissingFileError(
+                f"Checkpoint {path!r} not found ({e}). Check the path (MODEL.WEIGHTS or the "
+                "argument to load), or pass '' to start from the model's initialisation."
+            ) from e
         if not os.path.isfile(local):
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"Checkpoint {path!r} not found. Check the path (MODEL.WEIGHTS or the argument "
                 "to load), or pass '' to start from the model's initialisation."
             )

@@ -10,6 +10,7 @@ from typing import Any
 from fvcore.common.checkpoint import PeriodicCheckpointer as _FvcorePeriodicCheckpointer
 
 from trainkit.checkpoint.checkpointer import Checkpointer
+from trainkit.config import ConfigError
 from trainkit.utils.periodic import is_period_end
 
 __all__ = ["PeriodicCheckpointer"]
@@ -45,14 +46,18 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
             file_prefix: file name prefix.
 
         Raises:
-            ValueError: If ``period`` or ``max_to_keep`` is negative.
+            ConfigError: A ``ValueError``: if ``period`` or ``max_to_keep`` is negative.
         """
         if period < 0:
-            raise ValueError(
-                f"checkpoint period must be >= 0 (SOLVER.CHECKPOINT_PERIOD), got {period}"
+            raise ConfigError(
+                f"checkpoint period must be >= 0 (SOLVER.CHECKPOINT_PERIOD), got {period}; "
+                "use 0 to save only the final checkpoint."
             )
         if max_to_keep is not None and max_to_keep < 0:
-            raise ValueError(f"max_to_keep must be >= 0 (SOLVER.MAX_TO_KEEP), got {max_to_keep}")
+            raise ConfigError(
+                f"max_to_keep must be >= 0 (SOLVER.MAX_TO_KEEP), got {max_to_keep}; use 0 to "
+                "keep every checkpoint."
+            )
         super().__init__(checkpointer, period, max_iter, max_to_keep or None, file_prefix)
 
     def step(self, iteration: int, **kwargs: Any) -> None:

@@ -137,6 +137,11 @@ class CfgNode(_FvcoreCfgNode):
                 f"{list(cfg_list)}"
             )
         for full_key, value in zip(cfg_list[0::2], cfg_list[1::2]):
+            if not isinstance(full_key, str):
+                raise ConfigError(
+                    f"config override key {full_key!r} is a {type(full_key).__name__}; keys "
+                    "are names such as MODEL.DEVICE, followed by their value."
+                )
             if full_key == BASE_KEY:
                 raise ConfigError("_BASE_ can only be used inside config files")
             node, parts = self, full_key.split(".")
@@ -157,6 +162,12 @@ class CfgNode(_FvcoreCfgNode):
     ) -> None:
         root = self if root is None else root
         for key, value in other.items():
+            if not isinstance(key, str):
+                # YAML reads `1:` or `yes:` as a number or a bool, not as a key name.
+                raise ConfigError(
+                    f"config key {prefix}{key!r} (in {source}) is a {type(key).__name__}, not a "
+                    "name; every key is a name such as MODEL.DEVICE. Fix the key."
+                )
             full_key = prefix + key
             if key == BASE_KEY:
                 raise ConfigError(f"_BASE_ can only be used inside config files (in {source})")

@@ -11,9 +11,11 @@ from typing import Any
 
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
 
+from trainkit.config import ConfigError
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList
 from trainkit.utils import comm
+from trainkit.utils.errors import MissingFileError, UnknownNameError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,9 @@ __all__ = ["get_detection_dataset_dicts", "load_catalog_dataset"]
 def _names(names: str | Sequence[str]) -> list[str]:
     names = [names] if isinstance(names, str) else list(names)
     if not names:
-        raise ValueError("no dataset given: set DATASETS.TRAIN to registered dataset names")
+        raise ConfigError(
+            "no dataset given: set DATASETS.TRAIN (or DATASETS.TEST) to registered dataset names"
+        )
     return names
 
 
@@ -33,19 +37,27 @@ def _is_lazy_dataset(obj: Any) -> bool:
     return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
 
 
+def _empty_dataset(name: str) -> ConfigError:
+    return ConfigError(
+        f"dataset {name!r} is empty: its DatasetCatalog function returned no record; check "
+        "the files it reads, or remove it from DATASETS.TRAIN/DATASETS.TEST."
+    )
+
+
 def _check_not_empty(name: str, part: Any) -> None:
     # An IterableDataset may have no length (or an infinite stream): it is not checked.
     if isinstance(part, IterableDataset) or not hasattr(part, "__len__"):
         return
     if len(part) == 0:
-        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+        raise _empty_dataset(name)
 
 
 def _catalog_part(name: str, *, as_list: bool = True) -> Any:
     """Call ``name``'s catalog function; a generator stays one unless ``as_list``.
 
     Raises:
-        ValueError: If the dataset is empty (for a generator: once it turns out empty).
+        ConfigError: If the dataset is empty (for a generator: once it turns out empty).
+        UnknownNameError: If ``name`` is not registered.
     """
     part = DatasetCatalog.get(name)
     if not _is_lazy_dataset(part) and not isinstance(part, (list, tuple)):
@@ -59,14 +71,15 @@ def _non_empty(name: str, records: Iterable[Any]) -> Iterator[Any]:
     for count, record in enumerate(records, 1):  # noqa: B007 - count is read afterwards
         yield record
     if count == 0:
-        raise ValueError(f"dataset {name!r} is empty; check its registration function")
+        raise _empty_dataset(name)
 
 
 def _join_datasets(names: list[str], parts: list[Any]) -> Dataset:
     """One dataset from several dataset objects (map-style: concatenated; iterable: chained)."""
     if not all(_is_lazy_dataset(part) for part in parts):
-        raise ValueError(
-            f"datasets {names} mix dataset objects and record lists; register all of them one way."
+        raise ConfigError(
+            f"datasets {names} mix dataset objects and record lists; register all of them one "
+            "way, or list them in separate runs."
         )
     if len(parts) == 1:
         return parts[0]
@@ -74,7 +87,10 @@ def _join_datasets(names: list[str], parts: list[Any]) -> Dataset:
     if all(iterable):
         return ChainDataset(parts)
     if any(iterable):
-        raise ValueError(f"datasets {names} mix iterable and map-style datasets")
+        raise ConfigError(
+            f"datasets {names} mix iterable and map-style datasets; list only one kind in "
+            "DATASETS.TRAIN/DATASETS.TEST."
+        )
     return ConcatDataset(parts)
 
 
@@ -113,7 +129,7 @@ def _check_thing_classes(names: list[str]) -> None:
         if MetadataCatalog.get(name).get("thing_classes") is not None
     }
     if len({tuple(classes) for classes in declared.values()}) > 1:
-        raise ValueError(
+        raise ConfigError(
             f"datasets {names} have different MetadataCatalog thing_classes {declared}; train "
             "on datasets with the same classes, or pass check_consistency=False."
         )
@@ -144,9 +160,10 @@ def get_detection_dataset_dicts(
         The records, or a dataset object.
 
     Raises:
-        ValueError: If no name is given, a dataset is empty (before or after filtering), or
-            the datasets' ``thing_classes`` differ.
-        KeyError: If a name is not registered (the message lists the registered ones).
+        ConfigError: A ``ValueError``: if no name is given, a dataset is empty (before or
+            after filtering), or the datasets' ``thing_classes`` differ.
+        UnknownNameError: A ``KeyError``: if a name is not registered (the message lists
+            the registered ones).
         NotImplementedError: If ``proposal_files`` is given.
     """
     names = _names(names)
@@ -166,7 +183,7 @@ def get_detection_dataset_dicts(
     if len(records) < num_before:
         logger.info("Filters removed %d records; %d left", num_before - len(records), len(records))
     if not records:
-        raise ValueError(f"no valid records in {','.join(names)} after filtering")
+        raise _nothing_left(names)
     if check_consistency:
         _check_thing_classes(names)
     return records
@@ -180,7 +197,7 @@ def _iter_dataset_dicts(names: list[str], first: Any, filter_empty: bool) -> Ite
         part = first if i == 0 and first is not None else _catalog_part(name, as_list=False)
         first = None
         if _is_lazy_dataset(part):
-            raise ValueError(
+            raise ConfigError(
                 f"dataset {name!r} is a dataset object ({type(part).__name__}) while others in "
                 f"{names} are lists of records; register all of them one way."
             )
@@ -190,7 +207,29 @@ def _iter_dataset_dicts(names: list[str], first: Any, filter_empty: bool) -> Ite
                 yield record
         del part
     if kept == 0:
-        raise ValueError(f"no valid records in {','.join(names)} after filtering")
+        raise _nothing_left(names)
+
+
+def _nothing_left(names: list[str]) -> ConfigError:
+    return ConfigError(
+        f"no valid records in {','.join(names)} after filtering: every record has no non-crowd "
+        "annotation (or too few keypoints); fix the annotations, or set "
+        "DATALOADER.FILTER_EMPTY_ANNOTATIONS False."
+    )
+
+
+# User errors a catalog function can raise, rebuilt by type on the other local ranks (a
+# class itself is not sent: a user's own subclass may not be importable there).
+_USAGE_ERROR_TYPES: dict[str, type[UsageError]] = {
+    cls.__name__: cls for cls in (ConfigError, MissingFileError, UnknownNameError)
+}
+
+
+def _usage_error_record(error: BaseException) -> tuple[str, str] | None:
+    if not isinstance(error, UsageError):
+        return None
+    known = [name for name, cls in _USAGE_ERROR_TYPES.items() if isinstance(error, cls)]
+    return (known[0] if known else "UsageError", str(error))
 
 
 def _is_local_leader() -> bool:
@@ -234,9 +273,10 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
             (``DATALOADER.FILTER_EMPTY_ANNOTATIONS``; records without the key are kept).
 
     Raises:
-        ValueError: If no name is given, a dataset is empty, or record lists and dataset
-            objects are mixed.
-        KeyError: If a name is not registered.
+        ConfigError: A ``ValueError``: if no name is given, a dataset is empty, or record
+            lists and dataset objects are mixed.
+        UnknownNameError: A ``KeyError``: if a name is not registered.
+        UsageError: On the other local ranks, the user error local rank 0 met.
 
     Collective:
         One ``all_gather`` over the local process group (which kind of dataset the names
@@ -253,11 +293,19 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
             kind = {"lazy": _is_lazy_dataset(first), "error": None}
         except Exception as e:  # reported to the other ranks so that nobody hangs
             error = e
-            kind = {"lazy": False, "error": f"{type(e).__name__}: {e}"}
+            kind = {
+                "lazy": False,
+                "error": f"{type(e).__name__}: {e}",
+                "usage_error": _usage_error_record(e),
+            }
     leader_kind = _gather_on_machine(kind)[0]
     if leader_kind["error"] is not None:
         if error is not None:
             raise error
+        if leader_kind.get("usage_error") is not None:
+            # The user's mistake, seen first by local rank 0: every rank reports it as such.
+            kind_name, message = leader_kind["usage_error"]
+            raise _USAGE_ERROR_TYPES.get(kind_name, UsageError)(message)
         raise RuntimeError(f"local rank 0 failed to load {names}: {leader_kind['error']}")
     if leader_kind["lazy"]:
         parts = [

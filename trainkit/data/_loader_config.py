@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 from trainkit.data.batching import aspect_ratio_bucket_ids
 from trainkit.data.common import MapDataset
 from trainkit.data.samplers import (
@@ -43,28 +43,48 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
         world_size: the job's process count; ``None`` means the current job's.
 
     Raises:
-        ValueError: Naming the first setting that is out of range and its valid range.
+        ConfigError: A ``ValueError`` naming the first setting that is out of range and its
+            valid range.
     """
     check_total_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)
     loader = cfg.DATALOADER
     if loader.NUM_WORKERS < 0:
-        raise ValueError(f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}")
+        raise ConfigError(
+            f"DATALOADER.NUM_WORKERS must be >= 0, got {loader.NUM_WORKERS}; use 0 to load in "
+            "the training process."
+        )
     if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
-        raise ValueError(
+        raise ConfigError(
             f"DATALOADER.PREFETCH_FACTOR must be >= 1 with workers, got {loader.PREFETCH_FACTOR}"
         )
     if loader.MAX_CONSECUTIVE_FAILURES < 1:
-        raise ValueError(
+        raise ConfigError(
             "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
             f"{loader.MAX_CONSECUTIVE_FAILURES}"
         )
+    _check_sampler_settings(loader)
+    if loader.ASPECT_RATIO_GROUPING:
+        aspect_ratio_bucket_ids(np.ones(1), loader.ASPECT_RATIO_BINS)  # validates the bins
+
+
+def _check_sampler_settings(loader: CfgNode) -> None:
+    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
     if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
-        raise ValueError(
+        raise ConfigError(
             f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
             f"{', '.join(TRAIN_SAMPLERS)}"
         )
-    if loader.ASPECT_RATIO_GROUPING:
-        aspect_ratio_bucket_ids(np.ones(1), loader.ASPECT_RATIO_BINS)  # validates the bins
+    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
+        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+            raise ConfigError(
+                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+            )
+    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+        raise ConfigError(
+            f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
+            "to repeat no record."
+        )
 
 
 def check_total_batch(
@@ -78,11 +98,14 @@ def check_total_batch(
         accumulate_steps: micro-batches per step (``SOLVER.ACCUMULATE_STEPS``).
 
     Raises:
-        ValueError: Naming ``SOLVER.IMS_PER_BATCH``, the divisor and the fix.
+        ConfigError: A ``ValueError`` naming ``SOLVER.IMS_PER_BATCH``, the divisor and the fix.
     """
     world_size = comm.get_world_size() if world_size is None else world_size
     if accumulate_steps < 1:
-        raise ValueError(f"SOLVER.ACCUMULATE_STEPS must be >= 1, got {accumulate_steps}")
+        raise ConfigError(
+            f"SOLVER.ACCUMULATE_STEPS must be >= 1, got {accumulate_steps}; use 1 for no "
+            "gradient accumulation."
+        )
     parts = world_size * accumulate_steps
     if not total or total < 1 or total % parts:
         split = (
@@ -90,7 +113,7 @@ def check_total_batch(
             if accumulate_steps == 1
             else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
         )
-        raise ValueError(
+        raise ConfigError(
             f"SOLVER.IMS_PER_BATCH={total} is not a positive multiple of {split}; pick a "
             f"positive multiple of {parts} or change --num-gpus."
         )
@@ -100,7 +123,9 @@ def per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int
     """Return the batch size of this rank, from the total or given directly.
 
     Raises:
-        ValueError: If both or neither are given, or the total does not divide evenly.
+        ValueError: If both are given.
+        ConfigError: A ``ValueError``: if neither is given or the total does not divide
+            evenly.
     """
     if single_gpu_batch_size:
         if total_batch_size:
@@ -147,8 +172,10 @@ def build_train_sampler(
         seed: the seed shared by all ranks.
 
     Raises:
-        ValueError: For an unknown sampler name.
+        ConfigError: A ``ValueError``: for an unknown sampler name or an invalid setting
+            of the sampler.
     """
+    _check_sampler_settings(cfg.DATALOADER)
     name = cfg.DATALOADER.SAMPLER_TRAIN
     logger.info("Using training sampler %s with seed %d", name, seed)
     if name == "TrainingSampler":
@@ -162,6 +189,6 @@ def build_train_sampler(
             records, cfg.DATALOADER.REPEAT_THRESHOLD
         )
         return RepeatFactorTrainingSampler(factors, seed=seed)
-    raise ValueError(
+    raise ConfigError(
         f"unknown DATALOADER.SAMPLER_TRAIN {name!r}; choose one of {', '.join(TRAIN_SAMPLERS)}"
     )

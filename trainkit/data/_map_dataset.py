@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
+from trainkit.config import ConfigError
 from trainkit.data._sample_context import sample_context
+from trainkit.utils.errors import UsageError
 from trainkit.utils.serialize import PicklableWrapper
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def _failure_reason(error: BaseException | None) -> str:
 
 def _check_max_failures(max_consecutive_failures: int) -> None:
     if max_consecutive_failures < 1:
-        raise ValueError(
+        raise ConfigError(
             f"DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got {max_consecutive_failures}"
         )
 
@@ -57,10 +59,13 @@ class MapDataset(Dataset):
     """Apply ``map_func`` to each record of a dataset, skipping records that fail.
 
     A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file). The failure is logged with the index and a running count. For a
-    map-style dataset a replacement index is tried, chosen deterministically from (seed,
-    sample, attempt); after ``max_consecutive_failures`` failures in a row for one sample it
-    raises ``RuntimeError`` naming the dataset and the last failing record.
+    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
+    mistake in the config or the inputs that another record would hit as well (a setting out of
+    range, a missing metadata file), so it is raised at once. The failure is logged with the
+    index and a running count. For a map-style dataset a replacement index is tried, chosen
+    deterministically from (seed, sample, attempt); after ``max_consecutive_failures`` failures
+    in a row for one sample it raises ``RuntimeError`` naming the dataset and the last failing
+    record.
 
     Given an ``IterableDataset``, the result is an iterable dataset too (an instance of a
     private subclass of ``IterableDataset``, not of this class, as in detectron2) that maps
@@ -99,7 +104,7 @@ class MapDataset(Dataset):
             name: dataset name used in messages (default: the dataset's class name).
 
         Raises:
-            ValueError: If ``max_consecutive_failures`` is not positive.
+            ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
         """
         _check_max_failures(max_consecutive_failures)
         self.dataset = dataset
@@ -126,6 +131,7 @@ class MapDataset(Dataset):
 
         Raises:
             RuntimeError: After ``max_consecutive_failures`` failed records in a row.
+            UsageError: As soon as reading or mapping a record raises one.
         """
         last_error: BaseException | None = None
         for attempt in range(self._max_failures):
@@ -134,7 +140,9 @@ class MapDataset(Dataset):
                 record = self.dataset[idx]  # reading the record may fail too
                 with sample_context(seed, position, batch):
                     result = self._map_func(record)
-            except Exception as e:  # any mapper error counts as an unreadable record
+            except UsageError:
+                raise  # the user's mistake: retrying other records would only hide it
+            except Exception as e:  # any other mapper error counts as an unreadable record
                 result, last_error = None, e
             if result is not None:
                 return result
@@ -163,7 +171,7 @@ class _MapIterableDataset(IterableDataset):
 
     Built by ``MapDataset(iterable_dataset, map_func)``. Like the map-style version it
     treats ``None`` and exceptions as failures, logs each one, and raises after
-    ``max_consecutive_failures`` in a row.
+    ``max_consecutive_failures`` in a row; a ``UsageError`` is raised at once.
     """
 
     def __init__(
@@ -196,7 +204,9 @@ class _MapIterableDataset(IterableDataset):
             error: BaseException | None = None
             try:
                 result = self._map_func(element)
-            except Exception as e:  # any mapper error counts as an unreadable element
+            except UsageError:
+                raise  # the user's mistake: skipping elements would only hide it
+            except Exception as e:  # any other mapper error counts as an unreadable element
                 result, error = None, e
             if result is not None:
                 failures_in_a_row = 0

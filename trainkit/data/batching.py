@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from trainkit.config import ConfigError
 from trainkit.data.samplers._base import StreamSampler
 from trainkit.data.samplers.positions import global_position
 from trainkit.utils import comm
@@ -27,20 +28,23 @@ def record_aspect_ratios(records: Iterable[dict[str, Any]]) -> np.ndarray:
     """Return ``width / height`` of every record.
 
     Raises:
-        ValueError: If a record lacks a positive ``width`` or ``height``.
+        ConfigError: A ``ValueError``: if a record lacks a positive ``width`` or ``height``.
     """
     ratios = []
     for i, record in enumerate(records):
         try:
             width, height = float(record["width"]), float(record["height"])
         except (KeyError, TypeError) as e:
-            raise ValueError(
+            raise ConfigError(
                 f"record {i} has no 'width'/'height' ({type(e).__name__}: {e}); aspect-ratio "
                 "grouping needs them in every record. Add them, or set "
                 "DATALOADER.ASPECT_RATIO_GROUPING False."
             ) from None
         if width <= 0 or height <= 0:
-            raise ValueError(f"record {i} has a non-positive size {width}x{height}")
+            raise ConfigError(
+                f"record {i} has a non-positive size {width}x{height}; fix its 'width'/'height', "
+                "or set DATALOADER.ASPECT_RATIO_GROUPING False."
+            )
         ratios.append(width / height)
     return np.asarray(ratios, dtype=np.float64)
 
@@ -52,13 +56,14 @@ def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) ->
     tall from wide images (a square one counts as wide).
 
     Raises:
-        ValueError: If ``bins`` is empty, not strictly increasing, or not positive.
+        ConfigError: A ``ValueError``: if ``bins`` is empty, not strictly increasing, or not
+            positive.
     """
     edges = np.asarray(list(bins), dtype=np.float64)
     if edges.size == 0 or (edges <= 0).any() or (np.diff(edges) <= 0).any():
-        raise ValueError(
+        raise ConfigError(
             "DATALOADER.ASPECT_RATIO_BINS must be positive and strictly increasing, got "
-            f"{list(bins)}"
+            f"{list(bins)}; (1.0,) splits tall from wide images."
         )
     return np.searchsorted(edges, np.asarray(aspect_ratios, dtype=np.float64), side="right").astype(
         np.int16
@@ -97,7 +102,9 @@ class BatchIndexStream:
             drop_last: at the end of a finite sampler, drop incomplete batches.
         """
         if batch_size < 1:
-            raise ValueError(f"batch size per rank must be >= 1, got {batch_size}")
+            raise ConfigError(
+                f"batch size per rank must be >= 1, got {batch_size}; raise SOLVER.IMS_PER_BATCH."
+            )
         self._sampler = sampler
         self._batch_size = batch_size
         self._bucket_ids = bucket_ids
@@ -132,22 +139,30 @@ class BatchIndexStream:
         """Continue after the batches recorded in ``state``.
 
         Raises:
-            ValueError: If the state was saved by a differently configured stream or rank.
+            ConfigError: A ``ValueError``: if the state was saved with another per-rank batch
+                size or other aspect-ratio buckets (the config changed between runs).
+            ValueError: If it was saved by another rank, world size or state version.
         """
         expected = {
             "version": STATE_VERSION,
-            "batch_size": self._batch_size,
             "rank": self._rank,
             "world_size": self._world_size,
+            "batch_size": self._batch_size,
             "num_buckets": len(self._state["buckets"]),
         }
         found = {key: state.get(key) for key in expected}
         found["num_buckets"] = len(state.get("buckets", []))
         if found != expected:
-            raise ValueError(
-                f"data loader state does not match this loader: saved {found}, this loader is "
-                f"{expected}. Each rank must load the state its own loader saved, with the same "
-                "per-rank batch size, world size and ASPECT_RATIO_BINS."
+            mismatch = (
+                f"data loader state does not match this loader: saved {found}, this "
+                f"loader is {expected}."
+            )
+            if any(found[key] != expected[key] for key in ("version", "rank", "world_size")):
+                # Another rank's state (or one of another world size): a bug of the caller.
+                raise ValueError(f"{mismatch} Each rank must load the state its own loader saved.")
+            raise ConfigError(
+                f"{mismatch} Resume with the SOLVER.IMS_PER_BATCH, SOLVER.ACCUMULATE_STEPS and "
+                "DATALOADER.ASPECT_RATIO_BINS of the saved run, or start in a new OUTPUT_DIR."
             )
         self._state = {
             **state,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from trainkit.config import CfgNode, configurable
+from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.data._catalog_loading import get_detection_dataset_dicts, load_catalog_dataset
 from trainkit.data._loader_config import (
     RecordView,
@@ -129,9 +129,9 @@ def build_batch_data_loader(
         An iterable of batches.
 
     Raises:
-        ValueError: If the batch size does not divide by the world size, if a map-style
-            dataset has no sampler or an iterable one has a sampler, or if grouping lacks
-            record sizes.
+        ConfigError: A ``ValueError``: if the batch size does not divide by the world size,
+            or grouping lacks record sizes.
+        ValueError: If a map-style dataset has no sampler or an iterable one has a sampler.
     """
     batch_size = per_rank_batch_size(total_batch_size, single_gpu_batch_size)
     logger.info("Making batched data loader with batch_size=%d", batch_size)
@@ -268,9 +268,11 @@ def build_detection_train_loader(
         An iterable of batches, each a list of ``total_batch_size // world_size`` samples.
 
     Raises:
-        ValueError: For an indivisible batch size, an unknown sampler, missing sizes, or a
-            sampler given with an ``IterableDataset``.
-        KeyError: For an unregistered dataset name.
+        ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
+            (an indivisible batch size, an unknown sampler, ...), missing record sizes, or an
+            empty dataset.
+        ValueError: For a sampler given with an ``IterableDataset``.
+        UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
     Collective:
         Config form: ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` and
@@ -298,9 +300,25 @@ def build_detection_train_loader(
     )
 
 
+def _check_test_loader_config(cfg: CfgNode) -> None:
+    # torch's own errors for these ("batch_size should be a positive integer value") do not
+    # name the config keys.
+    if cfg.TEST.IMS_PER_BATCH < 1:
+        raise ConfigError(
+            f"TEST.IMS_PER_BATCH must be >= 1, got {cfg.TEST.IMS_PER_BATCH}; set it to the "
+            "images per test batch on each rank."
+        )
+    if cfg.DATALOADER.NUM_WORKERS < 0:
+        raise ConfigError(
+            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
+            "load in the evaluating process."
+        )
+
+
 def _test_loader_from_config(
     cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Mapper | None = None
 ) -> dict[str, Any]:
+    _check_test_loader_config(cfg)  # fail before loading any data
     # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
     dataset = load_catalog_dataset(dataset_name)
     if mapper is not None:
@@ -352,8 +370,10 @@ def build_detection_test_loader(
         A torch ``DataLoader`` (with ``len()`` for a map-style dataset).
 
     Raises:
+        ConfigError: A ``ValueError``: config form: for a TEST.IMS_PER_BATCH below 1, a
+            negative DATALOADER.NUM_WORKERS, or an empty dataset.
         ValueError: If a sampler is given with an ``IterableDataset``.
-        KeyError: For an unregistered dataset name (config form).
+        UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
 
     Collective:
         Config form: :func:`load_catalog_dataset` (over the local process group); every

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from trainkit.utils.errors import UnknownNameError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog"]
@@ -55,12 +57,13 @@ class _DatasetCatalog:
         """Call the function registered as ``name`` and return its records.
 
         Raises:
-            KeyError: If ``name`` is unknown; the message lists the registered names.
+            UnknownNameError: A ``KeyError``: if ``name`` is unknown; the message lists the
+                registered names.
         """
         try:
             func = self._funcs[name]
         except KeyError:
-            raise KeyError(
+            raise UnknownNameError(
                 _unknown_name_message(
                     "Dataset",
                     name,

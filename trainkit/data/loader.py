@@ -16,6 +16,7 @@ from trainkit.data._sample_context import sample_context
 from trainkit.data.batching import BatchIndexStream
 from trainkit.data.common import AspectRatioGroupedDataset, MapDataset
 from trainkit.utils.env import seed_all_rng
+from trainkit.utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -183,12 +184,15 @@ class TrainLoader:
         return self._stream.batches_per_pass()
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self._torch_loader:
-            # torch returns batches in batch-sampler order, so the oldest state is this batch's.
-            self._state = self._in_flight.popleft()
-            batch, num_skipped = batch
-            self._num_skipped += num_skipped
-            yield batch
+        try:
+            for batch in self._torch_loader:
+                # torch returns batches in batch-sampler order: the oldest state is this batch's.
+                self._state = self._in_flight.popleft()
+                batch, num_skipped = batch
+                self._num_skipped += num_skipped
+                yield batch
+        except UsageError as e:
+            raise _without_worker_traceback(e) from e
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last returned batch, as plain data.
@@ -235,6 +239,25 @@ class TrainLoader:
     def last_batch_indices(self) -> list[int]:
         """Dataset indices of the samples of the batch just returned."""
         return [index for index, _ in self._state["last_batch"]]
+
+
+def _without_worker_traceback(error: UsageError) -> UsageError:
+    """Return the user error a loader worker raised, with its own one-line message.
+
+    torch re-raises a worker's exception here as the same type, but with the message
+    ``"Caught X in DataLoader worker process N. Original Traceback ..."``: the one line a
+    user reads would be a traceback. The original message is the traceback's last entry.
+    """
+    text = str(error)
+    cls = type(error)
+    marker = f"{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(marker)
+    if not text.startswith("Caught ") or at < 0:
+        return error  # raised in this process: already the user's message
+    try:
+        return cls(text[at + len(marker) :].rstrip())
+    except Exception:  # a subclass with another constructor: keep torch's message
+        return error
 
 
 class _CollatedBatches(IterableDataset):

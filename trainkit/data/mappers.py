@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 from trainkit.data._sample_context import batch_rng, sample_rng
+from trainkit.data.catalog import MetadataCatalog
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class ClassificationDatasetMapper:
         max_size_train: int | None = None,
         max_size_test: int | None = None,
         scale_per_batch: bool | None = None,
+        dataset_names: Sequence[str] | None = None,
     ):
         """Create the mapper from ``cfg`` and/or explicit arguments.
 
@@ -71,9 +73,15 @@ class ClassificationDatasetMapper:
                 overrides ``cfg``.
             scale_per_batch: one rescale factor per batch instead of per image
                 (``INPUT.RANDOM_SCALE_PER_BATCH``); overrides ``cfg``.
+            dataset_names: datasets whose records this mapper will see (e.g.
+                ``cfg.DATASETS.TRAIN``); with ``cfg``, checks that ``MODEL.NUM_CLASSES``
+                covers the ``thing_classes`` of each one's ``MetadataCatalog`` entry, so a
+                label out of range fails here and not in the middle of training.
 
         Raises:
-            ValueError: If a value is out of range; the message names the config key.
+            ConfigError: A ``ValueError``: if a value is out of range, or a dataset has more
+                classes than ``MODEL.NUM_CLASSES``; the message names the config key.
+            TypeError: If ``dataset_names`` is given without ``cfg``.
         """
         if cfg is not None:
             flip_prob = cfg.INPUT.RANDOM_FLIP_PROB if flip_prob is None else flip_prob
@@ -90,17 +98,28 @@ class ClassificationDatasetMapper:
         self.max_size_train = 0 if max_size_train is None else int(max_size_train)
         self.max_size_test = 0 if max_size_test is None else int(max_size_test)
         self.scale_per_batch = bool(scale_per_batch)
+        self._check_ranges()
+        if dataset_names is not None:
+            if cfg is None:
+                raise TypeError("dataset_names needs cfg: the check reads MODEL.NUM_CLASSES")
+            _check_num_classes(cfg, dataset_names)
+
+    def _check_ranges(self) -> None:
         if not 0.0 <= self.flip_prob <= 1.0:
-            raise ValueError(f"INPUT.RANDOM_FLIP_PROB must be in [0, 1], got {self.flip_prob}")
+            raise ConfigError(f"INPUT.RANDOM_FLIP_PROB must be in [0, 1], got {self.flip_prob}")
         if len(self.scale_range) != 2 or not 0.0 < self.scale_range[0] <= self.scale_range[1]:
-            raise ValueError(
+            raise ConfigError(
                 f"INPUT.RANDOM_SCALE must be [min, max] with 0 < min <= max, got "
                 f"{list(self.scale_range)}; use [1.0, 1.0] to disable rescaling."
             )
         if self.max_size_train < 0:
-            raise ValueError(f"INPUT.MAX_SIZE_TRAIN must be >= 0, got {self.max_size_train}")
+            raise ConfigError(
+                f"INPUT.MAX_SIZE_TRAIN must be >= 0, got {self.max_size_train}; use 0 for no cap."
+            )
         if self.max_size_test < 0:
-            raise ValueError(f"INPUT.MAX_SIZE_TEST must be >= 0, got {self.max_size_test}")
+            raise ConfigError(
+                f"INPUT.MAX_SIZE_TEST must be >= 0, got {self.max_size_test}; use 0 for no cap."
+            )
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """Map one record; return ``None`` if its image cannot be read."""
@@ -156,6 +175,28 @@ class ClassificationDatasetMapper:
             f"max_size_train={self.max_size_train}, "
             f"max_size_test={self.max_size_test})"
         )
+
+
+def _check_num_classes(cfg: CfgNode, dataset_names: Sequence[str]) -> None:
+    """Raise unless ``cfg.MODEL.NUM_CLASSES`` covers every named dataset's ``thing_classes``.
+
+    Datasets without ``thing_classes`` in their ``MetadataCatalog`` entry are not checked.
+
+    Args:
+        cfg: the config (``MODEL.NUM_CLASSES``).
+        dataset_names: dataset names, as in ``DATASETS.TRAIN``/``DATASETS.TEST``.
+
+    Raises:
+        ConfigError: A ``ValueError`` naming the dataset, its class count and the setting.
+    """
+    num_classes = int(cfg.MODEL.NUM_CLASSES)
+    for name in [dataset_names] if isinstance(dataset_names, str) else dataset_names:
+        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        if classes is not None and num_classes < len(classes):
+            raise ConfigError(
+                f"MODEL.NUM_CLASSES={num_classes} but dataset {name!r} has {len(classes)} "
+                f"classes; set MODEL.NUM_CLASSES {len(classes)}."
+            )
 
 
 def _cap_scale(image: Image.Image, max_size: int) -> float:

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from trainkit.utils.errors import MissingFileError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LineIndex", "MetaFileDataset", "build_line_index", "index_path_for"]
@@ -181,11 +183,14 @@ class LineIndex:
         """Open (and if needed build) the index of ``meta_file``.
 
         Raises:
-            FileNotFoundError: If ``meta_file`` does not exist.
+            MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
         """
         self.meta_file = str(meta_file)
         if not os.path.isfile(self.meta_file):
-            raise FileNotFoundError(f"metadata file {self.meta_file} does not exist")
+            raise MissingFileError(
+                f"metadata file {self.meta_file} does not exist; check the path given to the "
+                "dataset's registration."
+            )
         self.path = index_path_for(self.meta_file, index_dir)
         self.key = _file_key(self.meta_file)
         if not self._is_current():
@@ -255,7 +260,7 @@ class MetaFileDataset(Dataset):
             index_dir: folder for the index (default: next to ``meta_file``).
 
         Raises:
-            FileNotFoundError: If ``meta_file`` does not exist.
+            MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
         """
         self._parse = parse
         self._index_dir = index_dir

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from trainkit.config import ConfigError
 from trainkit.data._shared_buffer import SegmentWriter, SharedSegment
 from trainkit.data.build import build_batch_data_loader
 from trainkit.data.common import MapDataset
@@ -71,7 +72,7 @@ def rank_share(
     """
     check_rank(rank, world_size)
     if mini_epochs < 1:
-        raise ValueError(f"mini_epochs must be >= 1, got {mini_epochs}")
+        raise ConfigError(f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs.")
     full_epoch, part = divmod(epoch, mini_epochs)
     part_range = shard_range(num_records, part, mini_epochs)
     mine = shard_range(len(part_range), rank, world_size)
@@ -118,8 +119,11 @@ class RankDataset(Dataset):
             index_dir: folder for the line index (default: next to ``meta_file``).
 
         Raises:
-            ValueError: If the file has fewer records than ``world_size * mini_epochs``
-                (some share would be empty) or an argument is out of range.
+            MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
+            ConfigError: A ``ValueError``: if the file has fewer records than
+                ``world_size * mini_epochs`` (some share would be empty) or ``mini_epochs``
+                is not positive.
+            ValueError: If ``rank`` or ``world_size`` is out of range.
         """
         self.meta_file = str(meta_file)
         self._parse = parse
@@ -129,12 +133,14 @@ class RankDataset(Dataset):
         self.rank = comm.get_rank() if rank is None else int(rank)
         check_rank(self.rank, self.world_size)
         if self.mini_epochs < 1:
-            raise ValueError(f"mini_epochs must be >= 1, got {mini_epochs}")
+            raise ConfigError(
+                f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs."
+            )
         self._index_dir = index_dir
         self._index: LineIndex | None = LineIndex(self.meta_file, index_dir=index_dir)
         self.num_records = len(self._index)
         if self.num_records < self.world_size * self.mini_epochs:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.meta_file} has {self.num_records} records, fewer than world_size * "
                 f"mini_epochs = {self.world_size} * {self.mini_epochs}; some ranks would get "
                 "no record. Use fewer mini_epochs."
@@ -281,7 +287,7 @@ class RankDataLoader:
                 :func:`~trainkit.data.build.build_batch_data_loader`.
         """
         if batch_size < 1:
-            raise ValueError(f"batch size per rank must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
         self._dataset = dataset
         self._batch_size = batch_size
         self._mapper = mapper
@@ -294,7 +300,7 @@ class RankDataLoader:
         self._dataset.set_epoch(self.epoch)
         size = len(self._dataset)
         if size < self._batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"rank {self._dataset.rank}'s share of epoch {self.epoch} has {size} records, "
                 f"fewer than the batch size {self._batch_size}; use fewer mini_epochs."
             )
@@ -346,15 +352,21 @@ class RankDataLoader:
         """Continue after the batches recorded in ``state`` (call before iterating).
 
         Raises:
-            ValueError: If the state belongs to another rank, seed or batch size.
+            ConfigError: A ``ValueError``: if the state was saved with another seed,
+                ``mini_epochs`` or batch size (the settings changed between runs).
+            ValueError: If it belongs to another rank, world size or state version.
         """
         mine = self.state_dict()
         keys = ("version", "seed", "rank", "world_size", "mini_epochs", "batch_size")
         found = {k: state.get(k) for k in keys}
         expected = {k: mine[k] for k in keys}
         if found != expected:
-            raise ValueError(
-                f"RankDataLoader state does not match: saved {found}, this loader {expected}"
+            mismatch = f"RankDataLoader state does not match: saved {found}, this loader {expected}"
+            if any(found[k] != expected[k] for k in ("version", "rank", "world_size")):
+                raise ValueError(f"{mismatch}. Each rank must load the state it saved.")
+            raise ConfigError(
+                f"{mismatch}. Resume with the saved run's seed, mini_epochs and batch size, or "
+                "start in a new OUTPUT_DIR."
             )
         self.epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])

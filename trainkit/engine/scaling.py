@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 
 __all__ = ["ScalingError", "auto_scale_config"]
 
 logger = logging.getLogger(__name__)
 
 
-class ScalingError(ValueError):
-    """The config cannot be rescaled to the requested world size; the message says why."""
+class ScalingError(ConfigError):
+    """The config cannot be rescaled to the requested world size; the message says why.
+
+    A :class:`~trainkit.config.ConfigError` (so a ``UsageError`` and a ``ValueError``).
+    """
 
 
 def _scaled_period(name: str, value: int, scale: float, new_world: int, old_world: int) -> int:
@@ -42,8 +45,10 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
         The rescaled config, frozen.
 
     Raises:
-        ScalingError: If the batch does not divide by either world size, or a positive
-            iteration count or period would round to 0.
+        ValueError: If ``num_workers`` is not positive.
+        ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the
+            batch does not divide by it, or a positive iteration count or period would
+            round to 0.
     """
     out = cfg.clone()
     out.defrost()
@@ -51,9 +56,13 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     if old_world == 0 or old_world == num_workers:
         out.freeze()
         return out
-    if old_world < 0 or num_workers < 1:
+    if num_workers < 1:  # the caller's world size, not a user setting
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if old_world < 0:
         raise ScalingError(
-            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {num_workers} workers"
+            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {num_workers} "
+            "workers; set it to the world size the config was written for, or 0 to turn off "
+            "automatic scaling."
         )
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch % old_world:
@@ -67,7 +76,9 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     solver = out.SOLVER
     solver.IMS_PER_BATCH = new_batch
     solver.BASE_LR = cfg.SOLVER.BASE_LR * scale
-    solver.MAX_ITER = _scaled_period("SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world)
+    solver.MAX_ITER = _scaled_period(
+        "SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world
+    )
     solver.WARMUP_ITERS = _scaled_period(
         "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, num_workers, old_world
     )

@@ -8,7 +8,7 @@ import pprint
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 
 __all__ = ["print_csv_format", "verify_results"]
 
@@ -76,7 +76,8 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
         True (also when nothing is expected).
 
     Raises:
-        ValueError: If an entry of TEST.EXPECTED_RESULTS is not ``[task, metric, value, tol]``.
+        ConfigError: A ``ValueError``: if an entry of TEST.EXPECTED_RESULTS is not
+            ``[task, metric, value, tolerance]``.
         RuntimeError: If any expected result is missing or out of tolerance; the message
             lists each failure (detectron2 exits the process here instead).
     """
@@ -84,11 +85,17 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
     expected_results = cfg.TEST.EXPECTED_RESULTS
     failures = []
     for entry in expected_results:
-        if len(entry) != 4:
-            raise ValueError(
-                f"TEST.EXPECTED_RESULTS entry {entry!r} must be [task, metric, value, tolerance]"
+        if not isinstance(entry, (list, tuple)) or len(entry) != 4:
+            raise ConfigError(
+                f"TEST.EXPECTED_RESULTS entry {entry!r} must be [task, metric, value, tolerance],"
+                ' e.g. ["classification", "top1", 90.0, 0.5]; fix the entry.'
             )
         task, metric, expected, tolerance = entry
+        if not all(isinstance(v, (int, float)) for v in (expected, tolerance)):
+            raise ConfigError(
+                f"TEST.EXPECTED_RESULTS entry {entry!r}: the value and tolerance must be "
+                "numbers; fix the entry."
+            )
         task_results = results.get(task)
         actual = task_results.get(metric) if isinstance(task_results, Mapping) else None
         if actual is None:

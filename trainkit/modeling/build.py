@@ -7,7 +7,8 @@ import logging
 import torch
 from torch import nn
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
+from trainkit.utils.errors import UnknownNameError
 from trainkit.utils.registry import Registry
 
 __all__ = ["META_ARCH_REGISTRY", "build_model", "model_device"]
@@ -30,16 +31,17 @@ def model_device(cfg: CfgNode) -> torch.device:
     """Return the device ``cfg.MODEL.DEVICE`` names, checking that this machine has it.
 
     Raises:
-        ValueError: If the name is not a device, or names CUDA and CUDA is not available.
+        ConfigError: A ``ValueError``: if the name is not a device, or names CUDA and CUDA
+            is not available.
     """
     try:
         device = torch.device(cfg.MODEL.DEVICE)
-    except RuntimeError as e:
-        raise ValueError(
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(
             f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} is not a device name ({e}); use cpu or cuda."
         ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise ConfigError(
             f"MODEL.DEVICE={cfg.MODEL.DEVICE!r} but CUDA is not available on this machine; "
             "set MODEL.DEVICE cpu."
         )
@@ -58,11 +60,16 @@ def build_model(cfg: CfgNode) -> nn.Module:
         The model, in training mode, on ``cfg.MODEL.DEVICE``.
 
     Raises:
-        KeyError: If the architecture is not registered (the message lists those that are).
-        ValueError: If MODEL.DEVICE names CUDA and CUDA is not available.
+        UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
+            message lists those that are).
+        ConfigError: A ``ValueError``: if MODEL.DEVICE is not a device of this machine.
         TypeError: If the registered object does not build an ``nn.Module``.
     """
     meta_arch = cfg.MODEL.META_ARCHITECTURE
+    if meta_arch not in META_ARCH_REGISTRY:
+        raise UnknownNameError(
+            META_ARCH_REGISTRY.unknown_name_message(meta_arch, key="MODEL.META_ARCHITECTURE")
+        )
     model_cls = META_ARCH_REGISTRY.get(meta_arch)
     device = model_device(cfg)
     model = model_cls(cfg)

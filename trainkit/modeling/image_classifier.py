@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 from trainkit.modeling.build import META_ARCH_REGISTRY
 
 logger = logging.getLogger(__name__)
@@ -125,9 +125,10 @@ class ImageClassifier(nn.Module):
         """Build the network from ``cfg.MODEL``.
 
         Raises:
-            ValueError: For an empty channel list, a non-positive class count, size
-                divisibility or convs per stage, an unknown input norm or pool, a label
-                smoothing outside [0, 1), or a pixel mean/std that is not 3 values (std > 0).
+            ConfigError: A ``ValueError``: for an empty channel list, a non-positive class
+                count, size divisibility or convs per stage, an unknown input norm or pool, a
+                label smoothing outside [0, 1), or a pixel mean/std that is not 3 values
+                (std > 0).
         """
         super().__init__()
         clf = cfg.MODEL.CLASSIFIER
@@ -139,33 +140,33 @@ class ImageClassifier(nn.Module):
         self.pool = str(clf.POOL)
         self.label_smoothing = float(clf.LABEL_SMOOTHING)
         if not channels or min(channels) < 1:
-            raise ValueError(f"MODEL.CLASSIFIER.CHANNELS must be positive ints, got {channels}")
+            raise ConfigError(f"MODEL.CLASSIFIER.CHANNELS must be positive ints, got {channels}")
         if num_classes < 1:
-            raise ValueError(f"MODEL.NUM_CLASSES must be >= 1, got {num_classes}")
+            raise ConfigError(f"MODEL.NUM_CLASSES must be >= 1, got {num_classes}")
         if self.size_divisibility < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.CLASSIFIER.SIZE_DIVISIBILITY must be >= 1, got {self.size_divisibility}"
             )
         if convs_per_stage < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.CLASSIFIER.CONVS_PER_STAGE must be >= 1, got {convs_per_stage}"
             )
         if self.input_norm not in _INPUT_NORMS:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.CLASSIFIER.INPUT_NORM must be one of {', '.join(_INPUT_NORMS)}, got "
                 f"{self.input_norm!r}"
             )
         if self.pool not in _POOLS:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.CLASSIFIER.POOL must be one of {', '.join(_POOLS)}, got {self.pool!r}"
             )
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.CLASSIFIER.LABEL_SMOOTHING must be in [0, 1), got {self.label_smoothing}"
             )
         mean, std = list(cfg.MODEL.PIXEL_MEAN), list(cfg.MODEL.PIXEL_STD)
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"MODEL.PIXEL_MEAN and MODEL.PIXEL_STD must be 3 values each (RGB, std > 0), "
                 f"got {mean} and {std}"
             )

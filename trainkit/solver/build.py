@@ -147,7 +147,7 @@ def _create_gradient_clipper(clip_cfg: CfgNode) -> tuple[_GradientClipper, bool]
         return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), False
     if clip_type == "full_model":
         return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), True
-    raise ValueError(
+    raise ConfigError(
         f"Unknown SOLVER.CLIP_GRADIENTS.CLIP_TYPE {clip_type!r}; choose one of "
         f"{', '.join(_CLIP_TYPES)}."
     )
@@ -169,7 +169,7 @@ def maybe_add_gradient_clipping(cfg: CfgNode, optimizer: _OptimizerOrClass) -> _
         ``optimizer`` unchanged if clipping is disabled, else the clipping variant.
 
     Raises:
-        ValueError: If the clip type is unknown.
+        ConfigError: A ``ValueError``: if SOLVER.CLIP_GRADIENTS.CLIP_TYPE is unknown.
     """
     clip_cfg = cfg.SOLVER.CLIP_GRADIENTS
     if not clip_cfg.ENABLED:
@@ -211,15 +211,16 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
         SOLVER.CLIP_GRADIENTS.ENABLED).
 
     Raises:
-        ValueError: If SOLVER.OPTIMIZER is unknown, a rate, momentum or decay is negative,
-            or Nesterov is asked without momentum.
+        ConfigError: A ``ValueError``: if SOLVER.OPTIMIZER is unknown, a rate, momentum or
+            decay is negative, Nesterov is asked without momentum, or the model has nothing
+            to train.
     """
     solver = cfg.SOLVER
     for key in ("BASE_LR", "MOMENTUM", "WEIGHT_DECAY", "WEIGHT_DECAY_NORM", "BIAS_LR_FACTOR"):
         value = solver.get(key)
         if value is not None and value < 0:
             # torch's own message ("Invalid learning rate: -1.0") does not name the key.
-            raise ValueError(f"SOLVER.{key} must be >= 0, got {value}.")
+            raise ConfigError(f"SOLVER.{key} must be >= 0, got {value}; set it to 0 or more.")
     params = get_default_optimizer_params(
         model,
         base_lr=solver.BASE_LR,
@@ -228,16 +229,18 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
         weight_decay_bias=solver.WEIGHT_DECAY_BIAS,
     )
     if not params:
-        raise ValueError(
-            f"{type(model).__name__} has no parameter with requires_grad=True to optimise."
+        raise ConfigError(
+            f"{type(model).__name__} has no parameter with requires_grad=True to optimise; "
+            "unfreeze some layers (or use --eval-only to only evaluate)."
         )
     name = str(solver.OPTIMIZER)
     # Case-insensitive so "sgd" and "adamw" in a config work; errors list the canonical names.
     canonical = {n.lower(): n for n in _OPTIMIZERS}.get(name.lower())
     if canonical == "SGD":
         if solver.NESTEROV and solver.MOMENTUM <= 0:
-            raise ValueError(
-                f"SOLVER.NESTEROV=True needs SOLVER.MOMENTUM > 0, got {solver.MOMENTUM}."
+            raise ConfigError(
+                f"SOLVER.NESTEROV=True needs SOLVER.MOMENTUM > 0, got {solver.MOMENTUM}; set "
+                "SOLVER.MOMENTUM or SOLVER.NESTEROV False."
             )
         optimizer_cls = maybe_add_gradient_clipping(cfg, torch.optim.SGD)
         return optimizer_cls(
@@ -256,7 +259,7 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
             eps=solver.EPS,
             weight_decay=solver.WEIGHT_DECAY,
         )
-    raise ValueError(
+    raise ConfigError(
         f"Unknown SOLVER.OPTIMIZER {name!r}; choose one of {', '.join(_OPTIMIZERS)}, or "
         "override DefaultTrainer.build_optimizer for another optimizer."
     )
@@ -279,14 +282,18 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
         An :class:`LRMultiplier` over a :class:`WarmupParamScheduler`.
 
     Raises:
-        ValueError: If the scheduler name or warm-up method is unknown, SOLVER.MAX_ITER is
-            not positive, or the schedule's own keys are invalid (ConfigError, a
-            ValueError, for the end lr and NUM_DECAYS).
+        ConfigError: A ``ValueError``: if the scheduler name or warm-up method is unknown,
+            SOLVER.MAX_ITER is not positive, SOLVER.WARMUP_ITERS is negative, or the
+            schedule's own keys are invalid.
     """
     solver = cfg.SOLVER
     max_iter = int(solver.MAX_ITER)
     if max_iter <= 0:
-        raise ValueError(f"SOLVER.MAX_ITER must be positive, got {max_iter}.")
+        raise ConfigError(f"SOLVER.MAX_ITER must be positive, got {max_iter}; set it to 1 or more.")
+    if int(solver.WARMUP_ITERS) < 0:
+        raise ConfigError(
+            f"SOLVER.WARMUP_ITERS must be >= 0, got {solver.WARMUP_ITERS}; use 0 for no warm-up."
+        )
     name = solver.LR_SCHEDULER_NAME
     sched: ParamScheduler
     if name == "WarmupMultiStepLR":
@@ -296,7 +303,7 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
     elif name == "WarmupStepWithFixedGammaLR":
         sched = _fixed_gamma_schedule(solver, max_iter)
     else:
-        raise ValueError(
+        raise ConfigError(
             f"Unknown SOLVER.LR_SCHEDULER_NAME {name!r}; choose one of "
             f"{', '.join(_LR_SCHEDULERS)}, or override DefaultTrainer.build_lr_scheduler."
         )

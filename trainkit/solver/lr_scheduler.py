@@ -12,6 +12,8 @@ from fvcore.common.param_scheduler import ParamScheduler
 from torch.optim.lr_scheduler import LRScheduler  # detectron2 re-exports torch's base class
 from typing_extensions import override
 
+from trainkit.config import ConfigError
+
 __all__ = [
     "LRMultiplier",
     "LRScheduler",
@@ -57,7 +59,8 @@ class WarmupParamScheduler(ParamScheduler):
                 to ``[0, 1]`` instead of on the whole run.
 
         Raises:
-            ValueError: If ``warmup_method`` is unknown or ``warmup_length`` is outside [0, 1].
+            ConfigError: A ``ValueError``: if ``warmup_method`` is unknown.
+            ValueError: If ``warmup_length`` is outside [0, 1].
         """
         _check_warmup_method(warmup_method)
         if not 0.0 <= warmup_length <= 1.0:
@@ -117,7 +120,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
 
         Raises:
             TypeError: If ``multiplier`` is not an fvcore ``ParamScheduler``.
-            ValueError: If ``max_iter`` is not positive.
+            ConfigError: A ``ValueError``: if ``max_iter`` is not positive.
         """
         if not isinstance(multiplier, ParamScheduler):
             raise TypeError(
@@ -125,7 +128,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
                 f"{type(multiplier).__name__}"
             )
         if max_iter <= 0:
-            raise ValueError(f"max_iter must be positive (SOLVER.MAX_ITER), got {max_iter}")
+            raise ConfigError(f"max_iter must be positive (SOLVER.MAX_ITER), got {max_iter}")
         self._multiplier = multiplier
         self._max_iter = int(max_iter)
         super().__init__(optimizer, last_epoch=last_iter)
@@ -186,7 +189,7 @@ def _warmup_factor_at_iter(method: str, iteration: int, warmup_iters: int, facto
 
 def _check_warmup_method(warmup_method: str) -> None:
     if warmup_method not in _WARMUP_METHODS:
-        raise ValueError(
+        raise ConfigError(
             f"Unknown warm-up method {warmup_method!r} (SOLVER.WARMUP_METHOD); "
             f"choose one of {', '.join(_WARMUP_METHODS)}."
         )
@@ -221,10 +224,14 @@ class WarmupMultiStepLR(torch.optim.lr_scheduler.LRScheduler):
             last_epoch: the last finished iteration, ``-1`` for a new run.
 
         Raises:
-            ValueError: If ``milestones`` is not increasing or ``warmup_method`` is unknown.
+            ConfigError: A ``ValueError``: if ``milestones`` is not increasing or
+                ``warmup_method`` is unknown.
         """
         if list(milestones) != sorted(milestones):
-            raise ValueError(f"milestones must be increasing iterations, got {list(milestones)}")
+            raise ConfigError(
+                f"milestones (SOLVER.STEPS) must be increasing iterations, got "
+                f"{list(milestones)}; sort them."
+            )
         _check_warmup_method(warmup_method)
         logger.warning(
             "WarmupMultiStepLR is kept for detectron2 scripts; prefer build_lr_scheduler or "
@@ -274,10 +281,11 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
             last_epoch: the last finished iteration, ``-1`` for a new run.
 
         Raises:
-            ValueError: If ``max_iters`` is not positive or ``warmup_method`` is unknown.
+            ConfigError: A ``ValueError``: if ``max_iters`` is not positive or
+                ``warmup_method`` is unknown.
         """
         if max_iters <= 0:
-            raise ValueError(f"max_iters must be positive (SOLVER.MAX_ITER), got {max_iters}")
+            raise ConfigError(f"max_iters must be positive (SOLVER.MAX_ITER), got {max_iters}")
         _check_warmup_method(warmup_method)
         logger.warning(
             "WarmupCosineLR is kept for detectron2 scripts; prefer build_lr_scheduler or "

@@ -1,6 +1,7 @@
 """``Registry`` (name -> object, for config strings) and ``locate`` (dotted path -> object).
 
-fvcore's ``Registry`` with a lookup error that lists the known names and near misses, plus
+fvcore's ``Registry`` with a lookup error (a :class:`~trainkit.utils.errors.UnknownNameError`)
+that lists the known names and near misses, and ``remove`` for tests; plus
 detectron2's ``locate`` and its inverse, which map ``"module.submodule.Class"`` strings
 found in configs to objects without needing hydra.
 """
@@ -10,9 +11,12 @@ from __future__ import annotations
 import difflib
 import importlib
 import pydoc
+from collections.abc import Iterator
 from typing import Any
 
 from fvcore.common.registry import Registry as _FvcoreRegistry
+
+from trainkit.utils.errors import UnknownNameError
 
 __all__ = ["Registry", "locate"]
 
@@ -20,28 +24,115 @@ __all__ = ["Registry", "locate"]
 class Registry(_FvcoreRegistry):
     """A name -> object map filled by ``@REGISTRY.register()``.
 
-    Unlike fvcore's, an unknown name raises ``KeyError`` whose message lists every
-    registered name and the closest matches, so a typo in a config is fixed in one step.
+    It is an fvcore ``Registry`` (``isinstance`` holds, and ``register``, ``get``, ``in``
+    and iteration over ``(name, object)`` pairs behave as fvcore documents) with three
+    differences: an unknown name raises :class:`~trainkit.utils.errors.UnknownNameError` (a
+    ``KeyError``) whose message lists every registered name and the closest matches, so a
+    typo in a config is fixed in one step; registering a name twice raises ``ValueError``
+    (fvcore: ``AssertionError``); and :meth:`remove` undoes a registration (for tests).
+
+    The entries live in this class's own dict, reached only through the methods above:
+    fvcore has no public way to remove an entry, and reading its private attributes would
+    break when they change.
     """
+
+    def __init__(self, name: str) -> None:
+        """Create an empty registry called ``name`` (used in messages)."""
+        super().__init__(name)
+        self._registry_name = name
+        self._entries: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """The registry's name, e.g. ``"META_ARCH"``."""
+        return self._registry_name
+
+    def names(self) -> list[str]:
+        """Return the registered names, sorted."""
+        return sorted(self._entries)
+
+    def register(self, obj: Any = None) -> Any:
+        """Register ``obj`` under ``obj.__name__``; without ``obj``, return a decorator.
+
+        Raises:
+            ValueError: If another object is already registered under that name.
+        """
+        if obj is None:
+
+            def deco(func_or_class: Any) -> Any:
+                self._add(func_or_class.__name__, func_or_class)
+                return func_or_class
+
+            return deco
+        self._add(obj.__name__, obj)
+        return None
+
+    def _add(self, name: str, obj: Any) -> None:
+        if name in self._entries:
+            # A bug in the code that registers (two classes with one name), not a user error.
+            raise ValueError(
+                f"{name!r} is already registered in the {self.name} registry (as "
+                f"{_describe(self._entries[name])}); rename one of them, or remove({name!r}) "
+                "the old one first."
+            )
+        self._entries[name] = obj
 
     def get(self, name: str) -> Any:
         """Return the object registered as ``name``.
 
         Raises:
-            KeyError: If nothing is registered under ``name`` (the message lists what is).
+            UnknownNameError: A ``KeyError`` naming ``name`` and listing what is registered.
         """
-        if name in self._obj_map:
-            return self._obj_map[name]
-        known = sorted(self._obj_map)
-        close = difflib.get_close_matches(name, known, n=3)
+        if name in self._entries:
+            return self._entries[name]
+        raise UnknownNameError(self.unknown_name_message(name))
+
+    def unknown_name_message(self, name: str, key: str | None = None) -> str:
+        """Return the one-line message for a name that is not registered.
+
+        Args:
+            name: the name looked up.
+            key: the config key that gave it (e.g. ``"MODEL.META_ARCHITECTURE"``), if any.
+
+        Returns:
+            What is wrong (the key and the name), the registered names with the closest
+            ones first, and what to do.
+        """
+        known = self.names()
+        close = difflib.get_close_matches(str(name), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(
-            f"No object named {name!r} in the {self._name} registry.{hint} Registered: "
-            f"{', '.join(known) or '(none)'}. Register yours with @{self._name}.register()."
+        where = f"{key} {name!r}" if key else repr(name)
+        fix = f"Fix {key}, or register" if key else "Register"
+        return (
+            f"{where} is not registered in the {self.name} registry.{hint} Registered: "
+            f"{', '.join(known) or '(none)'}. {fix} your class with .register() on this "
+            "registry (in a module imported before the lookup)."
         )
 
-    def __str__(self) -> str:  # KeyError's repr would quote the message
-        return f"Registry({self._name}: {', '.join(sorted(self._obj_map))})"
+    def remove(self, name: str) -> Any:
+        """Forget ``name`` and return what was registered under it (tests use this to clean up).
+
+        Raises:
+            UnknownNameError: If ``name`` is not registered.
+        """
+        obj = self.get(name)
+        del self._entries[name]
+        return obj
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self._entries.items()))
+
+    def __repr__(self) -> str:
+        return f"Registry({self.name}: {', '.join(self.names()) or '(empty)'})"
+
+    __str__ = __repr__
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
 def locate(name: str) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from trainkit.config import ConfigError
 from trainkit.data.samplers.positions import check_rank, global_positions, worker_local_positions
 from trainkit.utils import comm
 
@@ -135,14 +136,16 @@ class StreamSampler(Sampler[int]):
         """Make new iterators continue after the ``state["num_drawn"]`` indices already drawn.
 
         Raises:
-            ValueError: If the state belongs to another stream (sampler type, seed or world size).
+            ConfigError: A ``ValueError``: if the state belongs to another stream (sampler
+                type, seed, world size or dataset size).
         """
         expected = self._stream_key()
         found = {key: state.get(key) for key in expected}
         if found != expected:
-            raise ValueError(
+            raise ConfigError(
                 f"sampler state does not match this sampler: saved {found}, this one is "
-                f"{expected}; "
-                "build the sampler with the same arguments (seed, world size) as the saved run."
+                f"{expected}; build the sampler with the same arguments as the saved run (from "
+                "a config: resume with its SEED, DATALOADER.SAMPLER_TRAIN and datasets, or "
+                "start in a new OUTPUT_DIR)."
             )
         self._start = self._num_drawn = int(state["num_drawn"])

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from trainkit.config import ConfigError
 from trainkit.data.samplers._base import StreamSampler
 from trainkit.data.samplers._permutation import (
     STREAM_REPEAT,
@@ -141,19 +142,20 @@ class RandomSubsetTrainingSampler(TrainingSampler):
 
         Raises:
             TypeError: If ``size`` is not an integer.
-            ValueError: If ``subset_ratio`` is outside ``(0, 1]`` or selects no index.
+            ConfigError: A ``ValueError``: if ``subset_ratio`` is outside ``(0, 1]`` or
+                selects no index.
         """
         size = _checked_size(type(self).__name__, size)
         if not 0.0 < subset_ratio <= 1.0:
-            raise ValueError(
+            raise ConfigError(
                 "DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
                 f"{subset_ratio}"
             )
         subset_size = int(size * subset_ratio)
         if subset_size < 1:
-            raise ValueError(
-                f"subset_ratio={subset_ratio} of a dataset of {size} records selects no record; "
-                "use a larger ratio."
+            raise ConfigError(
+                f"DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio={subset_ratio} of a dataset of "
+                f"{size} records selects no record; use a larger ratio."
             )
         # The shuffle seed is drawn before the subset seed, in detectron2's order.
         super().__init__(size, shuffle, seed_shuffle, rank=rank, world_size=world_size)
