@@ -16,7 +16,7 @@ from trainkit.data._sample_context import sample_context
 from trainkit.data.batching import BatchIndexStream
 from trainkit.data.common import AspectRatioGroupedDataset, MapDataset
 from trainkit.utils.env import seed_all_rng
-from trainkit.utils.errors import UsageError
+from trainkit.utils.errors import UsageError, user_message
 
 logger = logging.getLogger(__name__)
 
@@ -242,20 +242,12 @@ class TrainLoader:
 
 
 def _without_worker_traceback(error: UsageError) -> UsageError:
-    """Return the user error a loader worker raised, with its own one-line message.
-
-    torch re-raises a worker's exception here as the same type, but with the message
-    ``"Caught X in DataLoader worker process N. Original Traceback ..."``: the one line a
-    user reads would be a traceback. The original message is the traceback's last entry.
-    """
-    text = str(error)
-    cls = type(error)
-    marker = f"{cls.__module__}.{cls.__qualname__}: "
-    at = text.rfind(marker)
-    if not text.startswith("Caught ") or at < 0:
+    """Return the user error a loader worker raised, with its own one-line message."""
+    message = user_message(error)
+    if message == str(error):
         return error  # raised in this process: already the user's message
     try:
-        return cls(text[at + len(marker) :].rstrip())
+        return type(error)(message)
     except Exception:  # a subclass with another constructor: keep torch's message
         return error
 

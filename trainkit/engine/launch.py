@@ -49,7 +49,12 @@ from trainkit.engine.watchdog import (
     find_stalled_rank,
 )
 from trainkit.utils import comm
-from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, install_usage_error_handler
+from trainkit.utils.errors import (
+    USAGE_EXIT_CODE,
+    UsageError,
+    install_usage_error_handler,
+    user_message,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -598,7 +603,7 @@ def _worker_entry(local_rank: int, spec: Any, report_dir: str) -> None:
     except UsageError as e:
         # The user's mistake, not a crash: one line for the launcher, no traceback.
         with open(os.path.join(report_dir, f"usage{local_rank}.txt"), "w") as f:
-            f.write(str(e))
+            f.write(user_message(e))
         raise SystemExit(USAGE_EXIT_CODE) from None
     except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
         with open(os.path.join(report_dir, f"error{local_rank}.txt"), "w") as f:

@@ -24,6 +24,7 @@ __all__ = [
     "UnknownNameError",
     "UsageError",
     "install_usage_error_handler",
+    "user_message",
 ]
 
 USAGE_EXIT_CODE = 2
@@ -49,6 +50,22 @@ class MissingFileError(UsageError, FileNotFoundError):
     """A file the user named (config, weights, metadata) does not exist."""
 
 
+def user_message(error: BaseException) -> str:
+    """Return the one-line message of a user error, also when a loader worker raised it.
+
+    torch re-raises a worker's exception in the training process as the same type with the
+    message ``"Caught X in DataLoader worker process N. Original Traceback ..."``; the
+    user's message is then the traceback's last entry.
+    """
+    text = str(error)
+    cls = type(error)
+    marker = f"{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(marker)
+    if text.startswith("Caught ") and at >= 0:
+        return text[at + len(marker) :].strip()
+    return text
+
+
 def _is_rank_zero() -> bool:
     # The environment says it before (and whether or not) a process group exists.
     return os.environ.get("RANK", "0") == "0"
@@ -59,7 +76,7 @@ def _report_uncaught(
 ) -> None:
     if issubclass(exc_type, UsageError):
         if _is_rank_zero():
-            _write_line(f"error: {exc}")
+            _write_line(f"error: {user_message(exc)}")
         # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
         raise SystemExit(USAGE_EXIT_CODE)
     exit_code = getattr(exc, "exit_code", None)
