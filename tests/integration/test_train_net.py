@@ -100,7 +100,7 @@ USER_ERRORS = [
     (["--config-file", "nope.yaml"], "config file not found: nope.yaml"),
     (["--config-file", SMOKE, "SOLVER.BASE_LRR", "0.1"], "Did you mean SOLVER.BASE_LR?"),
     (["--config-file", SMOKE, "SOLVER.MAX_ITER", "many"], "SOLVER.MAX_ITER (in the command line) expects int"),
-    (["--config-file", SMOKE, "DATASETS.TRAIN", "('nope',)"], "dataset 'nope' is not registered; registered: "),
+    (["--config-file", SMOKE, "DATASETS.TRAIN", "('nope',)"], "Dataset 'nope' is not registered. Registered: "),
     (["--config-file", SMOKE, "MODEL.META_ARCHITECTURE", "Nope"], "MODEL.META_ARCHITECTURE 'Nope' is not registered"),
     (["--config-file", SMOKE, "--num-gpus", "3", "SOLVER.REFERENCE_WORLD_SIZE", "0"],
      "SOLVER.IMS_PER_BATCH=32 is not a positive multiple of the world size (3)"),
@@ -108,7 +108,7 @@ USER_ERRORS = [
     (["--config-file", SMOKE, "MODEL.WEIGHTS", "/no/such.pth"], "MODEL.WEIGHTS file not found: /no/such.pth"),
     (["--config-file", SMOKE, "--num-machines", "2"], "--dist-url auto works on one machine only"),
     (["--config-file", SMOKE, "SOLVER.IMS_PER_BATCH", "0"], "SOLVER.IMS_PER_BATCH=0 is not a positive multiple"),
-    (["--config-file", SMOKE, "SOLVER.MAX_ITER", "-5"], "SOLVER.MAX_ITER=-5: training needs at least 1 iteration"),
+    (["--config-file", SMOKE, "SOLVER.MAX_ITER", "-5"], "SOLVER.MAX_ITER must be positive, got -5"),
     (["--config-file", SMOKE, "DATALOADER.NUM_WORKERS", "-1"], "DATALOADER.NUM_WORKERS must be >= 0, got -1"),
     (["--config-file", SMOKE, "DATALOADER.ASPECT_RATIO_BINS", "[2, 1]"], "DATALOADER.ASPECT_RATIO_BINS must be"),
     (["--config-file", SMOKE, "MODEL.DEVICE", "gpu0"], "MODEL.DEVICE='gpu0' is not a device name"),
@@ -119,7 +119,7 @@ USER_ERRORS = [
     (["--config-file", SMOKE, "SOLVER.LR_SCHEDULER_NAME", "Nope"], "Unknown SOLVER.LR_SCHEDULER_NAME 'Nope'"),
     (["--config-file", SMOKE, "INPUT.RANDOM_SCALE", "[0, 1]"], "INPUT.RANDOM_SCALE must be [min, max]"),
     (["--config-file", SMOKE, "MODEL.NUM_CLASSES", "4"],
-     "MODEL.NUM_CLASSES=4 but dataset 'shapes_minival' has 6 classes; set MODEL.NUM_CLASSES 6."),
+     "MODEL.NUM_CLASSES=4 but dataset 'shapes_train' has 6 classes; set MODEL.NUM_CLASSES 6."),
 ]
 
 

@@ -9,6 +9,7 @@ from trainkit.checkpoint._files import (
 from trainkit.checkpoint.checkpointer import (
     Checkpointable,
     Checkpointer,
+    ShapeMismatchError,
     find_shape_mismatches,
     shape_changing_state_keys,
     shape_mismatch_message,
@@ -27,6 +28,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DetectionCheckpointer",
     "PeriodicCheckpointer",
+    "ShapeMismatchError",
     "UntrustedCheckpointError",
     "find_shape_mismatches",
     "read_checkpoint_file",

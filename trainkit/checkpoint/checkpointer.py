@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
 from torch import nn
@@ -80,6 +81,10 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model._orig_mod  # type: ignore[assignment]
         else:
             return model
+
+
+class ShapeMismatchError(CheckpointError):
+    """Entries of a checkpoint have other shapes than the model's (the message lists them)."""
 
 
 class Checkpointer(_FvcoreCheckpointer):
@@ -287,7 +292,14 @@ class Checkpointer(_FvcoreCheckpointer):
                     if problems:
                         self.logger.warning("Resuming from older checkpoint %s", candidate)
                     self.logger.info("Resuming from %s", candidate)
-                    return self._restore(checkpoint, candidate, None)
+                    try:
+                        return self._restore(checkpoint, candidate, None)
+                    except ShapeMismatchError as e:
+                        # The run's own checkpoint no longer fits: the config changed.
+                        raise ShapeMismatchError(
+                            f"{e} It is the checkpoint --resume continues from: run with the "
+                            "config that wrote it, or train into another OUTPUT_DIR."
+                        ) from None
             self.logger.warning("Skipping checkpoint %s: %s", candidate, reason)
             problems.append(f"{candidate}: {reason}")
         raise CheckpointError(
@@ -317,8 +329,8 @@ class Checkpointer(_FvcoreCheckpointer):
         self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
     ) -> dict[str, Any]:
         self.logger.info("Loading checkpoint from %s", path)
-        incompatible = self._load_model(checkpoint, path)
-        self._log_incompatible_keys(incompatible)
+        incompatible = self._load_model_state(checkpoint, path)
+        self._report_incompatible_keys(incompatible)
         names = list(self.checkpointables) if checkpointables is None else checkpointables
         for key in names:
             if key not in self.checkpointables:
@@ -333,14 +345,16 @@ class Checkpointer(_FvcoreCheckpointer):
                 self.logger.warning("%s has no state for %r; it keeps its current state", path, key)
         return checkpoint
 
-    def _load_model(self, checkpoint: dict[str, Any], path: str = "") -> IncompatibleKeys:
+    # Named apart from fvcore's private _load_model / _log_incompatible_keys: this class
+    # overrides load() itself and never goes through fvcore's loading internals.
+    def _load_model_state(self, checkpoint: dict[str, Any], path: str = "") -> IncompatibleKeys:
         state = checkpoint.pop("model")
         if not isinstance(state, Mapping):
             raise CorruptCheckpointError(
                 f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
             )
         state = strip_wrapper_prefixes(state, set(self.model.state_dict()))
-        self._convert_ndarray_to_tensor(state)  # fvcore: numpy arrays from old checkpoints
+        state = _numpy_to_tensors(state)  # old (Caffe2-era) checkpoints hold numpy arrays
         model_state = self.model.state_dict()
         resizable = shape_changing_state_keys(self.model)
         incorrect_shapes = [
@@ -365,7 +379,7 @@ class Checkpointer(_FvcoreCheckpointer):
                     + _describe_incompatible(expected)
                 )
         if incorrect_shapes and not self.allow_shape_mismatch:
-            raise CheckpointError(shape_mismatch_message(path, incorrect_shapes))
+            raise ShapeMismatchError(shape_mismatch_message(path, incorrect_shapes))
         for key, _, _ in incorrect_shapes:
             del state[key]
         result = self.model.load_state_dict(state, strict=False)
@@ -375,15 +389,25 @@ class Checkpointer(_FvcoreCheckpointer):
             incorrect_shapes=incorrect_shapes,
         )
 
-    # type: ignore below: takes this module's IncompatibleKeys, not fvcore's private twin.
-    def _log_incompatible_keys(  # type: ignore[override]
-        self, incompatible: IncompatibleKeys
-    ) -> None:
+    def _report_incompatible_keys(self, incompatible: IncompatibleKeys) -> None:
         if any(incompatible):
             self.logger.warning(
                 "The checkpoint does not fully match the model:\n%s",
                 _describe_incompatible(incompatible),
             )
+
+
+def _numpy_to_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
+    converted = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            raise CorruptCheckpointError(
+                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
+            )
+        converted[key] = value
+    return converted
 
 
 def shape_changing_state_keys(model: nn.Module) -> set[str]:

@@ -57,6 +57,9 @@ class CfgNode(_FvcoreCfgNode):
         """
         del allow_unsafe
         path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
+        if not _chain and not PathManager.exists(path):
+            # As the user typed it: that is what they will look for on their command line.
+            raise ConfigError(f"config file not found: {filename}. Check the path.")
         if path in _chain:
             cycle = " -> ".join([*_chain[_chain.index(path):], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
