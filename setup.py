@@ -1,11 +1,13 @@
 """Packaging for trainkit; tool configuration lives in pyproject.toml."""
+
 import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 _VERSION = re.search(
-    r'__version__ = "([^"]+)"', Path(__file__).with_name("trainkit").joinpath("__init__.py").read_text()
+    r'__version__ = "([^"]+)"',
+    Path(__file__).with_name("trainkit").joinpath("__init__.py").read_text(),
 ).group(1)
 
 setup(

@@ -13,7 +13,8 @@ import queue as queue_module
 import signal
 import socket
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from trainkit.engine import launch
 
@@ -29,13 +30,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launcher(queue: Any, fn: Callable, world_size_per_machine: int, num_machines: int,
-              machine_rank: int, dist_url: str, args: Sequence[Any]) -> None:
+def _launcher(
+    queue: Any,
+    fn: Callable,
+    world_size_per_machine: int,
+    num_machines: int,
+    machine_rank: int,
+    dist_url: str,
+    args: Sequence[Any],
+) -> None:
     os.setpgrp()  # so that a timeout can kill this launcher and its workers together
     try:
-        results = launch(fn, world_size_per_machine, num_machines=num_machines,
-                         machine_rank=machine_rank, dist_url=dist_url, args=tuple(args),
-                         rendezvous_timeout_s=30.0)
+        results = launch(
+            fn,
+            world_size_per_machine,
+            num_machines=num_machines,
+            machine_rank=machine_rank,
+            dist_url=dist_url,
+            args=tuple(args),
+            rendezvous_timeout_s=30.0,
+        )
         # Plain pickle bytes: torch's queue reductions would share tensors through file
         # descriptors that vanish when this process exits.
         queue.put((machine_rank, "ok", pickle.dumps(results)))
@@ -76,7 +90,9 @@ def run_on_ranks(
     ctx.set_forkserver_preload(["torch", "trainkit.engine"])
     queue = ctx.Queue()
     launchers = [
-        ctx.Process(target=_launcher, args=(queue, fn, per_machine, num_machines, m, dist_url, args))
+        ctx.Process(
+            target=_launcher, args=(queue, fn, per_machine, num_machines, m, dist_url, args)
+        )
         for m in range(num_machines)
     ]
     for p in launchers:

@@ -11,5 +11,7 @@ HEAVY = ("torch.utils.tensorboard", "tensorboard", "matplotlib")
 @pytest.mark.parametrize("module", ["trainkit.config", "trainkit.utils.comm", "trainkit.engine"])
 def test_light_import(module):
     code = f"import sys, {module}; print([m for m in {HEAVY!r} if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "[]", f"{module} pulls in {out.stdout.strip()}"

@@ -45,10 +45,15 @@ def test_packages_import_only_lower_layers():
         if package not in ALLOWED:
             continue
         imported = _trainkit_imports(path.read_text()) - {package}
-        violations += [f"{path.relative_to(root)} imports trainkit.{bad}"
-                       for bad in sorted(imported - ALLOWED[package])]
+        violations += [
+            f"{path.relative_to(root)} imports trainkit.{bad}"
+            for bad in sorted(imported - ALLOWED[package])
+        ]
     assert not violations, "\n".join(violations)
 
 
 def test_checker_catches_a_violation():
-    assert _trainkit_imports("from trainkit import engine\nimport trainkit.data.build") == {"engine", "data"}
+    assert _trainkit_imports("from trainkit import engine\nimport trainkit.data.build") == {
+        "engine",
+        "data",
+    }

@@ -14,7 +14,6 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in ci_lines
 
 
-
 def _python_blocks(readme: str) -> list:
     return re.findall(r"```python\n(.*?)\n```", readme, flags=re.S)
 
@@ -24,13 +23,20 @@ def test_new_task_example_trains_and_evaluates(tmp_path):
     import subprocess
     import sys
 
-    code = next(b for b in _python_blocks((ROOT / "README.md").read_text()) if "class RegressionTrainer" in b)
+    code = next(
+        b
+        for b in _python_blocks((ROOT / "README.md").read_text())
+        if "class RegressionTrainer" in b
+    )
     script = tmp_path / "train_linear.py"
     script.write_text(code)
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, str(script), "SOLVER.MAX_ITER", "150", "OUTPUT_DIR", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.json").read_text().splitlines()]
@@ -40,7 +46,11 @@ def test_new_task_example_trains_and_evaluates(tmp_path):
 
 
 def _readme_script(tmp_path):
-    code = next(b for b in _python_blocks((ROOT / "README.md").read_text()) if "class RegressionTrainer" in b)
+    code = next(
+        b
+        for b in _python_blocks((ROOT / "README.md").read_text())
+        if "class RegressionTrainer" in b
+    )
     script = tmp_path / "train_linear.py"
     script.write_text(code)
     return script
@@ -50,8 +60,9 @@ def _run_script(script, *args, cwd):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def test_new_task_example_reports_bad_input_in_one_line(tmp_path):

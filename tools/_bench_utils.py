@@ -250,7 +250,7 @@ def median(values: list[float]) -> float:
 
 
 def verdict(measured: float, target: float, *, higher_is_better: bool) -> str:
-    """Return ``"PASS"`` if ``measured`` meets ``target`` in the given direction, else ``"MISS"``."""
+    """Return ``"PASS"`` if ``measured`` meets ``target`` in the given direction, else "MISS"."""
     ok = measured >= target if higher_is_better else measured <= target
     return "PASS" if ok else "MISS"
 

@@ -2,8 +2,9 @@
 
 Usage::
 
-    python tools/benchmark.py --task sampler|data_memory|metafile|train|data|launch|checkpoint|eval|all
-        [--json OUT] [--quick]
+    python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick]
+
+    TASK: sampler, data_memory, metafile, train, data, launch, checkpoint, eval or all
 
 A task is a function in ``TASKS`` that takes the parsed arguments and returns a dict of
 results (printed as Markdown tables while it runs, written to ``--json`` at the end). To add
@@ -162,13 +163,27 @@ def bench_sampler(args: argparse.Namespace) -> dict[str, Any]:
     for kind, n in cases:
         r = run_forked(_sampler_case, kind, n, _SAMPLER_DRAWS)
         results["sampler"].append({"kind": kind, "size": n, **r})
-        rows.append([kind, f"{n:.0e}", r["uss_growth"], r["peak_growth"], r["first_s"] * 1e3,
-                     r["rate"] / 1e6])
+        rows.append(
+            [
+                kind,
+                f"{n:.0e}",
+                r["uss_growth"],
+                r["peak_growth"],
+                r["first_s"] * 1e3,
+                r["rate"] / 1e6,
+            ]
+        )
     rows.append(["**target** (trainkit at 4e8)", "4e+08", "<= 50", "<= 50", "<= 50", ">= 2"])
     print_table(
         f"Training sampler (one process; {_SAMPLER_DRAWS:.0e} indices drawn)",
-        ["sampler", "size", "USS growth MiB", "peak RSS growth MiB", "first index ms",
-         "M indices/s"],
+        [
+            "sampler",
+            "size",
+            "USS growth MiB",
+            "peak RSS growth MiB",
+            "first index ms",
+            "M indices/s",
+        ],
         rows,
     )
     loader_size = int(args.loader_size)
@@ -304,9 +319,7 @@ def _data_memory_rank(mode: str, num_records: int, start_method: str, out_dir: s
         dataset = DatasetFromList(records, copy=False)
         del records
     else:  # the catalog path: local rank 0 loads, the other ranks attach
-        dataset = DatasetFromList.from_local_leader(
-            lambda: _make_records(num_records), copy=False
-        )
+        dataset = DatasetFromList.from_local_leader(lambda: _make_records(num_records), copy=False)
     _phase(out_dir, "build_end")
     comm.synchronize()
     nbytes = 0 if isinstance(dataset, list) else _serialised_bytes(dataset)
@@ -327,9 +340,7 @@ def _measure_job(mode: str, num_records: int, start_method: str) -> dict[str, fl
 
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.get_context("fork")
-        proc = ctx.Process(
-            target=_data_memory_job, args=(mode, num_records, start_method, out_dir)
-        )
+        proc = ctx.Process(target=_data_memory_job, args=(mode, num_records, start_method, out_dir))
         proc.start()
         with TreeSampler(proc.pid, 0.05, count_memfd=True) as sampler:
             proc.join()
@@ -377,20 +388,44 @@ def bench_data_memory(args: argparse.Namespace) -> dict[str, Any]:
         for mode in modes:
             r = _measure_job(mode, n, start_method)
             attributable = r["steady_pss"] - r["control_steady_pss"]
-            row = {"mode": mode, "start": start_method, **r, "attributable_pss": attributable,
-                   "attributable_uss": r["steady_uss"] - r["control_steady_uss"]}
+            row = {
+                "mode": mode,
+                "start": start_method,
+                **r,
+                "attributable_pss": attributable,
+                "attributable_uss": r["steady_uss"] - r["control_steady_uss"],
+            }
             results["rows"].append(row)
             memfd_copies = (r["steady_memfd"] - r["control_steady_memfd"]) / copy_mib
-            rows.append([mode, start_method, attributable, row["attributable_uss"],
-                         r["build_peak_pss"], attributable / copy_mib, memfd_copies,
-                         r["build_peak_pss"] / copy_mib, r["build_s"]])
+            rows.append(
+                [
+                    mode,
+                    start_method,
+                    attributable,
+                    row["attributable_uss"],
+                    r["build_peak_pss"],
+                    attributable / copy_mib,
+                    memfd_copies,
+                    r["build_peak_pss"] / copy_mib,
+                    r["build_s"],
+                ]
+            )
     rows.append(["**target** (shared)", "both", "", "", "", "<= 1.25", "<= 1.25", "<= 1.25", ""])
     print_table(
         f"Metadata memory, {n:.0e} records, 2 local ranks x 2 workers (every worker reads "
         f"every page); one serialised copy = {copy_mib:.1f} MiB; PSS summed over the job "
         "(memfd segments at full size), minus the same processes holding 10 records first",
-        ["records held as", "workers", "PSS MiB", "USS MiB", "build peak PSS MiB",
-         "PSS / copy", "memfd copies held", "build peak / copy", "build s"],
+        [
+            "records held as",
+            "workers",
+            "PSS MiB",
+            "USS MiB",
+            "build peak PSS MiB",
+            "PSS / copy",
+            "memfd copies held",
+            "build peak / copy",
+            "build s",
+        ],
         rows,
     )
     return results
@@ -403,11 +438,13 @@ def _write_meta_file(path: str, n: int) -> None:
     block = 1_000_000
     with open(path + ".tmp", "w") as f:
         for lo in range(0, n, block):
-            f.write("".join(
-                f'{{"file_name": "images/{i:08d}.jpg", "image_id": {i}, "height": 480, '
-                f'"width": 640, "category_id": {i % 80}}}\n'
-                for i in range(lo, min(n, lo + block))
-            ))
+            f.write(
+                "".join(
+                    f'{{"file_name": "images/{i:08d}.jpg", "image_id": {i}, "height": 480, '
+                    f'"width": 640, "category_id": {i % 80}}}\n'
+                    for i in range(lo, min(n, lo + block))
+                )
+            )
     os.replace(path + ".tmp", path)
 
 
@@ -457,35 +494,51 @@ def bench_metafile(args: argparse.Namespace) -> dict[str, Any]:
     with timer() as elapsed:
         build_line_index(path, index_path, progress=False)
         build_s = elapsed()
-    results: dict[str, Any] = {"records": n, "file_mib": size_mib, "index_build_s": build_s,
-                               "index_mb_per_s": os.path.getsize(path) / 1e6 / build_s,
-                               "rows": []}
+    results: dict[str, Any] = {
+        "records": n,
+        "file_mib": size_mib,
+        "index_build_s": build_s,
+        "index_mb_per_s": os.path.getsize(path) / 1e6 / build_s,
+        "rows": [],
+    }
     print_table(
         f"Line index build, {n:.0e} records ({size_mib:.0f} MiB, page cache warm)",
         ["seconds", "MB/s", "target MB/s"],
         [[build_s, results["index_mb_per_s"], ">= 200"]],
     )
     rows = []
-    for kind in ("MetaFileDataset", "RankDataset (world 2, mini_epochs=1)",
-                 "RankDataset (world 2, mini_epochs=4)"):
-        per_proc = [run_forked(_random_reads, kind, path, int(args.reads), seed)
-                    for seed in range(2)]
+    for kind in (
+        "MetaFileDataset",
+        "RankDataset (world 2, mini_epochs=1)",
+        "RankDataset (world 2, mini_epochs=4)",
+    ):
+        per_proc = [
+            run_forked(_random_reads, kind, path, int(args.reads), seed) for seed in range(2)
+        ]
         for r in per_proc:
             results["rows"].append({"kind": kind, **r})
-        rows.append([
-            kind,
-            f"{per_proc[0]['records_held']:,}",
-            max(r["anon_growth"] for r in per_proc),
-            max(r["uss_growth"] for r in per_proc),
-            min(r["rate"] for r in per_proc) / 1e3,
-            max(r["open_s"] for r in per_proc),
-        ])
+        rows.append(
+            [
+                kind,
+                f"{per_proc[0]['records_held']:,}",
+                max(r["anon_growth"] for r in per_proc),
+                max(r["uss_growth"] for r in per_proc),
+                min(r["rate"] for r in per_proc) / 1e3,
+                max(r["open_s"] for r in per_proc),
+            ]
+        )
     rows.append(["**target** (MetaFileDataset)", "", "<= 64", "", ">= 50", ""])
     print_table(
         f"Random record reads, {n:.0e}-record file, 2 processes x {int(args.reads):,} reads "
         "(worst process shown)",
-        ["dataset", "records in memory", "private anon growth MiB", "USS growth MiB",
-         "k records/s", "open/load s"],
+        [
+            "dataset",
+            "records in memory",
+            "private anon growth MiB",
+            "USS growth MiB",
+            "k records/s",
+            "open/load s",
+        ],
         rows,
     )
     return results
@@ -506,14 +559,26 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 def main() -> None:
     """Parse the arguments and run the requested tasks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, nargs="+", choices=[*sorted(TASKS), "all"],
-                        help="tasks to run; 'all' runs every task in TASKS' order")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes and one round (checks that a task runs, not timing)")
+    parser.add_argument(
+        "--task",
+        required=True,
+        nargs="+",
+        choices=[*sorted(TASKS), "all"],
+        help="tasks to run; 'all' runs every task in TASKS' order",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and one round (checks that a task runs, not timing)",
+    )
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--sampler-size", type=float, default=4e8)
-    parser.add_argument("--baseline-size", type=float, default=4e7,
-                        help="size for the materialising baselines (4e8 needs > 14 GB for torch)")
+    parser.add_argument(
+        "--baseline-size",
+        type=float,
+        default=4e7,
+        help="size for the materialising baselines (4e8 needs > 14 GB for torch)",
+    )
     parser.add_argument("--loader-size", type=float, default=1e7)
     parser.add_argument("--records", type=float, default=1e6, help="data_memory records")
     parser.add_argument("--meta-records", type=float, default=1e7, help="metafile records")

@@ -114,8 +114,13 @@ def test_shape_mismatch_can_be_refused_before_anything_loads(tmp_path):
     before = {k: v.clone() for k, v in target.state_dict().items()}
     path = str(tmp_path / "src.pth")
     shapes = {k: tuple(v.shape) for k, v in target.state_dict().items()}
-    assert find_shape_mismatches(path, shapes) == [("1.weight", (5, 3), (2, 3)), ("1.bias", (5,), (2,))]
-    with pytest.raises(CheckpointError, match=r"2 entries have other shapes.*1\.weight \(5, 3\) vs \(2, 3\)"):
+    assert find_shape_mismatches(path, shapes) == [
+        ("1.weight", (5, 3), (2, 3)),
+        ("1.bias", (5,), (2,)),
+    ]
+    with pytest.raises(
+        CheckpointError, match=r"2 entries have other shapes.*1\.weight \(5, 3\) vs \(2, 3\)"
+    ):
         Checkpointer(target, allow_shape_mismatch=False).load(path)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())  # untouched
     Checkpointer(target).load(path)  # the default skips them, as detectron2 does
@@ -136,8 +141,12 @@ def test_loaded_state_is_not_left_mapped_to_the_file(tmp_path):
     assert _same_params(model, model2)
     assert torch.equal(extra["extra_tensor"], torch.arange(3.0))
     kept = [extra["extra_tensor"], *model2.state_dict().values()]
-    kept += [t for state in optimizer2.state.values() for t in state.values()
-             if isinstance(t, torch.Tensor)]
+    kept += [
+        t
+        for state in optimizer2.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    ]
     assert len(kept) > 3
     path = str(tmp_path / "model_final.pth")
     # The check can fail: a tensor torch.load maps is found inside the file's mapping.

@@ -13,7 +13,10 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "d2_style_train_net.py"
 def _run(out, *args):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "OUTPUT_DIR", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=out.parent,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr

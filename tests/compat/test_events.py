@@ -186,8 +186,14 @@ def test_printer_shows_losses_and_bracketed_metrics_smoothed(printer_logs):
     assert "loss_box: 27.5" in line
     assert "[metric]grad_norm: 275" in line
     assert "accuracy" not in line
-    for part in ("iter: 29", "time: 0.5000", "last_time: 0.5000", "data_time: 0.2500",
-                 "last_data_time: 0.2500", "lr: 0.01"):
+    for part in (
+        "iter: 29",
+        "time: 0.5000",
+        "last_time: 0.5000",
+        "data_time: 0.2500",
+        "last_data_time: 0.2500",
+        "lr: 0.01",
+    ):
         assert part in line
 
 
@@ -206,7 +212,10 @@ def test_storage_scalar_api():
         with storage.name_scope("val"):
             storage.put_scalar("top1", 0.75)
         assert storage.latest() == {
-            "a": (1.0, 5), "b": (2.0, 5), "c": (3.0, 2), "val/top1": (0.75, 5)
+            "a": (1.0, 5),
+            "b": (2.0, 5),
+            "c": (3.0, 2),
+            "val/top1": (0.75, 5),
         }
         assert storage.smoothing_hints() == {"a": False, "b": False, "c": True, "val/top1": True}
         assert set(storage.histories()) == {"a", "b", "c", "val/top1"}
@@ -260,4 +269,3 @@ def test_event_writer_base_class():
     with pytest.raises(NotImplementedError):
         writer.write()
     writer.close()  # a no-op
-

@@ -56,7 +56,10 @@ def test_train_mapper_rescales_the_capped_size_reproducibly(record):
 
 def test_per_batch_rescale_gives_a_batch_one_size(record):
     mapper = ClassificationDatasetMapper(
-        is_train=True, flip_prob=0.5, scale_range=(0.5, 1.0), max_size_train=80,
+        is_train=True,
+        flip_prob=0.5,
+        scale_range=(0.5, 1.0),
+        max_size_train=80,
         scale_per_batch=True,
     )
     sizes_by_batch = []

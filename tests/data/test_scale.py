@@ -27,7 +27,6 @@ from trainkit.data import metafile as metafile_module
 from trainkit.data.rank_dataset import rank_share
 from trainkit.data.samplers._base import StreamSampler
 
-
 # --------------------------------------------------------------------------- samplers
 
 
@@ -74,9 +73,7 @@ def test_huge_sampler_jumps_in_constant_time_and_memory():
     assert time.perf_counter() - began < 0.5
     assert 0 <= first < size
     # No attribute grows with the size: nothing numpy-sized is stored.
-    assert all(
-        getattr(v, "nbytes", 0) < 1 << 20 for v in vars(sampler).values()
-    )
+    assert all(getattr(v, "nbytes", 0) < 1 << 20 for v in vars(sampler).values())
     small = TrainingSampler(1000, seed=5, rank=0, world_size=1)
     resumed = TrainingSampler(1000, seed=5, rank=0, world_size=1)
     head = _draw(small, 1234)
@@ -181,9 +178,7 @@ class _Probe:
 @pytest.mark.slow
 def test_spawned_loader_workers_map_the_same_segment():
     ds = DatasetFromList(_records())
-    loader = DataLoader(
-        _Probe(ds), batch_size=None, num_workers=1, multiprocessing_context="spawn"
-    )
+    loader = DataLoader(_Probe(ds), batch_size=None, num_workers=1, multiprocessing_context="spawn")
     batches = iter(loader)
     identity, record = next(batches)
     batches._shutdown_workers()  # no live worker or queue thread left for later forks
@@ -290,8 +285,14 @@ def test_crash_leaves_no_segment_behind(tmp_path, fail_in_load):
 def test_rank_shares_partition_every_epoch(world_size, mini_epochs, num_records):
     for full_epoch in range(3):
         shares = [
-            rank_share(num_records, seed=9, epoch=full_epoch * mini_epochs + part,
-                       mini_epochs=mini_epochs, rank=rank, world_size=world_size)
+            rank_share(
+                num_records,
+                seed=9,
+                epoch=full_epoch * mini_epochs + part,
+                mini_epochs=mini_epochs,
+                rank=rank,
+                world_size=world_size,
+            )
             for part in range(mini_epochs)
             for rank in range(world_size)
         ]
@@ -318,9 +319,8 @@ def _write_jsonl(path, n, *, blank_every=0, crlf=False, trailing_newline=True):
 
 def test_rank_dataset_holds_only_its_share_and_rebuilds_it(tmp_path):
     meta = _write_jsonl(tmp_path / "meta.jsonl", 60)
-    datasets = [
-        RankDataset(meta, seed=1, mini_epochs=2, world_size=3, rank=r) for r in range(3)
-    ]
+    datasets = [RankDataset(meta, seed=1, mini_epochs=2, world_size=3, rank=r) for r in range(3)]
+    previous: list[int] = []  # the ids of the other mini-epoch of the same epoch
     for epoch in range(4):
         seen = []
         for ds in datasets:

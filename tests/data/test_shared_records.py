@@ -186,9 +186,7 @@ def test_a_server_of_another_user_is_refused(caplog):
     from trainkit.data._dataset_from_list import _serialize_records
 
     wanted = _serialize_records(_records(tag="z"))
-    message = share_module._MESSAGE.pack(
-        share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest
-    )
+    message = share_module._MESSAGE.pack(share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     squatter = ctx.Process(
@@ -331,8 +329,11 @@ def _measure_job(dataset):
         segments = {}
         for pid in tree:
             segments.update(_segment_sizes(pid))
-        measured = {"pss": sum(_pss_bytes(pid) for pid in tree), "procs": len(tree),
-                    "segment_bytes": sum(segments.values())}
+        measured = {
+            "pss": sum(_pss_bytes(pid) for pid in tree),
+            "procs": len(tree),
+            "segment_bytes": sum(segments.values()),
+        }
     comm.synchronize()
     batches._shutdown_workers()
     return measured
@@ -349,8 +350,12 @@ def _memory_job(num_records, record_bytes):
     gc.collect()
     loaded = _measure_job(dataset)
     comm.synchronize()
-    return {"control": control, "loaded": loaded, "identity": dataset.segment_identity,
-            "copy_bytes": dataset._lst._segment.nbytes}
+    return {
+        "control": control,
+        "loaded": loaded,
+        "identity": dataset.segment_identity,
+        "copy_bytes": dataset._lst._segment.nbytes,
+    }
 
 
 @pytest.mark.slow

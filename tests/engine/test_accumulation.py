@@ -26,7 +26,9 @@ class _Net(nn.Module):
 
 def _samples(n, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 6, generator=g, dtype=torch.float64), torch.randn(n, generator=g, dtype=torch.float64)
+    return torch.randn(n, 6, generator=g, dtype=torch.float64), torch.randn(
+        n, generator=g, dtype=torch.float64
+    )
 
 
 def _optimizer(model):
@@ -40,7 +42,9 @@ def _batches(x, y, size):
 def _train(batch_size, accumulate_steps, steps=3, x=None, y=None):
     x, y = _samples(24) if x is None else (x, y)
     model = _Net()
-    trainer = SimpleTrainer(model, _batches(x, y, batch_size), _optimizer(model), accumulate_steps=accumulate_steps)
+    trainer = SimpleTrainer(
+        model, _batches(x, y, batch_size), _optimizer(model), accumulate_steps=accumulate_steps
+    )
     trainer.train(0, steps)
     return model, trainer
 
@@ -62,7 +66,9 @@ class _ListNet(_Net):
     """Takes a batch as trainkit's loaders make it: a list of samples."""
 
     def forward(self, batch):
-        return super().forward((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
+        return super().forward(
+            (torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch]))
+        )
 
 
 def test_unequal_micro_batches_are_weighted_by_their_size():
@@ -113,19 +119,26 @@ def _ddp_accumulation(batch_size, accumulate_steps):
     x, y = _samples(32)
     rank, world = comm.get_rank(), comm.get_world_size()
     # Each rank gets its strided share of every global batch, as the train loader does.
-    per_rank = [(x[i : i + batch_size * world][rank::world], y[i : i + batch_size * world][rank::world])
-                for i in range(0, len(x), batch_size * world)]
+    per_rank = [
+        (x[i : i + batch_size * world][rank::world], y[i : i + batch_size * world][rank::world])
+        for i in range(0, len(x), batch_size * world)
+    ]
     model = DistributedDataParallel(_Net())
     reduces = []
 
     def counting_hook(state, bucket):
         reduces.append(1)
         tensor = bucket.buffer().div_(world)
-        return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+        return (
+            torch.distributed.all_reduce(tensor, async_op=True)
+            .get_future()
+            .then(lambda f: f.value()[0])
+        )
 
     model.register_comm_hook(None, counting_hook)
-    trainer = SimpleTrainer(model, itertools.cycle(per_rank), _optimizer(model),
-                            accumulate_steps=accumulate_steps)
+    trainer = SimpleTrainer(
+        model, itertools.cycle(per_rank), _optimizer(model), accumulate_steps=accumulate_steps
+    )
     trainer.train(0, 2)
     return [p.detach().clone() for p in model.module.parameters()], len(reduces)
 
@@ -134,8 +147,12 @@ def _ddp_accumulation(batch_size, accumulate_steps):
 def test_two_processes_accumulating_match_one_big_batch_with_one_all_reduce_per_step():
     # 2 ranks x 2 micro-batches of 2 = one step of 8, as one process with batches of 8.
     results = run_on_ranks(_ddp_accumulation, 2, args=(2, 2), timeout_s=120)
-    reference, _ = _train(batch_size=8, accumulate_steps=1, steps=2, x=_samples(32)[0], y=_samples(32)[1])
+    reference, _ = _train(
+        batch_size=8, accumulate_steps=1, steps=2, x=_samples(32)[0], y=_samples(32)[1]
+    )
     for params, num_reduces in results:
         for a, b in zip(reference.parameters(), params):
             torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-10)
-        assert num_reduces == 2  # one bucket, all-reduced once per optimizer step, not per micro-batch
+        assert (
+            num_reduces == 2
+        )  # one bucket, all-reduced once per optimizer step, not per micro-batch

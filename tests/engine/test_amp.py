@@ -90,7 +90,11 @@ def test_an_explicit_scaler_is_used():
 def test_a_skipped_step_is_logged_and_counted_and_the_schedule_advances(caplog):
     with caplog.at_level(logging.WARNING, logger="trainkit.engine.simple_trainer"):
         trainer, _, optimizer = _run(
-            AMPTrainer, steps=4, precision=torch.float16, inf_grad_steps=(1,), gather_metric_period=1
+            AMPTrainer,
+            steps=4,
+            precision=torch.float16,
+            inf_grad_steps=(1,),
+            gather_metric_period=1,
         )
     assert trainer.num_skipped_steps == 1
     assert "Iteration 1: the gradient scaler found inf/NaN gradients" in caplog.text
@@ -104,6 +108,8 @@ def test_a_skipped_step_is_logged_and_counted_and_the_schedule_advances(caplog):
 def test_skipped_step_leaves_the_weights_unchanged():
     model = _Model(inf_grad_steps=(0,))
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = AMPTrainer(model, _data(), torch.optim.SGD(model.parameters(), lr=0.1), precision=torch.float16)
+    trainer = AMPTrainer(
+        model, _data(), torch.optim.SGD(model.parameters(), lr=0.1), precision=torch.float16
+    )
     trainer.train(0, 1)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -28,8 +28,7 @@ _TRUE_W = torch.tensor([1.5, -2.0, 0.5, 3.0])
 def _records(n=256, seed=0):
     rng = np.random.default_rng(seed)
     xs = rng.normal(size=(n, 4)).astype(np.float32)
-    return [{"x": x.tolist(), "y": float(x @ _TRUE_W.numpy()), "width": 1, "height": 1}
-            for x in xs]
+    return [{"x": x.tolist(), "y": float(x @ _TRUE_W.numpy()), "width": 1, "height": 1} for x in xs]
 
 
 def _noisy_mapper(record):
@@ -86,9 +85,13 @@ class RegressionTrainer(DefaultTrainer):
         from trainkit.data.samplers import InferenceSampler
 
         records = _records(64, seed=1)
-        data = MapDataset(DatasetFromList(records), lambda r: {"x": torch.tensor(r["x"]), "y": torch.tensor(r["y"])})
-        return build_batch_data_loader(data, InferenceSampler(len(records)), 8 * comm.get_world_size(),
-                                       drop_last=False)
+        data = MapDataset(
+            DatasetFromList(records),
+            lambda r: {"x": torch.tensor(r["x"]), "y": torch.tensor(r["y"])},
+        )
+        return build_batch_data_loader(
+            data, InferenceSampler(len(records)), 8 * comm.get_world_size(), drop_last=False
+        )
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name):
@@ -137,8 +140,12 @@ def _train(output_dir, resume=False, stop_after=None, max_iter=12, workers=2, ac
         results = None
     weights = {k: v.clone() for k, v in trainer.checkpointer.model.state_dict().items()}
     opt = trainer.optimizer.state_dict()["state"]
-    return {"weights": weights, "momentum": [opt[k]["momentum_buffer"] for k in sorted(opt)],
-            "results": results, "start_iter": trainer.start_iter}
+    return {
+        "weights": weights,
+        "momentum": [opt[k]["momentum_buffer"] for k in sorted(opt)],
+        "results": results,
+        "start_iter": trainer.start_iter,
+    }
 
 
 def _assert_same(a, b):
@@ -211,7 +218,9 @@ def test_without_rng_restore_resume_differs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rank_state, "set_rng_state", lambda state: None)
     resumed = _train(tmp_path / "resumed", resume=True)
-    assert any(not torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"])
+    assert any(
+        not torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"]
+    )
 
 
 def test_unscalable_config_refused(tmp_path):
@@ -365,7 +374,10 @@ def test_hooks_run_by_priority_and_the_order_is_logged(tmp_path, caplog):
     assert names[-1] == "PeriodicWriter"
     with caplog.at_level(logging.INFO, logger="trainkit.engine.train_loop"):
         trainer.train()
-    assert "Hooks, in the order they run: ProgressWatchdog (priority 0), IterationTimer (priority 0)" in caplog.text
+    assert (
+        "Hooks, in the order they run: ProgressWatchdog (priority 0), IterationTimer (priority 0)"
+        in caplog.text
+    )
 
 
 def _ema_cfg(output_dir, **kwargs):

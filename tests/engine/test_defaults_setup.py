@@ -1,7 +1,6 @@
 """default_argument_parser and default_setup."""
 
 import logging
-import os
 import subprocess
 import sys
 
@@ -75,7 +74,12 @@ def test_unwritable_output_dir_is_refused(tmp_path, restore_logging):
 
 
 def test_collect_env_module_runs():
-    out = subprocess.run([sys.executable, "-m", "trainkit.utils.collect_env"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainkit.utils.collect_env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     for item in ("PyTorch", "CUDA available", "distributed: Gloo", "trainkit git SHA", "fvcore"):
         assert item in out.stdout

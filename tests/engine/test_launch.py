@@ -158,8 +158,14 @@ def test_unreachable_rendezvous_times_out_with_address():
     port = free_port()
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"tcp://127.0.0.1:{port}"):
-        launch(_identity, 1, num_machines=2, machine_rank=1,
-               dist_url=f"tcp://127.0.0.1:{port}", rendezvous_timeout_s=1.0)
+        launch(
+            _identity,
+            1,
+            num_machines=2,
+            machine_rank=1,
+            dist_url=f"tcp://127.0.0.1:{port}",
+            rendezvous_timeout_s=1.0,
+        )
     assert time.monotonic() - start < 20
 
 
@@ -186,11 +192,25 @@ def test_torchrun_style_start_joins_through_env(tmp_path):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   GLOO_SOCKET_IFNAME="lo")
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            GLOO_SOCKET_IFNAME="lo",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = []
     for p in procs:
         out, err = p.communicate(timeout=60)

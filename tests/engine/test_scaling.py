@@ -58,7 +58,6 @@ def test_refuses_batch_not_divisible_by_reference():
         auto_scale_config(_cfg(batch=10), 16)
 
 
-
 def test_refusals_are_config_errors_that_users_see_as_one_line():
     with pytest.raises(ConfigError) as info:
         auto_scale_config(_cfg(batch=10), 16)

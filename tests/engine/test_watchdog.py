@@ -90,7 +90,9 @@ def test_stalled_rank_is_named_with_its_phase(tmp_path):
     from trainkit.engine.launch import LaunchError
 
     start = time.monotonic()
-    with pytest.raises(LaunchError, match=r"rank 1 stopped making progress: .*phase 'data' at iteration 3") as info:
+    with pytest.raises(
+        LaunchError, match=r"rank 1 stopped making progress: .*phase 'data' at iteration 3"
+    ) as info:
         launch(_stall_rank_one_in_data, 2, args=(str(tmp_path),))
     assert info.value.exit_code == 124
     assert time.monotonic() - start < 60  # the collective timeout would be 30 minutes

@@ -13,12 +13,14 @@ def _inputs(labels):
 
 def test_top1_top5_on_known_logits():
     ev = ClassificationEvaluator("toy")
-    logits = torch.tensor([
-        [9.0, 1, 0, 0, 0, 0, 0],   # label 0: top1 hit
-        [0.0, 9, 8, 7, 6, 5, 4],   # label 5: rank 5 -> top5 hit, not top1
-        [0.0, 9, 8, 7, 6, 5, 4],   # label 6: rank 6 -> miss for both
-        [1.0, 2, 3, 9, 0, 0, 0],   # label 3: top1 hit
-    ])
+    logits = torch.tensor(
+        [
+            [9.0, 1, 0, 0, 0, 0, 0],  # label 0: top1 hit
+            [0.0, 9, 8, 7, 6, 5, 4],  # label 5: rank 5 -> top5 hit, not top1
+            [0.0, 9, 8, 7, 6, 5, 4],  # label 6: rank 6 -> miss for both
+            [1.0, 2, 3, 9, 0, 0, 0],  # label 3: top1 hit
+        ]
+    )
     ev.process(_inputs([0, 5, 6, 3]), logits)
     assert ev.evaluate() == {"classification": {"top1": 50.0, "top5": 75.0}}
     ev.reset()

@@ -32,8 +32,9 @@ def test_an_architecture_registered_for_a_test_can_be_removed():
             super().__init__()
 
     try:
-        assert isinstance(build_model(_cfg(**{"MODEL.META_ARCHITECTURE": "_ArchForOneTest"})),
-                          _ArchForOneTest)
+        assert isinstance(
+            build_model(_cfg(**{"MODEL.META_ARCHITECTURE": "_ArchForOneTest"})), _ArchForOneTest
+        )
     finally:
         META_ARCH_REGISTRY.remove("_ArchForOneTest")
     assert "_ArchForOneTest" not in META_ARCH_REGISTRY

@@ -81,12 +81,15 @@ def _patch_forward(make_result):
 if KIND == "kill_during_save":
     _patch_save(lambda: os.kill(os.getpid(), signal.SIGKILL))
 elif KIND == "enospc_on_save":
+
     def _enospc():
         raise OSError(errno.ENOSPC, "No space left on device")
 
     _patch_save(_enospc)
 elif KIND == "nan_at_iter":
-    _patch_forward(lambda n, out: {"loss_cls": out["loss_cls"] * float("nan")} if n == int(ARG) else out)
+    _patch_forward(
+        lambda n, out: {"loss_cls": out["loss_cls"] * float("nan")} if n == int(ARG) else out
+    )
 elif KIND == "raise_on_rank":
     rank_str, _, step_str = ARG.partition(":")
 
@@ -132,5 +135,11 @@ if __name__ == "__main__":
     from trainkit.engine import default_argument_parser, launch
 
     args = default_argument_parser().parse_args()
-    launch(train_net.main, args.num_gpus, num_machines=args.num_machines,
-           machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,))
+    launch(
+        train_net.main,
+        args.num_gpus,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        dist_url=args.dist_url,
+        args=(args,),
+    )

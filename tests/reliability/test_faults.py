@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = str(Path(__file__).with_name("fault_wrapper.py"))
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 # no auto-scaling: the same iterations (and checkpoint names) with 1 and 2 processes
-SHORT = ["SOLVER.MAX_ITER", "30", "SOLVER.CHECKPOINT_PERIOD", "10", "SOLVER.REFERENCE_WORLD_SIZE", "0"]
+SHORT = [
+    "SOLVER.MAX_ITER",
+    "30",
+    "SOLVER.CHECKPOINT_PERIOD",
+    "10",
+    "SOLVER.REFERENCE_WORLD_SIZE",
+    "0",
+]
 
 
 def _run(out, *extra, fault="", num_gpus=1, resume=False, timeout=400, job_tag=""):
@@ -56,10 +63,25 @@ def _assert_tag_loadable(out):
 
 
 def _kill_when(out, condition, num_gpus, timeout=300):
-    args = [sys.executable, WRAPPER, "--config-file", SMOKE, "--num-gpus", str(num_gpus),
-            "--resume", "OUTPUT_DIR", str(out), *SHORT]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, TRAINKIT_TEST_FAULT=""))
+    args = [
+        sys.executable,
+        WRAPPER,
+        "--config-file",
+        SMOKE,
+        "--num-gpus",
+        str(num_gpus),
+        "--resume",
+        "OUTPUT_DIR",
+        str(out),
+        *SHORT,
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TRAINKIT_TEST_FAULT=""),
+    )
     deadline = time.monotonic() + timeout
     try:
         while not condition():
@@ -109,9 +131,21 @@ def test_killed_at_three_points_resumes_to_identical_weights_two_processes(tmp_p
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_75(tmp_path):
-    args = [sys.executable, WRAPPER, "--config-file", SMOKE, "OUTPUT_DIR", str(tmp_path),
-            "SOLVER.MAX_ITER", "400", "SOLVER.CHECKPOINT_PERIOD", "1000"]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        sys.executable,
+        WRAPPER,
+        "--config-file",
+        SMOKE,
+        "OUTPUT_DIR",
+        str(tmp_path),
+        "SOLVER.MAX_ITER",
+        "400",
+        "SOLVER.CHECKPOINT_PERIOD",
+        "1000",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 240
     metrics = tmp_path / "metrics.json"
     while not (metrics.exists() and metrics.read_text().strip()):  # training has started
@@ -128,11 +162,26 @@ def test_sigterm_saves_a_checkpoint_and_exits_75(tmp_path):
 def test_a_second_sigterm_exits_at_once_without_a_checkpoint(tmp_path):
     marker = tmp_path / "in_slow_step"
     out = tmp_path / "out"
-    env = {**os.environ, "TRAINKIT_TEST_FAULT": "sleep_at_iter:3", "TRAINKIT_TEST_MARKER": str(marker)}
-    args = [sys.executable, WRAPPER, "--config-file", SMOKE, "OUTPUT_DIR", str(out),
-            "SOLVER.MAX_ITER", "400", "SOLVER.CHECKPOINT_PERIOD", "1000"]
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    env = {
+        **os.environ,
+        "TRAINKIT_TEST_FAULT": "sleep_at_iter:3",
+        "TRAINKIT_TEST_MARKER": str(marker),
+    }
+    args = [
+        sys.executable,
+        WRAPPER,
+        "--config-file",
+        SMOKE,
+        "OUTPUT_DIR",
+        str(out),
+        "SOLVER.MAX_ITER",
+        "400",
+        "SOLVER.CHECKPOINT_PERIOD",
+        "1000",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():  # inside a step that sleeps for 60 s
@@ -193,7 +242,11 @@ def test_mapper_errors_are_skipped_logged_and_counted(tmp_path):
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
     assert re.search(r"Skipping record \d+ of shapes_train .*injected mapper failure", log)
-    skipped = [line for line in (tmp_path / "metrics.json").read_text().splitlines() if "skipped_records" in line]
+    skipped = [
+        line
+        for line in (tmp_path / "metrics.json").read_text().splitlines()
+        if "skipped_records" in line
+    ]
     assert skipped and '"data/skipped_records": 0' not in skipped[-1]
 
 

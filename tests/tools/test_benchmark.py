@@ -21,9 +21,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "benchmark.py"), "--task", *NEW_TASKS, "--quick",
-         "--json", str(out), "--workdir", str(out.parent)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "benchmark.py"),
+            "--task",
+            *NEW_TASKS,
+            "--quick",
+            "--json",
+            str(out),
+            "--workdir",
+            str(out.parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
@@ -52,7 +64,9 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     assert len(tables) == 7  # train, 2 data, 2 launch, checkpoint, eval
     for title, (header, *rows) in tables.items():
         assert header[-2:] == ["target", "PASS/MISS"] or header[-2:] == [
-            "target (launch)", "PASS/MISS"], title
+            "target (launch)",
+            "PASS/MISS",
+        ], title
         assert rows, title
         verdicts = [r[-1] for r in rows if r[-1]]
         assert verdicts and set(verdicts) <= {"PASS", "MISS"}, (title, verdicts)
@@ -70,7 +84,8 @@ def test_train_json(quick_run):
 def test_data_json(quick_run):
     data = quick_run[1]["data"]
     assert {(r["workers"], r["kind"]) for r in data["throughput"]} == {
-        (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")}
+        (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")
+    }
     assert len(data["padding"]) == 5
     for row in data["padding"]:
         assert 0 <= row["padded_to_max"] <= row["padded_after_divisibility"] < 1

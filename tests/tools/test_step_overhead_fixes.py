@@ -32,19 +32,31 @@ def test_cpu_losses_are_buffered_as_floats_and_flushed():
     module.forward = loss_model  # type: ignore[method-assign]
     module.lin = model
     data = iter([torch.ones(4, 2)] * 10)
-    trainer = SimpleTrainer(module, data, torch.optim.SGD(model.parameters(), lr=0.0),
-                            gather_metric_period=5, record_every_step=True)
+    trainer = SimpleTrainer(
+        module,
+        data,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        gather_metric_period=5,
+        record_every_step=True,
+    )
     trainer.register_hooks([])
     with EventStorage() as trainer.storage:
         for trainer.iter in range(4):
             trainer.run_step()
-        assert all(isinstance(v, float) for _, _, values, _ in trainer._metric_buffer for v in values)
+        assert all(
+            isinstance(v, float) for _, _, values, _ in trainer._metric_buffer for v in values
+        )
         trainer.max_iter = 10
         trainer.iter = 4
         trainer.run_step()  # iteration 4 closes the period: flush
         assert trainer._metric_buffer == []
         with torch.no_grad():
-            expected = float(model(torch.ones(4, 2)).pow(2).mean() + model(torch.ones(4, 2)).abs().mean())
-        assert trainer.storage.history("total_loss").latest() == np.float32(expected).item() or \
-            math.isclose(trainer.storage.history("total_loss").latest(), expected, rel_tol=1e-6)
+            expected = float(
+                model(torch.ones(4, 2)).pow(2).mean() + model(torch.ones(4, 2)).abs().mean()
+            )
+        assert trainer.storage.history("total_loss").latest() == np.float32(
+            expected
+        ).item() or math.isclose(
+            trainer.storage.history("total_loss").latest(), expected, rel_tol=1e-6
+        )
         assert len(trainer.storage.history("loss_a").values()) == 5

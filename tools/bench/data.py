@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from _bench_utils import alternate, median, print_table, target_text, verdict
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from _bench_utils import alternate, median, print_table, target_text, verdict
 from bench.shapes import shapes_cfg
 from trainkit.data import DatasetCatalog, build_train_loader, trivial_batch_collator
 from trainkit.data.mappers import ClassificationDatasetMapper
@@ -60,8 +60,12 @@ class _Mapped(Dataset):
         return self.mapper(self.records[idx])
 
 
-def _trainkit_loader(num_workers: int, grouping: bool, bins: list[float] | None = None,
-                     scale_per_batch: bool | None = None) -> Any:
+def _trainkit_loader(
+    num_workers: int,
+    grouping: bool,
+    bins: list[float] | None = None,
+    scale_per_batch: bool | None = None,
+) -> Any:
     cfg = shapes_cfg(BATCH, num_workers)
     cfg.DATALOADER.ASPECT_RATIO_GROUPING = grouping
     if bins is not None:
@@ -75,9 +79,15 @@ def _torch_loader(num_workers: int) -> Any:
     cfg = shapes_cfg(BATCH, num_workers)
     dataset = _Mapped(DatasetCatalog.get("shapes_train"), _SeededMapper(cfg, is_train=True))
     extra = {"multiprocessing_context": "fork", "prefetch_factor": 2} if num_workers else {}
-    return DataLoader(dataset, batch_size=BATCH, num_workers=num_workers, drop_last=True,
-                      sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0),
-                      collate_fn=trivial_batch_collator, **extra)
+    return DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=num_workers,
+        drop_last=True,
+        sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0),
+        collate_fn=trivial_batch_collator,
+        **extra,
+    )
 
 
 def _throughput(make: Any, batches: int, warmup: int = 10) -> float:
@@ -117,22 +127,44 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"throughput": [], "padding": []}
     rows = []
     for workers in (0, 2):
-        samples = alternate({
-            "grouping on": lambda w=workers: _throughput(lambda: _trainkit_loader(w, True),
-                                                         num_batches),
-            "grouping off": lambda w=workers: _throughput(lambda: _trainkit_loader(w, False),
-                                                          num_batches),
-            "torch": lambda w=workers: _throughput(lambda: _torch_loader(w), num_batches),
-        }, rounds)
+        samples = alternate(
+            {
+                "grouping on": lambda w=workers: _throughput(
+                    lambda: _trainkit_loader(w, True), num_batches
+                ),
+                "grouping off": lambda w=workers: _throughput(
+                    lambda: _trainkit_loader(w, False), num_batches
+                ),
+                "torch": lambda w=workers: _throughput(lambda: _torch_loader(w), num_batches),
+            },
+            rounds,
+        )
         med = {k: median(v) for k, v in samples.items()}
         for kind in ("grouping on", "grouping off"):
             ratio = med[kind] / med["torch"]
             v = verdict(ratio, 1.0, higher_is_better=True) if kind == "grouping on" else ""
-            results["throughput"].append({"workers": workers, "kind": kind, "samples": samples[kind],
-                                          "rate": med[kind], "torch_rate": med["torch"],
-                                          "ratio": ratio, "verdict": v or None})
-            rows.append([f"build_train_loader, {kind}", workers, med[kind], med["torch"], ratio,
-                         target_text(1.0, higher_is_better=True) if v else "", v])
+            results["throughput"].append(
+                {
+                    "workers": workers,
+                    "kind": kind,
+                    "samples": samples[kind],
+                    "rate": med[kind],
+                    "torch_rate": med["torch"],
+                    "ratio": ratio,
+                    "verdict": v or None,
+                }
+            )
+            rows.append(
+                [
+                    f"build_train_loader, {kind}",
+                    workers,
+                    med[kind],
+                    med["torch"],
+                    ratio,
+                    target_text(1.0, higher_is_better=True) if v else "",
+                    v,
+                ]
+            )
     print_table(
         f"Train loader throughput on shapes_train (ClassificationDatasetMapper, batch {BATCH}, "
         f"{num_batches} batches after 10 warm-up batches; medians of {rounds} alternating runs) vs "
@@ -146,21 +178,24 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
     cfg = shapes_cfg(BATCH)
     divisibility = int(cfg.MODEL.CLASSIFIER.SIZE_DIVISIBILITY)
     modes = {
-        f"grouping, default bins {list(cfg.DATALOADER.ASPECT_RATIO_BINS)}":
-            lambda: _trainkit_loader(2, True),
+        f"grouping, default bins {list(cfg.DATALOADER.ASPECT_RATIO_BINS)}": lambda: (
+            _trainkit_loader(2, True)
+        ),
         "grouping, two buckets [1.0] (detectron2)": lambda: _trainkit_loader(2, True, [1.0]),
         "no grouping": lambda: _trainkit_loader(2, False),
         # With a rescale factor drawn per image (INPUT.RANDOM_SCALE_PER_BATCH False), images
         # of one aspect ratio still differ in size, and no grouping decided before the
         # mapper runs can remove that padding: these rows measure how much it is.
-        "grouping, default bins, rescale per image":
-            lambda: _trainkit_loader(2, True, scale_per_batch=False),
+        "grouping, default bins, rescale per image": lambda: _trainkit_loader(
+            2, True, scale_per_batch=False
+        ),
         "no grouping, rescale per image": lambda: _trainkit_loader(2, False, scale_per_batch=False),
     }
     pad_batches = 5 if quick else 100
     step_batches = 2 if quick else 8
-    collected = {name: list(itertools.islice(iter(make()), pad_batches))
-                 for name, make in modes.items()}
+    collected = {
+        name: list(itertools.islice(iter(make()), pad_batches)) for name, make in modes.items()
+    }
     torch.manual_seed(0)
     template = build_model(cfg)
 
@@ -176,25 +211,31 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
                 loss.backward()
                 optimizer.step()
             return (time.perf_counter() - start) / len(batches)
+
         return run
 
-    steps = alternate({name: step_time(b[:step_batches]) for name, b in collected.items()},
-                      rounds)
+    steps = alternate({name: step_time(b[:step_batches]) for name, b in collected.items()}, rounds)
     names = list(modes)
     pads = {n: np.mean([_padding(b, divisibility) for b in collected[n]], axis=0) for n in names}
     none = pads["no grouping"]
     rows = []
     for n in names:
-        row = {"mode": n, "padded_to_max": float(pads[n][0]),
-               "padded_after_divisibility": float(pads[n][1]), "step_s": median(steps[n]),
-               "step_samples": steps[n]}
+        row = {
+            "mode": n,
+            "padded_to_max": float(pads[n][0]),
+            "padded_after_divisibility": float(pads[n][1]),
+            "step_s": median(steps[n]),
+            "step_samples": steps[n],
+        }
         results["padding"].append(row)
         rows.append([n, pads[n][0], pads[n][1], row["step_s"] * 1e3])
     default, two = pads[names[0]][0], pads[names[1]][0]
     per_image = pads[names[3]][0] / pads[names[4]][0]
-    checks = [("default bins: padding vs no grouping", default / none[0], 0.5),
-              ("default bins: padding vs two buckets", default / two, 1.0),
-              ("rescale per image: default bins vs no grouping (informational)", per_image, None)]
+    checks = [
+        ("default bins: padding vs no grouping", default / none[0], 0.5),
+        ("default bins: padding vs two buckets", default / two, 1.0),
+        ("rescale per image: default bins vs no grouping (informational)", per_image, None),
+    ]
     results["padding_checks"] = []
     for label, ratio, target in checks:
         if target is None:
@@ -205,18 +246,25 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
         else:
             v = verdict(ratio, target, higher_is_better=False)
             shown = target_text(target, higher_is_better=False)
-        results["padding_checks"].append({"label": label, "ratio": ratio, "target": shown,
-                                          "verdict": v})
+        results["padding_checks"].append(
+            {"label": label, "ratio": ratio, "target": shown, "verdict": v}
+        )
         rows.append([f"**{label}**", ratio, "", "", shown, v])
-    for r in rows[:len(names)]:
+    for r in rows[: len(names)]:
         r.extend(["", ""])
     print_table(
         f"Padding per batch ({pad_batches} batches of {BATCH}, images after the random rescale; "
         f"'after rounding': padded to a multiple of SIZE_DIVISIBILITY={divisibility}) and "
         f"ImageClassifier step time ({step_batches} batches, medians of {rounds} rounds, "
         "1 torch thread)",
-        ["batching", "padded fraction (to batch max)", "padded fraction after rounding",
-         "step ms", "target", "PASS/MISS"],
+        [
+            "batching",
+            "padded fraction (to batch max)",
+            "padded fraction after rounding",
+            "step ms",
+            "target",
+            "PASS/MISS",
+        ],
         rows,
     )
     return results

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-
 from _bench_utils import alternate, median, print_table, target_text, verdict
+
 from trainkit.engine import LaunchError, launch
 from trainkit.utils import comm
 
@@ -26,8 +26,9 @@ def _launched_main() -> int:
 
 def _spawned_main(local_rank: int, world_size: int, port: int) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world_size
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -56,8 +57,9 @@ def _launched_fail(how: str, stamp_file: str) -> None:
 
 def _spawned_fail(local_rank: int, port: int, how: str, stamp_file: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
-                            world_size=2)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=2
+    )
     _fail(how, stamp_file)
 
 
@@ -97,23 +99,45 @@ def bench_launch(args: argparse.Namespace) -> dict[str, Any]:
     tk, base = median(startup["trainkit"]), median(startup["spawn"])
     ratio = tk / base
     results: dict[str, Any] = {
-        "startup": {"samples": startup, "trainkit_s": tk, "spawn_s": base, "ratio": ratio,
-                    "target": 1.2, "verdict": verdict(ratio, 1.2, higher_is_better=False)}}
+        "startup": {
+            "samples": startup,
+            "trainkit_s": tk,
+            "spawn_s": base,
+            "ratio": ratio,
+            "target": 1.2,
+            "verdict": verdict(ratio, 1.2, higher_is_better=False),
+        }
+    }
     print_table(
         f"Start-up: launch(main, 2) vs torch.multiprocessing.spawn + init_process_group(gloo, "
         f"tcp://127.0.0.1) + barrier, call to return; medians of {rounds} alternating runs",
         ["launch s", "mp.spawn s", "ratio", "target", "PASS/MISS"],
-        [[tk, base, ratio, target_text(1.2, higher_is_better=False),
-          results["startup"]["verdict"]]],
+        [
+            [
+                tk,
+                base,
+                ratio,
+                target_text(1.2, higher_is_better=False),
+                results["startup"]["verdict"],
+            ]
+        ],
     )
     rows, results["failure"] = [], []
     for how, label in (("raise", "rank 1 raises"), ("kill", "rank 1 SIGKILLed")):
         seconds = {kind: _time_failure(kind, how) for kind in ("trainkit", "spawn")}
         v = verdict(seconds["trainkit"], FAILURE_TARGET_S, higher_is_better=False)
-        results["failure"].append({"case": label, **seconds, "target_s": FAILURE_TARGET_S,
-                                   "verdict": v})
-        rows.append([f"{label}, rank 0 in a barrier", seconds["trainkit"], seconds["spawn"],
-                     target_text(FAILURE_TARGET_S, higher_is_better=False), v])
+        results["failure"].append(
+            {"case": label, **seconds, "target_s": FAILURE_TARGET_S, "verdict": v}
+        )
+        rows.append(
+            [
+                f"{label}, rank 0 in a barrier",
+                seconds["trainkit"],
+                seconds["spawn"],
+                target_text(FAILURE_TARGET_S, higher_is_better=False),
+                v,
+            ]
+        )
     print_table(
         "Failure surfaced: seconds from the failure to the launcher raising (one run each)",
         ["case", "launch s", "mp.spawn s", "target (launch)", "PASS/MISS"],

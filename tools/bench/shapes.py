@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data import DatasetCatalog
 from trainkit.data.mappers import ClassificationDatasetMapper
@@ -40,8 +38,9 @@ def mapped_samples(split: str, count: int, cfg: CfgNode) -> list[dict[str, Any]]
     """
     records = DatasetCatalog.get(f"shapes_{split}")[:count]
     if split == "train":
-        mapper = ClassificationDatasetMapper(cfg, is_train=True, flip_prob=0.0,
-                                             scale_range=(1.0, 1.0))
+        mapper = ClassificationDatasetMapper(
+            cfg, is_train=True, flip_prob=0.0, scale_range=(1.0, 1.0)
+        )
     else:
         mapper = ClassificationDatasetMapper(cfg, is_train=False)
     samples = [mapper(r) for r in records]
@@ -50,6 +49,6 @@ def mapped_samples(split: str, count: int, cfg: CfgNode) -> list[dict[str, Any]]
 
 def batches_of(samples: list[Any], batch_size: int) -> list[list[Any]]:
     """Split ``samples`` into full batches (the rest is dropped)."""
-    return [samples[i : i + batch_size]
-            for i in range(0, len(samples) - batch_size + 1, batch_size)]
-
+    return [
+        samples[i : i + batch_size] for i in range(0, len(samples) - batch_size + 1, batch_size)
+    ]

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _bench_utils import alternate, log_to_file, median, print_table, target_text, verdict
 from torch import nn
 
-from _bench_utils import alternate, log_to_file, median, print_table, target_text, verdict
 from bench.shapes import batches_of, mapped_samples, shapes_cfg
 from trainkit.config import CfgNode, get_cfg
 from trainkit.engine import SimpleTrainer, default_writers, hooks, launch
@@ -31,7 +31,9 @@ class TinyMLP(nn.Module):
 
     def __init__(self, dim_in: int = 32, hidden: int = 64, num_classes: int = 10) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim_in, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.net = nn.Sequential(
+            nn.Linear(dim_in, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
         x, y = batch
@@ -41,8 +43,10 @@ class TinyMLP(nn.Module):
 
 def _mlp_batches(count: int = 16, batch_size: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(batch_size, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-            for _ in range(count)]
+    return [
+        (torch.randn(batch_size, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
+        for _ in range(count)
+    ]
 
 
 def _solver_cfg(max_iter: int) -> CfgNode:
@@ -67,17 +71,25 @@ def _run_trainkit(
     cfg = _solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
-    trainer = SimpleTrainer(model, itertools.cycle(batches), optimizer,
-                            gather_metric_period=WRITER_PERIOD, record_every_step=True,
-                            accumulate_steps=accumulate)
-    trainer.register_hooks([
-        hooks.IterationTimer(),
-        hooks.LRScheduler(optimizer, scheduler),
-        hooks.ModelEMA(model, decay=0.999) if ema else None,
-        # Writers on rank 0 only, as DefaultTrainer.build_hooks registers them.
-        hooks.PeriodicWriter(default_writers(out_dir, iters), period=WRITER_PERIOD)
-        if comm.is_main_process() else None,
-    ])
+    trainer = SimpleTrainer(
+        model,
+        itertools.cycle(batches),
+        optimizer,
+        gather_metric_period=WRITER_PERIOD,
+        record_every_step=True,
+        accumulate_steps=accumulate,
+    )
+    trainer.register_hooks(
+        [
+            hooks.IterationTimer(),
+            hooks.LRScheduler(optimizer, scheduler),
+            hooks.ModelEMA(model, decay=0.999) if ema else None,
+            # Writers on rank 0 only, as DefaultTrainer.build_hooks registers them.
+            hooks.PeriodicWriter(default_writers(out_dir, iters), period=WRITER_PERIOD)
+            if comm.is_main_process()
+            else None,
+        ]
+    )
     start = time.perf_counter()
     trainer.train(0, iters)
     return (time.perf_counter() - start) / iters
@@ -102,8 +114,14 @@ def _run_plain(model: nn.Module, batches: list[Any], iters: int, *, accumulate: 
     return (time.perf_counter() - start) / iters
 
 
-def _compare(template: nn.Module, batches: list[Any], iters: int, rounds: int,
-             wrap: Any = None, accumulate: int = 1) -> dict[str, list[float]]:
+def _compare(
+    template: nn.Module,
+    batches: list[Any],
+    iters: int,
+    rounds: int,
+    wrap: Any = None,
+    accumulate: int = 1,
+) -> dict[str, list[float]]:
     """Alternate trainkit and plain runs, each on a fresh copy of ``template``."""
 
     def fresh() -> nn.Module:
@@ -127,7 +145,9 @@ def _compare(template: nn.Module, batches: list[Any], iters: int, rounds: int,
             return alternate({"trainkit": trainkit_run, "plain": plain_run}, rounds)
 
 
-def _ema_cost(template: nn.Module, batches: list[Any], iters: int, rounds: int) -> dict[str, list[float]]:
+def _ema_cost(
+    template: nn.Module, batches: list[Any], iters: int, rounds: int
+) -> dict[str, list[float]]:
     """Alternate trainkit runs with and without the ModelEMA hook (same hooks otherwise)."""
     with tempfile.TemporaryDirectory(prefix="trainkit-bench-ema-") as out_dir:
         counter = itertools.count()
@@ -161,9 +181,12 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     results: dict[str, Any] = {}
-    cases = [("tiny MLP, 1 process", "mlp", 1.05), ("tiny MLP, 2 processes (Gloo DDP)", "ddp", 1.10),
-             ("tiny MLP, 1 process, 4 micro-batches per step (ACCUMULATE_STEPS 4)", "accum", 1.05),
-             ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.02)]
+    cases = [
+        ("tiny MLP, 1 process", "mlp", 1.05),
+        ("tiny MLP, 2 processes (Gloo DDP)", "ddp", 1.10),
+        ("tiny MLP, 1 process, 4 micro-batches per step (ACCUMULATE_STEPS 4)", "accum", 1.05),
+        ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.02),
+    ]
     rows = []
     for label, key, target in cases:
         if key == "mlp":
@@ -182,18 +205,42 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
             iters = clf_iters
         tk, plain = median(samples["trainkit"]), median(samples["plain"])
         ratio = tk / plain
-        results[key] = {"label": label, "iters": iters, "rounds": rounds, "samples": samples,
-                        "trainkit_s": tk, "plain_s": plain, "ratio": ratio, "target": target,
-                        "verdict": verdict(ratio, target, higher_is_better=False)}
-        rows.append([label, iters, tk * 1e3, plain * 1e3, ratio,
-                     target_text(target, higher_is_better=False), results[key]["verdict"]])
+        results[key] = {
+            "label": label,
+            "iters": iters,
+            "rounds": rounds,
+            "samples": samples,
+            "trainkit_s": tk,
+            "plain_s": plain,
+            "ratio": ratio,
+            "target": target,
+            "verdict": verdict(ratio, target, higher_is_better=False),
+        }
+        rows.append(
+            [
+                label,
+                iters,
+                tk * 1e3,
+                plain * 1e3,
+                ratio,
+                target_text(target, higher_is_better=False),
+                results[key]["verdict"],
+            ]
+        )
     print_table(
         f"Training step: SimpleTrainer + IterationTimer, LRScheduler, PeriodicWriter (console "
         f"to log file, JSON, TensorBoard; period {WRITER_PERIOD}, gather_metric_period "
         f"{WRITER_PERIOD}) vs a hand-written loop; medians of {rounds} alternating runs, "
         "1 torch thread per process",
-        ["model", "iterations/run", "trainkit ms/it", "hand-written ms/it", "ratio", "target",
-         "PASS/MISS"],
+        [
+            "model",
+            "iterations/run",
+            "trainkit ms/it",
+            "hand-written ms/it",
+            "ratio",
+            "target",
+            "PASS/MISS",
+        ],
         rows,
     )
     results["ema"] = _bench_ema(quick, rounds, clf_iters)
@@ -210,15 +257,19 @@ def _bench_ema(quick: bool, rounds: int, iters: int) -> dict[str, Any]:
         f"ModelEMA on the ImageClassifier (shapes, 64 px, batch 16, {iters} iterations/run, "
         f"trainer with timer, LR and writer hooks; medians of {rounds} alternating runs)",
         ["step ms without EMA", "step ms with EMA", "EMA adds ms/step", "EMA share of the step"],
-        [[without * 1e3, with_ema * 1e3, (with_ema - without) * 1e3,
-          f"{(with_ema - without) / without:.1%}"]],
+        [
+            [
+                without * 1e3,
+                with_ema * 1e3,
+                (with_ema - without) * 1e3,
+                f"{(with_ema - without) / without:.1%}",
+            ]
+        ],
     )
     return {"samples": samples, "with_ema_s": with_ema, "without_s": without}
 
 
 # --------------------------------------------------------------------------- eval
-
-
 
 
 def _plain_inference(model: nn.Module, loader: list[Any], evaluator: Any) -> dict[str, Any]:
@@ -250,17 +301,26 @@ def bench_eval(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             fn(model, loader, evaluator)
             return num_images / (time.perf_counter() - start)
+
         return run
 
     with tempfile.TemporaryDirectory() as out_dir, log_to_file(os.path.join(out_dir, "log.txt")):
         _plain_inference(model, loader[:1], evaluator)  # warm-up
-        samples = alternate({"trainkit": timed(inference_on_dataset),
-                             "plain": timed(_plain_inference)}, rounds)
+        samples = alternate(
+            {"trainkit": timed(inference_on_dataset), "plain": timed(_plain_inference)}, rounds
+        )
     tk, plain = median(samples["trainkit"]), median(samples["plain"])
     ratio, target = tk / plain, 0.95
-    result = {"images": num_images, "rounds": rounds, "samples": samples, "trainkit_ips": tk,
-              "plain_ips": plain, "ratio": ratio, "target": target,
-              "verdict": verdict(ratio, target, higher_is_better=True)}
+    result = {
+        "images": num_images,
+        "rounds": rounds,
+        "samples": samples,
+        "trainkit_ips": tk,
+        "plain_ips": plain,
+        "ratio": ratio,
+        "target": target,
+        "verdict": verdict(ratio, target, higher_is_better=True),
+    }
     print_table(
         f"Inference: inference_on_dataset vs a hand-written no_grad loop (ImageClassifier, "
         f"{num_images} shapes_val images at {batch_size}/batch, ClassificationEvaluator in "

@@ -61,7 +61,7 @@ class CfgNode(_FvcoreCfgNode):
             # As the user typed it: that is what they will look for on their command line.
             raise ConfigError(f"config file not found: {filename}. Check the path.")
         if path in _chain:
-            cycle = " -> ".join([*_chain[_chain.index(path):], path])
+            cycle = " -> ".join([*_chain[_chain.index(path) :], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
         data = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
         if BASE_KEY not in data:
@@ -102,7 +102,7 @@ class CfgNode(_FvcoreCfgNode):
         except UnicodeDecodeError as e:
             raise ConfigError(
                 f"config file {path}{where} is not UTF-8 text (byte {e.start}: "
-                f"{e.object[e.start:e.start + 1]!r}); is it the right file?"
+                f"{e.object[e.start : e.start + 1]!r}); is it the right file?"
             ) from None
         if data is None:
             return {}

@@ -87,9 +87,7 @@ def _check_sampler_settings(loader: CfgNode) -> None:
         )
 
 
-def check_total_batch(
-    total: int | None, world_size: int | None, accumulate_steps: int = 1
-) -> None:
+def check_total_batch(total: int | None, world_size: int | None, accumulate_steps: int = 1) -> None:
     """Raise unless ``total`` splits evenly over ``world_size`` ranks x ``accumulate_steps``.
 
     Args:

@@ -27,8 +27,6 @@ __all__ = [
 ]
 
 
-
-
 def _worker_share(iterable: Iterable[Any], chunk_size: int) -> Iterator[Any]:
     info = get_worker_info()
     if info is None or info.num_workers == 1:

@@ -86,9 +86,7 @@ class ClassificationDatasetMapper:
         if cfg is not None:
             flip_prob = cfg.INPUT.RANDOM_FLIP_PROB if flip_prob is None else flip_prob
             scale_range = cfg.INPUT.RANDOM_SCALE if scale_range is None else scale_range
-            max_size_train = (
-                cfg.INPUT.MAX_SIZE_TRAIN if max_size_train is None else max_size_train
-            )
+            max_size_train = cfg.INPUT.MAX_SIZE_TRAIN if max_size_train is None else max_size_train
             max_size_test = cfg.INPUT.MAX_SIZE_TEST if max_size_test is None else max_size_test
             if scale_per_batch is None:
                 scale_per_batch = cfg.INPUT.RANDOM_SCALE_PER_BATCH

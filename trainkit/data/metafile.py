@@ -77,9 +77,7 @@ def index_path_for(meta_file: str | os.PathLike, index_dir: str | os.PathLike | 
     return Path(index_dir) / f"{meta.name}.{digest}.idx"
 
 
-def _scan_line_starts(
-    meta_file: str, size: int, progress: bool
-) -> Iterator[np.ndarray]:
+def _scan_line_starts(meta_file: str, size: int, progress: bool) -> Iterator[np.ndarray]:
     """Yield the starts of non-blank lines, chunk by chunk (sorted, int64)."""
     if size == 0:
         return

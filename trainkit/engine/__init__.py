@@ -1,11 +1,11 @@
 """Training loops, hooks, launching and default setup."""
 
 from trainkit.engine import hooks
+from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.defaults import default_argument_parser, default_setup
 from trainkit.engine.launch import DEFAULT_TIMEOUT, LaunchError, launch
-from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, HookPriority, TrainerBase
 from trainkit.engine.writers import default_writers

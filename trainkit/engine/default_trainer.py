@@ -13,13 +13,13 @@ from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
+from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
 from trainkit.engine.scaling import auto_scale_config
-from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog

@@ -95,8 +95,15 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     logger.info(
         "Auto-scaling the config from %d to %d workers: IMS_PER_BATCH=%d, BASE_LR=%g, "
         "MAX_ITER=%d, WARMUP_ITERS=%d, STEPS=%s, CHECKPOINT_PERIOD=%d, EVAL_PERIOD=%d",
-        old_world, num_workers, new_batch, solver.BASE_LR, solver.MAX_ITER, solver.WARMUP_ITERS,
-        solver.STEPS, solver.CHECKPOINT_PERIOD, out.TEST.EVAL_PERIOD,
+        old_world,
+        num_workers,
+        new_batch,
+        solver.BASE_LR,
+        solver.MAX_ITER,
+        solver.WARMUP_ITERS,
+        solver.STEPS,
+        solver.CHECKPOINT_PERIOD,
+        out.TEST.EVAL_PERIOD,
     )
     out.freeze()
     return out

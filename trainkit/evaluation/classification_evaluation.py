@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -25,8 +26,12 @@ class ClassificationEvaluator(DatasetEvaluator):
     says.
     """
 
-    def __init__(self, dataset_name: str | None = None, distributed: bool = True,
-                 topk: Sequence[int] = (1, 5)) -> None:
+    def __init__(
+        self,
+        dataset_name: str | None = None,
+        distributed: bool = True,
+        topk: Sequence[int] = (1, 5),
+    ) -> None:
         """Create the evaluator.
 
         Args:
@@ -75,5 +80,8 @@ class ClassificationEvaluator(DatasetEvaluator):
         if total == 0:
             logger.warning("ClassificationEvaluator on %s saw no samples", self._dataset_name)
             return {}
-        return {"classification": {f"top{k}": 100.0 * sum(h[k] for h, _ in parts) / total
-                                   for k in self._topk}}
+        return {
+            "classification": {
+                f"top{k}": 100.0 * sum(h[k] for h, _ in parts) / total for k in self._topk
+            }
+        }

@@ -227,7 +227,9 @@ def shared_random_seed() -> int:
     return all_gather(seed)[0]
 
 
-def reduce_dict(input_dict: dict[str, torch.Tensor], average: bool = True) -> dict[str, torch.Tensor]:
+def reduce_dict(
+    input_dict: dict[str, torch.Tensor], average: bool = True
+) -> dict[str, torch.Tensor]:
     """Reduce a dict of scalar tensors to rank 0, summed or averaged over ranks.
 
     Args:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 from iopath.common.file_io import PathManager as _PathManagerClass
 

@@ -63,7 +63,9 @@ _LOG_COUNTER: Counter = Counter()
 _LOG_TIMERS: dict = {}
 
 
-def log_first_n(level: int, msg: str, n: int = 1, *, name: str = "trainkit", key: str = "msg") -> None:
+def log_first_n(
+    level: int, msg: str, n: int = 1, *, name: str = "trainkit", key: str = "msg"
+) -> None:
     """Log ``msg`` only the first ``n`` times this call site (or ``msg``) is reached."""
     caller = sys._getframe(1)
     ident = (caller.f_code.co_filename, caller.f_lineno) if key == "caller" else msg
@@ -79,5 +81,3 @@ def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str = "tr
     if last is None or now - last >= n:
         logging.getLogger(name).log(level, msg)
         _LOG_TIMERS[msg] = now
-
-

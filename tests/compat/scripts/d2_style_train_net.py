@@ -25,8 +25,13 @@ from trainkit.utils.events import get_event_storage
 def _toy_dicts(n, seed):
     rng = np.random.default_rng(seed)
     return [
-        {"image_id": i, "x": rng.normal(size=4).tolist(), "label": int(i % 3), "height": 4,
-         "width": 4 + (i % 2)}
+        {
+            "image_id": i,
+            "x": rng.normal(size=4).tolist(),
+            "label": int(i % 3),
+            "height": 4,
+            "width": 4 + (i % 2),
+        }
         for i in range(n)
     ]
 

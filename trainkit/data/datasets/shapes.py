@@ -189,9 +189,7 @@ def _generate_split(
 ) -> list[dict]:
     """Generate a split into a temporary directory and rename it to ``split_dir``."""
     parent = os.path.dirname(split_dir)
-    tmp_dir = tempfile.mkdtemp(
-        prefix=f".{os.path.basename(split_dir)}.", suffix=".tmp", dir=parent
-    )
+    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(split_dir)}.", suffix=".tmp", dir=parent)
     try:
         os.chmod(tmp_dir, 0o755)  # mkdtemp makes it private; the dataset is for everyone
         started = time.monotonic()
