@@ -373,7 +373,11 @@ class _RankLoss(nn.Module):
 def _train_on_rank():
     model = _RankLoss()
     trainer = SimpleTrainer(
-        model, itertools.repeat(None), torch.optim.SGD(model.parameters(), lr=0.0), 2
+        model,
+        itertools.repeat(None),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        2,
+        record_every_step=True,
     )
     trainer.train(0, 3)
     storage = trainer.storage

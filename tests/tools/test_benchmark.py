@@ -61,7 +61,7 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    assert len(tables) == 7  # train, 2 data, 2 launch, checkpoint, eval
+    assert len(tables) == 8  # train, EMA, 2 data, 2 launch, checkpoint, eval
     for title, (header, *rows) in tables.items():
         assert header[-2:] == ["target", "PASS/MISS"] or header[-2:] == [
             "target (launch)",
@@ -74,7 +74,7 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
 
 def test_train_json(quick_run):
     train = quick_run[1]["train"]
-    assert sorted(train) == ["clf", "ddp", "mlp"]
+    assert sorted(train) == ["accum", "clf", "ddp", "ema", "mlp"]
     for case in train.values():
         assert case["trainkit_s"] > 0 and case["plain_s"] > 0
         assert case["ratio"] == pytest.approx(case["trainkit_s"] / case["plain_s"])

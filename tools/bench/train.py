@@ -256,17 +256,41 @@ def _bench_ema(quick: bool, rounds: int, iters: int) -> dict[str, Any]:
     print_table(
         f"ModelEMA on the ImageClassifier (shapes, 64 px, batch 16, {iters} iterations/run, "
         f"trainer with timer, LR and writer hooks; medians of {rounds} alternating runs)",
-        ["step ms without EMA", "step ms with EMA", "EMA adds ms/step", "EMA share of the step"],
+        [
+            "step ms without EMA",
+            "step ms with EMA",
+            "EMA adds ms/step",
+            "EMA share of the step",
+            "target",
+            "PASS/MISS",
+        ],
         [
             [
                 without * 1e3,
                 with_ema * 1e3,
                 (with_ema - without) * 1e3,
                 f"{(with_ema - without) / without:.1%}",
+                target_text(_EMA_TARGET, higher_is_better=False),
+                verdict(with_ema / without, _EMA_TARGET, higher_is_better=False),
             ]
         ],
     )
-    return {"samples": samples, "with_ema_s": with_ema, "without_s": without}
+    ratio = with_ema / without
+    return {
+        "label": "ImageClassifier with vs without ModelEMA",
+        "iters": iters,
+        "rounds": rounds,
+        "samples": samples,
+        "trainkit_s": with_ema,
+        "plain_s": without,
+        "ratio": ratio,
+        "target": _EMA_TARGET,
+        "verdict": verdict(ratio, _EMA_TARGET, higher_is_better=False),
+    }
+
+
+# The average is one multi-tensor lerp over the weights per step: a small share of a step.
+_EMA_TARGET = 1.10
 
 
 # --------------------------------------------------------------------------- eval
