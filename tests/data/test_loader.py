@@ -114,7 +114,7 @@ def test_plain_batches_follow_the_sampler_stream():
     flat = [i for b in batches for i in b]
     expected = list(itertools.islice(iter(TrainingSampler(30, seed=42, rank=0, world_size=1)), 60))
     assert flat == expected
-    assert loader.num_batches_returned == 15
+    assert loader.state_dict()["steps"] == 15
     assert loader.last_batch_positions == [56, 57, 58, 59]
     assert loader.last_batch_indices == batches[-1]
 
@@ -144,7 +144,7 @@ def test_loader_state_round_trip_continues_with_the_next_batch(grouping, num_wor
     loader = build_train_loader(cfg, rng_mapper, dataset=records)
     assert take(loader, 7) == reference[:7]  # workers have prefetched beyond batch 7 by now
     state = roundtrip(loader.state_dict())
-    assert state["num_batches"] == 7
+    assert state["steps"] == 7
     if grouping:
         assert any(state["buckets"]), "expected samples waiting in buckets mid-stream"
 
@@ -306,7 +306,7 @@ def test_finite_loader_passes_continue_the_stream_positions():
     assert take(loader, 10) == [[0, 1, 2, 3], [4, 5]]
     assert loader.last_batch_positions == [10, 11]  # no two returned samples share one
     state = roundtrip(loader.state_dict())
-    assert state["pass_offset"] == 6 and loader.num_batches_returned == 4
+    assert state["pass_offset"] == 6 and state["num_batches"] == 4
 
 
 def test_finite_loader_stopped_after_its_last_batch_starts_the_next_pass_in_full():
@@ -332,15 +332,23 @@ def test_grouped_finite_loader_has_no_len():
         len(loader)
 
 
-def test_loader_starts_where_a_fresh_iterator_of_its_sampler_would():
+def test_loader_position_is_its_own_not_the_samplers():
+    # The loader reads the sampler's global stream from its own state: drawing from the
+    # sampler directly, or positioning it, does not move the loader (its state does).
     sampler = TrainingSampler(30, seed=4, rank=0, world_size=1)
     expected = list(itertools.islice(iter(sampler), 8))
-    take(sampler, 5)  # drawn directly: a new iterator (and so the loader) starts at 0 again
+    take(sampler, 5)
     loader = build_batch_data_loader(list(range(30)), sampler, 4)
     assert take(loader, 2) == [expected[:4], expected[4:]]
-    resumed = TrainingSampler(30, seed=4, rank=0, world_size=1)
-    resumed.load_state_dict({**resumed.state_dict(), "num_drawn": 4})
-    assert take(build_batch_data_loader(list(range(30)), resumed, 4), 1) == [expected[4:]]
+    resumed = build_batch_data_loader(list(range(30)), sampler, 4)
+    resumed.load_state_dict(_after_batches(sampler, 1))
+    assert take(resumed, 1) == [expected[4:]]
+
+
+def _after_batches(sampler, num_batches):
+    loader = build_batch_data_loader(list(range(30)), sampler, 4)
+    take(loader, num_batches)
+    return loader.state_dict()
 
 
 def test_catalog_train_records_without_usable_annotations_are_filtered():
@@ -371,5 +379,6 @@ def test_catalog_train_records_without_usable_annotations_are_filtered():
 def test_explicit_loader_passes_dataloader_arguments_through():
     sampler = TrainingSampler(10, seed=0, rank=0, world_size=1)
     loader = build_batch_data_loader(list(range(10)), sampler, 2, num_workers=1, timeout=30)
-    assert loader._torch_loader.timeout == 30
     assert take(loader, 1) == [take(TrainingSampler(10, seed=0), 2)]
+    with pytest.raises(ValueError, match="timeout"):  # torch's own check sees the argument
+        build_batch_data_loader(list(range(10)), sampler, 2, num_workers=1, timeout=-1)

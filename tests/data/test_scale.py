@@ -204,7 +204,7 @@ def _shared_job(tmp_dir):
     cfg.DATALOADER.ASPECT_RATIO_GROUPING = True  # reads sizes from the shared records
     loader = build_train_loader(cfg)
     batches = list(itertools.islice(iter(loader), 3))
-    ds = loader._torch_loader.dataset.dataset
+    ds = loader.records
     return {
         "identity": ds.segment_identity,
         "mapped": ds.segment_identity[1] in _memfd_inodes(),

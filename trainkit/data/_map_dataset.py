@@ -1,6 +1,11 @@
-"""``MapDataset``: apply a mapper to every record, skipping records that fail to map.
+"""Mapping records, and what happens when one fails: ``RecordMapper`` and ``MapDataset``.
 
-Exported as :class:`trainkit.data.common.MapDataset` (detectron2's import path).
+:class:`RecordMapper` is the one place a record is mapped: inside its sample context, with a
+failed record (``None`` or an exception) logged, counted, and either replaced by another one
+chosen from (seed, position, attempt) — training — or skipped — evaluation and streams.
+:class:`MapDataset` (detectron2's name, exported as ``trainkit.data.common.MapDataset``) is a
+dataset view over one. The loaders take a ``MapDataset`` apart into its records and its
+``RecordMapper`` once, when they are built.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from trainkit.utils.serialize import PicklableWrapper
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MapDataset"]
+__all__ = ["MapDataset", "RecordMapper"]
 
 _RETRY_SALT = 0x7E7A11  # keys the choice of replacement records
 
@@ -53,6 +58,138 @@ def _too_many_failures(count: int, name: str, where: str, record: Any, reason: s
         f"{_short_repr(record)} ({reason}). Check the files and the mapper, or raise "
         "DATALOADER.MAX_CONSECUTIVE_FAILURES."
     )
+
+
+class RecordMapper:
+    """Map records with a user function, handling the records that fail to map.
+
+    A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
+    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
+    mistake in the config or the inputs that another record would hit as well, so it is
+    raised at once. Each failure is logged with the record and a running count; after
+    ``max_consecutive_failures`` in a row a ``RuntimeError`` names the dataset and the last
+    failing record. Picklable (the function is held in a ``PicklableWrapper``), so it goes
+    to spawned loader workers as it is.
+    """
+
+    def __init__(
+        self,
+        map_func: Callable[[Any], Any],
+        *,
+        max_consecutive_failures: int = 20,
+        name: str = "dataset",
+    ) -> None:
+        """Hold ``map_func``.
+
+        Args:
+            map_func: record -> mapped element, or ``None`` to skip the record.
+            max_consecutive_failures: failures in a row before giving up
+                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            name: the dataset's name in messages.
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
+        """
+        _check_max_failures(max_consecutive_failures)
+        self.map_func = PicklableWrapper(map_func)
+        self.max_consecutive_failures = max_consecutive_failures
+        self.name = name
+        self.num_failures = 0  # in this process: each loader worker counts its own
+
+    def _try(self, record: Any) -> tuple[Any, BaseException | None]:
+        try:
+            return self.map_func(record), None
+        except UsageError:
+            raise  # the user's mistake: retrying other records would only hide it
+        except Exception as e:  # any other error counts as an unreadable record
+            return None, e
+
+    def map_replacing(
+        self, records: Any, index: int, *, seed: int, position: int, batch: int | None = None
+    ) -> tuple[Any, int]:
+        """Map ``records[index]`` for the sample at ``position``; replace it if it fails.
+
+        The replacement is ``records[j]`` for ``j`` drawn from (seed, position, attempt): the
+        same whichever worker maps it, and after a resume.
+
+        Args:
+            records: a map-style dataset of unmapped records.
+            index: the record to map.
+            seed: the stream's seed (keys ``sample_rng()`` and the replacements).
+            position: the sample's global stream position.
+            batch: the sample's batch key for ``batch_rng()``.
+
+        Returns:
+            ``(element, number of records that failed before it)``.
+
+        Raises:
+            RuntimeError: After ``max_consecutive_failures`` failed records in a row.
+            UsageError: As soon as reading or mapping a record raises one.
+        """
+        record: Any = None
+        reason = ""
+        error: BaseException | None = None
+        for attempt in range(self.max_consecutive_failures):
+            with sample_context(seed, position, batch):
+                try:
+                    record = records[index]  # reading the record may fail too
+                except UsageError:
+                    raise
+                except Exception as e:
+                    result, error = None, e
+                else:
+                    result, error = self._try(record)
+            if result is not None:
+                return result, attempt
+            self.num_failures += 1
+            reason = _failure_reason(error)
+            failed = index
+            index = _retry_index(seed, position, attempt, len(records))
+            logger.warning(
+                "Skipping record %d of %s %s (%s); trying record %d instead "
+                "(%d consecutive failures, %d in this process)",
+                failed,
+                self.name,
+                _short_repr(record, 160),
+                reason,
+                index,
+                attempt + 1,
+                self.num_failures,
+            )
+        raise _too_many_failures(
+            self.max_consecutive_failures, self.name, f"index {failed}", record, reason
+        ) from error
+
+    def map_or_skip(self, record: Any, where: str) -> Any | None:
+        """Map one record; return ``None`` (logged and counted) if it fails.
+
+        The caller runs it inside the sample's context and tracks failures in a row with
+        :meth:`check_in_a_row`.
+
+        Raises:
+            UsageError: As soon as mapping raises one.
+        """
+        result, error = self._try(record)
+        if result is None:
+            self.num_failures += 1
+            logger.warning(
+                "Skipping %s of %s %s (%s; %d in this process)",
+                where,
+                self.name,
+                _short_repr(record, 160),
+                _failure_reason(error),
+                self.num_failures,
+            )
+        return result
+
+    def check_in_a_row(self, failures_in_a_row: int, where: str, record: Any) -> None:
+        """Raise once ``failures_in_a_row`` reaches the limit (streams skip, never retry).
+
+        Raises:
+            RuntimeError: Naming the dataset and the last failing record.
+        """
+        if failures_in_a_row >= self.max_consecutive_failures:
+            raise _too_many_failures(failures_in_a_row, self.name, where, record, "see the log")
 
 
 class MapDataset(Dataset):
@@ -106,12 +243,17 @@ class MapDataset(Dataset):
         Raises:
             ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
         """
-        _check_max_failures(max_consecutive_failures)
         self.dataset = dataset
-        self._map_func = PicklableWrapper(map_func)
-        self._max_failures = max_consecutive_failures
-        self._name = name or type(dataset).__name__
-        self._num_failures_total = 0  # per process: each worker counts its own
+        self.mapper = RecordMapper(
+            map_func,
+            max_consecutive_failures=max_consecutive_failures,
+            name=name or type(dataset).__name__,
+        )
+
+    @property
+    def _map_func(self) -> Callable[[Any], Any]:
+        # detectron2's attribute name for the mapping function.
+        return self.mapper.map_func
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -119,7 +261,7 @@ class MapDataset(Dataset):
     @property
     def num_failures(self) -> int:
         """Records that failed in this process so far (each loader worker counts its own)."""
-        return self._num_failures_total
+        return self.mapper.num_failures
 
     def __getitem__(self, idx: int) -> Any:
         return self.map_at(idx, seed=0, position=idx)
@@ -127,43 +269,17 @@ class MapDataset(Dataset):
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
         """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
 
-        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``.
+        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``. A failed
+        record is replaced (see :meth:`RecordMapper.map_replacing`).
 
         Raises:
             RuntimeError: After ``max_consecutive_failures`` failed records in a row.
             UsageError: As soon as reading or mapping a record raises one.
         """
-        last_error: BaseException | None = None
-        for attempt in range(self._max_failures):
-            record = None
-            try:
-                record = self.dataset[idx]  # reading the record may fail too
-                with sample_context(seed, position, batch):
-                    result = self._map_func(record)
-            except UsageError:
-                raise  # the user's mistake: retrying other records would only hide it
-            except Exception as e:  # any other mapper error counts as an unreadable record
-                result, last_error = None, e
-            if result is not None:
-                return result
-            self._num_failures_total += 1
-            reason = _failure_reason(last_error)
-            failed_idx = idx
-            idx = _retry_index(seed, position, attempt, len(self.dataset))
-            logger.warning(
-                "Skipping record %d of %s %s (%s); trying record %d instead "
-                "(%d consecutive failures, %d in this process)",
-                failed_idx,
-                self._name,
-                _short_repr(record, 160),
-                reason,
-                idx,
-                attempt + 1,
-                self._num_failures_total,
-            )
-        raise _too_many_failures(
-            self._max_failures, self._name, f"index {failed_idx}", record, reason
-        ) from last_error
+        element, _ = self.mapper.map_replacing(
+            self.dataset, idx, seed=seed, position=position, batch=batch
+        )
+        return element
 
 
 class _MapIterableDataset(IterableDataset):
@@ -182,12 +298,12 @@ class _MapIterableDataset(IterableDataset):
         max_consecutive_failures: int = 20,
         name: str | None = None,
     ) -> None:
-        _check_max_failures(max_consecutive_failures)
         self.dataset = dataset
-        self._map_func = PicklableWrapper(map_func)
-        self._max_failures = max_consecutive_failures
-        self._name = name or type(dataset).__name__
-        self._num_failures_total = 0
+        self.mapper = RecordMapper(
+            map_func,
+            max_consecutive_failures=max_consecutive_failures,
+            name=name or type(dataset).__name__,
+        )
 
     def __len__(self) -> int:
         # An upper bound when elements fail, as in detectron2; TypeError if unsized.
@@ -196,35 +312,15 @@ class _MapIterableDataset(IterableDataset):
     @property
     def num_failures(self) -> int:
         """Elements that failed in this process so far."""
-        return self._num_failures_total
+        return self.mapper.num_failures
 
     def __iter__(self) -> Iterator[Any]:
         failures_in_a_row = 0
         for ordinal, element in enumerate(self.dataset):
-            error: BaseException | None = None
-            try:
-                result = self._map_func(element)
-            except UsageError:
-                raise  # the user's mistake: skipping elements would only hide it
-            except Exception as e:  # any other mapper error counts as an unreadable element
-                result, error = None, e
+            result = self.mapper.map_or_skip(element, f"element {ordinal}")
             if result is not None:
                 failures_in_a_row = 0
                 yield result
                 continue
             failures_in_a_row += 1
-            self._num_failures_total += 1
-            reason = _failure_reason(error)
-            logger.warning(
-                "Skipping element %d of %s %s (%s; %d consecutive failures, %d in this process)",
-                ordinal,
-                self._name,
-                _short_repr(element, 160),
-                reason,
-                failures_in_a_row,
-                self._num_failures_total,
-            )
-            if failures_in_a_row >= self._max_failures:
-                raise _too_many_failures(
-                    failures_in_a_row, self._name, f"element {ordinal}", element, reason
-                ) from error
+            self.mapper.check_in_a_row(failures_in_a_row, f"element {ordinal}", element)

@@ -115,6 +115,7 @@ class BatchIndexStream:
         num_buckets = 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
         self._state: dict[str, Any] = {
             "version": STATE_VERSION,
+            "kind": "rank",
             "num_batches": 0,
             # Where iter(sampler) would start: 0, or the position its load_state_dict set.
             "num_drawn": sampler.start_position if is_stream else 0,
@@ -150,6 +151,11 @@ class BatchIndexStream:
             "batch_size": self._batch_size,
             "num_buckets": len(self._state["buckets"]),
         }
+        if state.get("kind", "rank") != "rank":
+            raise ConfigError(
+                "this data loader state was saved by a loader that composes batches from the "
+                "global stream (a trainkit training sampler); resume with that sampler."
+            )
         found = {key: state.get(key) for key in expected}
         found["num_buckets"] = len(state.get("buckets", []))
         if found != expected:
@@ -171,13 +177,11 @@ class BatchIndexStream:
             "last_batch": [list(item) for item in state.get("last_batch", [])],
         }
 
-    @staticmethod
-    def at_pass_start(state: dict[str, Any]) -> bool:
+    def at_pass_start(self, state: dict[str, Any]) -> bool:
         """Return whether ``state`` is at the start of a pass (nothing drawn or waiting)."""
         return state["num_drawn"] == 0 and not any(state["buckets"])
 
-    @staticmethod
-    def next_pass_state(state: dict[str, Any]) -> dict[str, Any]:
+    def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Return the state that starts a finite sampler's next pass after ``state``.
 
         Elements still waiting in buckets are dropped, like the tail of a pass with
@@ -218,8 +222,12 @@ class BatchIndexStream:
             return iter(self._sampler)
         return itertools.islice(iter(self._sampler), num_drawn, None)
 
-    def __iter__(self) -> Iterator[tuple[list[list[int]], dict[str, Any]]]:
-        """Yield ``(batch, state_after_batch)``; ``batch`` is a list of ``[index, position]``."""
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        """Yield ``(batch, batch key, state_after_batch)``; a batch is ``[index, position]`` pairs.
+
+        The key (for ``batch_rng()``) is the batch's smallest stream position: unique among
+        batches, and the same for any number of workers and after a resume.
+        """
         state = self.state_dict()  # work on a copy: yielded states must not change later
         buckets = state["buckets"]
         num_drawn = state["num_drawn"]
@@ -238,7 +246,7 @@ class BatchIndexStream:
 
     def _emit(
         self, state: dict[str, Any], bucket: list[list[int]], num_drawn: int
-    ) -> tuple[list[list[int]], dict[str, Any]]:
+    ) -> tuple[list[list[int]], int, dict[str, Any]]:
         batch = bucket[:]
         bucket.clear()
         state["num_batches"] += 1
@@ -247,4 +255,4 @@ class BatchIndexStream:
         if isinstance(self._sampler, StreamSampler):
             state["sampler"] = self._sampler.state_dict()
         self._state = state
-        return batch, self.state_dict()
+        return batch, min(position for _, position in batch), self.state_dict()

@@ -25,11 +25,14 @@ from trainkit.data._loader_config import (
     iter_records,
     per_rank_batch_size,
 )
+from trainkit.data._map_dataset import RecordMapper
+from trainkit.data._stream_batches import StreamBatches
 from trainkit.data.batching import BatchIndexStream, aspect_ratio_bucket_ids, record_aspect_ratios
 from trainkit.data.common import DatasetFromList, MapDataset
+from trainkit.data.composer import StepBatchComposer
 from trainkit.data.loader import (
+    BatchPlan,
     TrainLoader,
-    iterable_loader,
     trivial_batch_collator,
     worker_context_kwargs,
     worker_init_reset_seed,
@@ -93,22 +96,28 @@ def build_batch_data_loader(
     seed: int | None = None,
     aspect_ratio_bins: Sequence[float] = (1.0,),
     aspect_ratios: np.ndarray | Sequence[float] | None = None,
+    accumulate_steps: int = 1,
     **kwargs: Any,
-) -> Any:
-    """Build a loader whose batches hold ``total_batch_size // world_size`` samples per rank.
+) -> TrainLoader:
+    """Build this rank's resumable loader of ``total_batch_size / (world size x k)`` samples.
 
-    For a map-style dataset with a sampler it returns a :class:`~trainkit.data.loader.TrainLoader`:
-    batches are composed in this process (grouped by aspect-ratio bucket when asked) and
-    loaded whole by the workers, so the stream does not depend on ``num_workers``, and the
-    loader has ``state_dict()`` / ``load_state_dict()``; over a finite sampler (e.g.
-    :class:`InferenceSampler`) it has ``len()`` and can be iterated again. An
-    ``IterableDataset`` (no sampler) gets a plain torch ``DataLoader`` (grouping, if asked,
-    by orientation in this process), as in detectron2.
+    ``total_batch_size`` is the batch of one optimizer step over all ranks and
+    ``k = accumulate_steps`` micro-batches. A ``MapDataset`` is taken apart once into its
+    records and its mapper; the records' facts (aspect ratios) are read from the unmapped
+    records. Then, for a map-style dataset and a trainkit training sampler, each step's batch
+    is composed from the global stream and dealt to the ranks
+    (:class:`~trainkit.data.composer.StepBatchComposer`): the same records per step for any
+    world size, ``k`` and ``num_workers``. With any other sampler (or
+    ``single_gpu_batch_size``) batches are composed from this rank's stream. An
+    ``IterableDataset`` is read as a stream: its workers read disjoint shares and form the
+    batches (:mod:`trainkit.data._stream_batches`).
 
     Args:
-        dataset: map-style dataset (or list) of mapped samples, or an ``IterableDataset``.
-        sampler: yields this rank's indices; ``None`` only for an ``IterableDataset``.
-        total_batch_size: batch size summed over ranks.
+        dataset: records (list), a map-style dataset (``MapDataset`` for mapped records), or
+            an ``IterableDataset``.
+        sampler: a training sampler (or any sampler of this rank's indices); ``None`` only
+            for an ``IterableDataset``.
+        total_batch_size: samples of one optimizer step summed over ranks.
         aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
         num_workers: loader worker processes per rank.
         collate_fn: list of samples -> batch (default: the list itself).
@@ -121,55 +130,113 @@ def build_batch_data_loader(
             the sampler's seed, else 0.
         aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is
             detectron2's tall/wide split.
-        aspect_ratios: ``width / height`` per dataset index; default: read from the records
-            (unwrapping ``MapDataset``), which need ``width`` and ``height``.
+        aspect_ratios: ``width / height`` per dataset index; default: read from the records,
+            which then need ``width`` and ``height``.
+        accumulate_steps: micro-batches per optimizer step (``SOLVER.ACCUMULATE_STEPS``).
         **kwargs: further ``torch.utils.data.DataLoader`` arguments (e.g. ``timeout``).
 
     Returns:
-        An iterable of batches.
+        A :class:`~trainkit.data.loader.TrainLoader`.
 
     Raises:
-        ConfigError: A ``ValueError``: if the batch size does not divide by the world size,
-            or grouping lacks record sizes.
-        ValueError: If a map-style dataset has no sampler or an iterable one has a sampler.
+        ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
+            micro-batches, or grouping lacks record sizes.
+        ValueError: If a map-style dataset has no sampler or a stream has one.
     """
-    batch_size = per_rank_batch_size(total_batch_size, single_gpu_batch_size)
-    logger.info("Making batched data loader with batch_size=%d", batch_size)
-    if isinstance(dataset, IterableDataset):
-        if sampler is not None:
-            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
-        loader_kwargs = _loader_kwargs(
-            num_workers, prefetch_factor, persistent_workers, pin_memory, seed, kwargs
-        )
-        return iterable_loader(
-            dataset,
-            batch_size,
-            aspect_ratio_grouping=aspect_ratio_grouping,
-            drop_last=drop_last,
-            collate_fn=collate_fn,
-            loader_kwargs=loader_kwargs,
-        )
-    if sampler is None:
+    records, mapper = _records_and_mapper(dataset)
+    stream = isinstance(records, IterableDataset)
+    if stream and sampler is not None:
+        raise ValueError("an IterableDataset yields its own order: pass sampler=None")
+    if not stream and sampler is None:
         raise ValueError(
             "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
         )
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
+    if seed is None:
+        seed = sampler.seed if isinstance(sampler, StreamSampler) else 0
+    loader_kwargs = _loader_kwargs(
+        num_workers, prefetch_factor, persistent_workers and not stream, pin_memory, None, kwargs
+    )
+    collate = collate_fn or trivial_batch_collator
+    if stream:
+        batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
+        bucket_of = _bucket_of(aspect_ratio_bins) if aspect_ratio_grouping else None
+        batches = StreamBatches(
+            records, mapper, batch_size, bucket_of=bucket_of, collate_fn=collate, seed=seed
+        )
+        logger.info("Stream loader: batches of %d formed in the workers", batch_size)
+        return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
     bucket_ids = None
     if aspect_ratio_grouping:
         if aspect_ratios is None:
-            aspect_ratios = record_aspect_ratios(iter_records(dataset))
+            aspect_ratios = record_aspect_ratios(iter_records(records))
         bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
-    stream = BatchIndexStream(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)
-    if seed is None:
-        seed = sampler.seed if isinstance(sampler, StreamSampler) else 0
-    # TrainLoader seeds its own generator from `seed`.
-    loader_kwargs = _loader_kwargs(
-        num_workers, prefetch_factor, persistent_workers, pin_memory, None, kwargs
+    plan = _batch_plan(
+        sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last
     )
     return TrainLoader(
-        dataset, stream, seed=seed, collate_fn=collate_fn, loader_kwargs=loader_kwargs
+        records, mapper, plan, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
     )
+
+
+def _records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
+    """Take a mapped dataset apart, once: (unmapped records, their mapper)."""
+    if isinstance(dataset, list):
+        return DatasetFromList(dataset, copy=False), None
+    mapper = getattr(dataset, "mapper", None)
+    if isinstance(dataset, (MapDataset, IterableDataset)) and isinstance(mapper, RecordMapper):
+        return dataset.dataset, mapper  # MapDataset, or its iterable twin
+    return dataset, None
+
+
+def _micro_batch_size(
+    total_batch_size: int | None, single_gpu_batch_size: int | None, accumulate_steps: int
+) -> int:
+    per_rank = per_rank_batch_size(total_batch_size, single_gpu_batch_size)
+    if accumulate_steps < 1 or per_rank % accumulate_steps:
+        raise ConfigError(
+            f"the per-rank batch of {per_rank} does not split into SOLVER.ACCUMULATE_STEPS="
+            f"{accumulate_steps} equal micro-batches; pick SOLVER.IMS_PER_BATCH divisible by "
+            "world size x ACCUMULATE_STEPS."
+        )
+    return per_rank // accumulate_steps
+
+
+def _batch_plan(
+    sampler: Any,
+    total_batch_size: int | None,
+    single_gpu_batch_size: int | None,
+    accumulate_steps: int,
+    bucket_ids: np.ndarray | None,
+    drop_last: bool,
+) -> BatchPlan:
+    if isinstance(sampler, StreamSampler) and not single_gpu_batch_size:
+        # The sampler's own rank and world size: tests and custom sharding set them.
+        return StepBatchComposer(
+            sampler,
+            total_batch_size or 0,
+            rank=sampler.rank,
+            world_size=sampler.world_size,
+            accumulate_steps=accumulate_steps,
+            bucket_ids=bucket_ids,
+        )
+    batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
+    return BatchIndexStream(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)
+
+
+class _BucketOf:
+    """Aspect-ratio bucket of a raw stream element (a picklable callable)."""
+
+    def __init__(self, bins: Sequence[float]) -> None:
+        self.bins = list(bins)
+        aspect_ratio_bucket_ids(np.ones(1), self.bins)  # validates the bins now
+
+    def __call__(self, element: Any) -> int:
+        ratios = record_aspect_ratios([element])
+        return int(aspect_ratio_bucket_ids(ratios, self.bins)[0])
+
+
+def _bucket_of(bins: Sequence[float]) -> _BucketOf:
+    return _BucketOf(bins)
 
 
 def _name_of(names: str | Sequence[str]) -> str:
@@ -212,8 +279,9 @@ def _train_loader_from_config(
         "dataset": dataset,
         "mapper": None,
         "sampler": sampler,
-        # One batch of this loader is one micro-batch: IMS_PER_BATCH is per optimizer step.
-        "total_batch_size": cfg.SOLVER.IMS_PER_BATCH // cfg.SOLVER.ACCUMULATE_STEPS,
+        # IMS_PER_BATCH is per optimizer step; the loader's batches are its micro-batches.
+        "total_batch_size": cfg.SOLVER.IMS_PER_BATCH,
+        "accumulate_steps": cfg.SOLVER.ACCUMULATE_STEPS,
         "aspect_ratio_grouping": cfg.DATALOADER.ASPECT_RATIO_GROUPING,
         "num_workers": cfg.DATALOADER.NUM_WORKERS,
         "prefetch_factor": cfg.DATALOADER.PREFETCH_FACTOR,

@@ -1,26 +1,42 @@
-"""The resumable train loader: a main-process batch stream feeding a map-style DataLoader."""
+"""``TrainLoader``: the resumable train loader, for map-style datasets and for streams.
+
+A record's way through a map-style train loader, in order (nothing calls back up):
+
+1. a **batch plan** — :class:`~trainkit.data.composer.StepBatchComposer` over the global
+   stream of a trainkit sampler, or a per-rank :class:`~trainkit.data.batching.BatchIndexStream`
+   over any other sampler — decides, in this process, which ``(index, position)`` pairs make
+   each batch, and records the position after it;
+2. the torch ``DataLoader`` hands each batch of pairs to a worker (:class:`_PlannedBatches` is
+   its batch sampler);
+3. the worker reads each record and maps it inside its sample context
+   (:class:`~trainkit.data._map_dataset.RecordMapper`), then collates the batch;
+4. the loader returns batches in plan order and remembers the plan's position after each.
+
+A stream (``IterableDataset``) goes through :mod:`trainkit.data._stream_batches` instead:
+workers read disjoint shares of it and form, map and collate their batches themselves.
+"""
 
 from __future__ import annotations
 
-import collections
+import itertools
 import logging
 import multiprocessing as mp
-import operator
-from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from trainkit.config import ConfigError
+from trainkit.data._map_dataset import RecordMapper
 from trainkit.data._sample_context import sample_context
-from trainkit.data.batching import BatchIndexStream
-from trainkit.data.common import AspectRatioGroupedDataset, MapDataset
+from trainkit.data._stream_batches import StreamBatches, empty_worker_state
 from trainkit.utils.env import seed_all_rng
 from trainkit.utils.errors import UsageError, user_message
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainLoader", "iterable_loader", "trivial_batch_collator", "worker_init_reset_seed"]
+__all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
 
 
 def worker_context_kwargs() -> dict[str, Any]:
@@ -48,77 +64,114 @@ def worker_init_reset_seed(worker_id: int) -> None:
     seed_all_rng(torch.initial_seed() % 2**31 + worker_id)
 
 
-class _PositionedDataset(Dataset):
-    """Map ``[index, position]`` items, setting the sample context around the mapper."""
+class BatchPlan(Protocol):
+    """What decides a map-style loader's batches (a composer or a per-rank stream)."""
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
-        self.dataset = dataset
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def batches_per_pass(self) -> int: ...
+    def at_pass_start(self, state: dict[str, Any]) -> bool: ...
+    def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class _PlannedBatches:
+    """The torch loader's batch sampler: the plan's batches from ``start``, tagged.
+
+    Each yielded item is ``[index, position, batch key, batch number]``; the plan's position
+    after batch number ``n`` waits in :attr:`states` until the loader returns that batch.
+    """
+
+    def __init__(self, plan: BatchPlan) -> None:
+        self.plan = plan
+        self.start: dict[str, Any] = plan.state_dict()
+        self.states: dict[int, tuple[dict[str, Any], list[list[int]]]] = {}
+        self._numbers = itertools.count()
+
+    def __iter__(self) -> Iterator[list[list[int]]]:
+        # Runs in the training process (torch draws the batch sampler here). Batches a
+        # previous iterator prefetched were never returned: start again from `start`.
+        self.states.clear()
+        produced = yield from self._from(self.start)
+        if not produced and not self.plan.at_pass_start(self.start):
+            # Only a finite sampler's plan ends: its pass is over, start the next one.
+            yield from self._from(self.plan.next_pass_state(self.start))
+
+    def _from(self, start: dict[str, Any]) -> Iterator[list[list[int]]]:
+        self.plan.load_state_dict(start)
+        produced = False
+        for items, key, state in self.plan:
+            produced = True
+            number = next(self._numbers)
+            self.states[number] = (state, items)
+            yield [[index, position, key, number] for index, position in items]
+        return produced
+
+
+class _MappedRecords(Dataset):
+    """Read and map a whole batch of ``[index, position, key, number]`` items (in a worker)."""
+
+    def __init__(self, records: Any, mapper: RecordMapper | None, seed: int) -> None:
+        self.records = records
+        self.mapper = mapper
         self.seed = seed
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.records)
 
-    def __getitem__(self, item: list[int], batch: int | None = None) -> tuple[Any, int]:
-        """Return the mapped element and how many records were skipped to produce it."""
-        index, position = item
-        if isinstance(self.dataset, MapDataset):
-            failures_before = self.dataset.num_failures
-            element = self.dataset.map_at(index, seed=self.seed, position=position, batch=batch)
-            return element, self.dataset.num_failures - failures_before
-        with sample_context(self.seed, position, batch):
-            return self.dataset[index], 0
-
-    def __getitems__(self, items: list[list[int]]) -> list[tuple[Any, int]]:
-        """Map a whole batch (torch's fetcher calls this), keying ``batch_rng`` by the batch.
-
-        The batch's key is its smallest stream position: unique among batches (positions
-        are), and the same for any number of workers and after a resume.
-        """
-        batch = min(position for _, position in items)
-        return [self.__getitem__(item, batch) for item in items]
+    def __getitems__(self, items: list[list[int]]) -> tuple[list[Any], int, int]:
+        number = items[0][3]
+        elements, skipped = [], 0
+        for index, position, key, _ in items:
+            if self.mapper is None:
+                with sample_context(self.seed, position, key):
+                    elements.append(self.records[index])
+                continue
+            element, failed = self.mapper.map_replacing(
+                self.records, index, seed=self.seed, position=position, batch=key
+            )
+            elements.append(element)
+            skipped += failed
+        return elements, number, skipped
 
 
-class _CountingCollate:
-    """Collate the elements and add up the records skipped for them (a picklable callable)."""
+class _TaggedCollate:
+    """Collate a mapped batch and keep its number and skip count (a picklable callable)."""
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
         self.collate_fn = collate_fn
 
-    def __call__(self, items: list[tuple[Any, int]]) -> tuple[Any, int]:
-        return self.collate_fn([element for element, _ in items]), sum(n for _, n in items)
-
-
-class _StreamBatchSampler:
-    """DataLoader ``batch_sampler`` that (re)starts the loader's stream at its returned state."""
-
-    def __init__(self, loader: TrainLoader) -> None:
-        self._loader = loader
-
-    def __iter__(self) -> Iterator[list[list[int]]]:
-        return self._loader._generate_batches()
+    def __call__(self, mapped: tuple[list[Any], int, int]) -> tuple[Any, int, int]:
+        elements, number, skipped = mapped
+        return self.collate_fn(elements), number, skipped
 
 
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
-    Batches are composed in the training process by a :class:`BatchIndexStream` (sampler plus
-    optional aspect-ratio grouping) and loaded whole by a ``torch.utils.data.DataLoader``'s
-    workers; torch returns them in order, so the stream is the same for any number of workers.
+    Built by :func:`~trainkit.data.build.build_batch_data_loader`. For a map-style dataset the
+    batches come from a batch plan (see the module docstring) and are loaded whole by the
+    workers: the batch stream is the same for any number of workers and, over a trainkit
+    sampler, composed from the global stream so that it does not depend on the world size
+    either. For a stream the workers form the batches (:mod:`~trainkit.data._stream_batches`).
 
-    :meth:`state_dict` describes the batches *returned* by this object, not those the workers
-    prefetched; a loader built the same way that loads it continues with the next batch.
-    Iterating again (a new ``iter()``) continues after the last returned batch, too, unlike
-    a torch ``DataLoader``: a training loop that re-creates its iterator loses no data. Over
-    a finite sampler, an iteration that would yield nothing from there starts the next pass,
-    so a finished loader can be iterated again like a ``DataLoader``; ``len()`` is then the
-    number of batches of one pass. Use one iterator at a time. This class does not collate
-    tensors unless given a ``collate_fn``.
+    :meth:`state_dict` describes the batches *returned*, not those prefetched; a loader built
+    the same way that loads it continues with the next batch. A new ``iter()`` continues
+    after the last returned batch too, unlike a torch ``DataLoader``. Over a finite sampler,
+    an iteration that would yield nothing from there starts the next pass, and ``len()`` is
+    the number of batches of one pass. Use one iterator at a time.
+
+    Attributes:
+        records: the unmapped records (or the stream) the loader reads.
+        num_skipped_records: records that failed to map (and were replaced or skipped) in
+            the batches returned so far.
     """
 
     def __init__(
         self,
-        dataset: Dataset,
-        stream: BatchIndexStream,
+        records: Any,
+        mapper: RecordMapper | None,
+        source: BatchPlan | StreamBatches,
         *,
         seed: int,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -127,18 +180,17 @@ class TrainLoader:
         """Create the loader.
 
         Args:
-            dataset: map-style dataset; a :class:`MapDataset` gets stream positions for
-                its retries and sample context.
-            stream: the batch-index stream of this rank.
-            seed: the shared seed that keys :func:`trainkit.data.sample_rng`.
-            collate_fn: turns the list of mapped samples into a batch (default: keep the list).
+            records: unmapped records (map-style dataset or list) or the stream.
+            mapper: maps one record (``None``: records are used as they are).
+            source: the batch plan (map-style) or the workers' stream batches.
+            seed: the shared seed that keys ``sample_rng()`` and the workers' base seeds.
+            collate_fn: turns the list of mapped samples into a batch (default: the list).
             loader_kwargs: ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
-                ``pin_memory`` and friends for ``torch.utils.data.DataLoader``.
+                ``pin_memory`` and other ``torch.utils.data.DataLoader`` arguments.
         """
-        self._stream = stream
-        self._state = stream.state_dict()
-        self._in_flight: collections.deque[dict[str, Any]] = collections.deque()
-        self._num_skipped = 0
+        self.num_skipped_records = 0
+        self.records = records
+        self._last_items: list[list[int]] = []
         kwargs = dict(loader_kwargs or {})
         if kwargs.get("num_workers", 0) == 0:
             kwargs.pop("prefetch_factor", None)  # torch refuses it without workers
@@ -149,147 +201,135 @@ class TrainLoader:
         # from the global torch RNG, which would shift the training RNG stream on resume.
         kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
         kwargs.setdefault("worker_init_fn", worker_init_reset_seed)
-        self._torch_loader = DataLoader(
-            _PositionedDataset(dataset, seed),
-            batch_sampler=_StreamBatchSampler(self),
-            collate_fn=_CountingCollate(collate_fn or trivial_batch_collator),
-            **kwargs,
-        )
-
-    def _generate_batches(self) -> Iterator[list[list[int]]]:
-        # Runs in this process (torch draws the batch sampler here, not in workers). Batches
-        # prefetched by a previous iterator were never returned: regenerate from the state
-        # of the last returned batch.
-        self._in_flight.clear()
-        produced = yield from self._batches_from(self._state)
-        if not produced and not self._stream.at_pass_start(self._state):
-            # Only a finite sampler's stream ends: its pass is over, start the next one.
-            yield from self._batches_from(self._stream.next_pass_state(self._state))
-
-    def _batches_from(self, start: dict[str, Any]) -> Generator[list[list[int]], None, bool]:
-        self._stream.load_state_dict(start)
-        produced = False
-        for batch, state in self._stream:
-            produced = True
-            self._in_flight.append(state)
-            yield batch
-        return produced
+        collate = collate_fn or trivial_batch_collator
+        self._num_workers = int(kwargs.get("num_workers", 0))
+        if isinstance(source, StreamBatches):
+            self._stream: StreamBatches | None = source
+            self._batches: _PlannedBatches | None = None
+            self._state: dict[str, Any] = _initial_stream_state(max(1, self._num_workers))
+            self._make_loader = lambda: DataLoader(source, batch_size=None, **kwargs)
+        else:
+            self._stream, self._batches = None, _PlannedBatches(source)
+            self._state = source.state_dict()
+            torch_loader = DataLoader(
+                _MappedRecords(records, mapper, seed),
+                batch_sampler=self._batches,
+                collate_fn=_TaggedCollate(collate),
+                **kwargs,
+            )
+            self._make_loader = lambda: torch_loader
 
     def __len__(self) -> int:
         """Return the number of batches of one pass over a finite sampler.
 
         Raises:
-            TypeError: For an infinite sampler, or when grouping by aspect ratio.
+            TypeError: For an infinite sampler, a stream, or when grouping by aspect ratio.
         """
-        return self._stream.batches_per_pass()
+        if self._batches is None:
+            raise TypeError("a stream loader has no len(): the stream decides when it ends")
+        return self._batches.plan.batches_per_pass()
 
     def __iter__(self) -> Iterator[Any]:
         try:
-            for batch in self._torch_loader:
-                # torch returns batches in batch-sampler order: the oldest state is this batch's.
-                self._state = self._in_flight.popleft()
-                batch, num_skipped = batch
-                self._num_skipped += num_skipped
-                yield batch
+            if self._batches is not None:
+                yield from self._iter_planned()
+            else:
+                yield from self._iter_stream()
         except UsageError as e:
-            raise _without_worker_traceback(e) from e
+            # torch re-raises a worker's error with its traceback in the message; a user
+            # error keeps its one line.
+            message = user_message(e)
+            raise (type(e)(message) if message != str(e) else e) from e
+
+    def _iter_planned(self) -> Iterator[Any]:
+        batches = self._batches
+        assert batches is not None
+        batches.start = self._state
+        for batch, number, skipped in self._make_loader():
+            self._state, self._last_items = batches.states.pop(number)
+            self.num_skipped_records += skipped
+            yield batch
+
+    def _iter_stream(self) -> Iterator[Any]:
+        stream = self._stream
+        assert stream is not None
+        stream.start = self._state
+        for batch, meta in self._make_loader():
+            self._state = _after_stream_batch(self._state, meta)
+            self.num_skipped_records += meta["skipped"]
+            yield batch
+
+    @property
+    def last_batch_indices(self) -> list[int]:
+        """Dataset indices of the records of the batch just returned (map-style loaders).
+
+        Replacements of records that failed to map are not shown: these are the records
+        the batch plan chose.
+        """
+        return [index for index, _ in self._last_items]
+
+    @property
+    def last_batch_positions(self) -> list[int]:
+        """Global stream positions of the samples of the batch just returned (map-style)."""
+        return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last returned batch, as plain data.
 
-        Returns:
-            A dict with ``num_batches`` (batches returned since the start of the run),
-            ``num_drawn`` (sampler draws consumed on this rank), ``sampler`` (the sampler's
-            ``state_dict()`` or ``None``), ``buckets`` (``[index, position]`` pairs waiting in
-            each aspect-ratio bucket), ``last_batch`` (``[index, position]`` pairs of the last
-            returned batch) and the ``version``, ``batch_size``, ``rank``, ``world_size`` it
-            belongs to. It loads with ``torch.load(weights_only=True)``.
+        Map-style over a trainkit sampler: the global stream position and the records
+        waiting in aspect-ratio buckets (:class:`~trainkit.data.composer.StepBatchComposer`;
+        valid for any world size at a step boundary). Over another sampler: this rank's
+        stream (:class:`~trainkit.data.batching.BatchIndexStream`). A stream: each worker's
+        count of elements read and its waiting elements. It loads with
+        ``torch.load(weights_only=True)``.
         """
-        return {
-            **self._state,
-            "buckets": [[list(i) for i in b] for b in self._state["buckets"]],
-            "last_batch": [list(i) for i in self._state["last_batch"]],
-        }
+        return _plain_copy(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
 
         Raises:
-            ValueError: If the state was saved by another rank or a differently built loader.
+            ConfigError: If the state was saved by a differently configured loader.
         """
-        self._stream.load_state_dict(state)  # validates
-        self._state = self._stream.state_dict()
-
-    @property
-    def num_skipped_records(self) -> int:
-        """Records that failed to load (and were replaced) in the batches returned so far."""
-        return self._num_skipped
-
-    @property
-    def num_batches_returned(self) -> int:
-        """Batches returned since the start of the run (resumed runs included)."""
-        return int(self._state["num_batches"])
-
-    @property
-    def last_batch_positions(self) -> list[int]:
-        """Global stream positions of the samples of the batch just returned."""
-        return [position for _, position in self._state["last_batch"]]
-
-    @property
-    def last_batch_indices(self) -> list[int]:
-        """Dataset indices of the samples of the batch just returned."""
-        return [index for index, _ in self._state["last_batch"]]
+        if self._batches is not None:
+            self._batches.plan.load_state_dict(state)  # validates
+            self._state = self._batches.plan.state_dict()
+            return
+        if state.get("kind") != "stream":
+            raise ConfigError(
+                "this data loader state was saved by a map-style loader, not a stream loader; "
+                "resume with the dataset of the saved run, or start in a new OUTPUT_DIR."
+            )
+        self._state = _plain_copy(state)
 
 
-def _without_worker_traceback(error: UsageError) -> UsageError:
-    """Return the user error a loader worker raised, with its own one-line message."""
-    message = user_message(error)
-    if message == str(error):
-        return error  # raised in this process: already the user's message
-    try:
-        return type(error)(message)
-    except Exception:  # a subclass with another constructor: keep torch's message
-        return error
+def _initial_stream_state(num_workers: int) -> dict[str, Any]:
+    return {
+        "kind": "stream",
+        "num_workers": num_workers,
+        "workers": [empty_worker_state() for _ in range(num_workers)],
+        "rotation": 0,
+    }
 
 
-class _CollatedBatches(IterableDataset):
-    """Apply ``collate_fn`` to every batch of an iterable (re-iterable, unlike ``map``)."""
-
-    def __init__(
-        self, batches: Iterable[list[Any]], collate_fn: Callable[[list[Any]], Any]
-    ) -> None:
-        self.batches = batches
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.batches:
-            yield self.collate_fn(batch)
+def _after_stream_batch(state: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    workers = list(state["workers"])
+    workers[meta["worker"]] = meta["state"]
+    return {**state, "workers": workers, "rotation": (meta["worker"] + 1) % len(workers)}
 
 
-def iterable_loader(
-    dataset: IterableDataset,
-    batch_size: int,
-    *,
-    aspect_ratio_grouping: bool,
-    drop_last: bool,
-    collate_fn: Callable[[list[Any]], Any] | None,
-    loader_kwargs: dict[str, Any],
-) -> Iterable[Any]:
-    """Batch an ``IterableDataset`` with a torch ``DataLoader`` (detectron2's path).
+def _plain_copy(state: dict[str, Any]) -> dict[str, Any]:
+    # A deep copy of nested lists and dicts of numbers (what every loader state is made of).
+    def copy(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [copy(v) for v in value]
+        return value
 
-    The dataset shards itself across workers. With grouping, samples cross the worker
-    queue one by one and :class:`AspectRatioGroupedDataset` groups them by orientation in
-    this process. Nothing here can resume: an iterable dataset has no position to save.
-    """
-    loader_kwargs = {"worker_init_fn": worker_init_reset_seed, **loader_kwargs}
-    if not aspect_ratio_grouping:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            collate_fn=collate_fn or trivial_batch_collator,
-            **loader_kwargs,
-        )
-    samples = DataLoader(dataset, collate_fn=operator.itemgetter(0), **loader_kwargs)
-    grouped = AspectRatioGroupedDataset(samples, batch_size)
-    return grouped if collate_fn is None else _CollatedBatches(grouped, collate_fn)
+    return copy(state)
+
+
+def is_stream(dataset: Any) -> bool:
+    """Return whether ``dataset`` is read as a stream (an ``IterableDataset``)."""
+    return isinstance(dataset, IterableDataset)

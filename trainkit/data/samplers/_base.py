@@ -81,6 +81,28 @@ class StreamSampler(Sampler[int]):
         """Plain-data identity of the stream, checked when a state is loaded."""
         return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
 
+    def global_indices(self, start: int, count: int) -> np.ndarray:
+        """Return the indices at global positions ``start .. start + count - 1`` (O(1) jump).
+
+        The global stream is what a world-size-1 sampler yields, whatever this sampler's
+        rank and world size; every rank can compute all of it (batch composition that does
+        not depend on the world size reads it).
+
+        Args:
+            start: first global position (>= 0).
+            count: number of positions.
+
+        Returns:
+            int64 dataset indices.
+        """
+        return self._indices_at(np.arange(start, start + count, dtype=np.int64))
+
+    def global_stream_key(self) -> dict[str, Any]:
+        """Plain-data identity of the global stream (independent of rank and world size)."""
+        key = self._stream_key()
+        key.pop("world_size", None)
+        return key
+
     def indices_at_local(self, local_positions: np.ndarray) -> np.ndarray:
         """Return the indices this rank yields at sorted local positions (O(1) jump).
 
