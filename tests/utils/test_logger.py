@@ -132,8 +132,7 @@ class _Eval:
         return {}
 
 
-def test_inference_progress_is_logged_once_per_period_not_per_batch(clock, monkeypatch):
-    messages = []
+def test_inference_progress_is_logged_once_per_period_not_per_batch(clock):
     handler = _Records()
     target = logging.getLogger("trainkit.evaluation.evaluator")
     old_level = target.level
