@@ -172,3 +172,17 @@ def test_report_is_yaml_with_origins_as_comments(chain):
         "SOLVER.MAX_ITER": 30,
         "SOLVER.STEPS": [10, 20],
     }
+
+
+def test_a_subclass_that_loads_files_its_own_way_is_still_used(chain):
+    class Custom(CfgNode):
+        @classmethod
+        def load_yaml_with_base(cls, filename, allow_unsafe=False):
+            loaded = super().load_yaml_with_base(filename, allow_unsafe)
+            loaded["SOLVER"]["MAX_ITER"] = 99
+            return loaded
+
+    cfg = Custom(get_cfg())
+    cfg.merge_from_file(str(chain))
+    assert cfg.SOLVER.MAX_ITER == 99
+    assert cfg.get_origin("SOLVER.MAX_ITER") == str(chain)  # the file, without a line

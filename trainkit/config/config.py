@@ -213,9 +213,14 @@ class CfgNode(_FvcoreCfgNode):
         Raises:
             ConfigError: On any problem with the file or its keys and values.
         """
-        del allow_unsafe
-        loaded, origins = self._load_with_origins(cfg_filename)
-        self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origins)
+        if type(self).load_yaml_with_base.__func__ is not CfgNode.load_yaml_with_base.__func__:
+            # A subclass changed the loading (a detectron2 extension point): use it; the
+            # origins are then the file without lines.
+            loaded = self.load_yaml_with_base(cfg_filename, allow_unsafe=allow_unsafe)
+            origin: _Origins = display_path(os.path.abspath(cfg_filename))
+        else:
+            loaded, origin = self._load_with_origins(cfg_filename)
+        self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origin)
 
     def merge_from_other_cfg(self, cfg_other: _FvcoreCfgNode) -> None:
         """Merge another config node into this one with the same checks as a file.
