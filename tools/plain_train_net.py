@@ -28,7 +28,6 @@ from trainkit.config import CfgNode, get_cfg
 from trainkit.data import build_detection_test_loader, build_detection_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import (
-    DefaultTrainer,
     create_ddp_model,
     default_argument_parser,
     default_setup,
@@ -124,8 +123,7 @@ def setup(args: Any) -> CfgNode:
     cfg = get_cfg()
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(args.opts)
-    # The same recipe as tools/train_net.py for the same command line.
-    cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
+    # Also rescales cfg to the world size (SOLVER.REFERENCE_WORLD_SIZE), as for train_net.py.
     default_setup(cfg, args)
     return cfg
 

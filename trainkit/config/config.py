@@ -5,17 +5,32 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from typing import Any
+import sys
+from collections.abc import Mapping
+from typing import Any, Union
 
 import yaml
 from fvcore.common.config import CfgNode as _FvcoreCfgNode
 
+from trainkit.config.provenance import (
+    ORIGIN_CODE,
+    ORIGIN_COMMAND_LINE,
+    code_origin,
+    display_path,
+    yaml_key_lines,
+)
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import PathManager
 
 __all__ = ["CfgNode", "ConfigError", "get_cfg"]
 
 BASE_KEY = "_BASE_"
+# Where a node keeps the origin of each of its leaves: {key: (origin, value when recorded)}.
+# In the instance __dict__, as yacs keeps its own flags: copied by clone and pickling, never
+# part of the values, so dump() and == ignore it.
+_ORIGINS = "__key_origins__"
+# An origin argument of the checked merge: one origin for every key, or one per full key.
+_Origins = Union[Mapping[str, str], str]
 
 
 class ConfigError(UsageError, ValueError):
@@ -33,8 +48,71 @@ class CfgNode(_FvcoreCfgNode):
       accepted where a float is expected, and a list where a tuple is (and vice versa);
     * ``_BASE_`` paths are relative to the including file, followed recursively, and a cycle
       is an error that shows the chain of files;
-    * YAML is always parsed with the safe loader, so a config file cannot run code.
+    * YAML is always parsed with the safe loader, so a config file cannot run code;
+    * every leaf remembers where its value came from (:meth:`get_origin`; see
+      :mod:`trainkit.config.provenance`): a file and line, the command line, a script's
+      assignment, auto-scaling or run time.
     """
+
+    # ---- provenance ------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)  # refuses a frozen node
+        if not isinstance(value, dict):
+            self._record_origin(name, code_origin(sys._getframe(1)))
+
+    def get_origin(self, full_key: str) -> str | None:
+        """Return where the value of ``full_key`` (e.g. ``"SOLVER.BASE_LR"``) came from.
+
+        Returns:
+            ``"FILE:LINE"``, ``"command line"``, ``"auto-scaling (...)"``, ``"run time
+            (...)"`` or ``"code (FILE:LINE)"``; None for a value nobody set (a default) or
+            one changed in a way that left no record (the recorded value no longer matches).
+
+        Raises:
+            KeyError: If ``full_key`` names no leaf of this config.
+        """
+        node, leaf = self._leaf_parent(full_key)
+        origin, value = node.__dict__.get(_ORIGINS, {}).get(leaf, (None, None))
+        if origin is None or node[leaf] != value:
+            return None
+        return origin
+
+    def set_origin(self, full_key: str, origin: str) -> None:
+        """Record ``origin`` for the current value of ``full_key`` (allowed when frozen).
+
+        Raises:
+            KeyError: If ``full_key`` names no leaf of this config.
+        """
+        node, leaf = self._leaf_parent(full_key)
+        node._record_origin(leaf, origin)
+
+    def _leaf_parent(self, full_key: str) -> tuple[CfgNode, str]:
+        node: Any = self
+        *parents, leaf = full_key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, CfgNode) else None
+        if not isinstance(node, CfgNode) or leaf not in node or isinstance(node[leaf], dict):
+            raise KeyError(f"{full_key} is not a config key with a value")
+        return node, leaf
+
+    def _record_origin(self, key: str, origin: str) -> None:
+        self.__dict__.setdefault(_ORIGINS, {})[key] = (origin, copy.deepcopy(self[key]))
+
+    def _recorded_origins(self, prefix: str = "") -> dict[str, str]:
+        """Return ``{full key: origin}`` of every leaf whose origin is still current."""
+        found: dict[str, str] = {}
+        for key, value in self.items():
+            if isinstance(value, CfgNode):
+                found.update(value._recorded_origins(prefix + key + "."))
+            elif (origin := self.get_origin(key)) is not None:
+                found[prefix + key] = origin
+        return found
+
+    def _forget_origins(self) -> None:
+        self.__dict__.pop(_ORIGINS, None)
+        for value in self.values():
+            if isinstance(value, CfgNode):
+                value._forget_origins()
 
     # ---- loading files ---------------------------------------------------------------
     @classmethod
@@ -56,6 +134,13 @@ class CfgNode(_FvcoreCfgNode):
                 ``_BASE_`` cycle.
         """
         del allow_unsafe
+        return cls._load_with_origins(filename, _chain)[0]
+
+    @classmethod
+    def _load_with_origins(
+        cls, filename: str, _chain: tuple[str, ...] = ()
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Return :meth:`load_yaml_with_base`'s dict and ``{full key: "FILE:LINE"}``."""
         path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
         if not _chain and not PathManager.exists(path):
             # As the user typed it: that is what they will look for on their command line.
@@ -63,12 +148,13 @@ class CfgNode(_FvcoreCfgNode):
         if path in _chain:
             cycle = " -> ".join([*_chain[_chain.index(path) :], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
-        data = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
+        data, origins = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
         if BASE_KEY not in data:
-            return data
+            return data, origins
         bases = data.pop(BASE_KEY)
         bases = bases if isinstance(bases, (list, tuple)) else [bases]
         merged: dict[str, Any] = {}
+        merged_origins: dict[str, str] = {}
         for base in bases:
             if not isinstance(base, str):
                 raise ConfigError(
@@ -77,18 +163,27 @@ class CfgNode(_FvcoreCfgNode):
             base_path = os.path.expanduser(base)
             if not os.path.isabs(base_path) and "://" not in base_path:
                 base_path = os.path.join(os.path.dirname(path), base_path)
-            _merge_dicts(cls.load_yaml_with_base(base_path, _chain=(*_chain, path)), merged)
+            base_data, base_origins = cls._load_with_origins(base_path, (*_chain, path))
+            _merge_dicts(base_data, merged)
+            merged_origins.update(base_origins)
         _merge_dicts(data, merged)
-        return merged
+        merged_origins.update(origins)  # the including file wins, as for the values
+        return merged, merged_origins
 
     @staticmethod
-    def _read_yaml(path: str, included_from: str | None) -> dict[str, Any]:
+    def _read_yaml(path: str, included_from: str | None) -> tuple[dict[str, Any], dict[str, str]]:
         where = f" (the _BASE_ of {included_from})" if included_from else ""
         if not PathManager.exists(path):
             raise ConfigError(f"config file not found: {path}{where}. Check the path.")
         try:
             with PathManager.open(path, "r") as f:
-                data = yaml.safe_load(f)
+                # The safe loader, composed first so the nodes give each key's line.
+                loader = yaml.SafeLoader(f)
+                try:
+                    root = loader.get_single_node()
+                    data = loader.construct_document(root) if root is not None else None
+                finally:
+                    loader.dispose()
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -105,12 +200,12 @@ class CfgNode(_FvcoreCfgNode):
                 f"{e.object[e.start : e.start + 1]!r}); is it the right file?"
             ) from None
         if data is None:
-            return {}
+            return {}, {}
         if not isinstance(data, dict):
             raise ConfigError(
                 f"{path} must hold a mapping of config keys, got a {type(data).__name__}."
             )
-        return data
+        return data, yaml_key_lines(root, display_path(path))
 
     def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
         """Merge a YAML file (and its ``_BASE_`` chain) into this config.
@@ -118,12 +213,23 @@ class CfgNode(_FvcoreCfgNode):
         Raises:
             ConfigError: On any problem with the file or its keys and values.
         """
-        loaded = self.load_yaml_with_base(cfg_filename, allow_unsafe=allow_unsafe)
-        self._merge_checked(loaded, source=f"file {cfg_filename}")
+        if type(self).load_yaml_with_base.__func__ is not CfgNode.load_yaml_with_base.__func__:
+            # A subclass changed the loading (a detectron2 extension point): use it; the
+            # origins are then the file without lines.
+            loaded = self.load_yaml_with_base(cfg_filename, allow_unsafe=allow_unsafe)
+            origin: _Origins = display_path(os.path.abspath(cfg_filename))
+        else:
+            loaded, origin = self._load_with_origins(cfg_filename)
+        self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origin)
 
     def merge_from_other_cfg(self, cfg_other: _FvcoreCfgNode) -> None:
-        """Merge another config node into this one with the same checks as a file."""
-        self._merge_checked(cfg_other, source="another config")
+        """Merge another config node into this one with the same checks as a file.
+
+        The origins ``cfg_other`` recorded come along; a value it changes without one is
+        recorded as set by code.
+        """
+        origins = cfg_other._recorded_origins() if isinstance(cfg_other, CfgNode) else {}
+        self._merge_checked(cfg_other, source="another config", origins=origins)
 
     def merge_from_list(self, cfg_list: list[str]) -> None:
         """Merge ``["KEY.PATH", value, ...]`` pairs (e.g. command-line overrides).
@@ -157,11 +263,18 @@ class CfgNode(_FvcoreCfgNode):
                     self._raise_unknown(full_key, "the command line")
                 if depth < len(parts) - 1:
                     node = node[part]
-            self._merge_checked(_nest(parts, value), source="the command line")
+            self._merge_checked(
+                _nest(parts, value), source="the command line", origins=ORIGIN_COMMAND_LINE
+            )
 
     # ---- the checked merge -----------------------------------------------------------
     def _merge_checked(
-        self, other: dict[str, Any], source: str, prefix: str = "", root: CfgNode | None = None
+        self,
+        other: dict[str, Any],
+        source: str,
+        prefix: str = "",
+        root: CfgNode | None = None,
+        origins: _Origins = ORIGIN_CODE,
     ) -> None:
         root = self if root is None else root
         for key, value in other.items():
@@ -177,6 +290,7 @@ class CfgNode(_FvcoreCfgNode):
             if key not in self:
                 if self.is_new_allowed():
                     self[key] = _to_node(type(self), self._decode_cfg_value(copy.deepcopy(value)))
+                    self._record_new_key(key, full_key, origins)
                     continue
                 root._raise_unknown(full_key, source)
             current = self[key]
@@ -186,9 +300,22 @@ class CfgNode(_FvcoreCfgNode):
                         f"config key {full_key} (in {source}) is a group of keys "
                         f"({', '.join(sorted(current))}); got the value {value!r}."
                     )
-                current._merge_checked(value, source, prefix=full_key + ".", root=root)
+                current._merge_checked(value, source, full_key + ".", root, origins)
                 continue
             self[key] = _coerce(full_key, current, self._decode_cfg_value(value), source)
+            origin = _origin_of(origins, full_key)
+            if origin is not None:
+                self._record_origin(key, origin)
+            elif self[key] != current:
+                self._record_origin(key, ORIGIN_CODE)
+
+    def _record_new_key(self, key: str, full_key: str, origins: _Origins) -> None:
+        value = self[key]
+        if not isinstance(value, CfgNode):
+            self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
+            return
+        for sub_key in value:
+            value._record_new_key(sub_key, f"{full_key}.{sub_key}", origins)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
         known = _flatten_keys(self)
@@ -203,6 +330,10 @@ class CfgNode(_FvcoreCfgNode):
             f"unknown config key {full_key} in {source}.{hint} Every key must exist in "
             f"trainkit/config/defaults.py (or be added to the config before merging)."
         )
+
+
+def _origin_of(origins: _Origins, full_key: str) -> str | None:
+    return origins if isinstance(origins, str) else origins.get(full_key)
 
 
 def _merge_dicts(src: dict[str, Any], dst: dict[str, Any]) -> None:
@@ -256,4 +387,6 @@ def get_cfg() -> CfgNode:
     """Return a fresh copy of trainkit's default config."""
     from trainkit.config.defaults import _C
 
-    return _C.clone()
+    cfg = _C.clone()
+    cfg._forget_origins()  # the defaults are the baseline, not a change with an origin
+    return cfg

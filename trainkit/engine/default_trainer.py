@@ -11,6 +11,7 @@ from torch import nn
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
+from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
@@ -380,6 +381,7 @@ class DefaultTrainer(TrainerBase):
         cfg.defrost()
         cfg.SEED = saved_seed
         cfg.freeze()
+        record_changes(self.cfg, cfg, f"{ORIGIN_RUN_TIME}: the data seed of the checkpoint")
         self.cfg = cfg
         self.data_loader = self.build_train_loader(cfg)
 
@@ -414,11 +416,12 @@ def _with_resolved_seed(cfg: CfgNode) -> CfgNode:
         return cfg
     seed = comm.shared_random_seed()
     logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
-    cfg = cfg.clone()
-    cfg.defrost()
-    cfg.SEED = seed
-    cfg.freeze()
-    return cfg
+    resolved = cfg.clone()
+    resolved.defrost()
+    resolved.SEED = seed
+    resolved.freeze()
+    record_changes(cfg, resolved, f"{ORIGIN_RUN_TIME}: a random seed shared by all ranks")
+    return resolved
 
 
 def _has_batchnorm(model: nn.Module) -> bool:

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode
+from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
 from trainkit.utils.collect_env import format_env_info
@@ -46,7 +48,8 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 
     Returns:
         A parser with ``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-        ``--num-machines``, ``--machine-rank``, ``--dist-url`` and trailing ``opts``.
+        ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--print-config`` and
+        trailing ``opts``.
     """
     epilog = epilog or (
         "Examples:\n"
@@ -84,6 +87,12 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         "machine 0 for several machines",
     )
     parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every config key that differs from the defaults, with its value and where "
+        "it came from (FILE:LINE, command line, auto-scaling), then exit without training",
+    )
+    parser.add_argument(
         "opts",
         default=None,
         nargs=argparse.REMAINDER,
@@ -93,11 +102,19 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 
 
 def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNode:
-    """Prepare the run: output directory, logs, environment record, config dump, seeds.
+    """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``.
-    Rank 0 writes ``OUTPUT_DIR/config.yaml`` (the resolved config) and ``env.txt``.
-    The config is frozen afterwards.
+    ``cfg`` is rescaled in place from ``SOLVER.REFERENCE_WORLD_SIZE`` to the world size
+    (:func:`~trainkit.engine.scaling.auto_scale_config`; the scaled config records the
+    world size it is written for, so its dump does not scale again on as many workers).
+    Rank 0 then writes ``OUTPUT_DIR/config.yaml`` (the config the run uses),
+    ``config_origins.yaml`` (each key that differs from the defaults, with where its value
+    came from) and ``env.txt``. The config is frozen afterwards.
+
+    With ``args.print_config`` (``--print-config``) it does none of that: it prints the keys
+    that differ from the defaults, scaled to the job's world size, with their origins, and
+    exits with status 0 (``launch`` starts no process for such a job).
 
     Args:
         cfg: the full config.
@@ -109,7 +126,11 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     Raises:
         OutputDirError: If ``OUTPUT_DIR`` cannot be created or written.
         UsageError: If ``MODEL.WEIGHTS`` names no file, or ``--eval-only`` has no weights.
+        ScalingError: If the config cannot be scaled to the world size.
+        SystemExit: With status 0, after printing, with ``args.print_config``.
     """
+    if getattr(args, "print_config", False):
+        _print_config_and_exit(cfg, args)
     output_dir = cfg.OUTPUT_DIR
     rank = comm.get_rank()
     if output_dir:
@@ -126,12 +147,12 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         if getattr(args, "config_file", ""):
             with PathManager.open(args.config_file, "r") as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
+    # Before the dump, so config.yaml holds the config the run uses.
+    _scale_in_place(cfg, comm.get_world_size())
     if rank == 0 and output_dir:
-        with atomic_write(os.path.join(output_dir, "config.yaml"), "w") as f:
-            f.write(cfg.dump())
+        _write_config_files(cfg, output_dir)
         with atomic_write(os.path.join(output_dir, "env.txt"), "w") as f:
             f.write(env_table + "\n")
-        logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
     # Each rank gets a different seed for its own random ops; the data order uses a
     # separate seed shared by all ranks (see build_train_loader).
     seed = seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
@@ -140,6 +161,51 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         torch.backends.cudnn.benchmark = bool(cfg.CUDNN_BENCHMARK)
     cfg.freeze()
     return cfg
+
+
+def _scale_in_place(cfg: CfgNode, world_size: int) -> None:
+    # In place: detectron2-style scripts keep using the cfg they passed to default_setup.
+    scaled = auto_scale_config(cfg, world_size)
+    if scaled != cfg:
+        cfg.defrost()
+        cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
+
+
+def _write_config_files(cfg: CfgNode, output_dir: str) -> None:
+    with atomic_write(os.path.join(output_dir, "config.yaml"), "w") as f:
+        f.write(cfg.dump())
+    with atomic_write(os.path.join(output_dir, "config_origins.yaml"), "w") as f:
+        f.write(format_config_changes(config_changes(cfg), header=_ORIGINS_HEADER))
+    logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
+
+
+_ORIGINS_HEADER = (
+    "The config keys of this run that differ from trainkit's defaults (config.yaml has them\n"
+    "all): the value, then where it came from."
+)
+
+
+def _print_config_and_exit(cfg: CfgNode, args: argparse.Namespace) -> None:
+    world_size = _planned_world_size(args)
+    scaled = auto_scale_config(cfg, world_size)
+    # Under torchrun every process gets here (launch starts none); one prints.
+    if os.environ.get("RANK", "0") == "0":
+        header = (
+            f"Config keys that differ from trainkit's defaults, for a job of {world_size} "
+            f"process{'es' if world_size > 1 else ''}: the value, then where it came from."
+        )
+        text = format_config_changes(config_changes(scaled), header=header)
+        print(text, end="", flush=True)  # noqa: T201 - the output --print-config asks for
+    raise SystemExit(0)
+
+
+def _planned_world_size(args: argparse.Namespace) -> int:
+    """The world size the job would have: the process group's, torchrun's, or the flags'."""
+    if comm.get_world_size() > 1:
+        return comm.get_world_size()
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return int(getattr(args, "num_gpus", 1)) * int(getattr(args, "num_machines", 1))
 
 
 class OutputDirError(UsageError, PermissionError):

@@ -15,6 +15,9 @@ What happens on a machine, in order:
 
 Under ``torchrun`` (its environment variables set) nothing is spawned: the process joins
 through ``env://`` and torchrun's agent does the watching.
+
+A job that only prints its config (``--print-config``) starts no process at all:
+``main_func`` runs once, here, and ``default_setup`` prints and exits.
 """
 
 from __future__ import annotations
@@ -153,8 +156,15 @@ def launch(
         UsageError: On impossible arguments, or when a process stopped on a user error
             (its one-line message); the script then exits with status 2.
         LaunchError: When a process of the job raised or died; names the global rank.
+
+    When ``args`` holds the parsed command line of ``--print-config`` (an object whose
+    ``print_config`` is True), ``main_func(*args)`` runs once in this process, without a
+    process group: ``default_setup`` prints the config for the world size the flags ask
+    for and exits, so no worker needs to start.
     """
     install_usage_error_handler()
+    if any(getattr(arg, "print_config", False) is True for arg in args):
+        return [main_func(*args)]
     if _started_by_torchrun():
         return [_run_under_torchrun(main_func, args, timeout)]
     check_launch_arguments(num_gpus_per_machine, num_machines, machine_rank, dist_url)

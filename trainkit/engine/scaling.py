@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.config.provenance import ORIGIN_AUTO_SCALING, record_changes
 
 __all__ = ["ScalingError", "auto_scale_config"]
 
@@ -35,7 +36,9 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     The total batch and the learning rate scale up with the number of workers; MAX_ITER,
     WARMUP_ITERS, STEPS, TEST.EVAL_PERIOD and SOLVER.CHECKPOINT_PERIOD scale down, so the
     run sees the same number of images with the same schedule. ``REFERENCE_WORLD_SIZE == 0``
-    or equal to ``num_workers`` returns the config unchanged (frozen copy).
+    or equal to ``num_workers`` returns the config unchanged (frozen copy). Each changed key's
+    origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes ``auto-scaling from N to M
+    workers (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE included.
 
     Args:
         cfg: the config (not modified).
@@ -91,7 +94,10 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     out.TEST.EVAL_PERIOD = _scaled_period(
         "TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD, scale, num_workers, old_world
     )
+    # The scaled config says it is written for num_workers: loading its dump and running on
+    # as many workers again does not scale it a second time.
     solver.REFERENCE_WORLD_SIZE = num_workers
+    record_changes(cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {num_workers} workers")
     logger.info(
         "Auto-scaling the config from %d to %d workers: IMS_PER_BATCH=%d, BASE_LR=%g, "
         "MAX_ITER=%d, WARMUP_ITERS=%d, STEPS=%s, CHECKPOINT_PERIOD=%d, EVAL_PERIOD=%d",

@@ -7,8 +7,9 @@ import os
 import sys
 import time
 from collections import Counter
+from typing import Callable
 
-__all__ = ["log_every_n_seconds", "log_first_n", "setup_logger"]
+__all__ = ["LogThrottle", "log_every_n", "log_every_n_seconds", "log_first_n", "setup_logger"]
 
 _FORMAT = "[%(asctime)s %(name)s %(levelname)s] %(message)s"
 _DATE_FORMAT = "%m/%d %H:%M:%S"
@@ -59,25 +60,120 @@ def setup_logger(
     return logger
 
 
-_LOG_COUNTER: Counter = Counter()
-_LOG_TIMERS: dict = {}
+class LogThrottle:
+    """The per-call-site counters and timers behind the ``log_*_n*`` functions.
+
+    Used by :func:`log_first_n`, :func:`log_every_n` and :func:`log_every_n_seconds`.
+    A call site is the file and line of the code that called one of those functions, so a
+    message whose text changes on every call (a progress line with a counter in it) is
+    still throttled as one. The module keeps one instance (``_THROTTLE``); tests replace it
+    with a fresh one, with a fake clock, to reset it and to control time.
+
+    Args:
+        clock: returns the current time in seconds; only differences are used.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._counts: Counter = Counter()
+        self._last_logged: dict[tuple, float] = {}
+
+    def count(self, key: tuple) -> int:
+        """Count one more call for ``key`` and return how many there have been."""
+        self._counts[key] += 1
+        return self._counts[key]
+
+    def due(self, key: tuple, period_s: float) -> bool:
+        """Return True (and restart the period) if ``key`` last logged ``period_s`` ago or never."""
+        now = self._clock()
+        last = self._last_logged.get(key)
+        if last is not None and now - last < period_s:
+            return False
+        self._last_logged[key] = now
+        return True
+
+
+_THROTTLE = LogThrottle()
+
+
+def _call_site() -> tuple[str, tuple[str, int]]:
+    """Return the calling code's module name and ``(file, line)``, skipping this module."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == _THIS_FILE:
+        frame = frame.f_back
+    if frame is None:  # only this module on the stack: cannot happen from user code
+        return "trainkit", ("<unknown>", 0)
+    module = frame.f_globals.get("__name__", "trainkit")
+    # A script's messages go to trainkit's logger, which setup_logger configured.
+    return ("trainkit" if module == "__main__" else module), (
+        frame.f_code.co_filename,
+        frame.f_lineno,
+    )
 
 
 def log_first_n(
-    level: int, msg: str, n: int = 1, *, name: str = "trainkit", key: str = "msg"
+    level: int,
+    msg: str,
+    n: int = 1,
+    *,
+    name: str | None = None,
+    key: str | tuple[str, ...] = "caller",
 ) -> None:
-    """Log ``msg`` only the first ``n`` times this call site (or ``msg``) is reached."""
-    caller = sys._getframe(1)
-    ident = (caller.f_code.co_filename, caller.f_lineno) if key == "caller" else msg
-    _LOG_COUNTER[ident] += 1
-    if _LOG_COUNTER[ident] <= n:
-        logging.getLogger(name).log(level, msg)
+    """Log ``msg`` only the first ``n`` times.
+
+    Args:
+        level: the logging level.
+        msg: the message.
+        n: how many times to log it.
+        name: the logger; by default the calling module's (a script's: ``trainkit``).
+        key: what makes two calls "the same": ``"caller"`` (the calling file and line,
+            whatever the message), ``"message"`` (the text, from anywhere; ``"msg"`` is
+            accepted too) or both as a tuple.
+
+    Raises:
+        ValueError: If ``key`` names something else.
+    """
+    keys = (key,) if isinstance(key, str) else tuple(key)
+    unknown = set(keys) - {"caller", "message", "msg"}
+    if not keys or unknown:
+        raise ValueError(f"log_first_n key must be 'caller', 'message' or both, got {key!r}")
+    module, site = _call_site()
+    ident: tuple = site if "caller" in keys else ()
+    if "message" in keys or "msg" in keys:
+        ident = (*ident, msg)
+    if _THROTTLE.count(("first_n", *ident)) <= n:
+        logging.getLogger(name or module).log(level, msg)
 
 
-def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str = "trainkit") -> None:
-    """Log ``msg`` at most once every ``n`` seconds."""
-    now = time.monotonic()
-    last = _LOG_TIMERS.get(msg)
-    if last is None or now - last >= n:
-        logging.getLogger(name).log(level, msg)
-        _LOG_TIMERS[msg] = now
+def log_every_n(level: int, msg: str, n: int = 1, *, name: str | None = None) -> None:
+    """Log ``msg`` on the 1st, (n+1)th, (2n+1)th, ... call from the same file and line.
+
+    Args:
+        level: the logging level.
+        msg: the message (it may differ from call to call).
+        n: log one call in ``n``.
+        name: the logger; by default the calling module's (a script's: ``trainkit``).
+    """
+    module, site = _call_site()
+    if (_THROTTLE.count(("every_n", *site)) - 1) % max(n, 1) == 0:
+        logging.getLogger(name or module).log(level, msg)
+
+
+def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str | None = None) -> None:
+    """Log ``msg`` at most once every ``n`` seconds from the same file and line.
+
+    The first call from a place always logs. Calls are told apart by where they come from,
+    not by their text, so a progress message that changes every call is throttled too.
+
+    Args:
+        level: the logging level.
+        msg: the message (it may differ from call to call).
+        n: the minimum number of seconds between two logged calls.
+        name: the logger; by default the calling module's (a script's: ``trainkit``).
+    """
+    module, site = _call_site()
+    if _THROTTLE.due(site, n):
+        logging.getLogger(name or module).log(level, msg)
+
+
+_THIS_FILE = log_every_n.__code__.co_filename
