@@ -70,3 +70,53 @@ def test_a_world_size_below_one_is_a_callers_bug_not_a_usage_error():
     with pytest.raises(ValueError, match="num_workers") as info:
         auto_scale_config(_cfg(ref=8), 0)
     assert not isinstance(info.value, UsageError)
+
+
+def _accumulate_cfg(ref, accumulate=1, batch=16):
+    cfg = _cfg(batch=batch, ref=ref)
+    cfg.SOLVER.SCALE_MODE = "accumulate"
+    cfg.SOLVER.ACCUMULATE_STEPS = accumulate
+    return cfg
+
+
+def test_accumulate_mode_runs_an_8_process_config_on_2_by_accumulating_4():
+    out = auto_scale_config(_accumulate_cfg(ref=8), 2)
+    assert out.SOLVER.ACCUMULATE_STEPS == 4
+    # the recipe is kept: global batch, learning rate, schedule
+    assert out.SOLVER.IMS_PER_BATCH == 16 and out.SOLVER.BASE_LR == pytest.approx(0.1)
+    assert out.SOLVER.MAX_ITER == 5000 and out.SOLVER.STEPS == (4000,)
+    assert out.TEST.EVAL_PERIOD == 1000 and out.SOLVER.WARMUP_ITERS == 1000
+    assert out.SOLVER.REFERENCE_WORLD_SIZE == 2  # reloading the dump on 2 does not rescale
+    assert auto_scale_config(out, 2).SOLVER.ACCUMULATE_STEPS == 4
+
+
+@pytest.mark.parametrize(
+    ("ref", "accumulate", "world", "expected"),
+    [
+        (2, 1, 1, 2),  # one process accumulates what two did
+        (2, 1, 4, 1),  # more processes than micro-batches: smaller micro-batches
+        (1, 4, 2, 2),
+        (1, 4, 4, 1),
+        (4, 2, 8, 1),
+        (4, 2, 2, 4),
+    ],
+)
+def test_accumulate_rule(ref, accumulate, world, expected):
+    out = auto_scale_config(_accumulate_cfg(ref, accumulate), world)
+    assert out.SOLVER.ACCUMULATE_STEPS == expected
+    assert out.SOLVER.IMS_PER_BATCH == 16
+    if expected != accumulate:
+        assert out.get_origin("SOLVER.ACCUMULATE_STEPS").startswith("auto-scaling")
+
+
+@pytest.mark.parametrize(("ref", "world", "batch"), [(2, 3, 16), (4, 3, 12), (2, 32, 16)])
+def test_accumulate_mode_refuses_a_growing_micro_batch(ref, world, batch):
+    with pytest.raises(ScalingError, match="micro-batch would have to grow"):
+        auto_scale_config(_accumulate_cfg(ref, batch=batch), world)
+
+
+def test_unknown_scale_mode_is_a_config_error():
+    cfg = _cfg()
+    cfg.SOLVER.SCALE_MODE = "quadratic"
+    with pytest.raises(ConfigError, match="unknown SOLVER.SCALE_MODE 'quadratic'"):
+        auto_scale_config(cfg, 2)

@@ -180,6 +180,14 @@ _C.SOLVER.AMP = CN({"ENABLED": False})
 # IMS_PER_BATCH stays the images of one step summed over all ranks, so each rank maps
 # IMS_PER_BATCH / (world size * ACCUMULATE_STEPS) images per micro-batch.
 _C.SOLVER.ACCUMULATE_STEPS = 1
+# How auto-scaling (REFERENCE_WORLD_SIZE > 0) adapts the config to another world size W:
+# "linear" (detectron2's rule): IMS_PER_BATCH and BASE_LR scale with W, MAX_ITER, STEPS,
+# WARMUP_ITERS and the periods inversely — another recipe, and a resume on another world size
+# is refused. "accumulate": IMS_PER_BATCH, BASE_LR and the schedule are kept and
+# ACCUMULATE_STEPS becomes ACCUMULATE_STEPS * REFERENCE_WORLD_SIZE / W when that is whole,
+# else 1 when W is larger and divides IMS_PER_BATCH (smaller micro-batches); otherwise the
+# config is refused (a micro-batch would grow). Runs and resumes on any such W are the same run.
+_C.SOLVER.SCALE_MODE = "linear"
 
 # ---------------------------------------------------------------------------------------
 # Exponential moving average of the weights (the MODEL_EMA hook)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from trainkit.checkpoint import Checkpointer
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
@@ -357,10 +357,17 @@ class DefaultTrainer(TrainerBase):
         state = super().state_dict()
         state["_trainer"] = self._step.state_dict()
         state["data_seed"] = self.cfg.SEED
+        state["world_size"] = comm.get_world_size()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            ConfigError: If the checkpoint was written on another world size while linear
+                auto-scaling is on: the recipe (batch, LR, schedule) would change mid-run.
+        """
+        _check_same_recipe(self.cfg, state.get("world_size"))
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
         saved_seed = state.get("data_seed")
@@ -404,6 +411,19 @@ class _SkippedRecordsMetric(HookBase):
             skipped = getattr(loader, "num_skipped_records", None)
             if skipped is not None:
                 trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
+
+
+def _check_same_recipe(cfg: CfgNode, saved_world_size: int | None) -> None:
+    world_size = comm.get_world_size()
+    if saved_world_size in (None, world_size) or cfg.SOLVER.REFERENCE_WORLD_SIZE == 0:
+        return
+    if cfg.SOLVER.SCALE_MODE == "linear":
+        raise ConfigError(
+            f"the checkpoint was written by {saved_world_size} processes and this job has "
+            f"{world_size}: with SOLVER.SCALE_MODE linear the batch, learning rate and schedule "
+            "would change mid-run. Resume with the same number of processes, or use "
+            "SOLVER.SCALE_MODE accumulate (same recipe on any number of processes)."
+        )
 
 
 def _with_resolved_seed(cfg: CfgNode) -> CfgNode:

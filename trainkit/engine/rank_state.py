@@ -70,18 +70,36 @@ class RankStates:
         return {"world_size": world_size, "ranks": self._captured}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore this rank's RNG states and loader position, if saved for this world size."""
+        """Restore this rank's RNG states and loader position.
+
+        On the world size that wrote the checkpoint, each rank gets its own states back (a
+        bit-exact resume). On another one the RNG streams start afresh (they are per rank),
+        and the loader continues the global stream when its position is global (batches
+        composed from the global stream, the same on every rank), else it starts afresh too.
+        """
         world_size = comm.get_world_size()
         ranks = state.get("ranks")
-        if ranks is None or state.get("world_size") != world_size:
+        if ranks is not None and state.get("world_size") == world_size:
+            mine = ranks[comm.get_rank()]
+            if mine["data"] is not None:
+                self._data_loader().load_state_dict(mine["data"])
+            set_rng_state(mine["rng"])
+            return
+        data = ranks[0]["data"] if ranks else None
+        if isinstance(data, dict) and data.get("kind") == "global":
+            self._data_loader().load_state_dict(data)
             logger.warning(
-                "The checkpoint was written by %s processes, this job has %d: the data order "
-                "and random streams start afresh, so this resume is not bit-exact.",
+                "The checkpoint was written by %s processes, this job has %d: the data stream "
+                "continues where it stopped (step %d), the per-rank random streams (dropout, "
+                "anything outside sample_rng/batch_rng) start afresh.",
                 state.get("world_size"),
                 world_size,
+                data["steps"],
             )
             return
-        mine = ranks[comm.get_rank()]
-        if mine["data"] is not None:
-            self._data_loader().load_state_dict(mine["data"])
-        set_rng_state(mine["rng"])
+        logger.warning(
+            "The checkpoint was written by %s processes, this job has %d: the data order and "
+            "random streams start afresh, so this resume is not bit-exact.",
+            state.get("world_size"),
+            world_size,
+        )

@@ -1,4 +1,19 @@
-"""Linear rescaling of a config written for one world size to another (detectron2's rule)."""
+"""Rescaling a config written for one world size to another.
+
+Two rules, chosen by ``SOLVER.SCALE_MODE``:
+
+* ``"linear"`` (detectron2's): the batch and learning rate grow with the number of workers
+  and the schedule shrinks, so the run sees the same number of images — a different recipe
+  (batch, LR, number of steps) on another world size.
+* ``"accumulate"``: the recipe is kept (``IMS_PER_BATCH``, ``BASE_LR``, the schedule) and
+  ``SOLVER.ACCUMULATE_STEPS`` absorbs the change: with ``A = ACCUMULATE_STEPS x
+  REFERENCE_WORLD_SIZE`` micro-batches per step in the written config, ``W`` workers use
+  ``A / W`` micro-batches each when that is whole (each worker's micro-batch stays the size it
+  was written for); else, when ``W > A`` and ``W`` divides ``IMS_PER_BATCH``, one micro-batch
+  each (smaller micro-batches); else the config is refused, since a micro-batch would grow.
+  Together with the step batches composed from the global stream
+  (:mod:`trainkit.data.composer`), a run then does not depend on its topology.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +22,7 @@ import logging
 from trainkit.config import CfgNode, ConfigError
 from trainkit.config.provenance import ORIGIN_AUTO_SCALING, record_changes
 
-__all__ = ["ScalingError", "auto_scale_config"]
+__all__ = ["SCALE_MODES", "ScalingError", "accumulate_steps_for", "auto_scale_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +43,42 @@ def _scaled_period(name: str, value: int, scale: float, new_world: int, old_worl
             f"to 0 to turn off automatic scaling."
         )
     return scaled
+
+
+SCALE_MODES = ("linear", "accumulate")
+
+
+def accumulate_steps_for(
+    accumulate_steps: int, reference_world_size: int, num_workers: int, ims_per_batch: int
+) -> int:
+    """Return the micro-batches per step that keep the global batch on ``num_workers``.
+
+    Pure arithmetic of the ``"accumulate"`` rule (see the module docstring).
+
+    Args:
+        accumulate_steps: ``SOLVER.ACCUMULATE_STEPS`` of the written config.
+        reference_world_size: the world size the config was written for (> 0).
+        num_workers: the job's world size.
+        ims_per_batch: ``SOLVER.IMS_PER_BATCH``, the global batch of one step.
+
+    Returns:
+        The new ``ACCUMULATE_STEPS``.
+
+    Raises:
+        ScalingError: If neither case of the rule applies (a micro-batch would grow).
+    """
+    slots = accumulate_steps * reference_world_size
+    if slots % num_workers == 0:
+        return slots // num_workers
+    if num_workers > slots and ims_per_batch % num_workers == 0:
+        return 1
+    raise ScalingError(
+        f"SOLVER.SCALE_MODE accumulate cannot run a config written for "
+        f"{reference_world_size} workers x {accumulate_steps} micro-batches "
+        f"(IMS_PER_BATCH={ims_per_batch}) on {num_workers} workers: each worker's micro-batch "
+        f"would have to grow. Use a world size that divides {slots}, or one larger than {slots} "
+        f"that divides IMS_PER_BATCH."
+    )
 
 
 def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
@@ -67,6 +118,13 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
             "workers; set it to the world size the config was written for, or 0 to turn off "
             "automatic scaling."
         )
+    mode = cfg.SOLVER.SCALE_MODE
+    if mode not in SCALE_MODES:
+        raise ScalingError(
+            f"unknown SOLVER.SCALE_MODE {mode!r}; choose {' or '.join(SCALE_MODES)}."
+        )
+    if mode == "accumulate":
+        return _scale_by_accumulating(cfg, out, num_workers)
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch % old_world:
         raise ScalingError(
@@ -110,6 +168,34 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
         solver.STEPS,
         solver.CHECKPOINT_PERIOD,
         out.TEST.EVAL_PERIOD,
+    )
+    out.freeze()
+    return out
+
+
+def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, num_workers: int) -> CfgNode:
+    old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
+    steps = accumulate_steps_for(
+        cfg.SOLVER.ACCUMULATE_STEPS, old_world, num_workers, cfg.SOLVER.IMS_PER_BATCH
+    )
+    # Assigned only when they change: an assignment is recorded as the key's origin.
+    if steps != cfg.SOLVER.ACCUMULATE_STEPS:
+        out.SOLVER.ACCUMULATE_STEPS = steps
+    out.SOLVER.REFERENCE_WORLD_SIZE = num_workers
+    record_changes(
+        cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {num_workers} workers (accumulate)"
+    )
+    logger.info(
+        "Keeping the recipe of a config written for %d workers on %d: IMS_PER_BATCH=%d, "
+        "BASE_LR=%g and the schedule unchanged; ACCUMULATE_STEPS %d -> %d (%d images per "
+        "micro-batch and worker)",
+        old_world,
+        num_workers,
+        cfg.SOLVER.IMS_PER_BATCH,
+        cfg.SOLVER.BASE_LR,
+        cfg.SOLVER.ACCUMULATE_STEPS,
+        steps,
+        cfg.SOLVER.IMS_PER_BATCH // (num_workers * steps),
     )
     out.freeze()
     return out
