@@ -151,9 +151,21 @@ def inference_on_dataset(
         stack.enter_context(torch.no_grad())
         num_timed = _run_batches(model, data_loader, evaluator, timings, num_batches)
     _log_timings(timings, num_timed)
+    _report_skipped_records(data_loader)
     results = evaluator.evaluate()
     # Non-main ranks often return None; {} spares every caller a None check.
     return {} if results is None else results
+
+
+def _report_skipped_records(data_loader: Any) -> None:
+    # trainkit's test loaders skip (never replace) records that fail to map and count them.
+    skipped = getattr(data_loader, "num_skipped_records", None)
+    if skipped:
+        logger.warning(
+            "%d records of this rank's share could not be mapped and are left out of the "
+            "evaluation (each is named in a warning above); the results cover the others.",
+            skipped,
+        )
 
 
 class _Timings:
