@@ -55,6 +55,8 @@ class StreamBatches(IterableDataset):
         bucket_of: raw element -> aspect-ratio bucket (grouping), or None.
         collate_fn: list of mapped elements -> batch.
         seed: keys ``sample_rng()`` / ``batch_rng()``.
+        drop_last: at the end of a finite stream, drop what is left in a worker's buckets
+            (else each bucket becomes one last, smaller batch).
         start: per-worker positions to resume from (``None``: the start), and ``rotation``,
             the worker whose batch the loader returns next (see the module docstring).
     """
@@ -68,9 +70,11 @@ class StreamBatches(IterableDataset):
         bucket_of: Callable[[Any], int] | None,
         collate_fn: Callable[[list[Any]], Any],
         seed: int,
+        drop_last: bool = True,
         start: dict[str, Any] | None = None,
     ) -> None:
         self.stream = stream
+        self.drop_last = drop_last
         self.mapper = mapper
         self.batch_size = batch_size
         self.bucket_of = bucket_of
@@ -137,6 +141,18 @@ class StreamBatches(IterableDataset):
                 "skipped": skipped,
                 "size": len(batch),
             }
+            if batch:
+                yield self.collate_fn(batch), meta
+        if self.drop_last:
+            return
+        for bucket in sorted(buckets):
+            items = buckets.pop(bucket)
+            batch, skipped, failures_in_a_row = self._map_batch(
+                items, worker, num_workers, failures_in_a_row
+            )
+            waiting = [[c, b] for b, rest in buckets.items() for c, _ in rest]
+            meta = {"worker": worker, "state": {"read": read, "pending": sorted(waiting)},
+                    "skipped": skipped, "size": len(batch)}  # fmt: skip
             if batch:
                 yield self.collate_fn(batch), meta
 

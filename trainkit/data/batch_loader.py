@@ -135,7 +135,13 @@ def build_batch_data_loader(
         batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
         bucket_of = _bucket_of(aspect_ratio_bins) if aspect_ratio_grouping else None
         batches = StreamBatches(
-            records, mapper, batch_size, bucket_of=bucket_of, collate_fn=collate, seed=seed
+            records,
+            mapper,
+            batch_size,
+            bucket_of=bucket_of,
+            collate_fn=collate,
+            seed=seed,
+            drop_last=drop_last,
         )
         logger.info("Stream loader: batches of %d formed in the workers", batch_size)
         return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
