@@ -38,6 +38,7 @@ from trainkit.utils.event_writers import EventWriter, _new_scalars
 from trainkit.utils.file_io import atomic_write
 
 __all__ = [
+    "BackgroundCalls",
     "TrackerUnavailableError",
     "TrackerWriter",
     "check_reachable",
