@@ -10,6 +10,20 @@ _VERSION = re.search(
     Path(__file__).with_name("trainkit").joinpath("__init__.py").read_text(),
 ).group(1)
 
+# Optional features: pip install -e ".[wandb]" (or mlflow, plot; several: ".[wandb,mlflow]").
+_EXTRAS = {
+    # WRITERS "wandb": Weights & Biases (reinit="create_new" needs 0.19.10).
+    "wandb": ["wandb>=0.19.10"],
+    # WRITERS "mlflow": the full package, with what `mlflow server` needs for a local tracking
+    # server (SQLAlchemy, alembic, the web server), not only mlflow-skinny's client.
+    "mlflow": ["mlflow>=2.9"],
+    # tools/plot_metrics.py
+    "plot": ["matplotlib>=3.5"],
+}
+# The test suite runs the trackers for real (an offline W&B run, a local MLflow server) and
+# the plot tool, so it needs every extra.
+_EXTRAS["test"] = ["pytest>=7.0", *_EXTRAS["wandb"], *_EXTRAS["mlflow"], *_EXTRAS["plot"]]
+
 setup(
     name="trainkit",
     version=_VERSION,
@@ -33,6 +47,6 @@ setup(
         # (trainkit.utils.serialize.PicklableWrapper), as detectron2 does.
         "cloudpickle>=1.3",
     ],
-    extras_require={"test": ["pytest>=7.0"]},
+    extras_require=_EXTRAS,
     include_package_data=True,
 )

@@ -5,10 +5,12 @@ import sys
 
 import pytest
 
-HEAVY = ("torch.utils.tensorboard", "tensorboard", "matplotlib")
+HEAVY = ("torch.utils.tensorboard", "tensorboard", "matplotlib", "wandb", "mlflow")
 
 
-@pytest.mark.parametrize("module", ["trainkit.config", "trainkit.utils.comm", "trainkit.engine"])
+@pytest.mark.parametrize(
+    "module", ["trainkit.config", "trainkit.utils.comm", "trainkit.utils.events", "trainkit.engine"]
+)
 def test_light_import(module):
     code = f"import sys, {module}; print([m for m in {HEAVY!r} if m in sys.modules])"
     out = subprocess.run(

@@ -28,10 +28,10 @@ from trainkit.config import CfgNode, get_cfg
 from trainkit.data import build_detection_test_loader, build_detection_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.engine import (
+    build_writers,
     create_ddp_model,
     default_argument_parser,
     default_setup,
-    default_writers,
     launch,
 )
 from trainkit.evaluation import (
@@ -78,7 +78,8 @@ def do_train(cfg: CfgNode, model: torch.nn.Module, resume: bool = False) -> None
     periodic_checkpointer = PeriodicCheckpointer(
         checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD, max_iter=max_iter
     )
-    writers = default_writers(cfg.OUTPUT_DIR, max_iter) if comm.is_main_process() else []
+    # The writers named in WRITERS (console, metrics.json, TensorBoard by default; W&B, MLflow).
+    writers = build_writers(cfg, max_iter) if comm.is_main_process() else []
     data_loader = build_detection_train_loader(
         cfg, mapper=ClassificationDatasetMapper(cfg, is_train=True)
     )

@@ -225,8 +225,34 @@ _C.OUTPUT_DIR = "./output"
 _C.SEED = -1
 # torch.backends.cudnn.benchmark: faster convolutions for fixed input sizes.
 _C.CUDNN_BENCHMARK = False
-# Console/JSON/TensorBoard writers run every this many iterations.
+# The writers run every this many iterations (and after the last one).
 _C.WRITER_PERIOD = 20
+# Where metrics go (rank 0 only), any of: "console" (a log line with the ETA), "json"
+# (OUTPUT_DIR/metrics.json), "tensorboard" (event files in OUTPUT_DIR), "wandb" (Weights &
+# Biases, see WANDB; pip install 'trainkit[wandb]'), "mlflow" (an MLflow tracking server, see
+# MLFLOW; pip install 'trainkit[mlflow]'). A tracker that is not installed or not reachable
+# stops the run before training; one that fails during training is logged once and turned
+# off. A tracker's run id is kept in OUTPUT_DIR (wandb_run_id, mlflow_run_id), so a resumed
+# run continues the same tracker run.
+_C.WRITERS = ("console", "json", "tensorboard")
+
+# Weights & Biases (WRITERS includes "wandb"). Entity, API key and server come from W&B's own
+# settings (`wandb login`, WANDB_ENTITY, WANDB_API_KEY, WANDB_BASE_URL).
+_C.WANDB = CN()
+# The W&B project the run is logged to.
+_C.WANDB.PROJECT = "trainkit"
+# "online": log to the W&B server (checked, with the login, before training); "offline":
+# only files in OUTPUT_DIR/wandb, uploaded later with `wandb sync`; needs no network.
+_C.WANDB.MODE = "online"
+
+# MLflow (WRITERS includes "mlflow").
+_C.MLFLOW = CN()
+# Tracking server or store, e.g. "http://127.0.0.1:5000" (checked to accept connections
+# before training); "" uses MLflow's default: the MLFLOW_TRACKING_URI environment
+# variable, else a local store in the working directory.
+_C.MLFLOW.TRACKING_URI = ""
+# Name of the MLflow experiment the run goes to; created if missing.
+_C.MLFLOW.EXPERIMENT = "trainkit"
 # Seconds a rank may go without finishing a phase (data, step, checkpoint, eval) before the
 # watchdog stops the job; 0 disables the watchdog.
 _C.WATCHDOG_TIMEOUT_S = 0.0

@@ -8,7 +8,7 @@ from trainkit.engine.defaults import default_argument_parser, default_setup
 from trainkit.engine.launch import DEFAULT_TIMEOUT, LaunchError, launch
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, HookPriority, TrainerBase
-from trainkit.engine.writers import default_writers
+from trainkit.engine.writers import build_writers, default_writers
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -19,6 +19,7 @@ __all__ = [
     "LaunchError",
     "SimpleTrainer",
     "TrainerBase",
+    "build_writers",
     "create_ddp_model",
     "default_argument_parser",
     "default_setup",

@@ -24,7 +24,7 @@ from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
-from trainkit.engine.writers import default_writers
+from trainkit.engine.writers import build_writers
 from trainkit.evaluation import (
     DatasetEvaluator,
     inference_on_dataset,
@@ -207,8 +207,13 @@ class DefaultTrainer(TrainerBase):
         return [h for h in hooks_list if h is not None]
 
     def build_writers(self) -> list[EventWriter]:
-        """Return the writers run by the PeriodicWriter hook (rank 0 only)."""
-        return default_writers(self.cfg.OUTPUT_DIR, self.max_iter)
+        """Return the writers run by the PeriodicWriter hook (rank 0 only).
+
+        They are the ones named in ``WRITERS`` (:func:`trainkit.engine.writers.
+        build_writers`); a tracker that is not installed or not reachable raises here, in
+        the constructor, before training starts.
+        """
+        return build_writers(self.cfg, self.max_iter)
 
     # ---- running ------------------------------------------------------------------------
     def resume_or_load(self, resume: bool = True) -> None:

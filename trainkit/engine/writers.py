@@ -1,13 +1,23 @@
-"""The writers a run publishes its metrics with."""
+"""The writers a run publishes its metrics with, chosen by the config's ``WRITERS``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
-from trainkit.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
+from trainkit.config import CfgNode, ConfigError
+from trainkit.utils.errors import UnknownNameError
+from trainkit.utils.events import (
+    CommonMetricPrinter,
+    EventWriter,
+    JSONWriter,
+    MLflowWriter,
+    TensorboardXWriter,
+    WandbWriter,
+)
 from trainkit.utils.file_io import PathManager
 
-__all__ = ["default_writers"]
+__all__ = ["WRITER_NAMES", "build_writers", "default_writers"]
 
 
 def default_writers(output_dir: str, max_iter: int | None = None) -> list[EventWriter]:
@@ -23,3 +33,77 @@ def default_writers(output_dir: str, max_iter: int | None = None) -> list[EventW
         JSONWriter(os.path.join(output_dir, "metrics.json")),
         TensorboardXWriter(output_dir),
     ]
+
+
+def _wandb(cfg: CfgNode, max_iter: int | None) -> EventWriter:
+    if cfg.WANDB.MODE not in ("online", "offline"):
+        raise ConfigError(
+            f"WANDB.MODE={cfg.WANDB.MODE!r} is not a W&B mode; use 'online' or 'offline'."
+        )
+    return WandbWriter(cfg.OUTPUT_DIR, cfg.WANDB.PROJECT, cfg.WANDB.MODE, config=cfg)
+
+
+def _mlflow(cfg: CfgNode, max_iter: int | None) -> EventWriter:
+    return MLflowWriter(
+        cfg.OUTPUT_DIR,
+        cfg.MLFLOW.TRACKING_URI,
+        cfg.MLFLOW.EXPERIMENT,
+        config=cfg,
+        config_yaml=cfg.dump(),
+    )
+
+
+# name in WRITERS -> builder(cfg, max_iter). Trackers check that they are installed and
+# reachable when built, so a problem shows before training starts.
+_BUILDERS: dict[str, Callable[[CfgNode, int | None], EventWriter]] = {
+    "console": lambda cfg, max_iter: CommonMetricPrinter(max_iter),
+    "json": lambda cfg, max_iter: JSONWriter(os.path.join(cfg.OUTPUT_DIR, "metrics.json")),
+    "tensorboard": lambda cfg, max_iter: TensorboardXWriter(cfg.OUTPUT_DIR),
+    "wandb": _wandb,
+    "mlflow": _mlflow,
+}
+
+_TRACKERS = ("wandb", "mlflow")
+
+WRITER_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+"""The names ``WRITERS`` may hold."""
+
+
+def build_writers(cfg: CfgNode, max_iter: int | None = None) -> list[EventWriter]:
+    """Return the writers named in ``cfg.WRITERS``, in that order.
+
+    Call it on rank 0 only: the trackers among them open a run.
+
+    Args:
+        cfg: the config; ``WRITERS``, ``OUTPUT_DIR``, ``WANDB`` and ``MLFLOW`` are read,
+            and the whole config is logged to the trackers.
+        max_iter: total iterations, for the console's ETA.
+
+    Raises:
+        UnknownNameError: If ``WRITERS`` holds a name that is not a writer.
+        ConfigError: If ``WRITERS`` names a writer twice, or ``WANDB.MODE`` is invalid.
+        TrackerUnavailableError: If a tracker is not installed or not reachable.
+    """
+    names = tuple(cfg.WRITERS)
+    unknown = [name for name in names if name not in _BUILDERS]
+    if unknown:
+        raise UnknownNameError(
+            f"WRITERS={names!r} names unknown writer(s) {', '.join(map(repr, unknown))}; "
+            f"known writers: {', '.join(WRITER_NAMES)}."
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"WRITERS={names!r} names {', '.join(repeated)} twice; list each once.")
+    PathManager.mkdirs(cfg.OUTPUT_DIR)
+    # Trackers first: the checks most likely to fail run before any file is opened.
+    build_order = sorted(names, key=lambda name: name not in _TRACKERS)
+    built: dict[str, EventWriter] = {}
+    try:
+        for name in build_order:
+            built[name] = _BUILDERS[name](cfg, max_iter)
+    except BaseException:
+        # Close what was opened (files, a tracker run) before the error ends the run.
+        for writer in built.values():
+            writer.close()
+        raise
+    return [built[name] for name in names]

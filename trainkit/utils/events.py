@@ -1,12 +1,15 @@
 """Training metrics: the ``EventStorage`` context stack and the writers that drain it.
 
 Code anywhere in a training step records numbers with ``get_event_storage().put_scalar(...)``;
-writers (:class:`CommonMetricPrinter`, :class:`JSONWriter`, :class:`TensorboardXWriter`) run
-periodically and publish what is new since their previous write.
+writers (:class:`CommonMetricPrinter`, :class:`JSONWriter`, :class:`TensorboardXWriter`, and
+the experiment trackers :class:`WandbWriter` and :class:`MLflowWriter`) run periodically and
+publish what is new since their previous write.
 
 This module is the place to import every name from, as in detectron2. The storage lives in
 :mod:`trainkit.utils.event_storage`, its per-scalar buffer in
-:mod:`trainkit.utils.history_buffer`, the file writers in :mod:`trainkit.utils.event_writers`;
+:mod:`trainkit.utils.history_buffer`, the file writers in :mod:`trainkit.utils.event_writers`,
+the trackers in :mod:`trainkit.utils.wandb_writer` and :mod:`trainkit.utils.mlflow_writer`
+(which import ``wandb``/``mlflow`` only when a writer is built);
 the console printer is defined here so that its log records come from the logger
 ``trainkit.utils.events``.
 """
@@ -29,6 +32,8 @@ from trainkit.utils.event_storage import EventStorage, get_event_storage, has_ev
 from trainkit.utils.event_storage import _reset_storage_stack as _reset_storage_stack
 from trainkit.utils.event_writers import EventWriter, JSONWriter, TensorboardXWriter
 from trainkit.utils.history_buffer import HistoryBuffer
+from trainkit.utils.mlflow_writer import MLflowWriter
+from trainkit.utils.wandb_writer import WandbWriter
 
 __all__ = [
     "CommonMetricPrinter",
@@ -36,7 +41,9 @@ __all__ = [
     "EventWriter",
     "HistoryBuffer",
     "JSONWriter",
+    "MLflowWriter",
     "TensorboardXWriter",
+    "WandbWriter",
     "get_event_storage",
     "has_event_storage",
 ]

@@ -1,0 +1,122 @@
+"""``WandbWriter``: publish a run's config and scalars to Weights & Biases.
+
+Install with ``pip install 'trainkit[wandb]'``. ``wandb`` is imported when the writer is
+built, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from trainkit.utils.trackers import (
+    TrackerUnavailableError,
+    TrackerWriter,
+    check_reachable,
+    default_run_name,
+    first_line,
+    flatten_config,
+    import_tracker,
+    read_run_id,
+    save_run_id,
+)
+
+__all__ = ["WandbWriter"]
+
+logger = logging.getLogger(__name__)
+
+RUN_ID_FILE = "wandb_run_id"
+"""Name of the file in the output directory that keeps the W&B run id for a resume."""
+
+_MODES = ("online", "offline")
+
+
+class WandbWriter(TrackerWriter):
+    """Log scalars to a W&B run, with the iteration as the step.
+
+    The run lives in ``output_dir/wandb/`` (in offline mode, ``offline-run-*``
+    directories to upload later with ``wandb sync``). Its config is the resolved config
+    with flattened keys (``SOLVER.BASE_LR``). The run id is kept in
+    ``output_dir/wandb_run_id``; a writer built where that file exists continues that run.
+
+    In online mode the W&B server must accept connections and the login must work when the
+    writer is built. W&B's client sends scalars in the background; the first error it
+    raises is logged once and turns the writer off, and training goes on.
+    """
+
+    name = "W&B"
+
+    def __init__(
+        self,
+        output_dir: str,
+        project: str = "trainkit",
+        mode: str = "online",
+        *,
+        config: Mapping[str, Any] | None = None,
+        run_name: str | None = None,
+        window_size: int = 20,
+        connect_timeout_s: float = 5.0,
+        init_timeout_s: float = 60.0,
+    ) -> None:
+        """Check W&B and start (or continue) the run.
+
+        Args:
+            output_dir: directory of the run: the W&B files and the run id go there.
+            project: the W&B project.
+            mode: ``"online"`` (needs the server and a login) or ``"offline"`` (only local
+                files; no network).
+            config: the resolved config, logged as the run's config with flattened keys.
+            run_name: display name of a new run; defaults to the name of ``output_dir``.
+            window_size: number of iterations the median of smoothed scalars covers.
+            connect_timeout_s: how long the check that the server is reachable waits.
+            init_timeout_s: how long W&B may take to start the run (its ``init_timeout``).
+
+        Raises:
+            ValueError: If ``mode`` is neither ``"online"`` nor ``"offline"``.
+            TrackerUnavailableError: If wandb is not installed, or (online) the server is
+                not reachable or the login fails.
+        """
+        if mode not in _MODES:
+            raise ValueError(f"W&B mode must be one of {_MODES}, got {mode!r}")
+        super().__init__(window_size)
+        wandb = import_tracker("wandb", "wandb", "wandb")
+        if mode == "online":
+            # The URL W&B would use: WANDB_BASE_URL, else its settings files, else its cloud.
+            base_url = wandb.setup().settings.base_url
+            check_reachable(
+                base_url, "WANDB_BASE_URL", "wandb", connect_timeout_s, "set WANDB.MODE offline"
+            )
+        os.makedirs(output_dir, exist_ok=True)
+        id_file = os.path.join(output_dir, RUN_ID_FILE)
+        run_id = read_run_id(id_file)
+        try:
+            self._run = wandb.init(
+                project=project,
+                dir=output_dir,
+                mode=mode,
+                id=run_id,
+                resume="allow" if run_id is not None else None,
+                name=None if run_id is not None else (run_name or default_run_name(output_dir)),
+                config=flatten_config(config or {}),
+                # Another run the user started in this process stays open.
+                reinit="create_new",
+                settings=wandb.Settings(init_timeout=init_timeout_s),
+            )
+        except Exception as e:
+            raise TrackerUnavailableError(
+                f"W&B could not start a run in project {project!r} (WANDB.MODE={mode}): "
+                f"{first_line(e)}; log in with `wandb login`, set WANDB.MODE offline, or "
+                "remove 'wandb' from WRITERS."
+            ) from None
+        self.run_id: str = self._run.id
+        save_run_id(id_file, self.run_id)
+        verb = "continuing" if run_id is not None else "started"
+        logger.info("W&B: %s run %s (%s) in %s", verb, self.run_id, mode, output_dir)
+
+    def _log(self, iteration: int, scalars: dict[str, float]) -> None:
+        self._run.log(scalars, step=iteration)
+
+    def _finish(self, success: bool) -> None:
+        self._run.finish(exit_code=0 if success else 1)
