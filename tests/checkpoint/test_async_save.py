@@ -142,6 +142,28 @@ def test_save_returns_during_the_write_and_the_file_holds_the_state_at_save_time
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000001.pth"
 
 
+def test_successive_async_saves_each_hold_their_own_state(tmp_path):
+    # The host copy's memory is reused by the next save; each file must still hold its own
+    # state, also when the state gains entries (momentum buffers after the first step).
+    torch.manual_seed(0)
+    model = _Net()
+    model.tied = model.fc  # the same parameters under two names
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    checkpointer = Checkpointer(model, str(tmp_path), async_save=True, optimizer=optimizer)
+    expected = {}
+    for it in range(3):
+        expected[it] = {k: v.clone() for k, v in model.state_dict().items()}
+        checkpointer.save(f"model_{it:07d}", iteration=it)
+        _step(model, optimizer)
+    checkpointer.wait()
+    for it in range(3):
+        saved = _load(tmp_path / f"model_{it:07d}.pth")
+        _assert_equal(dict(saved["model"]), expected[it], f"model_{it:07d}")
+        assert len(saved["optimizer"]["state"]) == (0 if it == 0 else 4)
+        # tied weights are stored once and stay tied
+        assert saved["model"]["tied.weight"].data_ptr() == saved["model"]["fc.weight"].data_ptr()
+
+
 def test_a_save_waits_for_the_previous_write(tmp_path, writes):
     checkpointer = Checkpointer(_Net(), str(tmp_path), async_save=True)
     writes.gate.clear()

@@ -217,15 +217,15 @@ def test_async_checkpoint_blocks_training_only_for_the_copy_in_the_checkpoint_ph
 ):
     import threading
 
-    import trainkit.checkpoint.checkpointer as checkpointer_module
+    from trainkit.checkpoint._background import HostStaging
 
     trainer = RegressionTrainer(_cfg(tmp_path, max_iter=8, workers=0, checkpoint_async=True))
     phases, gate, steps_during_write = [], threading.Event(), []
-    real_copy, real_save = checkpointer_module.copy_to_host, torch.save
+    real_copy, real_save = HostStaging.copy, torch.save
 
-    def recording_copy(state):
+    def recording_copy(self, state):
         phases.append(trainer.watchdog.record()["phase"])
-        return real_copy(state)
+        return real_copy(self, state)
 
     def gated_save(obj, f, *args, **kwargs):
         assert gate.wait(timeout=60)
@@ -237,7 +237,7 @@ def test_async_checkpoint_blocks_training_only_for_the_copy_in_the_checkpoint_ph
         if t.iter == 6:
             gate.set()  # the write of model_0000004 was blocked for two more steps
 
-    monkeypatch.setattr(checkpointer_module, "copy_to_host", recording_copy)
+    monkeypatch.setattr(HostStaging, "copy", recording_copy)
     monkeypatch.setattr(torch, "save", gated_save)
     trainer.register_hooks([hooks.CallbackHook(after_step=after_step)])
     trainer.train()

@@ -1,6 +1,6 @@
 """Writing checkpoints in the background: the host copy, and one ordered writer thread.
 
-The training thread copies the state to host memory (:func:`copy_to_host`) and hands the copy
+The training thread copies the state to host memory (:class:`HostStaging`) and hands the copy
 to a :class:`BackgroundWriter`, whose single thread writes, fsyncs, renames and tags in
 submission order. A failed job is kept until the training thread asks (:meth:`wait` or
 :meth:`raise_if_failed`), so an error is raised there, once, naming the file.
@@ -12,13 +12,14 @@ import atexit
 import copy
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["BackgroundWriter", "CheckpointWriteError", "copy_to_host"]
+__all__ = ["BackgroundWriter", "CheckpointWriteError", "HostStaging"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,49 +32,111 @@ class CheckpointWriteError(RuntimeError):
     """
 
 
-def copy_to_host(state: Any) -> Any:
-    """Return a copy of ``state`` that no later training step can change.
+class HostStaging:
+    """Copies of a state in host memory, reusing the previous copy's tensors as buffers.
 
-    A ``state_dict()`` holds references to live parameters and optimizer buffers, which the
-    next optimizer step overwrites in place. Containers (dict and subclasses with their
-    attributes such as a state dict's ``_metadata``, list, tuple, namedtuple) are rebuilt,
-    every tensor is copied to CPU memory, and any other value is deep-copied. Tensors that
-    are the same view of the same memory (tied weights) are copied once and stay shared.
+    Fresh memory costs a page fault per 4 KiB on first touch, several times the copy itself
+    (measured: 0.5 GB/s into fresh memory, 15 GB/s into reused memory), so the buffers of one
+    copy are kept and overwritten by the next copy of a state with the same tensors. GPU
+    tensors are copied into pinned buffers, all at once, then the devices are synchronised;
+    CPU tensors with one memcpy each.
 
-    Args:
-        state: the data about to be saved.
-
-    Returns:
-        The copy, holding only CPU tensors.
+    The caller must make sure nothing reads the previous copy any more (``Checkpointer``
+    waits for the previous write before copying).
     """
-    return _copy(state, {})
 
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
 
-def _copy(obj: Any, memo: dict[tuple[Any, ...], torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        key = _view_key(obj)
-        copied = memo.get(key)
-        if copied is None:
-            # copy=True copies even a CPU tensor; for a GPU tensor this waits for the copy.
-            copied = memo[key] = obj.detach().to("cpu", copy=True)
+    def copy(self, state: Any) -> Any:
+        """Return a copy of ``state`` that no later training step can change.
+
+        A ``state_dict()`` holds references to live parameters and optimizer buffers, which
+        the next optimizer step overwrites in place. Containers (dict and subclasses with
+        their attributes such as a state dict's ``_metadata``, list, tuple, namedtuple) are
+        rebuilt, every tensor is copied to CPU memory (contiguous), and any other value is
+        deep-copied. Tensors that are the same view of the same memory (tied weights) are
+        copied once and stay shared.
+
+        Args:
+            state: the data about to be saved.
+
+        Returns:
+            The copy, holding only CPU tensors.
+        """
+        previous, self._buffers = self._buffers, []
+        devices: set[torch.device] = set()
+        copied = self._copy(state, {}, iter(previous), devices)
+        for device in devices:
+            torch.cuda.synchronize(device)  # the non-blocking copies are complete
         return copied
-    if isinstance(obj, dict):
-        out = copy.copy(obj)  # keeps the mapping's type (OrderedDict, defaultdict)
-        if hasattr(obj, "__dict__"):
-            vars(out).update(copy.deepcopy(vars(obj)))
-        for key, value in obj.items():
-            out[key] = _copy(value, memo)
-        return out
-    if type(obj) is list:
-        return [_copy(value, memo) for value in obj]
-    if type(obj) is tuple:
-        return tuple(_copy(value, memo) for value in obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(_copy(value, memo) for value in obj))
-    return copy.deepcopy(obj)
+
+    def clear(self) -> None:
+        """Drop the kept buffers (the memory of one copy)."""
+        self._buffers = []
+
+    def _copy(
+        self,
+        obj: Any,
+        memo: dict[tuple[Any, ...], torch.Tensor],
+        reusable: Iterator[torch.Tensor],
+        devices: set[torch.device],
+    ) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = _view_key(obj)
+            if key not in memo:
+                memo[key] = self._copy_tensor(obj.detach(), reusable, devices)
+            return memo[key]
+        if isinstance(obj, dict):
+            out = copy.copy(obj)  # keeps the mapping's type (OrderedDict, defaultdict)
+            if hasattr(obj, "__dict__"):
+                vars(out).update(copy.deepcopy(vars(obj)))
+            for key, value in obj.items():
+                out[key] = self._copy(value, memo, reusable, devices)
+            return out
+        if type(obj) in (list, tuple):
+            return type(obj)(self._copy(value, memo, reusable, devices) for value in obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+            return type(obj)(*(self._copy(value, memo, reusable, devices) for value in obj))
+        return copy.deepcopy(obj)
+
+    def _copy_tensor(
+        self, t: torch.Tensor, reusable: Iterator[torch.Tensor], devices: set[torch.device]
+    ) -> torch.Tensor:
+        if t.layout is not torch.strided or t.is_quantized or t.is_nested or t.is_meta:
+            return t.to("cpu", copy=True)  # rare kinds: a plain copy, not reused
+        on_gpu = t.device.type == "cuda"
+        # Tensors come in the same order every save; a changed state just reallocates.
+        buffer = next(reusable, None)
+        if (
+            buffer is None
+            or buffer.shape != t.shape
+            or buffer.dtype != t.dtype
+            or buffer.is_pinned() != on_gpu
+        ):
+            buffer = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=on_gpu)
+        if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+            # A plain memcpy. torch's copy_ splits a large copy over its intra-op threads,
+            # and on a busy host (loader workers, other jobs) waits for descheduled ones:
+            # 400 MB took 0.04-0.1 s this way against 0.2-1.7 s with copy_ on 2 busy cores.
+            np.copyto(_as_bytes(buffer), _as_bytes(t))
+        else:
+            buffer.copy_(t, non_blocking=on_gpu)
+        if on_gpu:
+            devices.add(t.device)
+        self._buffers.append(buffer)
+        return buffer
+
+
+def _as_bytes(t: torch.Tensor) -> np.ndarray:
+    """The memory of a contiguous CPU tensor as a flat numpy byte array (no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Equal for two tensors that are the same view of the same memory (tied weights)."""
+    if t.layout is not torch.strided or t.is_meta:
+        return ("object", id(t))
     return (
         t.device,
         t.untyped_storage().data_ptr(),

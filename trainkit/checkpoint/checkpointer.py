@@ -23,7 +23,7 @@ import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
 from torch import nn
 
-from trainkit.checkpoint._background import BackgroundWriter, copy_to_host
+from trainkit.checkpoint._background import BackgroundWriter, HostStaging
 from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
@@ -140,7 +140,8 @@ class Checkpointer(_FvcoreCheckpointer):
             allow_shape_mismatch: skip (and report) model entries whose shapes differ, as
                 detectron2 does; False refuses such a checkpoint, listing the entries.
             async_save: write files in a background thread; :meth:`save` then blocks only
-                to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``).
+                to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``). The copy
+                is kept and reused by the next save: host memory as large as the state.
             blocking_context: called by each :meth:`save`; the context manager it returns
                 wraps the part the caller waits for (waiting for the previous write, then
                 the copy, or everything when saving synchronously). ``DefaultTrainer``
@@ -162,6 +163,7 @@ class Checkpointer(_FvcoreCheckpointer):
         self.async_save = async_save
         self._blocking_context = blocking_context or contextlib.nullcontext
         self._writer = BackgroundWriter()
+        self._staging = HostStaging()  # holds one host copy between async saves
 
     def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
         """Track one more object under ``key`` (see the constructor's ``checkpointables``).
@@ -212,7 +214,7 @@ class Checkpointer(_FvcoreCheckpointer):
                 self.logger.info("Saving checkpoint to %s", save_file)
                 self._write_checkpoint(save_file, data, tag_last)
                 return
-            host_copy = copy_to_host(data)
+            host_copy = self._staging.copy(data)
         del data  # the live state: only the copy goes to the writer thread
         self.logger.info("Saving checkpoint to %s (written in the background)", save_file)
         self._writer.submit(
@@ -285,8 +287,14 @@ class Checkpointer(_FvcoreCheckpointer):
         self._writer.submit(what, fn, after_success=True)
 
     def close(self) -> None:
-        """:meth:`wait`, then stop the writer thread (a later async save starts another)."""
-        self._writer.close()
+        """:meth:`wait`, then stop the writer thread and free the host copy.
+
+        A later async save starts another thread and makes a new copy.
+        """
+        try:
+            self._writer.close()
+        finally:
+            self._staging.clear()
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """Atomically record ``last_filename_basename`` as the newest checkpoint."""
