@@ -61,7 +61,7 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    assert len(tables) == 8  # train, 2 data, 2 launch, 2 checkpoint, eval
+    assert len(tables) == 9  # 2 train (step, EMA), 2 data, 2 launch, 2 checkpoint, eval
     for title, (header, *rows) in tables.items():
         assert header[-2:] == ["target", "PASS/MISS"] or header[-2:] == [
             "target (launch)",
