@@ -278,6 +278,15 @@ def test_rotation_never_deletes_the_file_being_written_nor_the_newest_complete_o
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000001.pth"
 
 
+def test_resume_sees_a_checkpoint_still_being_written(tmp_path, writes):
+    model, _ = _trained()
+    checkpointer = Checkpointer(model, str(tmp_path), async_save=True)
+    writes.gate.clear()
+    checkpointer.save("model_0000003", iteration=3)
+    threading.Timer(0.2, writes.gate.set).start()  # resume_or_load waits for it
+    assert checkpointer.resume_or_load("")["iteration"] == 3
+
+
 def test_other_ranks_and_sync_checkpointers_have_nothing_to_wait_for(tmp_path):
     off_rank = Checkpointer(_Net(), str(tmp_path), save_to_disk=False, async_save=True)
     off_rank.save("model_0000001")

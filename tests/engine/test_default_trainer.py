@@ -199,12 +199,30 @@ def test_exact_resume_with_accumulation(tmp_path):
     )
 
 
-def test_exact_resume_with_async_checkpoints(tmp_path):
+def _record_writer_threads(monkeypatch):
+    """Make torch.save record the name of the thread that writes each checkpoint."""
+    import threading
+
+    real_save, threads = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    return threads
+
+
+def test_exact_resume_with_async_checkpoints(tmp_path, monkeypatch):
     straight = _train(tmp_path / "straight", workers=0)
+    writer_threads = _record_writer_threads(monkeypatch)
     _train(tmp_path / "resumed", stop_after=4, workers=0, checkpoint_async=True)
     assert (tmp_path / "resumed" / "last_checkpoint").read_text() == "model_0000004.pth"
     resumed = _train(tmp_path / "resumed", resume=True, workers=0, checkpoint_async=True)
     assert resumed["start_iter"] == 5
+    # model_0000004, then model_0000009 and model_final: all written in the background
+    assert len(writer_threads) == 3
+    assert all(name.startswith("trainkit-ckpt-writer") for name in writer_threads)
     _assert_same(straight, resumed)
     # train() returned with the final checkpoint on disk, tagged
     assert (tmp_path / "resumed" / "last_checkpoint").read_text() == "model_final.pth"
@@ -330,6 +348,7 @@ def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path):
 def test_sigterm_with_async_checkpoints_stops_only_once_the_checkpoint_is_written(
     tmp_path, monkeypatch
 ):
+    import threading
     import time
 
     import trainkit.engine.preemption as preemption
@@ -339,6 +358,7 @@ def test_sigterm_with_async_checkpoints_stops_only_once_the_checkpoint_is_writte
     tags_at_barrier = []
 
     def slow_save(obj, f, *args, **kwargs):
+        assert threading.current_thread().name.startswith("trainkit-ckpt-writer")
         time.sleep(0.3)  # a write still in progress when a non-waiting stop would go on
         real_save(obj, f, *args, **kwargs)
 

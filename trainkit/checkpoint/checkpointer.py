@@ -365,9 +365,11 @@ class Checkpointer(_FvcoreCheckpointer):
             Same as :meth:`load`.
 
         Raises:
+            CheckpointWriteError: If this checkpointer's last background write failed.
             CheckpointError: If resuming and no checkpoint in ``save_dir`` is readable.
             MissingFileError: A ``FileNotFoundError``: if ``path`` is used and does not exist.
         """
+        self._writer.wait()  # a checkpoint still being written in the background counts
         if resume and self.has_checkpoint():
             return self._resume_newest_loadable()
         return self.load(path, checkpointables=[])
