@@ -68,7 +68,11 @@ def do_train(cfg: CfgNode, model: torch.nn.Module, resume: bool = False) -> None
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     checkpointer = DetectionCheckpointer(
-        model, cfg.OUTPUT_DIR, optimizer=optimizer, scheduler=scheduler
+        model,
+        cfg.OUTPUT_DIR,
+        async_save=cfg.SOLVER.CHECKPOINT_ASYNC,
+        optimizer=optimizer,
+        scheduler=scheduler,
     )
     extra = checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=resume)
     # The checkpoint holds the last finished iteration; continue with the next one. Weights
@@ -115,6 +119,8 @@ def do_train(cfg: CfgNode, model: torch.nn.Module, resume: bool = False) -> None
                 for writer in writers:
                     writer.write()
             periodic_checkpointer.step(cur_iter)
+    # With SOLVER.CHECKPOINT_ASYNC the final checkpoint may still be being written.
+    checkpointer.wait()
     for writer in writers:
         writer.close()
 

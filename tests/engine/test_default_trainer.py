@@ -109,8 +109,9 @@ class _StopAt(hooks.CallbackHook):
         super().__init__(after_step=after_step)
 
 
-def _cfg(output_dir, max_iter=12, workers=2, accumulate=1):
+def _cfg(output_dir, max_iter=12, workers=2, accumulate=1, checkpoint_async=False):
     cfg = get_cfg()
+    cfg.SOLVER.CHECKPOINT_ASYNC = checkpoint_async
     cfg.SOLVER.ACCUMULATE_STEPS = accumulate
     cfg.OUTPUT_DIR = str(output_dir)
     cfg.SEED = 3
@@ -128,9 +129,17 @@ def _cfg(output_dir, max_iter=12, workers=2, accumulate=1):
     return cfg
 
 
-def _train(output_dir, resume=False, stop_after=None, max_iter=12, workers=2, accumulate=1):
+def _train(
+    output_dir,
+    resume=False,
+    stop_after=None,
+    max_iter=12,
+    workers=2,
+    accumulate=1,
+    checkpoint_async=False,
+):
     seed_all_rng(7 + comm.get_rank())  # what default_setup does in a real script
-    trainer = RegressionTrainer(_cfg(output_dir, max_iter, workers, accumulate))
+    trainer = RegressionTrainer(_cfg(output_dir, max_iter, workers, accumulate, checkpoint_async))
     if stop_after is not None:
         trainer.register_hooks([_StopAt(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -190,6 +199,71 @@ def test_exact_resume_with_accumulation(tmp_path):
     )
 
 
+def _record_writer_threads(monkeypatch):
+    """Make torch.save record the name of the thread that writes each checkpoint."""
+    import threading
+
+    real_save, threads = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    return threads
+
+
+def test_exact_resume_with_async_checkpoints(tmp_path, monkeypatch):
+    straight = _train(tmp_path / "straight", workers=0)
+    writer_threads = _record_writer_threads(monkeypatch)
+    _train(tmp_path / "resumed", stop_after=4, workers=0, checkpoint_async=True)
+    assert (tmp_path / "resumed" / "last_checkpoint").read_text() == "model_0000004.pth"
+    resumed = _train(tmp_path / "resumed", resume=True, workers=0, checkpoint_async=True)
+    assert resumed["start_iter"] == 5
+    # model_0000004, then model_0000009 and model_final: all written in the background
+    assert len(writer_threads) == 3
+    assert all(name.startswith("trainkit-ckpt-writer") for name in writer_threads)
+    _assert_same(straight, resumed)
+    # train() returned with the final checkpoint on disk, tagged
+    assert (tmp_path / "resumed" / "last_checkpoint").read_text() == "model_final.pth"
+    final = torch.load(tmp_path / "resumed" / "model_final.pth", weights_only=True)["model"]
+    assert all(torch.equal(final[k], v) for k, v in straight["weights"].items())
+
+
+def test_async_checkpoint_blocks_training_only_for_the_copy_in_the_checkpoint_phase(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    from trainkit.checkpoint._background import HostStaging
+
+    trainer = RegressionTrainer(_cfg(tmp_path, max_iter=8, workers=0, checkpoint_async=True))
+    phases, gate, steps_during_write = [], threading.Event(), []
+    real_copy, real_save = HostStaging.copy, torch.save
+
+    def recording_copy(self, state):
+        phases.append(trainer.watchdog.record()["phase"])
+        return real_copy(self, state)
+
+    def gated_save(obj, f, *args, **kwargs):
+        assert gate.wait(timeout=60)
+        real_save(obj, f, *args, **kwargs)
+
+    def after_step(t):
+        if t.checkpointer.write_pending:
+            steps_during_write.append(t.iter)
+        if t.iter == 6:
+            gate.set()  # the write of model_0000004 was blocked for two more steps
+
+    monkeypatch.setattr(HostStaging, "copy", recording_copy)
+    monkeypatch.setattr(torch, "save", gated_save)
+    trainer.register_hooks([hooks.CallbackHook(after_step=after_step)])
+    trainer.train()
+    assert phases == ["checkpoint", "checkpoint"]  # model_0000004 and model_final
+    assert steps_during_write[:3] == [4, 5, 6]  # training went on while model_0000004 was written
+    assert (tmp_path / "last_checkpoint").read_text() == "model_final.pth"
+
+
 def _two_rank_run(output_dir, mode):
     if mode == "straight":
         out = _train(output_dir)
@@ -243,11 +317,11 @@ class _SignalAt(hooks.CallbackHook):
         super().__init__(after_step=after_step)
 
 
-def _train_with_signal(output_dir, k, rank=0):
+def _train_with_signal(output_dir, k, rank=0, checkpoint_async=False):
     from trainkit.engine.preemption import TrainingPreempted
 
     seed_all_rng(7 + comm.get_rank())
-    trainer = RegressionTrainer(_cfg(output_dir))
+    trainer = RegressionTrainer(_cfg(output_dir, checkpoint_async=checkpoint_async))
     # registered first so the signal arrives before the PreemptionHandler's check
     trainer._hooks.insert(0, _SignalAt(k, rank))
     trainer._hooks[0].trainer = trainer
@@ -266,6 +340,38 @@ def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path):
     stopped = _train_with_signal(tmp_path / "pre", k=3)
     assert stopped == {"iteration": 3, "tag": "model_0000003.pth"}
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
+    resumed = _train(tmp_path / "pre", resume=True)
+    assert resumed["start_iter"] == 4
+    _assert_same(_train(tmp_path / "straight"), resumed)
+
+
+def test_sigterm_with_async_checkpoints_stops_only_once_the_checkpoint_is_written(
+    tmp_path, monkeypatch
+):
+    import threading
+    import time
+
+    import trainkit.engine.preemption as preemption
+
+    real_save = torch.save
+    tag = tmp_path / "pre" / "last_checkpoint"
+    tags_at_barrier = []
+
+    def slow_save(obj, f, *args, **kwargs):
+        assert threading.current_thread().name.startswith("trainkit-ckpt-writer")
+        time.sleep(0.3)  # a write still in progress when a non-waiting stop would go on
+        real_save(obj, f, *args, **kwargs)
+
+    def barrier():
+        # what every rank waits for before the job stops and gets killed
+        tags_at_barrier.append(tag.read_text() if tag.exists() else None)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    monkeypatch.setattr(preemption.comm, "synchronize", barrier)
+    stopped = _train_with_signal(tmp_path / "pre", k=3, checkpoint_async=True)
+    assert stopped == {"iteration": 3, "tag": "model_0000003.pth"}
+    assert tags_at_barrier == ["model_0000003.pth"]
+    monkeypatch.setattr(torch, "save", real_save)
     resumed = _train(tmp_path / "pre", resume=True)
     assert resumed["start_iter"] == 4
     _assert_same(_train(tmp_path / "straight"), resumed)

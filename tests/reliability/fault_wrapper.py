@@ -34,17 +34,18 @@ KIND, _, ARG = FAULT.partition(":")
 
 def _patch_save(action):
     # The checkpointer writes through a temporary file descriptor, so torch.save cannot see
-    # the checkpoint's name: remember it from Checkpointer.save instead.
+    # the checkpoint's name: remember it from the method that writes the file (in the
+    # training thread, or in the writer thread with SOLVER.CHECKPOINT_ASYNC).
     from trainkit.checkpoint import Checkpointer
 
     original = torch.save
-    original_checkpointer_save = Checkpointer.save
+    original_write = Checkpointer._write_checkpoint
     saving = [""]
 
-    def checkpointer_save(self, name, *args, **kwargs):
-        saving[0] = name
+    def write_checkpoint(self, save_file, *args, **kwargs):
+        saving[0] = os.path.splitext(os.path.basename(save_file))[0]
         try:
-            return original_checkpointer_save(self, name, *args, **kwargs)
+            return original_write(self, save_file, *args, **kwargs)
         finally:
             saving[0] = ""
 
@@ -59,7 +60,7 @@ def _patch_save(action):
         return original(obj, f, *args, **kwargs)
 
     torch.save = save
-    Checkpointer.save = checkpointer_save
+    Checkpointer._write_checkpoint = write_checkpoint
 
 
 def _patch_forward(make_result):

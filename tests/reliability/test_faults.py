@@ -233,6 +233,24 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # the partial temp file was removed
 
 
+@pytest.mark.slow
+def test_disk_full_during_a_background_save_is_raised_at_the_next_step(tmp_path):
+    result = _run(tmp_path, "SOLVER.CHECKPOINT_ASYNC", "True", fault="enospc_on_save:model_0000019")
+    assert result.returncode == 1
+    assert re.search(r"CheckpointWriteError: .*model_0000019\.pth.*No space left", result.stderr)
+    assert _assert_tag_loadable(tmp_path) == "model_0000009.pth"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_killed_during_a_background_save_keeps_the_previous_checkpoint(tmp_path):
+    result = _run(tmp_path, "SOLVER.CHECKPOINT_ASYNC", "True", fault="kill_during_save:model_final")
+    assert result.returncode != 0
+    assert _assert_tag_loadable(tmp_path) == "model_0000029.pth"
+    assert not (tmp_path / "model_final.pth").exists()
+    assert list(tmp_path.glob(".model_final.pth.*.tmp"))  # the half-written file, under a temp name
+
+
 def test_output_dir_that_cannot_be_created_is_refused_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

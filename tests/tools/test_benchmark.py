@@ -61,7 +61,7 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    assert len(tables) == 8  # train, EMA, 2 data, 2 launch, checkpoint, eval
+    assert len(tables) == 9  # 2 train (step, EMA), 2 data, 2 launch, 2 checkpoint, eval
     for title, (header, *rows) in tables.items():
         assert header[-2:] == ["target", "PASS/MISS"] or header[-2:] == [
             "target (launch)",
@@ -106,4 +106,10 @@ def test_checkpoint_and_eval_json(quick_run):
     ckpt, ev = quick_run[1]["checkpoint"], quick_run[1]["eval"]
     assert ckpt["size_mb"] > 0 and len(ckpt["ratios"]) == 4
     assert all(v > 0 for v in ckpt["medians"].values())
+    blocking = ckpt["blocking"]
+    assert blocking["sync_blocked_s"] > 0 and blocking["async_blocked_s"] > 0
+    assert blocking["ratio"] == pytest.approx(
+        blocking["async_blocked_s"] / blocking["sync_blocked_s"]
+    )
+    assert blocking["verdict"] in ("PASS", "MISS")
     assert ev["images"] > 0 and ev["verdict"] in ("PASS", "MISS")

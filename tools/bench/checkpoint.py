@@ -1,4 +1,5 @@
-"""``checkpoint``: Checkpointer save/load throughput against bare torch.save/torch.load."""
+"""``checkpoint``: Checkpointer save/load throughput against bare torch.save/torch.load, and
+how long training is blocked per save with ``async_save`` against a synchronous save."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def bench_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             rounds,
         )
         size_mb = os.path.getsize(tk_path) / 1e6
+        # ~100 MB in all: a 50 MB model and its momentum buffers.
+        blocking = _bench_blocking(_model(4 if quick else 50), d, 2 * rounds + 1)
     med = {k: median(v) for k, v in {**save, **load}.items()}
     save_names, load_names = list(save), list(load)
     checks = [
@@ -112,6 +115,7 @@ def bench_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     )
     return {
         "size_mb": size_mb,
+        "blocking": blocking,
         "rounds": rounds,
         "samples": {**save, **load},
         "medians": med,
@@ -126,4 +130,66 @@ def bench_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             }
             for label, ratio, target in checks
         ],
+    }
+
+
+# async_save must block training for at most this fraction of a synchronous save's time.
+_ASYNC_BLOCKING_TARGET = 0.2
+
+
+def _bench_blocking(model: nn.Module, work: str, rounds: int) -> dict[str, Any]:
+    """Seconds the training thread spends in ``save()``: synchronous vs ``async_save``.
+
+    Both checkpointers also hold an SGD optimizer with momentum (its state is copied and
+    written too). Each async round waits for its background write before the next round
+    (untimed), so the two cases never share the disk.
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # creates the momentum buffers: as large as the model again
+    sync = Checkpointer(model, work, save_to_disk=True, optimizer=optimizer)
+    background = Checkpointer(model, work, save_to_disk=True, async_save=True, optimizer=optimizer)
+    write_s: list[float] = []
+
+    def timed_sync() -> float:
+        start = time.perf_counter()
+        sync.save("model_sync")
+        return time.perf_counter() - start
+
+    def timed_async() -> float:
+        start = time.perf_counter()
+        background.save("model_async")
+        blocked = time.perf_counter() - start
+        background.wait()
+        write_s.append(time.perf_counter() - start)
+        return blocked
+
+    samples = alternate(
+        {"synchronous save (baseline)": timed_sync, "async_save=True": timed_async}, rounds
+    )
+    state_mb = os.path.getsize(os.path.join(work, "model_async.pth")) / 1e6
+    sync_s, async_s = (median(v) for v in samples.values())
+    ratio = async_s / sync_s
+    target = target_text(_ASYNC_BLOCKING_TARGET, higher_is_better=False)
+    result = verdict(ratio, _ASYNC_BLOCKING_TARGET, higher_is_better=False)
+    print_table(
+        f"Training blocked per save of a {state_mb:.0f} MB state (model + SGD momentum; "
+        f"{work}); medians of {rounds} alternating runs",
+        ["save", "blocked (s)", "until on disk (s)", "ratio", "target", "PASS/MISS"],
+        [
+            ["synchronous save (baseline)", sync_s, sync_s, "", "", ""],
+            ["async_save=True (host copy only)", async_s, median(write_s), "", "", ""],
+            ["**async / sync blocked time**", "", "", ratio, target, result],
+        ],
+    )
+    return {
+        "state_mb": state_mb,
+        "samples": samples,
+        "sync_blocked_s": sync_s,
+        "async_blocked_s": async_s,
+        "async_until_on_disk_s": median(write_s),
+        "ratio": ratio,
+        "target": _ASYNC_BLOCKING_TARGET,
+        "verdict": result,
     }

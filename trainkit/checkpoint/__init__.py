@@ -1,5 +1,6 @@
 """Atomic, weights_only-safe checkpoints of the bare model and every stateful object."""
 
+from trainkit.checkpoint._background import CheckpointWriteError
 from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
@@ -23,6 +24,7 @@ DetectionCheckpointer = Checkpointer
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "Checkpointable",
     "Checkpointer",
     "CorruptCheckpointError",

@@ -10,9 +10,12 @@ state with :func:`trainkit.utils.env.get_rng_state`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -20,6 +23,7 @@ import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
 from torch import nn
 
+from trainkit.checkpoint._background import BackgroundWriter, HostStaging
 from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
@@ -97,6 +101,14 @@ class Checkpointer(_FvcoreCheckpointer):
     in one message. :meth:`resume_or_load` falls back to older checkpoints when the newest
     is unreadable.
 
+    With ``async_save=True``, :meth:`save` copies the state to host memory and returns; one
+    background thread then writes, fsyncs, renames and tags, in the order of the saves. A
+    save first waits for the previous write; :meth:`wait` waits for the last one (trainers
+    call it when training ends; the interpreter also waits at exit). A failed background
+    write is raised as :class:`~trainkit.checkpoint.CheckpointWriteError` by the next
+    :meth:`save`, :meth:`wait` or :meth:`raise_if_write_failed`. Drive one checkpointer from
+    one thread.
+
     It does not decide *when* to save (see :class:`PeriodicCheckpointer`) and writes only
     local files (``atomic_write`` relies on ``os.replace``).
     """
@@ -110,6 +122,8 @@ class Checkpointer(_FvcoreCheckpointer):
         trust_pickle: bool = False,
         strict: bool = False,
         allow_shape_mismatch: bool = True,
+        async_save: bool = False,
+        blocking_context: Callable[[], AbstractContextManager[Any]] | None = None,
         **checkpointables: Checkpointable,
     ) -> None:
         """Track ``model`` and ``checkpointables`` under ``save_dir``.
@@ -125,6 +139,13 @@ class Checkpointer(_FvcoreCheckpointer):
                 (by default such entries are skipped and reported).
             allow_shape_mismatch: skip (and report) model entries whose shapes differ, as
                 detectron2 does; False refuses such a checkpoint, listing the entries.
+            async_save: write files in a background thread; :meth:`save` then blocks only
+                to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``). The copy
+                is kept and reused by the next save: host memory as large as the state.
+            blocking_context: called by each :meth:`save`; the context manager it returns
+                wraps the part the caller waits for (waiting for the previous write, then
+                the copy, or everything when saving synchronously). ``DefaultTrainer``
+                marks the watchdog's ``checkpoint`` phase with it.
             checkpointables: objects saved and restored under their keyword, e.g.
                 ``optimizer=opt, scheduler=sched``.
         """
@@ -139,6 +160,10 @@ class Checkpointer(_FvcoreCheckpointer):
         self.trust_pickle = trust_pickle
         self.strict = strict
         self.allow_shape_mismatch = allow_shape_mismatch
+        self.async_save = async_save
+        self._blocking_context = blocking_context or contextlib.nullcontext
+        self._writer = BackgroundWriter()
+        self._staging = HostStaging()  # holds one host copy between async saves
 
     def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
         """Track one more object under ``key`` (see the constructor's ``checkpointables``).
@@ -157,6 +182,8 @@ class Checkpointer(_FvcoreCheckpointer):
         """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
 
         Does nothing when ``save_dir`` is empty or ``save_to_disk`` is False (other ranks).
+        With ``async_save``, returns once the state is copied to host memory; the file and
+        the tag are written in the background, after the previous save's.
 
         Args:
             name: file name without ``.pth``.
@@ -168,12 +195,37 @@ class Checkpointer(_FvcoreCheckpointer):
         Raises:
             ValueError: If ``name`` contains a directory or an extra key shadows a state.
             TypeError: If some value could not be loaded back with ``weights_only=True``.
+            CheckpointWriteError: If the previous background write failed (this save is
+                then not made).
         """
         if not self.save_dir or not self.save_to_disk:
             return
         basename = f"{name}.pth"
         if os.path.basename(basename) != basename:
             raise ValueError(f"checkpoint name {name!r} must be a file name, not a path")
+        with self._blocking_context():
+            # One write at a time, in order: the previous one is complete (and tagged)
+            # before this state is even copied, so at most one host copy exists.
+            self._writer.wait()
+            data = self._collect_state(basename, kwargs)
+            self.path_manager.mkdirs(self.save_dir)
+            save_file = os.path.join(self.save_dir, basename)
+            if not self.async_save:
+                self.logger.info("Saving checkpoint to %s", save_file)
+                self._write_checkpoint(save_file, data, tag_last)
+                return
+            host_copy = self._staging.copy(data)
+        del data  # the live state: only the copy goes to the writer thread
+        self.logger.info("Saving checkpoint to %s (written in the background)", save_file)
+        self._writer.submit(
+            f"write of checkpoint {save_file}",
+            functools.partial(self._write_checkpoint, save_file, host_copy, tag_last),
+            advice="The last_checkpoint tag still names the previous checkpoint; fix the cause "
+            "(e.g. free disk space) and resume with --resume.",
+        )
+
+    def _collect_state(self, basename: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Gather every state plus the extra data, refusing what cannot be loaded back."""
         data: dict[str, Any] = {"model": unwrap_model(self.model).state_dict()}
         for key, obj in self.checkpointables.items():
             data[key] = obj.state_dict()
@@ -189,15 +241,60 @@ class Checkpointer(_FvcoreCheckpointer):
                     "cannot read back. Store tensors and plain containers only (convert "
                     "numpy arrays with torch.from_numpy or .tolist())."
                 )
-        self.path_manager.mkdirs(self.save_dir)
-        save_file = os.path.join(self.save_dir, basename)
-        self.logger.info("Saving checkpoint to %s", save_file)
+        return data
+
+    def _write_checkpoint(self, save_file: str, data: dict[str, Any], tag_last: bool) -> None:
+        """Write ``data`` to ``save_file`` atomically, then tag it (the writer thread, if async)."""
         # Order matters: the tag moves only after the new file is complete and durable, so
         # a crash at any point leaves the tag naming a loadable checkpoint.
         with atomic_write(save_file, "wb") as f:
             torch.save(data, f)
         if tag_last:
-            self.tag_last_checkpoint(basename)
+            self.tag_last_checkpoint(os.path.basename(save_file))
+
+    @property
+    def write_pending(self) -> bool:
+        """Whether a background write (or work queued after it) has not finished yet."""
+        return self._writer.pending
+
+    def wait(self) -> None:
+        """Block until the last background write is on disk and tagged (no-op if none).
+
+        Raises:
+            CheckpointWriteError: If a background write failed and was not reported yet.
+        """
+        self._writer.wait()
+
+    def raise_if_write_failed(self) -> None:
+        """Raise the failure of a finished background write, if any; never blocks.
+
+        Raises:
+            CheckpointWriteError: If a background write failed and was not reported yet.
+        """
+        self._writer.raise_if_failed()
+
+    def call_after_write(self, fn: Callable[[], None], what: str) -> None:
+        """Run ``fn`` once the checkpoint saved last is on disk and tagged.
+
+        Saving synchronously (or with nothing pending), that is now. Otherwise ``fn`` runs in
+        the writer thread right after that write, and not at all if the write fails; its
+        own failure is reported like a failed write, described by ``what``.
+        """
+        if not self._writer.pending:
+            self._writer.raise_if_failed()
+            fn()
+            return
+        self._writer.submit(what, fn, after_success=True)
+
+    def close(self) -> None:
+        """:meth:`wait`, then stop the writer thread and free the host copy.
+
+        A later async save starts another thread and makes a new copy.
+        """
+        try:
+            self._writer.close()
+        finally:
+            self._staging.clear()
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """Atomically record ``last_filename_basename`` as the newest checkpoint."""
@@ -268,9 +365,11 @@ class Checkpointer(_FvcoreCheckpointer):
             Same as :meth:`load`.
 
         Raises:
+            CheckpointWriteError: If this checkpointer's last background write failed.
             CheckpointError: If resuming and no checkpoint in ``save_dir`` is readable.
             MissingFileError: A ``FileNotFoundError``: if ``path`` is used and does not exist.
         """
+        self._writer.wait()  # a checkpoint still being written in the background counts
         if resume and self.has_checkpoint():
             return self._resume_newest_loadable()
         return self.load(path, checkpointables=[])

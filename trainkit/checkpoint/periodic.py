@@ -25,6 +25,11 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
     ``max_iter - 1`` it also saves ``{file_prefix}_final.pth``. With ``max_to_keep``, only
     the newest ``max_to_keep`` periodic files up to the current iteration are kept (files
     from before a restart count too); the final file is never deleted.
+
+    With a checkpointer that saves in the background (``async_save``), old files are deleted
+    by the writer thread once the new file is complete and tagged (never while it is being
+    written, and not at all if its write fails), and each :meth:`step` raises the failure of
+    a background write that finished since the last one.
     """
 
     def __init__(
@@ -67,12 +72,24 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
             iteration: the iteration just finished, in ``[0, max_iter - 1]``; stored as
                 ``"iteration"`` in the checkpoint.
             kwargs: extra data to store.
+
+        Raises:
+            CheckpointWriteError: If a background write failed since the last step.
         """
         iteration = int(iteration)
         extra = {"iteration": iteration, **kwargs}
+        trainkit_checkpointer = isinstance(self.checkpointer, Checkpointer)
+        if trainkit_checkpointer:
+            self.checkpointer.raise_if_write_failed()  # reported at the step after the failure
         if is_period_end(iteration, self.period):
-            self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", **extra)
-            if self.max_to_keep:
+            name = f"{self.file_prefix}_{iteration:07d}"
+            self.checkpointer.save(name, **extra)
+            if self.max_to_keep and trainkit_checkpointer:
+                self.checkpointer.call_after_write(
+                    lambda: self._delete_old_checkpoints(iteration),
+                    f"deletion of checkpoints older than {name}.pth (max_to_keep)",
+                )
+            elif self.max_to_keep:  # fvcore's or another synchronous checkpointer
                 self._delete_old_checkpoints(iteration)
         if self.max_iter is not None and iteration >= self.max_iter - 1:
             self.checkpointer.save(f"{self.file_prefix}_final", **extra)

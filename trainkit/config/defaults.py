@@ -163,6 +163,10 @@ _C.SOLVER.RESCALE_INTERVAL = False
 _C.SOLVER.CHECKPOINT_PERIOD = 5000
 # Keep only the newest this many periodic checkpoints; 0 keeps all.
 _C.SOLVER.MAX_TO_KEEP = 0
+# True: a save blocks training only to copy the state to host memory (CPU RAM as large as
+# the checkpoint); a background thread writes, fsyncs, renames and tags the file, one save
+# after another. A failed write is raised at the next step. False: write before going on.
+_C.SOLVER.CHECKPOINT_ASYNC = False
 # Number of ranks the config was written for. When the job has another world size,
 # DefaultTrainer.auto_scale_workers rescales batch, LR and schedule linearly. 0 disables it.
 _C.SOLVER.REFERENCE_WORLD_SIZE = 0

@@ -106,6 +106,10 @@ class DefaultTrainer(TrainerBase):
             model,
             cfg.OUTPUT_DIR,
             allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH,
+            async_save=cfg.SOLVER.CHECKPOINT_ASYNC,
+            # Training waits only for this part of a save (the host copy when writing in
+            # the background); the watchdog times it as the 'checkpoint' phase.
+            blocking_context=lambda: self.watchdog.phase("checkpoint"),
             trainer=self,
             rank_states=self.rank_states,
         )
@@ -249,6 +253,9 @@ class DefaultTrainer(TrainerBase):
             super().train(self.start_iter, self.max_iter)
         finally:
             self._step.close_data_iterator()
+            # With SOLVER.CHECKPOINT_ASYNC the last checkpoint may still be being written
+            # (also one saved by a hook after the checkpoint hook's after_train).
+            self.checkpointer.wait()
         if comm.is_main_process() and self._last_eval_results:
             verify_results(self.cfg, self._last_eval_results)
         return self._last_eval_results

@@ -18,6 +18,7 @@ import time
 from types import FrameType
 from typing import Any, Callable
 
+from trainkit.checkpoint import Checkpointer
 from trainkit.engine.train_loop import HookBase
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
@@ -137,7 +138,10 @@ class PreemptionHandler(HookBase):
         if self._before_save is not None:
             self._before_save()
         name = f"model_{trainer.iter:07d}"
-        trainer.checkpointer.save(name, iteration=trainer.iter)
+        checkpointer = trainer.checkpointer
+        checkpointer.save(name, iteration=trainer.iter)
+        if isinstance(checkpointer, Checkpointer):
+            checkpointer.wait()  # written in the background with async_save: wait for it here
         comm.synchronize()  # no rank exits (and gets its peers killed) before the file is complete
         path = os.path.join(trainer.checkpointer.save_dir, name + ".pth")
         raise TrainingPreempted(requested, trainer.iter, path)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from typing_extensions import override
 
+from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
 from trainkit.engine.train_loop import HookBase
 from trainkit.utils.periodic import is_last_iter, is_period_end
-
-if TYPE_CHECKING:
-    from trainkit.checkpoint import Checkpointer
 
 __all__ = ["BestCheckpointer", "PeriodicCheckpointer"]
 
@@ -28,7 +26,9 @@ class PeriodicCheckpointer(HookBase):
     """Save a checkpoint every ``period`` iterations and a final one at the last iteration.
 
     A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer`; the file names, the
-    ``max_to_keep`` rotation and what is saved are that class's business.
+    ``max_to_keep`` rotation and what is saved are that class's business. With a
+    checkpointer that saves in the background, ``after_train`` waits for the last write
+    (raising its failure), so training ends with the final checkpoint on disk.
     """
 
     def __init__(
@@ -83,6 +83,11 @@ class PeriodicCheckpointer(HookBase):
         ):
             self._before_save()
         self._periodic.step(cur_iter)
+
+    @override
+    def after_train(self) -> None:
+        if isinstance(self._checkpointer, Checkpointer):
+            self._checkpointer.wait()
 
 
 class BestCheckpointer(HookBase):
