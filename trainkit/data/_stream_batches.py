@@ -9,7 +9,9 @@ The rule for a stream read by ``n`` loader workers (``n = 1`` without workers):
   grouping, read from the raw element's ``width``/``height``), maps a batch at once (one
   sample context per element, one ``batch_rng()`` key per batch) and collates it;
 * the loader returns the workers' batches in turn: worker 0's first batch, worker 1's
-  first, ..., worker 0's second, ...
+  first, ..., worker 0's second, ... (after a resume it goes on with the worker whose turn
+  it was, holding back the batches that arrive early; a worker whose stream ended loses its
+  turns).
 
 The batch stream therefore depends on ``NUM_WORKERS`` (the same elements, grouped
 differently), unlike the map-style path. An element's ``sample_rng()`` position is
@@ -57,8 +59,7 @@ class StreamBatches(IterableDataset):
         seed: keys ``sample_rng()`` / ``batch_rng()``.
         drop_last: at the end of a finite stream, drop what is left in a worker's buckets
             (else each bucket becomes one last, smaller batch).
-        start: per-worker positions to resume from (``None``: the start), and ``rotation``,
-            the worker whose batch the loader returns next (see the module docstring).
+        start: per-worker positions to resume from (``None``: the start).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class StreamBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         info = get_worker_info()
-        physical, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         start = self.start
         if start is not None and start["num_workers"] != num_workers:
             raise ConfigError(
@@ -92,10 +93,11 @@ class StreamBatches(IterableDataset):
                 f"this loader has {num_workers}; resume a stream with the same "
                 "DATALOADER.NUM_WORKERS (its batches depend on it)."
             )
-        # The torch loader asks worker 0 first: it plays the worker whose turn it was.
-        worker = (physical + (start["rotation"] if start else 0)) % num_workers
         state = start["workers"][worker] if start else empty_worker_state()
         yield from self._batches(worker, num_workers, state)
+        # Tells the loader this worker has no more batches (a finite stream), so that it
+        # stops waiting for this worker's turn.
+        yield None, {"worker": worker, "end": True}
 
     def _worker_elements(self, worker: int, num_workers: int, first: int) -> Iterator[Any]:
         """This worker's elements, from its ``first``-th one."""

@@ -18,6 +18,7 @@ workers read disjoint shares of it and form, map and collate their batches thems
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import multiprocessing as mp
@@ -254,7 +255,40 @@ class TrainLoader:
         stream = self._stream
         assert stream is not None
         stream.start = self._state
+        num_workers = self._state["num_workers"]
+        # The torch loader asks its workers in turn from worker 0; the batch stream goes on
+        # from the worker whose turn it is, so batches that come early wait here.
+        waiting: list[collections.deque[tuple[Any, dict[str, Any]]]] = [
+            collections.deque() for _ in range(num_workers)
+        ]
+        ended: set[int] = set()
         for batch, meta in self._make_loader():
+            waiting[meta["worker"]].append((batch, meta))
+            yield from self._batches_in_turn(waiting, ended, num_workers)
+        yield from self._batches_in_turn(waiting, ended, num_workers, finished=True)
+
+    def _batches_in_turn(
+        self,
+        waiting: list[collections.deque[tuple[Any, dict[str, Any]]]],
+        ended: set[int],
+        num_workers: int,
+        *,
+        finished: bool = False,
+    ) -> Iterator[Any]:
+        while len(ended) < num_workers:
+            turn = self._state["next_worker"]
+            if turn in ended:
+                self._state = {**self._state, "next_worker": (turn + 1) % num_workers}
+                continue
+            if not waiting[turn]:
+                if finished:  # the torch loader is done: this worker will send nothing
+                    ended.add(turn)
+                    continue
+                return
+            batch, meta = waiting[turn].popleft()
+            if meta.get("end"):
+                ended.add(turn)
+                continue
             self._state = _after_stream_batch(self._state, meta)
             self.num_skipped_records += meta["skipped"]
             yield batch
@@ -308,14 +342,14 @@ def _initial_stream_state(num_workers: int) -> dict[str, Any]:
         "kind": "stream",
         "num_workers": num_workers,
         "workers": [empty_worker_state() for _ in range(num_workers)],
-        "rotation": 0,
+        "next_worker": 0,
     }
 
 
 def _after_stream_batch(state: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     workers = list(state["workers"])
     workers[meta["worker"]] = meta["state"]
-    return {**state, "workers": workers, "rotation": (meta["worker"] + 1) % len(workers)}
+    return {**state, "workers": workers, "next_worker": (meta["worker"] + 1) % len(workers)}
 
 
 def _plain_copy(state: dict[str, Any]) -> dict[str, Any]:
