@@ -138,3 +138,19 @@ def test_failed_elements_are_skipped_and_counted():
     seen = [i for b in loader for i in b]
     assert sorted(seen) == [i for i in range(28) if i % 7]
     assert loader.num_skipped_records == 4
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_to_iterable_dataset_is_sharded_once(num_workers):
+    from trainkit.data import TrainingSampler
+    from trainkit.data.common import DatasetFromList, ToIterableDataset
+    from trainkit.data.samplers import InferenceSampler
+
+    records = DatasetFromList(list(range(24)), copy=False)
+    stream = ToIterableDataset(records, InferenceSampler(24, rank=0, world_size=1))
+    batches = list(build_batch_data_loader(stream, None, 4, num_workers=num_workers))
+    assert sorted(i for b in batches for i in b) == list(range(24))  # no element lost
+    infinite = ToIterableDataset(records, TrainingSampler(24, seed=0, rank=0, world_size=1))
+    loader = build_batch_data_loader(infinite, None, 4, num_workers=num_workers)
+    first_epoch = [i for b in itertools.islice(iter(loader), 6) for i in b]
+    assert sorted(first_epoch) == list(range(24))

@@ -75,6 +75,12 @@ class ToIterableDataset(IterableDataset):
         self.shard_sampler = shard_sampler
         self.shard_chunk_size = shard_chunk_size
 
+    @property
+    def shards_across_workers(self) -> bool:
+        """Whether each loader worker reads only its own share (the train loader then does
+        not shard this stream again)."""
+        return self.shard_sampler
+
     def _indices(self) -> Iterable[int]:
         info = get_worker_info()
         if not self.shard_sampler or info is None or info.num_workers == 1:
