@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trainkit.data import RankDataLoader, RankDataset
-from trainkit.data.rank_dataset import RankStream
+from trainkit.data.rank_stream import RankStream
 
 
 def _meta(tmp_path, n):

@@ -7,9 +7,8 @@ from trainkit.checkpoint._files import (
     UntrustedCheckpointError,
     read_checkpoint_file,
 )
-from trainkit.checkpoint.checkpointer import (
-    Checkpointable,
-    Checkpointer,
+from trainkit.checkpoint.checkpointer import Checkpointable, Checkpointer
+from trainkit.checkpoint.model_state import (
     ShapeMismatchError,
     find_shape_mismatches,
     shape_changing_state_keys,

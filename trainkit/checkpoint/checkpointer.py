@@ -14,11 +14,10 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
 from torch import nn
@@ -29,20 +28,19 @@ from trainkit.checkpoint._files import (
     CorruptCheckpointError,
     find_unsafe_value,
     read_checkpoint_file,
-    strip_wrapper_prefixes,
+)
+from trainkit.checkpoint.model_state import (
+    IncompatibleKeys,
+    ShapeMismatchError,
+    describe_incompatible,
+    matched_model_state,
+    unwrap_model,
 )
 from trainkit.utils import comm
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 
-__all__ = [
-    "Checkpointable",
-    "Checkpointer",
-    "IncompatibleKeys",
-    "find_shape_mismatches",
-    "shape_mismatch_message",
-    "unwrap_model",
-]
+__all__ = ["Checkpointable", "Checkpointer"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,36 +57,6 @@ class Checkpointable(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
         """Restore the state returned by :meth:`state_dict`."""
         ...
-
-
-class IncompatibleKeys(NamedTuple):
-    """How a checkpoint's model state differed from the model it was loaded into."""
-
-    missing_keys: list[str]
-    unexpected_keys: list[str]
-    # (key, shape in the checkpoint, shape in the model); these entries were not loaded.
-    incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """Return the bare module inside DDP / DataParallel / ``torch.compile`` wrappers.
-
-    Saving the bare module keeps checkpoint keys free of ``module.`` and ``_orig_mod.``
-    prefixes, so a checkpoint loads the same with or without the wrappers.
-    """
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            # torch.compile's OptimizedModule; checked by attribute so torch._dynamo (slow
-            # to import) is not loaded here.
-            model = model._orig_mod  # type: ignore[assignment]
-        else:
-            return model
-
-
-class ShapeMismatchError(CheckpointError):
-    """Entries of a checkpoint have other shapes than the model's (the message lists them)."""
 
 
 class Checkpointer(_FvcoreCheckpointer):
@@ -444,43 +412,15 @@ class Checkpointer(_FvcoreCheckpointer):
                 self.logger.warning("%s has no state for %r; it keeps its current state", path, key)
         return checkpoint
 
-    # Named apart from fvcore's private _load_model / _log_incompatible_keys: this class
-    # overrides load() itself and never goes through fvcore's loading internals.
     def _load_model_state(self, checkpoint: dict[str, Any], path: str = "") -> IncompatibleKeys:
-        state = checkpoint.pop("model")
-        if not isinstance(state, Mapping):
-            raise CorruptCheckpointError(
-                f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
-            )
-        state = strip_wrapper_prefixes(state, set(self.model.state_dict()))
-        state = _numpy_to_tensors(state)  # old (Caffe2-era) checkpoints hold numpy arrays
-        model_state = self.model.state_dict()
-        resizable = shape_changing_state_keys(self.model)
-        incorrect_shapes = [
-            (key, tuple(value.shape), tuple(model_state[key].shape))
-            for key, value in state.items()
-            if key in model_state
-            and key not in resizable
-            # Lazy modules accept any shape until they are materialised.
-            and not isinstance(model_state[key], nn.parameter.UninitializedParameter)
-            and tuple(value.shape) != tuple(model_state[key].shape)
-        ]
-        if self.strict:
-            expected = IncompatibleKeys(
-                missing_keys=sorted(set(model_state) - set(state)),
-                unexpected_keys=sorted(set(state) - set(model_state)),
-                incorrect_shapes=incorrect_shapes,
-            )
-            if any(expected):
-                # Checked before loading so a refused checkpoint leaves the model untouched.
-                raise CheckpointError(
-                    f"Checkpoint {path} does not match the model (strict=True):\n"
-                    + _describe_incompatible(expected)
-                )
-        if incorrect_shapes and not self.allow_shape_mismatch:
-            raise ShapeMismatchError(shape_mismatch_message(path, incorrect_shapes))
-        for key, _, _ in incorrect_shapes:
-            del state[key]
+        # Named apart from fvcore's private _load_model: this class overrides load() itself.
+        state, incorrect_shapes = matched_model_state(
+            self.model,
+            checkpoint.pop("model"),
+            path,
+            strict=self.strict,
+            allow_shape_mismatch=self.allow_shape_mismatch,
+        )
         result = self.model.load_state_dict(state, strict=False)
         return IncompatibleKeys(
             missing_keys=list(result.missing_keys),
@@ -492,114 +432,5 @@ class Checkpointer(_FvcoreCheckpointer):
         if any(incompatible):
             self.logger.warning(
                 "The checkpoint does not fully match the model:\n%s",
-                _describe_incompatible(incompatible),
+                describe_incompatible(incompatible),
             )
-
-
-def _numpy_to_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
-    converted = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        elif not isinstance(value, torch.Tensor):
-            raise CorruptCheckpointError(
-                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
-            )
-        converted[key] = value
-    return converted
-
-
-def shape_changing_state_keys(model: nn.Module) -> set[str]:
-    """Return the state keys of modules that resize their own buffers when loading.
-
-    Quantization observers and fake-quantize modules start with empty or per-tensor
-    buffers and load per-channel statistics of another shape by design (their
-    ``_load_from_state_dict`` resizes), so such differences are not mismatches.
-
-    Args:
-        model: the bare model.
-
-    Returns:
-        Full state-dict keys owned by such modules.
-    """
-    quantization = torch.ao.quantization
-    resizing_types = (quantization.ObserverBase, quantization.FakeQuantizeBase)
-    keys: set[str] = set()
-    for name, module in model.named_modules():
-        if isinstance(module, resizing_types):
-            prefix = f"{name}." if name else ""
-            keys.update(prefix + key for key in module.state_dict())
-    return keys
-
-
-def shape_mismatch_message(
-    path: str, incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
-) -> str:
-    """One line naming the entries of ``path`` whose shapes differ from the model's, and the fix.
-
-    Args:
-        path: the checkpoint file.
-        incorrect_shapes: ``(key, shape in the checkpoint, shape in the model)`` triples.
-    """
-    shown = "; ".join(f"{k} {tuple(c)} vs {tuple(m)}" for k, c, m in incorrect_shapes[:5])
-    more = f"; and {len(incorrect_shapes) - 5} more" if len(incorrect_shapes) > 5 else ""
-    return (
-        f"Checkpoint {path} does not fit the model: {len(incorrect_shapes)} entries have other "
-        f"shapes (checkpoint vs model): {shown}{more}. Use weights made for this MODEL config, "
-        "or skip those entries and train their layers from scratch: set "
-        "MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True (Checkpointer(allow_shape_mismatch=True) "
-        "outside a config)."
-    )
-
-
-def find_shape_mismatches(
-    path: str, model_shapes: Mapping[str, tuple[int, ...]], *, trust_pickle: bool = False
-) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """Compare the model state in ``path`` with ``model_shapes`` without loading any data.
-
-    The file is memory-mapped, so only its index is read: cheap even for a large file.
-
-    Args:
-        path: a local checkpoint file.
-        model_shapes: ``{state_dict key: shape}`` of the model.
-        trust_pickle: as for :class:`Checkpointer`.
-
-    Returns:
-        ``(key, shape in the checkpoint, shape in the model)`` for every key both have with
-        different shapes.
-
-    Raises:
-        CorruptCheckpointError, UntrustedCheckpointError: As :meth:`Checkpointer.load`.
-    """
-    state = read_checkpoint_file(path, trust_pickle=trust_pickle, keep_mapped=True)["model"]
-    if not isinstance(state, Mapping):
-        raise CorruptCheckpointError(
-            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
-        )
-    state = strip_wrapper_prefixes(state, set(model_shapes))
-    return [
-        (key, tuple(value.shape), tuple(model_shapes[key]))
-        for key, value in state.items()
-        if key in model_shapes
-        and hasattr(value, "shape")
-        and tuple(value.shape) != tuple(model_shapes[key])
-    ]
-
-
-def _describe_incompatible(incompatible: IncompatibleKeys) -> str:
-    lines = []
-    if incompatible.incorrect_shapes:
-        lines.append(
-            f"  skipped {len(incompatible.incorrect_shapes)} entries whose shapes differ "
-            "(checkpoint vs model):"
-        )
-        lines += [
-            f"    {key}: {ckpt} vs {model}" for key, ckpt, model in incompatible.incorrect_shapes
-        ]
-    if incompatible.missing_keys:
-        lines.append("  missing from the checkpoint (left as initialised):")
-        lines += [f"    {k}" for k in sorted(incompatible.missing_keys)]
-    if incompatible.unexpected_keys:
-        lines.append("  in the checkpoint but not in the model (ignored):")
-        lines += [f"    {k}" for k in sorted(incompatible.unexpected_keys)]
-    return "\n".join(lines)

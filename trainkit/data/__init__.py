@@ -16,7 +16,8 @@ from trainkit.data.build import (
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
 from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.rank_dataset import RankDataLoader, RankDataset
+from trainkit.data.rank_dataset import RankDataset
+from trainkit.data.rank_stream import RankDataLoader, RankStream
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
@@ -34,6 +35,7 @@ __all__ = [
     "RandomSubsetTrainingSampler",
     "RankDataLoader",
     "RankDataset",
+    "RankStream",
     "RepeatFactorTrainingSampler",
     "ToIterableDataset",
     "TrainingSampler",

@@ -1,0 +1,233 @@
+"""A checkpoint's model state against a model: unwrapping, matching keys and shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainkit.checkpoint._files import (
+    CheckpointError,
+    CorruptCheckpointError,
+    read_checkpoint_file,
+    strip_wrapper_prefixes,
+)
+
+__all__ = [
+    "IncompatibleKeys",
+    "ShapeMismatchError",
+    "describe_incompatible",
+    "find_shape_mismatches",
+    "matched_model_state",
+    "shape_changing_state_keys",
+    "shape_mismatch_message",
+    "unwrap_model",
+]
+
+
+class IncompatibleKeys(NamedTuple):
+    """How a checkpoint's model state differed from the model it was loaded into."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    # (key, shape in the checkpoint, shape in the model); these entries were not loaded.
+    incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Return the bare module inside DDP / DataParallel / ``torch.compile`` wrappers.
+
+    Saving the bare module keeps checkpoint keys free of ``module.`` and ``_orig_mod.``
+    prefixes, so a checkpoint loads the same with or without the wrappers.
+    """
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            # torch.compile's OptimizedModule; checked by attribute so torch._dynamo (slow
+            # to import) is not loaded here.
+            model = model._orig_mod  # type: ignore[assignment]
+        else:
+            return model
+
+
+class ShapeMismatchError(CheckpointError):
+    """Entries of a checkpoint have other shapes than the model's (the message lists them)."""
+
+
+def matched_model_state(
+    model: nn.Module,
+    state: Any,
+    path: str,
+    *,
+    strict: bool = False,
+    allow_shape_mismatch: bool = True,
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """Return the entries of a checkpoint's model state that load into ``model``.
+
+    Wrapper prefixes (``module.``, ``_orig_mod.``) the model lacks are dropped, numpy arrays
+    (old checkpoints) become tensors, and entries whose shapes differ from the model's are
+    left out — or refused. Quantization observers, which resize their own buffers, never
+    count as different.
+
+    Args:
+        model: the bare model.
+        state: the checkpoint's ``"model"`` entry.
+        path: the checkpoint file (for messages).
+        strict: refuse any missing, unexpected or differently shaped entry.
+        allow_shape_mismatch: leave differently shaped entries out (else refuse them).
+
+    Returns:
+        ``(state to load, [(key, shape in the checkpoint, shape in the model), ...])``.
+
+    Raises:
+        CorruptCheckpointError: If ``state`` is not a state dict of tensors.
+        ShapeMismatchError: If shapes differ and that is not allowed.
+        CheckpointError: With ``strict``, if the state does not match the model.
+    """
+    if not isinstance(state, Mapping):
+        raise CorruptCheckpointError(
+            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
+        )
+    model_state = model.state_dict()
+    state = _numpy_to_tensors(strip_wrapper_prefixes(state, set(model_state)))
+    resizable = shape_changing_state_keys(model)
+    incorrect_shapes = [
+        (key, tuple(value.shape), tuple(model_state[key].shape))
+        for key, value in state.items()
+        if key in model_state
+        and key not in resizable
+        # Lazy modules accept any shape until they are materialised.
+        and not isinstance(model_state[key], nn.parameter.UninitializedParameter)
+        and tuple(value.shape) != tuple(model_state[key].shape)
+    ]
+    if strict:
+        expected = IncompatibleKeys(
+            missing_keys=sorted(set(model_state) - set(state)),
+            unexpected_keys=sorted(set(state) - set(model_state)),
+            incorrect_shapes=incorrect_shapes,
+        )
+        if any(expected):
+            # Checked before loading so a refused checkpoint leaves the model untouched.
+            raise CheckpointError(
+                f"Checkpoint {path} does not match the model (strict=True):\n"
+                + describe_incompatible(expected)
+            )
+    if incorrect_shapes and not allow_shape_mismatch:
+        raise ShapeMismatchError(shape_mismatch_message(path, incorrect_shapes))
+    for key, _, _ in incorrect_shapes:
+        del state[key]
+    return state, incorrect_shapes
+
+
+def _numpy_to_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
+    converted = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            raise CorruptCheckpointError(
+                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
+            )
+        converted[key] = value
+    return converted
+
+
+def shape_changing_state_keys(model: nn.Module) -> set[str]:
+    """Return the state keys of modules that resize their own buffers when loading.
+
+    Quantization observers and fake-quantize modules start with empty or per-tensor
+    buffers and load per-channel statistics of another shape by design (their
+    ``_load_from_state_dict`` resizes), so such differences are not mismatches.
+
+    Args:
+        model: the bare model.
+
+    Returns:
+        Full state-dict keys owned by such modules.
+    """
+    quantization = torch.ao.quantization
+    resizing_types = (quantization.ObserverBase, quantization.FakeQuantizeBase)
+    keys: set[str] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, resizing_types):
+            prefix = f"{name}." if name else ""
+            keys.update(prefix + key for key in module.state_dict())
+    return keys
+
+
+def shape_mismatch_message(
+    path: str, incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+) -> str:
+    """One line naming the entries of ``path`` whose shapes differ from the model's, and the fix.
+
+    Args:
+        path: the checkpoint file.
+        incorrect_shapes: ``(key, shape in the checkpoint, shape in the model)`` triples.
+    """
+    shown = "; ".join(f"{k} {tuple(c)} vs {tuple(m)}" for k, c, m in incorrect_shapes[:5])
+    more = f"; and {len(incorrect_shapes) - 5} more" if len(incorrect_shapes) > 5 else ""
+    return (
+        f"Checkpoint {path} does not fit the model: {len(incorrect_shapes)} entries have other "
+        f"shapes (checkpoint vs model): {shown}{more}. Use weights made for this MODEL config, "
+        "or skip those entries and train their layers from scratch: set "
+        "MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH True (Checkpointer(allow_shape_mismatch=True) "
+        "outside a config)."
+    )
+
+
+def find_shape_mismatches(
+    path: str, model_shapes: Mapping[str, tuple[int, ...]], *, trust_pickle: bool = False
+) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Compare the model state in ``path`` with ``model_shapes`` without loading any data.
+
+    The file is memory-mapped, so only its index is read: cheap even for a large file.
+
+    Args:
+        path: a local checkpoint file.
+        model_shapes: ``{state_dict key: shape}`` of the model.
+        trust_pickle: as for :class:`Checkpointer`.
+
+    Returns:
+        ``(key, shape in the checkpoint, shape in the model)`` for every key both have with
+        different shapes.
+
+    Raises:
+        CorruptCheckpointError, UntrustedCheckpointError: As :meth:`Checkpointer.load`.
+    """
+    state = read_checkpoint_file(path, trust_pickle=trust_pickle, keep_mapped=True)["model"]
+    if not isinstance(state, Mapping):
+        raise CorruptCheckpointError(
+            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
+        )
+    state = strip_wrapper_prefixes(state, set(model_shapes))
+    return [
+        (key, tuple(value.shape), tuple(model_shapes[key]))
+        for key, value in state.items()
+        if key in model_shapes
+        and hasattr(value, "shape")
+        and tuple(value.shape) != tuple(model_shapes[key])
+    ]
+
+
+def describe_incompatible(incompatible: IncompatibleKeys) -> str:
+    """Return the lines that list what did not match, for a log message."""
+    lines = []
+    if incompatible.incorrect_shapes:
+        lines.append(
+            f"  skipped {len(incompatible.incorrect_shapes)} entries whose shapes differ "
+            "(checkpoint vs model):"
+        )
+        lines += [
+            f"    {key}: {ckpt} vs {model}" for key, ckpt, model in incompatible.incorrect_shapes
+        ]
+    if incompatible.missing_keys:
+        lines.append("  missing from the checkpoint (left as initialised):")
+        lines += [f"    {k}" for k in sorted(incompatible.missing_keys)]
+    if incompatible.unexpected_keys:
+        lines.append("  in the checkpoint but not in the model (ignored):")
+        lines += [f"    {k}" for k in sorted(incompatible.unexpected_keys)]
+    return "\n".join(lines)
