@@ -352,3 +352,30 @@ def test_main_job_reaches_95_percent(tmp_path, num_gpus):
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
     assert _top1(log) >= 95.0
+
+
+_EARLY_STOP = [
+    "TEST.EVAL_PERIOD", "2", "TEST.VAL_LOSS", "True",
+    "TEST.EARLY_STOP.METRIC", "validation/total_loss", "TEST.EARLY_STOP.MODE", "min",
+    "TEST.EARLY_STOP.PATIENCE", "1", "TEST.EARLY_STOP.MIN_DELTA", "1000",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_early_stop_exits_0_with_a_final_checkpoint_and_resume_does_not_train(tmp_path):
+    args = ["--config-file", SMOKE, "OUTPUT_DIR", str(tmp_path), *_EARLY_STOP]
+    result = _run(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    # nothing beats the first validation loss by 1000: the second evaluation (after 3) stops
+    assert "Training stopped early after iteration 3 of 20: early stopping: validation/" in log
+    assert "Validation losses over 200 records" in log
+    assert (tmp_path / "last_checkpoint").read_text().strip() == "model_final.pth"
+    lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert lines[-1]["iteration"] == 3 and lines[-1]["early_stop/stopped"] == 1
+    assert "validation/loss_cls" in lines[-1]
+
+    resumed = _run([*args[:2], "--resume", *args[2:]])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Not training: this run stopped early after iteration 3" in resumed.stdout
+    assert len((tmp_path / "metrics.json").read_text().splitlines()) == len(lines)

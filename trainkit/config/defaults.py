@@ -219,6 +219,27 @@ _C.TEST.EXPECTED_RESULTS = []
 # PreciseBN: recompute BatchNorm statistics over NUM_ITER batches before evaluation.
 _C.TEST.PRECISE_BN = CN({"ENABLED": False})
 _C.TEST.PRECISE_BN.NUM_ITER = 200
+# At every evaluation (TEST.EVAL_PERIOD and after training) also compute the model's
+# training losses on each DATASETS.TEST set: the training-mode forward without gradients,
+# BatchNorm on its running statistics and dropout off, averaged per record over the whole
+# set (every record once, across all ranks). Written as validation/<loss> (with several
+# test sets validation/<dataset>/<loss>) to every writer; the time it took is logged. The
+# test loader's mapper must keep what the loss needs (e.g. the labels).
+_C.TEST.VAL_LOSS = False
+# Early stopping: end training gracefully (final checkpoint, writers flushed, exit status 0)
+# once an evaluation metric has stopped improving. --resume of a stopped run does not train.
+_C.TEST.EARLY_STOP = CN()
+# The flattened evaluation result to watch, e.g. "classification/top1" or
+# "validation/total_loss" (with TEST.VAL_LOSS); "" turns early stopping off. Needs
+# TEST.EVAL_PERIOD > 0.
+_C.TEST.EARLY_STOP.METRIC = ""
+# "max" if larger values are better (accuracy), "min" if smaller are (a loss).
+_C.TEST.EARLY_STOP.MODE = "max"
+# Stop after this many evaluations in a row without improvement (>= 1).
+_C.TEST.EARLY_STOP.PATIENCE = 5
+# A value counts as an improvement only if it beats the best by more than this (>= 0, in
+# the metric's units).
+_C.TEST.EARLY_STOP.MIN_DELTA = 0.0
 
 # ---------------------------------------------------------------------------------------
 # Misc

@@ -16,6 +16,7 @@ from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
@@ -29,6 +30,7 @@ from trainkit.evaluation import (
     DatasetEvaluator,
     inference_on_dataset,
     print_csv_format,
+    validation_losses,
     verify_results,
 )
 from trainkit.modeling import build_model
@@ -116,6 +118,7 @@ class DefaultTrainer(TrainerBase):
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
         self._last_eval_results: dict[str, Any] = {}
+        self._val_loaders: dict[str, Iterable[Any]] = {}
         self.model_ema = (
             hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None
         )
@@ -135,6 +138,9 @@ class DefaultTrainer(TrainerBase):
     def run_step(self) -> None:
         """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
         self._step.run_step()
+
+    def _end_early(self) -> None:
+        self._step._end_early()  # the step trainer's buffered metrics of the last steps
 
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
@@ -177,7 +183,9 @@ class DefaultTrainer(TrainerBase):
         everything after it), then the LR schedule (so the logged lr is the one used for
         the step), PreciseBN (changes the model before it is saved or evaluated), the
         checkpointer (saves before evaluation so a crash in eval loses nothing), pre-emption,
-        evaluation, and the writers last (``LOWEST``) so they see every metric of the step.
+        evaluation (with ``TEST.VAL_LOSS`` the validation losses too), early stopping
+        (``TEST.EARLY_STOP``: reads the results just recorded), and the writers last
+        (``LOWEST``) so they see every metric of the step.
         """
         cfg = self.cfg
         hooks_list: list[HookBase | None] = [
@@ -204,6 +212,8 @@ class DefaultTrainer(TrainerBase):
             # before evaluation, so a pre-empted job does not spend its grace period on it.
             PreemptionHandler(before_save=self._before_save),
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
+            # Right after the evaluation it watches (same priority, registered later).
+            early_stopping_from_config(cfg),
             _SkippedRecordsMetric(cfg.WRITER_PERIOD),
         ]
         if comm.is_main_process():
@@ -244,7 +254,13 @@ class DefaultTrainer(TrainerBase):
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
 
         On rank 0 the results are logged as a table and checked against
-        ``TEST.EXPECTED_RESULTS`` (as detectron2 does).
+        ``TEST.EXPECTED_RESULTS`` (as detectron2 does). The results are :meth:`test`'s;
+        validation losses (``TEST.VAL_LOSS``) go to the writers only.
+
+        A hook may end training early (:meth:`TrainerBase.request_stop`, e.g. the
+        ``TEST.EARLY_STOP`` rule): then ``model_final.pth`` is written for the last finished
+        iteration, ``last_checkpoint`` names it, and it records the stop, so a
+        ``resume_or_load(resume=True)`` of that run logs why and does not train.
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
@@ -269,7 +285,32 @@ class DefaultTrainer(TrainerBase):
         model = self.model_ema.ema_model if use_ema else self.model  # type: ignore[union-attr]
         with self.watchdog.phase("eval"):
             self._last_eval_results = self.test(self.cfg, model)
-        return self._last_eval_results
+            if not self.cfg.TEST.VAL_LOSS:
+                return self._last_eval_results
+            results = dict(self._last_eval_results)
+            if "validation" in results:
+                raise ValueError(
+                    "the evaluation results already have a 'validation' entry, where "
+                    "TEST.VAL_LOSS puts the validation losses; rename that task or set "
+                    "TEST.VAL_LOSS False."
+                )
+            results["validation"] = self._validation_losses(model)
+        return results
+
+    def _validation_losses(self, model: nn.Module) -> dict[str, Any]:
+        """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
+
+        Collective:
+            ``validation_losses`` on every rank, for every test set.
+        """
+        names = list(self.cfg.DATASETS.TEST)
+        losses: dict[str, Any] = {}
+        for name in names:
+            # Built once, iterated at every evaluation (each pass sees every record once).
+            if name not in self._val_loaders:
+                self._val_loaders[name] = self.build_test_loader(self.cfg, name)
+            losses[name] = validation_losses(model, self._val_loaders[name])
+        return losses[names[0]] if len(names) == 1 else losses  # {} without test sets
 
     # ---- what hooks may read ------------------------------------------------------------
     @property

@@ -292,6 +292,13 @@ class SimpleTrainer(TrainerBase):
             buffered, self._metric_buffer = self._metric_buffer, []
             gather_and_file(buffered, self.storage)
 
+    def _end_early(self) -> None:
+        # The loop stops before the next gather iteration: file the steps recorded since.
+        # Collective: every rank stops after the same step (TrainerBase.request_stop).
+        if self._metric_buffer:
+            buffered, self._metric_buffer = self._metric_buffer, []
+            gather_and_file(buffered, self.storage)
+
     def _write_metrics(
         self, loss_dict: Mapping[str, torch.Tensor], data_time: float, prefix: str = ""
     ) -> None:

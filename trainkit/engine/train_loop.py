@@ -39,13 +39,15 @@ logger = logging.getLogger(__name__)
 class _Progress:
     """Where the loop is; shared by a loop and the step trainer bound to it."""
 
-    __slots__ = ("iter", "max_iter", "start_iter", "storage")
+    __slots__ = ("iter", "max_iter", "start_iter", "stop_reason", "storage")
 
     def __init__(self) -> None:
         self.iter = 0
         self.start_iter = 0
         self.max_iter = 0
         self.storage: EventStorage | None = None
+        # Set by request_stop (or loaded from a stopped run's checkpoint).
+        self.stop_reason: str | None = None
 
 
 class TrainerBase:
@@ -59,6 +61,9 @@ class TrainerBase:
     * ``storage``: the :class:`EventStorage` opened by :meth:`train`.
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
+
+    Hooks may call exactly one method: :meth:`request_stop` (end training gracefully after
+    the current step), and read :attr:`stop_reason`.
 
     This class does not build models, optimizers or data; ``DefaultTrainer`` does that from a
     config, and a plain loop can call the ``build_*`` functions directly.
@@ -181,6 +186,13 @@ class TrainerBase:
     def train(self, start_iter: int, max_iter: int) -> None:
         """Run iterations ``start_iter .. max_iter - 1``, calling the hooks around each.
 
+        A hook may end the loop early with :meth:`request_stop`: the rest of that step's
+        ``after_step`` hooks run, the loop ends with ``iter`` on that step (the last finished
+        iteration, which a checkpoint written in ``after_train`` records; ``iter < max_iter``
+        tells ``after_train`` hooks that the run did not complete), then ``after_train`` and
+        the writers' final write run as after a complete run. A trainer whose state comes
+        from a stopped run (:meth:`load_state_dict`) does not train: it logs why and returns.
+
         Args:
             start_iter: the first iteration to run (``last finished + 1`` on resume).
             max_iter: one past the last iteration to run.
@@ -189,6 +201,9 @@ class TrainerBase:
             Exception: Whatever a step or hook raised, after it was logged and every hook's
                 ``after_train`` ran.
         """
+        if self._progress.stop_reason is not None:
+            self._refuse_stopped_run(max_iter)
+            return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
@@ -203,14 +218,19 @@ class TrainerBase:
                     self.before_step()
                     self.run_step()
                     self.after_step()
+                    if self._stop_requested_here():
+                        self._end_early()
+                        break
                     self.iter += 1
             except UsageError as e:
+                self._progress.stop_reason = None  # not a graceful stop: nothing to record
                 # The user's input, not a crash: the message says what to fix.
                 logger.error("Training stopped: %s", e)
                 with contextlib.suppress(Exception):
                     self.after_train()
                 raise
             except BaseException:
+                self._progress.stop_reason = None
                 logger.exception("Exception during training:")
                 # Each hook's failure is logged inside after_train; the original error is
                 # the one worth raising.
@@ -218,6 +238,80 @@ class TrainerBase:
                     self.after_train()
                 raise
             self.after_train()
+
+    # ---- stopping early -------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to end gracefully after the current step; hooks call this.
+
+        The remaining ``after_step`` hooks of the step still run, then ``after_train`` and the
+        writers' final write (see :meth:`train`); ``DefaultTrainer`` also writes a final
+        checkpoint that records the stop, so ``--resume`` does not train on. The first
+        reason given wins. A request during the last iteration changes nothing: the run
+        completes.
+
+        Args:
+            reason: why, in a few words; logged and saved in the checkpoint.
+
+        Under several processes every rank must request the stop after the same step (the
+        :class:`~trainkit.engine.hooks.EarlyStopping` hook shares its decision for this);
+        a rank that stops alone leaves the others waiting in their next collective.
+        """
+        if self._progress.stop_reason is not None:
+            logger.debug("Stop already requested (%s); ignoring: %s", self.stop_reason, reason)
+            return
+        logger.info("Stop requested after iteration %d: %s", self.iter, reason)
+        self._progress.stop_reason = str(reason)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why training stops early (from the request on); ``None`` if it does not.
+
+        In ``after_train``, ``stop_reason is not None`` means the loop ended gracefully at a
+        request (an exception clears it: that run did not stop, it failed).
+        """
+        return self._progress.stop_reason
+
+    def _stop_requested_here(self) -> bool:
+        if self._progress.stop_reason is None:
+            return False
+        if self.iter >= self.max_iter - 1:
+            logger.info("The stop was requested at the last iteration; the run completes.")
+            self._progress.stop_reason = None
+            return False
+        logger.warning(
+            "Training stopped early after iteration %d of %d: %s",
+            self.iter,
+            self.max_iter,
+            self._progress.stop_reason,
+        )
+        return True
+
+    def _end_early(self) -> None:
+        """Finish what the step left for the last iteration (the loop stops early).
+
+        Called on every rank when the loop ends at a :meth:`request_stop`, before
+        ``after_train``; step trainers that defer work (buffered metrics) override it.
+        """
+
+    def _refuse_stopped_run(self, max_iter: int) -> None:
+        logger.warning(
+            "Not training: this run stopped early after iteration %d (%s) and stays stopped "
+            "when resumed. To train on, start a new run from its weights (e.g. MODEL.WEIGHTS "
+            "set to its final checkpoint, in another OUTPUT_DIR).",
+            self.iter,
+            self._progress.stop_reason,
+        )
+        # The writers were opened when the hooks were built; close them so trackers end
+        # their runs. The storage is empty and placed at max_iter, where the console
+        # printer stays silent: nothing is written.
+        with EventStorage(max_iter) as self.storage:
+            self._final_write()
+
+    def _final_write(self) -> None:
+        for hook in self._dispatch.hooks:
+            final_write = getattr(hook, "final_write", None)
+            if callable(final_write):
+                final_write()
 
     def _describe_hooks(self) -> list[str]:
         return [
@@ -247,10 +341,7 @@ class TrainerBase:
                 errors.append(e)
         # Writers get the last word: metrics that a hook registered after the writer puts in
         # its after_train (a final evaluation) would otherwise never reach metrics.json.
-        for hook in self._dispatch.hooks:
-            final_write = getattr(hook, "final_write", None)
-            if callable(final_write):
-                final_write()
+        self._final_write()
         if errors:
             raise errors[0]
 
@@ -278,8 +369,9 @@ class TrainerBase:
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"iteration": last finished iteration, "hooks": {name: state}}``.
 
-        Only hooks with a non-empty state appear, keyed by class ``__qualname__``. A trainer
-        bound to a loop (:meth:`bind_to`) returns ``{}``: the loop saves them.
+        Only hooks with a non-empty state appear, keyed by class ``__qualname__``. After
+        :meth:`request_stop`, ``"stop_reason"`` holds the reason. A trainer bound to a loop
+        (:meth:`bind_to`) returns ``{}``: the loop saves them.
 
         Raises:
             ValueError: If two hooks with state share a name.
@@ -295,11 +387,15 @@ class TrainerBase:
             if key in hook_states:
                 raise ValueError(f"Two hooks save state under the same name {key!r}")
             hook_states[key] = state
-        return {"iteration": self.iter, "hooks": hook_states}
+        state: dict[str, Any] = {"iteration": self.iter, "hooks": hook_states}
+        if self._progress.stop_reason is not None:
+            state["stop_reason"] = self._progress.stop_reason
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the iteration and the state of every registered hook that has one saved.
+        """Restore the iteration, the stop request and every registered hook's saved state.
 
+        A run saved after :meth:`request_stop` stays stopped: :meth:`train` does not train.
         A saved hook state with no matching hook, or a stateful hook with nothing saved,
         is logged as a warning and otherwise ignored. A bound trainer ignores both (the
         loop restores them).
@@ -307,6 +403,7 @@ class TrainerBase:
         if self._is_bound:
             return
         self.iter = state["iteration"]
+        self._progress.stop_reason = state.get("stop_reason")
         saved = dict(state.get("hooks", {}))
         for hook in self._dispatch.hooks:
             key = hook_state_key(hook)

@@ -8,6 +8,7 @@ from trainkit.evaluation.evaluator import (
     inference_on_dataset,
 )
 from trainkit.evaluation.testing import print_csv_format, verify_results
+from trainkit.evaluation.validation import loss_evaluation_context, validation_losses
 
 __all__ = [
     "ClassificationEvaluator",
@@ -15,6 +16,8 @@ __all__ = [
     "DatasetEvaluators",
     "inference_context",
     "inference_on_dataset",
+    "loss_evaluation_context",
     "print_csv_format",
+    "validation_losses",
     "verify_results",
 ]

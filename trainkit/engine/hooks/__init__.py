@@ -7,6 +7,7 @@ from here (``trainkit.engine.hooks.X``), the path detectron2 code expects.
 """
 
 from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckpointer
+from trainkit.engine.hooks.early_stopping import EarlyStopping, ImprovementRule
 from trainkit.engine.hooks.ema import ModelEMA, load_ema_weights
 from trainkit.engine.hooks.evaluation import EvalHook, PreciseBN
 from trainkit.engine.hooks.loop import CallbackHook, IterationTimer, LRScheduler, PeriodicWriter
@@ -16,9 +17,11 @@ from trainkit.engine.train_loop import HookBase, HookPriority
 __all__ = [
     "BestCheckpointer",
     "CallbackHook",
+    "EarlyStopping",
     "EvalHook",
     "HookBase",
     "HookPriority",
+    "ImprovementRule",
     "IterationTimer",
     "LRScheduler",
     "ModelEMA",

@@ -10,6 +10,11 @@ from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
+from trainkit.engine.hooks.early_stopping import (
+    ImprovementRule,
+    is_evaluation_step,
+    update_from_storage,
+)
 from trainkit.engine.train_loop import HookBase
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
@@ -26,7 +31,9 @@ class PeriodicCheckpointer(HookBase):
     """Save a checkpoint every ``period`` iterations and a final one at the last iteration.
 
     A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer`; the file names, the
-    ``max_to_keep`` rotation and what is saved are that class's business. With a
+    ``max_to_keep`` rotation and what is saved are that class's business. When a hook
+    stopped training early (:meth:`TrainerBase.request_stop`), ``after_train`` writes
+    ``{file_prefix}_final`` for the last finished iteration and tags it. With a
     checkpointer that saves in the background, ``after_train`` waits for the last write
     (raising its failure), so training ends with the final checkpoint on disk.
     """
@@ -86,17 +93,34 @@ class PeriodicCheckpointer(HookBase):
 
     @override
     def after_train(self) -> None:
+        trainer = self.trainer
+        if trainer.stop_reason is not None and trainer.iter < trainer.max_iter:
+            # Stopped early (TrainerBase.request_stop): the last iteration's model_final was
+            # never written. Write it now; it records the stop, so --resume does not train on.
+            if self._before_save is not None:
+                self._before_save()
+            self._checkpointer.save(f"{self._file_prefix}_final", iteration=trainer.iter)
         if isinstance(self._checkpointer, Checkpointer):
             self._checkpointer.wait()
 
 
 class BestCheckpointer(HookBase):
-    """Save ``file_prefix`` whenever ``val_metric`` in the storage improves.
+    """Save ``file_prefix`` whenever ``val_metric`` in the storage improves; stop on patience.
 
     Register it after the :class:`EvalHook` that records the metric, with the same
     ``eval_period``, so it checks right after each evaluation (and after the final one in
     ``after_train``). The best value is part of the resumable state, so a resumed run does
     not overwrite the best checkpoint with a worse one.
+
+    **beyond** detectron2: with ``patience``, training stops (:meth:`TrainerBase.
+    request_stop`) after ``patience`` evaluations without improvement; ``min_delta`` is the
+    margin an improvement needs. The decision is :class:`~trainkit.engine.hooks.
+    ImprovementRule`'s, the rule ``EarlyStopping`` uses.
+
+    Collective:
+        Only with ``patience`` and several processes: an ``all_gather`` at each check (rank 0
+        decides, every rank stops after the same step). Without ``patience`` each rank
+        decides from its own storage, as in detectron2.
     """
 
     def __init__(
@@ -106,69 +130,82 @@ class BestCheckpointer(HookBase):
         val_metric: str,
         mode: str = "max",
         file_prefix: str = "model_best",
+        *,
+        patience: int | None = None,
+        min_delta: float = 0.0,
     ) -> None:
         """Store the arguments.
 
+        Args:
+            eval_period: the ``EvalHook``'s period.
+            checkpointer: saves ``file_prefix`` (without moving ``last_checkpoint``).
+            val_metric: a flattened evaluation result, e.g. ``classification/top1``.
+            mode: ``"max"`` if larger is better, else ``"min"``.
+            file_prefix: the best model is ``{file_prefix}.pth``.
+            patience: stop training after this many evaluations without improvement;
+                ``None`` (default) never stops.
+            min_delta: an improvement must exceed this (>= 0).
+
         Raises:
-            ValueError: If ``mode`` is not ``"max"`` or ``"min"``.
+            ValueError: If ``mode`` is not ``"max"`` or ``"min"``, or patience or min_delta
+                is out of range.
         """
         if mode not in ("max", "min"):
             raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
         self._period = eval_period
         self._checkpointer = checkpointer
         self._val_metric = val_metric
-        self._mode = mode
         self._file_prefix = file_prefix
-        self.best_metric: float | None = None
-        self.best_iter: int | None = None
+        self.rule = ImprovementRule(mode, min_delta=min_delta, patience=patience)
 
-    def _is_better(self, value: float) -> bool:
-        if self.best_metric is None:
-            return True
-        return value > self.best_metric if self._mode == "max" else value < self.best_metric
+    @property
+    def best_metric(self) -> float | None:
+        """The best value so far (``None`` before the first evaluation)."""
+        return self.rule.best_metric
 
-    def _check(self) -> None:
-        latest = self.trainer.storage.latest().get(self._val_metric)
-        if latest is None:
-            logger.warning(
-                "BestCheckpointer: %r is not in the storage; check that an EvalHook before it "
-                "records it (names are flattened like 'classification/top1').",
-                self._val_metric,
-            )
-            return
-        value, metric_iter = latest
-        if not self._is_better(value):
-            return
-        logger.info(
-            "Saved best model: %s = %.5g at iteration %d (previous best %s)",
+    @property
+    def best_iter(self) -> int | None:
+        """The iteration the best value was recorded at."""
+        return self.rule.best_iter
+
+    def _check(self, may_stop: bool) -> None:
+        previous = self.rule.best_metric
+        improved = update_from_storage(
+            self.rule,
+            self.trainer.storage,
             self._val_metric,
-            value,
-            metric_iter,
-            self.best_metric,
+            shared=self.rule.patience is not None,
+            strict=False,
         )
-        self.best_metric, self.best_iter = float(value), int(metric_iter)
-        self._checkpointer.save(self._file_prefix, tag_last=False, iteration=metric_iter)
+        if improved:
+            logger.info(
+                "Saved best model: %s = %.5g at iteration %d (previous best %s)",
+                self._val_metric,
+                self.rule.best_metric,
+                self.rule.best_iter,
+                previous,
+            )
+            self._checkpointer.save(
+                self._file_prefix, tag_last=False, iteration=self.rule.best_iter
+            )
+        if may_stop and self.rule.should_stop:
+            self.trainer.request_stop(f"BestCheckpointer: {self.rule.reason(self._val_metric)}")
 
     @override
     def after_step(self) -> None:
         # The last iteration is checked in after_train, after the final evaluation.
-        if is_period_end(self.trainer.iter, self._period) and not is_last_iter(
-            self.trainer.iter, self.trainer.max_iter
-        ):
-            self._check()
+        if is_evaluation_step(self.trainer, self._period):
+            self._check(may_stop=True)
 
     @override
     def after_train(self) -> None:
         if self.trainer.iter >= self.trainer.max_iter:  # training completed
-            self._check()
+            self._check(may_stop=False)
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        if self.best_metric is None:
-            return {}
-        return {"best_metric": self.best_metric, "best_iter": self.best_iter}
+        return self.rule.state_dict()
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_metric = state.get("best_metric")
-        self.best_iter = state.get("best_iter")
+        self.rule.load_state_dict(state)

@@ -1,0 +1,161 @@
+"""Validation losses: the model's training losses on a test set, without training on it.
+
+The model runs its training-mode forward (the one that returns the loss dict) with
+normalisation layers on their running statistics and dropout off, under ``no_grad``, and
+with every global RNG restored afterwards, so the training run is the same bit for bit
+whether validation losses are computed or not. The losses are averaged per record over the
+whole test set: each batch's losses (means over the batch) are weighted by its size, and
+the sums and counts of every rank are combined, so any number of ranks, uneven shards and a
+short last batch give the one-process value (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainkit.utils import comm
+from trainkit.utils.env import get_rng_state, set_rng_state
+
+__all__ = ["loss_evaluation_context", "validation_losses"]
+
+logger = logging.getLogger(__name__)
+
+# Public dropout classes (their shared base class is private to torch).
+_DROPOUT_TYPES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+
+def _uses_running_stats(module: nn.Module) -> bool:
+    # BatchNorm (any dimension, SyncBatchNorm, subclasses) and InstanceNorm: the layers with
+    # running statistics all have track_running_stats; in eval mode they use them.
+    return isinstance(getattr(module, "track_running_stats", None), bool)
+
+
+@contextlib.contextmanager
+def loss_evaluation_context(model: nn.Module) -> Iterator[None]:
+    """Inside the block: ``model`` in training mode, but norm layers and dropout in eval mode.
+
+    The model then returns its losses while normalisation layers use (and do not update)
+    their running statistics and dropout passes inputs through. Every module's ``training``
+    flag is restored afterwards, also when the block raises.
+    """
+    saved = [(module, module.training) for module in model.modules()]
+    try:
+        model.train()
+        for module in model.modules():
+            if isinstance(module, _DROPOUT_TYPES) or _uses_running_stats(module):
+                module.training = False  # not .eval(): that would recurse into children
+        yield
+    finally:
+        for module, training in saved:
+            module.training = training
+
+
+@contextlib.contextmanager
+def _rng_preserved() -> Iterator[None]:
+    # Iterating a DataLoader draws its workers' base seed from torch's global RNG, and a
+    # model or mapper may draw too; the training stream must not notice any of it.
+    state = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
+def validation_losses(model: nn.Module, data_loader: Iterable[Any]) -> dict[str, float]:
+    """Return the model's losses on ``data_loader``, averaged per record over all ranks.
+
+    Args:
+        model: returns a dict of scalar losses (or one scalar tensor, named
+            ``total_loss``) in training mode, as trainers expect; DDP-wrapped or not (the
+            bare module runs, so no DDP collective is involved).
+        data_loader: this rank's share of the test set, each record once (e.g.
+            ``build_test_loader``: ``InferenceSampler`` shards, no padding). A batch is a
+            list of records, a tensor, or a mapping of tensors (its size is the length of
+            the list, or of the first dimension). Its records must hold what the loss needs.
+
+    Returns:
+        ``{loss name: mean over records}`` plus ``total_loss`` (their sum), identical on
+        every rank; ``{}`` if the test set is empty.
+
+    Raises:
+        TypeError: If the model returns something other than a dict or a tensor.
+        ValueError: If a loss is not a one-element tensor.
+
+    Collective:
+        One ``all_gather`` at the end; every rank calls it (a rank with no records too).
+    """
+    start_s = time.perf_counter()
+    bare = model.module if isinstance(model, DistributedDataParallel) else model
+    sums: dict[str, float] = {}
+    count = 0
+    with _rng_preserved(), loss_evaluation_context(bare), torch.no_grad():
+        for batch in data_loader:
+            size = _batch_size(batch)
+            for name, value in _loss_dict(bare(batch)).items():
+                sums[name] = sums.get(name, 0.0) + float(value) * size
+            count += size
+    losses, total = _combine(comm.all_gather((sums, count)))
+    logger.info(
+        "Validation losses over %d records (%d processes): %s; took %.2f s",
+        total,
+        comm.get_world_size(),
+        ", ".join(f"{k}={v:.6g}" for k, v in losses.items()) or "none (no records)",
+        time.perf_counter() - start_s,
+    )
+    return losses
+
+
+def _combine(parts: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], int]:
+    """Per-record means from every rank's (sums, count), in rank order (same on every rank)."""
+    total = sum(count for _, count in parts)
+    sums: dict[str, float] = {}
+    for rank_sums, _ in parts:
+        for name, value in rank_sums.items():
+            sums[name] = sums.get(name, 0.0) + value
+    if total == 0:
+        return {}, 0
+    losses = {name: value / total for name, value in sums.items()}
+    if "total_loss" not in losses:
+        losses["total_loss"] = math.fsum(losses.values())
+    return losses, total
+
+
+def _loss_dict(output: Any) -> dict[str, torch.Tensor]:
+    losses = {"total_loss": output} if isinstance(output, torch.Tensor) else output
+    if not isinstance(losses, Mapping):
+        raise TypeError(
+            "validation_losses: in training mode the model must return a dict of scalar losses "
+            f"or one scalar tensor, got {type(output).__name__}"
+        )
+    for name, value in losses.items():
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ValueError(
+                f"validation_losses: loss {name!r} must be a one-element tensor, got "
+                f"{type(value).__name__}{tuple(getattr(value, 'shape', ()))}"
+            )
+    return dict(losses)
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), None)
+        if first is None:
+            return 0
+        return len(first)
+    return len(batch)
