@@ -70,3 +70,12 @@ def test_training_replaces_while_evaluation_skips():
     assert len(batch) == 20  # replacements keep the batch full
     test = build_test_loader(list(range(20)), mapper=_mapper, batch_size=20)
     assert len(next(iter(test))) == 15
+
+
+def test_a_pass_over_the_test_loader_leaves_the_global_rng_alone():
+    import torch
+
+    loader = build_test_loader(list(range(8)), mapper=_mapper, batch_size=4, num_workers=2)
+    before = torch.get_rng_state()
+    list(loader)
+    assert torch.equal(before, torch.get_rng_state())

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainkit.data._map_dataset import RecordMapper
@@ -85,6 +86,9 @@ class InferenceLoader(DataLoader):
             collate_fn: list of mapped samples -> batch.
             **kwargs: other ``DataLoader`` arguments (``num_workers``, ...).
         """
+        # A private generator: otherwise every pass draws its workers' base seed from the
+        # global torch RNG, and evaluating during training would shift the training stream.
+        kwargs.setdefault("generator", torch.Generator().manual_seed(0))
         super().__init__(
             _SkippingRecords(records, mapper),
             batch_size=batch_size,

@@ -10,27 +10,26 @@ import torch
 from torch import nn
 
 from trainkit.checkpoint import Checkpointer
-from trainkit.config import CfgNode, ConfigError
+from trainkit.config import CfgNode
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.defaults import resolve_random_seed
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.launch import get_job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
-from trainkit.engine.scaling import auto_scale_config
+from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
+from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.writers import build_writers
 from trainkit.evaluation import (
     DatasetEvaluator,
-    inference_on_dataset,
-    print_csv_format,
-    validation_losses,
     verify_results,
 )
 from trainkit.modeling import build_model
@@ -38,7 +37,6 @@ from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
 from trainkit.utils.events import EventWriter
 from trainkit.utils.logger import setup_logger
-from trainkit.utils.periodic import is_last_iter, is_period_end
 
 __all__ = ["DefaultTrainer"]
 
@@ -81,7 +79,7 @@ class DefaultTrainer(TrainerBase):
             setup_logger(distributed_rank=comm.get_rank())
         cfg = self.auto_scale_workers(cfg, comm.get_world_size())
         self._seed_was_random = cfg.SEED < 0
-        cfg = _with_resolved_seed(cfg)
+        cfg = resolve_random_seed(cfg)
         self.cfg = cfg
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
@@ -214,7 +212,7 @@ class DefaultTrainer(TrainerBase):
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
             # Right after the evaluation it watches (same priority, registered later).
             early_stopping_from_config(cfg),
-            _SkippedRecordsMetric(cfg.WRITER_PERIOD),
+            hooks.SkippedRecordsCounter(cfg.WRITER_PERIOD),
         ]
         if comm.is_main_process():
             hooks_list.append(hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD))
@@ -298,19 +296,7 @@ class DefaultTrainer(TrainerBase):
         return results
 
     def _validation_losses(self, model: nn.Module) -> dict[str, Any]:
-        """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
-
-        Collective:
-            ``validation_losses`` on every rank, for every test set.
-        """
-        names = list(self.cfg.DATASETS.TEST)
-        losses: dict[str, Any] = {}
-        for name in names:
-            # Built once, iterated at every evaluation (each pass sees every record once).
-            if name not in self._val_loaders:
-                self._val_loaders[name] = self.build_test_loader(self.cfg, name)
-            losses[name] = validation_losses(model, self._val_loaders[name])
-        return losses[names[0]] if len(names) == 1 else losses  # {} without test sets
+        return validation_losses_of_test_sets(self, model, self._val_loaders)
 
     # ---- what hooks may read ------------------------------------------------------------
     @property
@@ -367,30 +353,7 @@ class DefaultTrainer(TrainerBase):
         Collective:
             ``inference_on_dataset`` gathers on every rank.
         """
-        names = list(cfg.DATASETS.TEST)
-        if isinstance(evaluators, DatasetEvaluator):
-            evaluators = [evaluators]
-        if evaluators is not None and len(evaluators) != len(names):
-            raise ValueError(
-                f"{len(evaluators)} evaluators given for {len(names)} test datasets {names}"
-            )
-        results: dict[str, Any] = {}
-        for idx, name in enumerate(names):
-            data_loader = cls.build_test_loader(cfg, name)
-            if evaluators is not None:
-                evaluator = evaluators[idx]
-            else:
-                try:
-                    evaluator = cls.build_evaluator(cfg, name)
-                except NotImplementedError as e:
-                    logger.warning("%s Skipping evaluation of %s.", e, name)
-                    results[name] = {}
-                    continue
-            results[name] = inference_on_dataset(model, data_loader, evaluator) or {}
-            if comm.is_main_process() and results[name]:
-                logger.info("Evaluation results for %s in csv format:", name)
-                print_csv_format(results[name])
-        return next(iter(results.values())) if len(results) == 1 else results
+        return evaluate_test_sets(cls, cfg, model, evaluators)
 
     @staticmethod
     def auto_scale_workers(cfg: CfgNode, num_workers: int) -> CfgNode:
@@ -420,7 +383,7 @@ class DefaultTrainer(TrainerBase):
             ConfigError: If the checkpoint was written on another world size while linear
                 auto-scaling is on: the recipe (batch, LR, schedule) would change mid-run.
         """
-        _check_same_recipe(self.cfg, state.get("world_size"))
+        check_same_recipe(self.cfg, state.get("world_size"), comm.get_world_size())
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
         saved_seed = state.get("data_seed")
@@ -444,57 +407,6 @@ class DefaultTrainer(TrainerBase):
         record_changes(self.cfg, cfg, f"{ORIGIN_RUN_TIME}: the data seed of the checkpoint")
         self.cfg = cfg
         self.data_loader = self.build_train_loader(cfg)
-
-
-class _SkippedRecordsMetric(HookBase):
-    """Record the loader's cumulative count of skipped records as ``data/skipped_records``.
-
-    So that a slowly rotting dataset shows up in metrics.json, not only in logs.
-    """
-
-    def __init__(self, period: int) -> None:
-        self._period = period
-
-    def after_step(self) -> None:
-        trainer = self.trainer
-        if is_period_end(trainer.iter, self._period) or is_last_iter(
-            trainer.iter, trainer.max_iter
-        ):
-            loader = trainer.data_loader  # type: ignore[attr-defined]
-            skipped = getattr(loader, "num_skipped_records", None)
-            if skipped is not None:
-                trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
-
-
-def _check_same_recipe(cfg: CfgNode, saved_world_size: int | None) -> None:
-    world_size = comm.get_world_size()
-    if saved_world_size in (None, world_size) or cfg.SOLVER.REFERENCE_WORLD_SIZE == 0:
-        return
-    if cfg.SOLVER.SCALE_MODE == "linear":
-        raise ConfigError(
-            f"the checkpoint was written by {saved_world_size} processes and this job has "
-            f"{world_size}: with SOLVER.SCALE_MODE linear the batch, learning rate and schedule "
-            "would change mid-run. Resume with the same number of processes, or use "
-            "SOLVER.SCALE_MODE accumulate (same recipe on any number of processes)."
-        )
-
-
-def _with_resolved_seed(cfg: CfgNode) -> CfgNode:
-    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
-
-    Collective:
-        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
-    """
-    if cfg.SEED >= 0:
-        return cfg
-    seed = comm.shared_random_seed()
-    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
-    resolved = cfg.clone()
-    resolved.defrost()
-    resolved.SEED = seed
-    resolved.freeze()
-    record_changes(cfg, resolved, f"{ORIGIN_RUN_TIME}: a random seed shared by all ranks")
-    return resolved
 
 
 def _has_batchnorm(model: nn.Module) -> bool:

@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode
-from trainkit.config.provenance import config_changes, format_config_changes
+from trainkit.config.provenance import (
+    ORIGIN_RUN_TIME,
+    config_changes,
+    format_config_changes,
+    record_changes,
+)
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.writers import default_writers
@@ -30,6 +35,7 @@ from trainkit.utils.logger import setup_logger
 # DefaultTrainer is importable from here too (see __getattr__ at the end).
 __all__ = [
     "OutputDirError",
+    "resolve_random_seed",
     "check_output_dir",
     "create_ddp_model",
     "default_argument_parser",
@@ -240,6 +246,24 @@ def check_output_dir(output_dir: str) -> None:
             f"OUTPUT_DIR {output_dir!r} is not writable by this user; set OUTPUT_DIR to a "
             f"writable directory or fix its permissions."
         )
+
+
+def resolve_random_seed(cfg: CfgNode) -> CfgNode:
+    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
+
+    Collective:
+        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
+    """
+    if cfg.SEED >= 0:
+        return cfg
+    seed = comm.shared_random_seed()
+    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
+    resolved = cfg.clone()
+    resolved.defrost()
+    resolved.SEED = seed
+    resolved.freeze()
+    record_changes(cfg, resolved, f"{ORIGIN_RUN_TIME}: a random seed shared by all ranks")
+    return resolved
 
 
 def __getattr__(name: str) -> Any:

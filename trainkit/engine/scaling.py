@@ -22,7 +22,13 @@ import logging
 from trainkit.config import CfgNode, ConfigError
 from trainkit.config.provenance import ORIGIN_AUTO_SCALING, record_changes
 
-__all__ = ["SCALE_MODES", "ScalingError", "accumulate_steps_for", "auto_scale_config"]
+__all__ = [
+    "SCALE_MODES",
+    "ScalingError",
+    "accumulate_steps_for",
+    "auto_scale_config",
+    "check_same_recipe",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -199,3 +205,26 @@ def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, num_workers: int) -> CfgN
     )
     out.freeze()
     return out
+
+
+def check_same_recipe(cfg: CfgNode, saved_world_size: int | None, world_size: int) -> None:
+    """Refuse to resume a linear-scaled run on another world size (its recipe would change).
+
+    Args:
+        cfg: the (scaled) config of this job.
+        saved_world_size: the world size that wrote the checkpoint (None: unknown).
+        world_size: this job's.
+
+    Raises:
+        ScalingError: A ``ConfigError``: with ``SCALE_MODE`` linear, auto-scaling on and
+            another world size; the message points at the accumulate mode.
+    """
+    if saved_world_size in (None, world_size) or cfg.SOLVER.REFERENCE_WORLD_SIZE == 0:
+        return
+    if cfg.SOLVER.SCALE_MODE == "linear":
+        raise ScalingError(
+            f"the checkpoint was written by {saved_world_size} processes and this job has "
+            f"{world_size}: with SOLVER.SCALE_MODE linear the batch, learning rate and schedule "
+            "would change mid-run. Resume with the same number of processes, or use "
+            "SOLVER.SCALE_MODE accumulate (same recipe on any number of processes)."
+        )

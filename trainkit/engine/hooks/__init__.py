@@ -10,7 +10,13 @@ from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckp
 from trainkit.engine.hooks.early_stopping import EarlyStopping, ImprovementRule
 from trainkit.engine.hooks.ema import ModelEMA, load_ema_weights
 from trainkit.engine.hooks.evaluation import EvalHook, PreciseBN
-from trainkit.engine.hooks.loop import CallbackHook, IterationTimer, LRScheduler, PeriodicWriter
+from trainkit.engine.hooks.loop import (
+    CallbackHook,
+    IterationTimer,
+    LRScheduler,
+    PeriodicWriter,
+    SkippedRecordsCounter,
+)
 from trainkit.engine.hooks.profiling import TorchMemoryStats, TorchProfiler
 from trainkit.engine.train_loop import HookBase, HookPriority
 
@@ -28,6 +34,7 @@ __all__ = [
     "PeriodicCheckpointer",
     "PeriodicWriter",
     "PreciseBN",
+    "SkippedRecordsCounter",
     "TorchMemoryStats",
     "TorchProfiler",
     "load_ema_weights",

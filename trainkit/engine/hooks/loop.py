@@ -18,7 +18,13 @@ from trainkit.solver import LRMultiplier
 if TYPE_CHECKING:
     from trainkit.utils.events import EventWriter
 
-__all__ = ["CallbackHook", "IterationTimer", "LRScheduler", "PeriodicWriter"]
+__all__ = [
+    "CallbackHook",
+    "IterationTimer",
+    "LRScheduler",
+    "PeriodicWriter",
+    "SkippedRecordsCounter",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -268,3 +274,23 @@ class LRScheduler(HookBase):
 def _main_param_group_index(optimizer: torch.optim.Optimizer) -> int:
     groups = optimizer.param_groups
     return max(range(len(groups)), key=lambda i: (len(groups[i]["params"]), groups[i]["lr"]))
+
+
+class SkippedRecordsCounter(HookBase):
+    """Record the loader's cumulative count of skipped records as ``data/skipped_records``.
+
+    So that a slowly rotting dataset shows up in metrics.json, not only in logs.
+    """
+
+    def __init__(self, period: int) -> None:
+        """Record every ``period`` iterations and at the last one."""
+        self._period = period
+
+    @override
+    def after_step(self) -> None:
+        trainer = self.trainer
+        if is_time(trainer, self._period):
+            loader = trainer.data_loader  # type: ignore[attr-defined]
+            skipped = getattr(loader, "num_skipped_records", None)
+            if skipped is not None:
+                trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)

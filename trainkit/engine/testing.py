@@ -1,0 +1,106 @@
+"""Evaluating a model on the test sets of a config: detectron2's ``DefaultTrainer.test``.
+
+The classmethod stays ``DefaultTrainer.test`` (detectron2's API); its work is here, beside the
+validation losses that ``TEST.VAL_LOSS`` adds at every evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from torch import nn
+
+from trainkit.config import CfgNode
+from trainkit.evaluation import (
+    DatasetEvaluator,
+    inference_on_dataset,
+    print_csv_format,
+    validation_losses,
+)
+from trainkit.utils import comm
+
+__all__ = ["evaluate_test_sets", "validation_losses_of_test_sets"]
+
+logger = logging.getLogger(__name__)
+
+
+class _BuildsTestParts(Protocol):
+    @classmethod
+    def build_test_loader(cls, cfg: CfgNode, dataset_name: str) -> Any: ...
+
+    @classmethod
+    def build_evaluator(cls, cfg: CfgNode, dataset_name: str) -> DatasetEvaluator: ...
+
+
+def evaluate_test_sets(
+    trainer_cls: type[_BuildsTestParts],
+    cfg: CfgNode,
+    model: nn.Module,
+    evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``model`` on every dataset in ``DATASETS.TEST`` (see ``DefaultTrainer.test``).
+
+    Args:
+        trainer_cls: builds each test loader and evaluator (its ``build_*`` classmethods).
+        cfg: the config.
+        model: the model (wrapped or not).
+        evaluators: one per test dataset; ``None`` builds them with ``build_evaluator``.
+
+    Returns:
+        ``{dataset_name: results}``, or the results themselves for a single dataset
+        (rank 0; other ranks may get empty dicts).
+
+    Raises:
+        ValueError: If the number of evaluators differs from the number of test sets.
+
+    Collective:
+        ``inference_on_dataset`` gathers on every rank.
+    """
+    names = list(cfg.DATASETS.TEST)
+    if isinstance(evaluators, DatasetEvaluator):
+        evaluators = [evaluators]
+    if evaluators is not None and len(evaluators) != len(names):
+        raise ValueError(
+            f"{len(evaluators)} evaluators given for {len(names)} test datasets {names}"
+        )
+    results: dict[str, Any] = {}
+    for idx, name in enumerate(names):
+        data_loader = trainer_cls.build_test_loader(cfg, name)
+        if evaluators is not None:
+            evaluator = evaluators[idx]
+        else:
+            try:
+                evaluator = trainer_cls.build_evaluator(cfg, name)
+            except NotImplementedError as e:
+                logger.warning("%s Skipping evaluation of %s.", e, name)
+                results[name] = {}
+                continue
+        results[name] = inference_on_dataset(model, data_loader, evaluator) or {}
+        if comm.is_main_process() and results[name]:
+            logger.info("Evaluation results for %s in csv format:", name)
+            print_csv_format(results[name])
+    return next(iter(results.values())) if len(results) == 1 else results
+
+
+def validation_losses_of_test_sets(
+    trainer: Any, model: nn.Module, loaders: dict[str, Any]
+) -> dict[str, Any]:
+    """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
+
+    Args:
+        trainer: a ``DefaultTrainer`` (its ``cfg`` and ``build_test_loader``).
+        model: the model whose training-mode losses are measured.
+        loaders: test loaders by dataset name, filled on first use and reused (each pass
+            sees every record once).
+
+    Collective:
+        ``validation_losses`` on every rank, for every test set.
+    """
+    names = list(trainer.cfg.DATASETS.TEST)
+    losses: dict[str, Any] = {}
+    for name in names:
+        if name not in loaders:
+            loaders[name] = trainer.build_test_loader(trainer.cfg, name)
+        losses[name] = validation_losses(model, loaders[name])
+    return losses[names[0]] if len(names) == 1 else losses  # {} without test sets
