@@ -1,4 +1,4 @@
-"""Measurement helpers shared by ``tools/benchmark.py`` tasks.
+"""Measuring: memory of a process tree, timers, forked cases, alternating A/B rounds.
 
 Memory is read from ``/proc/<pid>/smaps_rollup`` and summed over a process tree (a job's
 launcher, ranks and loader workers), because per-process RSS counts shared pages once per
@@ -10,7 +10,6 @@ holds. All sizes are bytes.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import threading
@@ -201,27 +200,6 @@ def self_memory() -> dict[str, int]:
     return mem
 
 
-def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    """Print a Markdown table (pastes into the README as is)."""
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "|".join("---" for _ in columns) + "|")
-    for row in rows:
-        print("| " + " | ".join(_fmt(v) for v in row) + " |")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
-
-
-def write_json(path: str, results: dict[str, Any]) -> None:
-    """Write ``results`` to ``path`` (indented JSON)."""
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-
-
 # --------------------------------------------------------------------------- A/B timing
 
 
@@ -247,35 +225,3 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def verdict(measured: float, target: float, *, higher_is_better: bool) -> str:
-    """Return ``"PASS"`` if ``measured`` meets ``target`` in the given direction, else "MISS"."""
-    ok = measured >= target if higher_is_better else measured <= target
-    return "PASS" if ok else "MISS"
-
-
-def target_text(target: float, *, higher_is_better: bool) -> str:
-    """Return ``">= 0.95"`` / ``"<= 1.05"``, the way targets are printed in every table."""
-    return f"{'>=' if higher_is_better else '<='} {target:g}"
-
-
-@contextlib.contextmanager
-def log_to_file(path: str, name: str = "trainkit") -> Iterator[None]:
-    """Send ``name``'s INFO records to ``path`` (like a run's ``log.txt``), not the console."""
-    import logging
-
-    logger = logging.getLogger(name)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s"))
-    previous = (logger.level, logger.propagate, logger.handlers[:])
-    logger.handlers = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        handler.close()
-        logger.setLevel(previous[0])
-        logger.propagate = previous[1]
-        logger.handlers = previous[2]
