@@ -1,3 +1,4 @@
+import gc
 import io
 import itertools
 import logging
@@ -10,6 +11,7 @@ from trainkit.config import get_cfg
 from trainkit.data import (
     DatasetCatalog,
     MapDataset,
+    ToIterableDataset,
     batch_rng,
     build_batch_data_loader,
     build_test_loader,
@@ -388,3 +390,30 @@ def test_explicit_loader_passes_dataloader_arguments_through():
     assert take(loader, 1) == [take(TrainingSampler(10, seed=0), 2)]
     with pytest.raises(ValueError, match="timeout"):  # torch's own check sees the argument
         build_batch_data_loader(list(range(10)), sampler, 2, num_workers=1, timeout=-1)
+
+
+def _freeze_count(record):
+    return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "stream"])
+def test_forked_workers_leave_the_objects_they_inherit_to_the_training_process(stream):
+    # A worker's garbage collector skips what this process held when the worker forked
+    # (walking it would copy the whole heap into the worker); this process is unchanged.
+    records = list(range(8))
+    if stream:
+        dataset = MapDataset(ToIterableDataset(records, TrainingSampler(8, seed=0)), _freeze_count)
+        sampler = None
+    else:
+        dataset, sampler = MapDataset(records, _freeze_count), TrainingSampler(8, seed=0)
+    assert gc.get_freeze_count() == 0
+    batch = next(iter(build_batch_data_loader(dataset, sampler, 2, num_workers=1)))
+    assert len(batch) == 2 and all(count > 0 for count in batch)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # what a user froze stays frozen
+    try:
+        frozen = gc.get_freeze_count()
+        next(iter(build_batch_data_loader(dataset, sampler, 2, num_workers=1)))
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
