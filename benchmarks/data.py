@@ -7,11 +7,19 @@
   ``DataLoader`` over an ``IterableDataset`` that shards itself with ``get_worker_info()`` and
   maps each batch;
 * padding per batch and the classifier's step time with each way of batching.
+
+Each throughput row also shows the CPU time per sample (main process and workers): on a
+shared machine it moves far less than samples/s.
+
+Private use: the baselines' mapper overrides ``ClassificationDatasetMapper._augment``, the
+one method that draws from ``sample_rng()``, to draw from a fixed-seed generator instead
+(a plain torch loader has no sample context); everything else is the built-in mapper's work.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import time
 from typing import Any
@@ -26,7 +34,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from benchmarks.measure import alternate, median
+from benchmarks.measure import alternate, cpu_seconds, median
 from benchmarks.padding import bench_padding
 from benchmarks.report import print_table, target_text, verdict
 from benchmarks.shapes import BATCH, shapes_cfg, train_loader
@@ -137,20 +145,27 @@ def _torch_stream_loader(num_workers: int) -> Any:
     return DataLoader(batches, batch_size=None, num_workers=num_workers, **extra)
 
 
-def _throughput(make: Any, batches: int, warmup: int = 10) -> float:
+def _throughput(make: Any, batches: int, cpu_us: list[float], warmup: int = 10) -> float:
     """Samples/s over ``batches`` batches after ``warmup`` ones (worker start-up excluded).
 
     A short window right after start-up mostly measures how fast the workers fill their
-    prefetch queues, which is why the first batches are skipped.
+    prefetch queues, which is why the first batches are skipped. Appends to ``cpu_us`` the
+    CPU time per sample of the iteration (main process and workers, warm-up included; the
+    loader's construction is not): unlike samples/s, it hardly moves when other jobs share
+    the machine.
     """
-    it = iter(make())
+    loader = make()
+    began = cpu_seconds()
+    it = iter(loader)
     for _ in range(warmup):
         next(it)
     start = time.perf_counter()
     for batch in itertools.islice(it, batches):
         assert len(batch) == BATCH
     rate = batches * BATCH / (time.perf_counter() - start)
-    del it
+    del it  # shuts the workers down (and reaps them: their CPU time is counted now)
+    gc.collect()
+    cpu_us.append((cpu_seconds() - began) / ((warmup + batches) * BATCH) * 1e6)
     return rate
 
 
@@ -172,19 +187,21 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
 def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
     results, rows = [], []
     for workers in (0, 2):
+        makers = {
+            "grouping on": lambda w=workers: train_loader(w, True),
+            "grouping off": lambda w=workers: train_loader(w, False),
+            "torch": lambda w=workers: _torch_loader(w),
+        }
+        cpu: dict[str, list[float]] = {name: [] for name in makers}
         samples = alternate(
             {
-                "grouping on": lambda w=workers: _throughput(
-                    lambda: train_loader(w, True), num_batches
-                ),
-                "grouping off": lambda w=workers: _throughput(
-                    lambda: train_loader(w, False), num_batches
-                ),
-                "torch": lambda w=workers: _throughput(lambda: _torch_loader(w), num_batches),
+                name: lambda m=make, c=cpu[name]: _throughput(m, num_batches, c)
+                for name, make in makers.items()
             },
             rounds,
         )
         med = {k: median(v) for k, v in samples.items()}
+        cpu_med = {k: median(v) for k, v in cpu.items()}
         for kind in ("grouping on", "grouping off"):
             ratio = med[kind] / med["torch"]
             judged = kind == "grouping on"
@@ -197,29 +214,60 @@ def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
                     "rate": med[kind],
                     "torch_rate": med["torch"],
                     "ratio": ratio,
+                    "cpu_us": cpu_med[kind],
+                    "torch_cpu_us": cpu_med["torch"],
                     "verdict": v or None,
                 }
             )
             target = target_text(_MAP_STYLE_TARGET, higher_is_better=True) if judged else ""
             rows.append(
-                [f"build_train_loader, {kind}", workers, med[kind], med["torch"], ratio, target, v]
+                [
+                    f"build_train_loader, {kind}",
+                    workers,
+                    med[kind],
+                    med["torch"],
+                    ratio,
+                    cpu_med[kind],
+                    cpu_med["torch"],
+                    target,
+                    v,
+                ]
             )
     print_table(
         f"Train loader throughput on shapes_train (ClassificationDatasetMapper, batch {BATCH}, "
         f"{num_batches} batches after 10 warm-up batches; medians of {rounds} alternating runs) vs "
-        "torch DataLoader + DistributedSampler(num_replicas=1) with a fixed-seed mapper",
-        ["loader", "workers", "samples/s", "torch samples/s", "ratio", "target", "PASS/MISS"],
+        "torch DataLoader + DistributedSampler(num_replicas=1) with a fixed-seed mapper; CPU: "
+        "main process and workers, per sample",
+        _COLUMNS,
         rows,
     )
     return results
 
 
+_COLUMNS = [
+    "loader",
+    "workers",
+    "samples/s",
+    "torch samples/s",
+    "ratio",
+    "CPU us/sample",
+    "torch CPU us/sample",
+    "target",
+    "PASS/MISS",
+]
+
+
 def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
     workers = 2
+    makers = {
+        "trainkit": lambda: _trainkit_stream_loader(workers),
+        "torch": lambda: _torch_stream_loader(workers),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in makers}
     samples = alternate(
         {
-            "trainkit": lambda: _throughput(lambda: _trainkit_stream_loader(workers), num_batches),
-            "torch": lambda: _throughput(lambda: _torch_stream_loader(workers), num_batches),
+            name: lambda m=make, c=cpu[name]: _throughput(m, num_batches, c)
+            for name, make in makers.items()
         },
         rounds,
     )
@@ -231,6 +279,8 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
         "rate": tk,
         "torch_rate": base,
         "ratio": ratio,
+        "cpu_us": median(cpu["trainkit"]),
+        "torch_cpu_us": median(cpu["torch"]),
         "target": _STREAM_TARGET,
         "verdict": verdict(ratio, _STREAM_TARGET, higher_is_better=True),
     }
@@ -240,7 +290,7 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
         "IterableDataset that shards itself with get_worker_info() and maps each batch "
         f"(fixed-seed mapper); {num_batches} batches after 10 warm-up batches, medians of "
         f"{rounds} alternating runs",
-        ["loader", "workers", "images/s", "torch images/s", "ratio", "target", "PASS/MISS"],
+        _COLUMNS,
         [
             [
                 "build_batch_data_loader, stream",
@@ -248,6 +298,8 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
                 tk,
                 base,
                 ratio,
+                result["cpu_us"],
+                result["torch_cpu_us"],
                 target_text(_STREAM_TARGET, higher_is_better=True),
                 result["verdict"],
             ]

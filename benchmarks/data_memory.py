@@ -7,6 +7,7 @@ spawn workers. Memory is PSS summed over the job, minus the same processes holdi
 
 Private use: ``DatasetFromList._lst`` (its ``_buffer`` and ``_ends``), to size one
 serialised copy and to make a worker touch its every page; no public name exposes the buffer.
+And torch's ``_shutdown_workers()``, to stop the workers at a known moment between phases.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,6 +165,17 @@ def timer() -> Iterator[Callable[[], float]]:
     """``with timer() as elapsed:`` ... ``elapsed()`` gives seconds since entering."""
     began = time.perf_counter()
     yield lambda: time.perf_counter() - began
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have exited.
+
+    Loader workers are such children once the loader's iterator has shut them down, so the
+    difference around a run is what the run cost on every core, however busy the machine.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_forked(fn: Callable[..., Any], *args: Any) -> Any:
