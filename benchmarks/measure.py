@@ -36,10 +36,15 @@ def smaps_rollup(pid: int) -> dict[str, int]:
 
 
 def memory_of(pid: int) -> dict[str, int]:
-    """Return ``{"pss", "uss", "anon", "rss"}`` of one process in bytes."""
+    """Return ``{"pss", "pss_data", "uss", "anon", "rss"}`` of one process in bytes.
+
+    ``pss_data`` is the PSS of anonymous and shared-memory pages only: what the process
+    allocated, without the pages of files (libraries, code) it maps.
+    """
     f = smaps_rollup(pid)
     return {
         "pss": f.get("Pss", 0),
+        "pss_data": f.get("Pss_Anon", 0) + f.get("Pss_Shmem", 0),
         "uss": f.get("Private_Clean", 0) + f.get("Private_Dirty", 0),
         "anon": f.get("Anonymous", 0),
         "rss": f.get("Rss", 0),
@@ -100,7 +105,7 @@ def tree_memory(root: int, *, count_memfd: bool = False) -> dict[str, int]:
     pages: a segment written but not (yet) read by anyone occupies memory that no page
     table shows.
     """
-    total = {"pss": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0, "memfd": 0}
+    total = {"pss": 0, "pss_data": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0, "memfd": 0}
     memfd_sizes: dict[int, int] = {}
     for pid in descendants(root):
         mem = memory_of(pid)
@@ -178,28 +183,30 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_forked(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn(*args)`` in a forked child and return its (picklable) result.
+def run_forked(fn: Callable[..., Any], *args: Any, start_method: str = "fork") -> Any:
+    """Run ``fn(*args)`` in a child process and return its (picklable) result.
 
     Each measurement gets a fresh process, so memory freed by one case (or kept by the
-    allocator) does not blur the next one.
+    allocator) does not blur the next one. A forked child shares its heap copy-on-write
+    with this process; ``start_method="spawn"`` starts a fresh interpreter instead (``fn``
+    must then be importable), whose memory no process outside its own tree shares.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     parent, child = ctx.Pipe(duplex=False)
-
-    def target() -> None:
-        try:
-            child.send(("ok", fn(*args)))
-        except BaseException as e:  # reported to the parent
-            child.send(("error", f"{type(e).__name__}: {e}"))
-
-    proc = ctx.Process(target=target)
+    proc = ctx.Process(target=_send_result, args=(child, fn, args))
     proc.start()
     status, payload = parent.recv()
     proc.join()
     if status != "ok":
         raise RuntimeError(f"benchmark case {fn.__name__}{args} failed: {payload}")
     return payload
+
+
+def _send_result(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # reported to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
 def self_memory() -> dict[str, int]:
