@@ -1,3 +1,4 @@
+import gc
 import io
 import itertools
 import logging
@@ -9,6 +10,8 @@ import torch
 from trainkit.config import get_cfg
 from trainkit.data import (
     DatasetCatalog,
+    MapDataset,
+    ToIterableDataset,
     batch_rng,
     build_batch_data_loader,
     build_test_loader,
@@ -16,7 +19,6 @@ from trainkit.data import (
     sample_rng,
     sample_seed,
 )
-from trainkit.data._sample_context import sample_context
 from trainkit.data.batching import aspect_ratio_bucket_ids, record_aspect_ratios
 from trainkit.data.samplers import TrainingSampler
 
@@ -26,6 +28,12 @@ BINS = [0.5, 0.75, 1.0, 1.333, 2.0]
 def make_records(n=60):
     widths = [10, 30, 64, 100, 150, 220]
     return [{"id": i, "width": widths[i % 6] + i % 4, "height": 100} for i in range(n)]
+
+
+def in_sample(fn, seed, position, batch=None):
+    """Return ``fn()`` run as a mapper runs: in the sample context of (seed, position)."""
+    dataset = MapDataset([None], lambda _: [fn()])
+    return dataset.map_at(0, seed=seed, position=position, batch=batch)[0]
 
 
 def identity_mapper(record):
@@ -101,10 +109,9 @@ def test_batch_rng_is_shared_within_a_batch_for_any_num_workers(grouping):
     assert len({draws.pop() for draws in batch_draws}) == len(streams[0])  # new per batch
     sample_draws = [draw for batch in streams[0] for _, _, draw in batch]
     assert len(set(sample_draws)) == len(sample_draws)  # sample_rng still per sample
-    with sample_context(42, 7):  # outside a loader a sample is a batch of its own
-        alone = float(batch_rng().random())
-    with sample_context(42, 7, batch=7):
-        assert float(batch_rng().random()) == alone
+    # Outside a loader a sample is a batch of its own.
+    alone = in_sample(lambda: float(batch_rng().random()), 42, 7)
+    assert in_sample(lambda: float(batch_rng().random()), 42, 7, batch=7) == alone
 
 
 def test_plain_batches_follow_the_sampler_stream():
@@ -170,26 +177,27 @@ def test_sample_rng_depends_only_on_seed_and_position():
     batches = take(build_train_loader(make_cfg(), rng_mapper, dataset=records), 10)
     samples = [s for b in batches for s in b]
     for position, (_, draw, seed) in enumerate(samples):  # world size 1: position = order
-        with sample_context(42, position):
-            assert (draw, seed) == (int(sample_rng().integers(1 << 30)), sample_seed())
+        again = in_sample(lambda: rng_mapper({"id": None})[1:], 42, position)
+        assert (draw, seed) == again
     assert len({draw for _, draw, _ in samples}) == len(samples)
     other_seed = take(build_train_loader(make_cfg(SEED=43), rng_mapper, dataset=records), 1)
     assert other_seed[0][0][1] != batches[0][0][1]
 
 
 def test_sample_rng_continues_within_a_sample_and_survives_nested_samples():
-    with sample_context(7, 3):
-        expected = sample_rng().random(4).tolist()
-    with sample_context(7, 3):
+    def draw(count):
+        return lambda: sample_rng().random(count).tolist()
+
+    def outer():
         first = sample_rng().random(2).tolist()
-        with sample_context(7, 4):  # a mapper mapping another record inside its own call
-            inner = sample_rng().random(2).tolist()
-        rest = sample_rng().random(2).tolist()
+        inner = in_sample(draw(2), 7, 4)  # a mapper mapping another record inside its call
+        return first, inner, sample_rng().random(2).tolist()
+
+    expected = in_sample(draw(4), 7, 3)
+    first, inner, rest = in_sample(outer, 7, 3)
     assert first + rest == expected
-    with sample_context(7, 4):
-        assert sample_rng().random(2).tolist() == inner
-    with sample_context(7, 5):
-        assert sample_rng().random(4).tolist() != expected
+    assert in_sample(draw(2), 7, 4) == inner
+    assert in_sample(draw(4), 7, 5) != expected
 
 
 def test_failing_records_are_skipped_and_data_keeps_flowing(caplog):
@@ -382,3 +390,30 @@ def test_explicit_loader_passes_dataloader_arguments_through():
     assert take(loader, 1) == [take(TrainingSampler(10, seed=0), 2)]
     with pytest.raises(ValueError, match="timeout"):  # torch's own check sees the argument
         build_batch_data_loader(list(range(10)), sampler, 2, num_workers=1, timeout=-1)
+
+
+def _freeze_count(record):
+    return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "stream"])
+def test_forked_workers_leave_the_objects_they_inherit_to_the_training_process(stream):
+    # A worker's garbage collector skips what this process held when the worker forked
+    # (walking it would copy the whole heap into the worker); this process is unchanged.
+    records = list(range(8))
+    if stream:
+        dataset = MapDataset(ToIterableDataset(records, TrainingSampler(8, seed=0)), _freeze_count)
+        sampler = None
+    else:
+        dataset, sampler = MapDataset(records, _freeze_count), TrainingSampler(8, seed=0)
+    assert gc.get_freeze_count() == 0
+    batch = next(iter(build_batch_data_loader(dataset, sampler, 2, num_workers=1)))
+    assert len(batch) == 2 and all(count > 0 for count in batch)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # what a user froze stays frozen
+    try:
+        frozen = gc.get_freeze_count()
+        next(iter(build_batch_data_loader(dataset, sampler, 2, num_workers=1)))
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from trainkit.config import get_cfg
-from trainkit.data._sample_context import sample_context
+from trainkit.data import MapDataset
 from trainkit.data.mappers import ClassificationDatasetMapper
 
 
@@ -43,11 +43,10 @@ def test_train_mapper_rescales_the_capped_size_reproducibly(record):
         is_train=True, flip_prob=0.5, scale_range=(0.5, 1.0), max_size_train=80
     )
     shapes = []
+    mapped = MapDataset([record], mapper)  # maps in the sample context a loader gives
     for position in range(20):
-        with sample_context(seed=0, position=position):
-            first = mapper(record)["image"]
-        with sample_context(seed=0, position=position):
-            again = mapper(record)["image"]
+        first = mapped.map_at(0, seed=0, position=position)["image"]
+        again = mapped.map_at(0, seed=0, position=position)["image"]
         assert np.array_equal(first.numpy(), again.numpy())
         shapes.append(tuple(first.shape))
     widths = {shape[2] for shape in shapes}
@@ -62,12 +61,13 @@ def test_per_batch_rescale_gives_a_batch_one_size(record):
         max_size_train=80,
         scale_per_batch=True,
     )
+    mapped = MapDataset([record], mapper)
     sizes_by_batch = []
     for batch in range(6):
         sizes = set()
         for position in range(batch * 4, batch * 4 + 4):
-            with sample_context(seed=0, position=position, batch=batch * 4):
-                sizes.add(tuple(mapper(record)["image"].shape))
+            sample = mapped.map_at(0, seed=0, position=position, batch=batch * 4)
+            sizes.add(tuple(sample["image"].shape))
         sizes_by_batch.append(sizes)
     assert all(len(sizes) == 1 for sizes in sizes_by_batch)  # same record size, same scale
     assert len({sizes.pop() for sizes in sizes_by_batch}) > 1  # the scale still varies

@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 
 from trainkit.data.samplers import TrainingSampler
-from trainkit.data.samplers._permutation import permute, round_keys
 from trainkit.data.samplers.positions import (
     check_rank,
     global_positions,
@@ -60,21 +59,21 @@ def test_check_rank_rejects_bad_values():
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 65, 1000, 4097])
-def test_keyed_permutation_is_a_bijection(n):
+def test_every_epoch_of_the_global_stream_is_a_permutation(n):
+    # The keyed permutation is a bijection for any size (powers of two and just above).
+    sampler = TrainingSampler(n, seed=11)
     for epoch in range(3):
-        out = permute(np.arange(n), n, round_keys(11, 1, np.array([epoch])))
-        assert sorted(out.tolist()) == list(range(n))
+        assert sorted(sampler.global_indices(epoch * n, n).tolist()) == list(range(n))
 
 
-def test_per_element_keys_match_per_epoch_keys():
+def test_a_read_across_epochs_equals_the_epochs_read_one_by_one():
+    # Positions of several epochs in one read take one key per element; positions of one
+    # epoch share one key: both give the same stream.
     n = 37
-    positions = np.arange(3 * n)
-    epochs, offsets = split_positions(positions, n)
-    mixed = permute(offsets, n, round_keys(5, 1, epochs))
-    separate = np.concatenate(
-        [permute(np.arange(n), n, round_keys(5, 1, np.array([e]))) for e in range(3)]
-    )
-    assert mixed.tolist() == separate.tolist()
+    sampler = TrainingSampler(n, seed=5)
+    across = sampler.global_indices(5, 3 * n)  # starts mid-epoch 0, ends in epoch 3
+    by_epoch = np.concatenate([sampler.global_indices(e * n, n) for e in range(4)])
+    assert across.tolist() == by_epoch[5 : 5 + 3 * n].tolist()
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

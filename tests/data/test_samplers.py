@@ -26,14 +26,15 @@ def roundtrip(state):
     return torch.load(buf, weights_only=True)
 
 
-def test_each_epoch_is_a_new_permutation():
-    n = 97
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 97, 1000])
+def test_each_epoch_is_a_new_permutation(n):
     stream = take(TrainingSampler(n, seed=1, rank=0, world_size=1), 4 * n)
     epochs = [stream[e * n : (e + 1) * n] for e in range(4)]
     for epoch in epochs:
         assert sorted(epoch) == list(range(n))
-    assert len({tuple(e) for e in epochs}) == 4
-    assert epochs[0] != list(range(n))
+    if n >= 7:  # (too few orders of 1 or 2 indices to tell)
+        assert len({tuple(e) for e in epochs}) == 4
+        assert epochs[0] != list(range(n))
 
 
 def test_seed_selects_the_stream_and_shuffle_false_is_ordered():
@@ -42,17 +43,16 @@ def test_seed_selects_the_stream_and_shuffle_false_is_ordered():
     assert take(TrainingSampler(5, shuffle=False, seed=0), 12) == [0, 1, 2, 3, 4] * 2 + [0, 1]
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_rank_streams_are_disjoint_and_union_is_a_permutation(world_size):
-    n = 24  # divisible: every epoch splits evenly across ranks
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_rank_streams_interleave_into_the_world_size_one_stream(world_size):
+    # Rank r yields global positions r, r + W, ...: disjoint, and together each epoch once.
+    n = 48
     per_rank = [
-        take(TrainingSampler(n, seed=9, rank=r, world_size=world_size), 2 * n // world_size)
+        take(TrainingSampler(n, seed=4, rank=r, world_size=world_size), 2 * n // world_size)
         for r in range(world_size)
     ]
-    for epoch in range(2):
-        chunk = n // world_size
-        parts = [set(s[epoch * chunk : (epoch + 1) * chunk]) for s in per_rank]
-        assert sum(map(len, parts)) == n and set().union(*parts) == set(range(n))
+    merged = [per_rank[p % world_size][p // world_size] for p in range(2 * n)]
+    assert merged == take(TrainingSampler(n, seed=4, rank=0, world_size=1), 2 * n)
 
 
 @pytest.mark.parametrize(
@@ -86,15 +86,16 @@ def test_load_state_of_another_stream_is_refused():
 def test_huge_dataset_in_constant_memory():
     n = 400_000_000
     tracemalloc.start()
-    sampler = TrainingSampler(n, seed=0)
+    sampler = TrainingSampler(n, seed=0, rank=1, world_size=8)
     first = take(sampler, 1000)
-    state = dict(sampler.state_dict(), num_drawn=n - 5)  # jump to the end of epoch 0
-    sampler.load_state_dict(state)
+    sampler.load_state_dict({**sampler.state_dict(), "num_drawn": 3 * n})  # epoch 24 of rank 1
+    jumped = take(sampler, 10)
+    sampler.load_state_dict({**sampler.state_dict(), "num_drawn": n // 8 - 5})  # epoch 0's end
     tail = take(sampler, 10)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 50 * 2**20  # a materialised permutation would be 3.2 GB
-    assert all(0 <= i < n for i in first + tail) and len(set(first)) == 1000
+    assert all(0 <= i < n for i in first + jumped + tail) and len(set(first)) == 1000
 
 
 def test_random_subset_stays_in_a_fixed_subset():
@@ -107,14 +108,12 @@ def test_random_subset_stays_in_a_fixed_subset():
         RandomSubsetTrainingSampler(10, 1.5, seed_shuffle=0, seed_subset=0)
 
 
-def test_repeat_factors_from_category_frequency():
-    records = [{"annotations": [{"category_id": 0}]}] * 9 + [
-        {"annotations": [{"category_id": 1}]},
-        {},
-    ]
+def test_records_without_annotations_repeat_once():
+    # (The formula itself: tests/compat/test_sampler.py.) A record with no "annotations"
+    # key, or none in it, has no category to be rare.
+    records = [{"annotations": [{"category_id": 0}]}] * 9 + [{}, {"annotations": []}]
     factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5)
-    assert factors[0].item() == 1.0 and factors[-1].item() == 1.0
-    assert factors[9].item() == pytest.approx((0.5 / (1 / 11)) ** 0.5)
+    assert factors[-2:].tolist() == [1.0, 1.0]
 
 
 def test_repeat_factor_sampler_repeats_on_average():

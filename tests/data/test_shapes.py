@@ -87,15 +87,7 @@ def test_regenerates_when_manifest_does_not_match(tmp_path, caplog):
     assert len([f for f in os.listdir(tmp_path / "shapes" / "train") if f.endswith(".png")]) == 12
 
 
-def test_concurrent_callers_generate_once(tmp_path, monkeypatch):
-    calls = []
-    real_generate = shapes_module._generate_split
-
-    def counting_generate(*args, **kwargs):
-        calls.append(1)
-        return real_generate(*args, **kwargs)
-
-    monkeypatch.setattr(shapes_module, "_generate_split", counting_generate)
+def test_concurrent_callers_generate_once(tmp_path, caplog):
     results = [None] * 3
 
     def worker(i):
@@ -103,11 +95,13 @@ def test_concurrent_callers_generate_once(tmp_path, monkeypatch):
 
     # flock locks separate open file descriptions, so threads contend like processes.
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert len(calls) == 1
+    with caplog.at_level(logging.INFO, logger="trainkit.data.datasets"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    generated = [r for r in caplog.records if r.getMessage().startswith("Generated 12 shapes")]
+    assert len(generated) == 1
     assert results[0] == results[1] == results[2]
 
 

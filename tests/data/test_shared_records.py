@@ -6,6 +6,7 @@ records' digest; different records never meet. See trainkit/data/_segment_share.
 """
 
 import gc
+import itertools
 import logging
 import os
 import pickle
@@ -15,9 +16,10 @@ import time
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
+from torch.utils.data import DataLoader
 
-from tests.dist import run_on_ranks
-from trainkit.data import DatasetFromList
+from tests.dist import RankFailure, run_on_ranks
+from trainkit.data import DatasetCatalog, DatasetFromList
 from trainkit.data import _segment_share as share_module
 from trainkit.data._shared_buffer import attach_segment
 
@@ -59,6 +61,66 @@ def _stop_sharing():
 
 
 # --------------------------------------------------------------------------- one process
+
+
+def _small_records(n=50):
+    return [{"id": i, "file": f"img{i}.jpg", "width": 10 + i % 3, "height": 11} for i in range(n)]
+
+
+def test_records_live_in_an_anonymous_segment_that_pickling_reattaches():
+    ds = DatasetFromList(iter(_small_records()))  # any iterable, streamed
+    assert len(ds) == 50 and ds[7] == _small_records()[7]
+    assert ds.segment_identity is not None
+    assert ds.segment_identity[1] in _mapped_segments()
+    # Sent to a process (spawn, queues): reattaches to the same segment, not a copy.
+    clone = pickle.loads(ForkingPickler.dumps(ds))
+    assert clone.segment_identity == ds.segment_identity and clone[49] == _small_records()[49]
+    # Plain pickle stores the records, like a tensor: loadable once the original is gone.
+    restored = pickle.loads(pickle.dumps(DatasetFromList(_small_records())))
+    assert restored.segment_identity not in (None, ds.segment_identity)
+    assert [restored[i] for i in range(50)] == _small_records()
+    assert len(DatasetFromList([])) == 0
+
+
+def _child_reads(payload, conn):
+    ds = pickle.loads(payload)
+    conn.send((ds.segment_identity, ds[3], ds.segment_identity[1] in _mapped_segments()))
+
+
+def test_a_dataset_sent_to_another_process_maps_the_same_segment():
+    import multiprocessing as mp
+
+    ds = DatasetFromList(_small_records())
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child_reads, args=(ForkingPickler.dumps(ds), child))
+    proc.start()
+    identity, record, mapped = parent.recv()
+    proc.join(10)
+    assert identity == ds.segment_identity and record == _small_records()[3] and mapped
+
+
+class _Probe:
+    """One item: the segment and a record as a (spawned) loader worker sees them."""
+
+    def __init__(self, ds):
+        self.dataset = ds
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return [self.dataset.segment_identity, self.dataset[1]]
+
+
+@pytest.mark.slow
+def test_spawned_loader_workers_map_the_same_segment():
+    ds = DatasetFromList(_small_records())
+    loader = DataLoader(_Probe(ds), batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    batches = iter(loader)
+    identity, record = next(batches)
+    batches._shutdown_workers()  # no live worker or queue thread left for later forks
+    assert tuple(identity) == ds.segment_identity and record == _small_records()[1]
 
 
 def test_identical_records_share_one_segment_and_the_extra_copy_is_freed():
@@ -252,6 +314,96 @@ def test_a_rank_that_builds_alone_does_not_wait_for_the_others():
     assert time.monotonic() - began < 40  # far from the collective timeouts
 
 
+def _catalog_job(tmp_dir):
+    from trainkit.config import get_cfg
+    from trainkit.data import build_train_loader
+    from trainkit.utils import comm
+
+    def load():
+        with open(os.path.join(tmp_dir, f"called.{comm.get_rank()}"), "w"):
+            pass
+        return (r for r in _small_records(40))  # a generator: streamed, never a list
+
+    DatasetCatalog.register("shared_catalog", load)
+    cfg = get_cfg()
+    cfg.DATASETS.TRAIN = ("shared_catalog",)
+    cfg.SEED = 3
+    cfg.SOLVER.IMS_PER_BATCH = 4
+    cfg.DATALOADER.NUM_WORKERS = 1
+    cfg.DATALOADER.ASPECT_RATIO_GROUPING = True  # reads sizes from the shared records
+    loader = build_train_loader(cfg)
+    batches = list(itertools.islice(iter(loader), 3))
+    ds = loader.records
+    return {
+        "identity": ds.segment_identity,
+        "mapped": ds.segment_identity[1] in _mapped_segments(),
+        "len": len(ds),
+        "ids": [r["id"] for b in batches for r in b],
+    }
+
+
+@pytest.mark.distributed
+def test_the_catalog_loads_once_per_machine_and_every_local_rank_attaches(tmp_path):
+    before = set(os.listdir("/dev/shm"))
+    results = run_on_ranks(_catalog_job, 2, args=(str(tmp_path),), timeout_s=90)
+    assert results[0]["identity"] == results[1]["identity"] is not None
+    assert all(r["mapped"] and r["len"] == 40 for r in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["called.0"]  # only local rank 0
+    assert not set(results[0]["ids"]) & set(results[1]["ids"])
+    # Nothing named, so nothing to leak (other jobs' semaphores may come and go meanwhile).
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if "trainkit" in n]
+
+
+def _crash_job(tmp_dir, fail_in_load):
+    from trainkit.data.build import load_catalog_dataset
+    from trainkit.utils import comm
+
+    with open(os.path.join(tmp_dir, f"pid.{comm.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+
+    def load():
+        if fail_in_load:
+            raise OSError("annotations.json is unreadable")
+        return _small_records(20)
+
+    DatasetCatalog.register("shared_crash", load)
+    ds = load_catalog_dataset("shared_crash")
+    if comm.get_rank() == 1:
+        raise RuntimeError(f"rank 1 crashes holding segment {ds.segment_identity}")
+    time.sleep(30)  # rank 0 would wait here; the launcher must stop it
+
+
+def _holds_segment(pid):
+    try:
+        return any(
+            "trainkit-dataset" in os.readlink(f"/proc/{pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+    except OSError:
+        return False  # the process is gone, and with it its descriptors and mappings
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("fail_in_load", [False, True])
+def test_a_crash_leaves_no_segment_behind(tmp_path, fail_in_load):
+    before = set(os.listdir("/dev/shm"))
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_on_ranks(_crash_job, 2, args=(str(tmp_path), fail_in_load), timeout_s=60)
+    assert time.monotonic() - began < 25  # no rank waited out the sleep or a collective
+    if fail_in_load:
+        assert "annotations.json is unreadable" in str(info.value)
+    else:
+        assert "rank 1 crashes holding segment" in str(info.value)
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(_holds_segment(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_holds_segment(pid) for pid in pids)
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if "trainkit" in n]
+
+
 # --------------------------------------------------------------------------- memory (PSS)
 
 
@@ -380,10 +532,14 @@ def test_two_ranks_building_the_same_list_hold_one_copy():
 def test_a_plain_call_changes_the_default_until_it_is_restored():
     from trainkit.data.common import set_default_dataset_from_list_serialize_method
 
-    restore = set_default_dataset_from_list_serialize_method(tuple)
+    def reverse(records):  # an observable method: the records come back reversed
+        return list(records)[::-1]
+
+    restore = set_default_dataset_from_list_serialize_method(reverse)
     try:
-        assert DatasetFromList([1, 2])._lst == (1, 2)
-        assert DatasetFromList.from_local_leader(lambda: [3, 4])._lst == (3, 4)
+        assert DatasetFromList([1, 2])[0] == 2
+        assert DatasetFromList.from_local_leader(lambda: [3, 4])[0] == 4
+        assert DatasetFromList([1, 2]).segment_identity is None
     finally:
         restore.__exit__(None, None, None)
     assert DatasetFromList([1, 2]).segment_identity is not None

@@ -96,7 +96,9 @@ def test_hooks_and_the_optimizer_run_once_per_step():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     original_step = optimizer.step
     optimizer.step = lambda *a, **k: (calls.append("step"), original_step(*a, **k))[1]
-    trainer = SimpleTrainer(model, _batches(*_samples(24), 2), optimizer, accumulate_steps=3)
+    read = []
+    batches = (read.append(batch) or batch for batch in _batches(*_samples(24), 2))
+    trainer = SimpleTrainer(model, batches, optimizer, accumulate_steps=3)
 
     class Probe(hooks.HookBase):
         def after_backward(self):
@@ -105,7 +107,7 @@ def test_hooks_and_the_optimizer_run_once_per_step():
     trainer.register_hooks([Probe()])
     trainer.train(0, 2)
     assert calls == ["after_backward", "step"] * 2
-    assert trainer._num_batches_read == 6
+    assert len(read) == 6  # 3 micro-batches per step, 2 steps
 
 
 def test_accumulate_steps_must_be_positive():

@@ -1,6 +1,7 @@
 import gc
 import itertools
 import logging
+import weakref
 
 import pytest
 import torch
@@ -202,6 +203,54 @@ def test_metrics_of_every_step_are_gathered_at_period_ends(monkeypatch):
     rank_data_time = trainer.storage.history("rank_data_time").values()
     data_time = trainer.storage.history("data_time").values()
     assert [d for d, _ in data_time] == pytest.approx([r + 1.0 for r, _ in rank_data_time])
+
+
+class _TwoLosses(nn.Module):
+    """Two losses of a frozen linear layer; keeps a weak reference to each loss tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(2, 1)
+        self.returned = []
+
+    def forward(self, batch):
+        out = self.linear(batch)
+        losses = {"loss_a": out.pow(2).mean(), "loss_b": out.abs().mean()}
+        self.returned += [weakref.ref(loss) for loss in losses.values()]
+        return losses
+
+
+def test_step_metrics_wait_as_floats_and_reach_the_storage_at_period_ends():
+    model = _TwoLosses()
+    trainer = SimpleTrainer(
+        model,
+        itertools.repeat(torch.ones(4, 2)),
+        torch.optim.SGD(model.parameters(), lr=0.0),  # the losses stay the same every step
+        gather_metric_period=5,
+        record_every_step=True,
+    )
+    seen = []
+
+    def after_step(t):
+        gc.collect()
+        # The step's loss tensors (and their graphs) are gone: what waits is plain numbers.
+        alive = sum(ref() is not None for ref in model.returned)
+        seen.append((len(t.storage.histories()), alive))
+
+    trainer.register_hooks([hooks.CallbackHook(after_step=after_step)])
+    trainer.train(0, 7)
+    assert [n > 0 for n, _ in seen] == [False] * 4 + [True] * 3  # iteration 4 ends the period
+    assert all(alive == 0 for _, alive in seen)
+    with torch.no_grad():
+        out = model.linear(torch.ones(4, 2))
+        expected = {"loss_a": float(out.pow(2).mean()), "loss_b": float(out.abs().mean())}
+    storage = trainer.storage
+    for name, value in expected.items():
+        history = storage.history(name).values()
+        assert [i for _, i in history] == list(range(7))  # the last iteration flushes too
+        assert all(type(v) is float for v, _ in history)
+        assert history[-1][0] == pytest.approx(value)
+    assert storage.history("total_loss").latest() == pytest.approx(sum(expected.values()))
 
 
 def test_ranks_returning_different_loss_names_are_named(monkeypatch):

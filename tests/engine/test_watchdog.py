@@ -1,5 +1,6 @@
 """The progress watchdog: stall detection math, local mode, and a stalled rank in a real job."""
 
+import threading
 import time
 
 import pytest
@@ -62,9 +63,11 @@ def test_phases_and_local_stall_with_fake_clock():
 
 
 def test_disabled_watchdog_starts_nothing():
+    before = {t.name for t in threading.enumerate()}
     wd = ProgressWatchdog(0, rank=0)
     wd.start()
-    assert wd._thread is None
+    assert {t.name for t in threading.enumerate()} - before == set()
+    wd.stop()
 
 
 def _stall_rank_one_in_data(output_dir):

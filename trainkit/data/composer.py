@@ -34,7 +34,41 @@ from trainkit.data.samplers._base import StreamSampler
 __all__ = ["GLOBAL_STATE_VERSION", "StepBatchComposer"]
 
 GLOBAL_STATE_VERSION = 2
-_DRAW_BLOCK = 256  # global positions read at a time while filling buckets
+# The global stream is read in blocks that grow from the first (a resumed loader starts
+# fast) to the largest: each read is a few dozen numpy calls whatever its length, which
+# per batch cost ~15-25 us per record; a block of thousands costs ~0.3 us per record.
+_FIRST_DRAW_BLOCK = 256
+_MAX_DRAW_BLOCK = 4096
+
+
+class _StreamWindow:
+    """The global stream's indices (and bucket ids) at positions ``[start, start + len)``.
+
+    A cache of what ``sampler.global_indices`` returned last, as Python lists: the stream
+    is a pure function of the position, so serving a batch from it changes nothing.
+    """
+
+    def __init__(self) -> None:
+        self.start = 0
+        self.indices: list[int] = []
+        self.bucket_ids: list[int] = []
+        self._block = _FIRST_DRAW_BLOCK
+
+    def covers(self, position: int, count: int) -> bool:
+        """Whether positions ``position .. position + count - 1`` are held."""
+        return self.start <= position and position + count <= self.start + len(self.indices)
+
+    def next_block(self, at_least: int) -> int:
+        """How many positions to read next (growing up to the largest block)."""
+        block = self._block
+        self._block = min(2 * block, _MAX_DRAW_BLOCK)
+        return max(block, at_least)
+
+    def hold(self, start: int, indices: np.ndarray, bucket_ids: np.ndarray | None) -> None:
+        """Hold ``indices`` (and their bucket ids) read from global position ``start``."""
+        self.start = start
+        self.indices = indices.tolist()
+        self.bucket_ids = [] if bucket_ids is None else bucket_ids.tolist()
 
 
 class StepBatchComposer:
@@ -87,6 +121,7 @@ class StepBatchComposer:
         self._accumulate = accumulate_steps
         self._bucket_ids = bucket_ids
         self._num_buckets = 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
+        self._window = _StreamWindow()
         self._state: dict[str, Any] = {
             "version": GLOBAL_STATE_VERSION,
             "kind": "global",
@@ -195,20 +230,27 @@ class StepBatchComposer:
         self, position: int, buckets: list[list[list[int]]]
     ) -> tuple[list[list[int]], int, list[list[list[int]]]]:
         """Return the batch that starts at ``position`` with ``buckets`` waiting, and after it."""
-        size = self._batch_size
+        size, window = self._batch_size, self._window
         if self._bucket_ids is None:
-            indices = self._sampler.global_indices(position, size).tolist()
+            if not window.covers(position, size):
+                drawn = self._sampler.global_indices(position, window.next_block(size))
+                window.hold(position, drawn, None)
+            offset = position - window.start
+            indices = window.indices[offset : offset + size]
             batch = [[index, position + i] for i, index in enumerate(indices)]
             return batch, position + size, [[]]
         buckets = [[list(item) for item in bucket] for bucket in buckets]
         while True:
-            indices = self._sampler.global_indices(position, _DRAW_BLOCK)
-            for index, bucket_id in zip(indices.tolist(), self._bucket_ids[indices].tolist()):
-                bucket = buckets[bucket_id]
-                bucket.append([index, position])
+            if not window.covers(position, 1):
+                drawn = self._sampler.global_indices(position, window.next_block(1))
+                window.hold(position, drawn, self._bucket_ids[drawn])
+            indices, bucket_ids = window.indices, window.bucket_ids
+            for offset in range(position - window.start, len(indices)):
+                bucket = buckets[bucket_ids[offset]]
+                bucket.append([indices[offset], position])
                 position += 1
                 if len(bucket) == size:
-                    buckets[bucket_id] = []
+                    buckets[bucket_ids[offset]] = []
                     return bucket, position, buckets
 
 

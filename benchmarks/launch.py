@@ -12,8 +12,9 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-from _bench_utils import alternate, median, print_table, target_text, verdict
 
+from benchmarks.measure import alternate, median
+from benchmarks.report import print_table, target_text, verdict
 from trainkit.engine import LaunchError, launch
 from trainkit.utils import comm
 

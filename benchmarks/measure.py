@@ -1,4 +1,4 @@
-"""Measurement helpers shared by ``tools/benchmark.py`` tasks.
+"""Measuring: memory of a process tree, timers, forked cases, alternating A/B rounds.
 
 Memory is read from ``/proc/<pid>/smaps_rollup`` and summed over a process tree (a job's
 launcher, ranks and loader workers), because per-process RSS counts shared pages once per
@@ -10,9 +10,9 @@ holds. All sizes are bytes.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,10 +36,15 @@ def smaps_rollup(pid: int) -> dict[str, int]:
 
 
 def memory_of(pid: int) -> dict[str, int]:
-    """Return ``{"pss", "uss", "anon", "rss"}`` of one process in bytes."""
+    """Return ``{"pss", "pss_data", "uss", "anon", "rss"}`` of one process in bytes.
+
+    ``pss_data`` is the PSS of anonymous and shared-memory pages only: what the process
+    allocated, without the pages of files (libraries, code) it maps.
+    """
     f = smaps_rollup(pid)
     return {
         "pss": f.get("Pss", 0),
+        "pss_data": f.get("Pss_Anon", 0) + f.get("Pss_Shmem", 0),
         "uss": f.get("Private_Clean", 0) + f.get("Private_Dirty", 0),
         "anon": f.get("Anonymous", 0),
         "rss": f.get("Rss", 0),
@@ -100,7 +105,7 @@ def tree_memory(root: int, *, count_memfd: bool = False) -> dict[str, int]:
     pages: a segment written but not (yet) read by anyone occupies memory that no page
     table shows.
     """
-    total = {"pss": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0, "memfd": 0}
+    total = {"pss": 0, "pss_data": 0, "uss": 0, "anon": 0, "rss": 0, "procs": 0, "memfd": 0}
     memfd_sizes: dict[int, int] = {}
     for pid in descendants(root):
         mem = memory_of(pid)
@@ -167,28 +172,41 @@ def timer() -> Iterator[Callable[[], float]]:
     yield lambda: time.perf_counter() - began
 
 
-def run_forked(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn(*args)`` in a forked child and return its (picklable) result.
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have exited.
+
+    Loader workers are such children once the loader's iterator has shut them down, so the
+    difference around a run is what the run cost on every core, however busy the machine.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_forked(fn: Callable[..., Any], *args: Any, start_method: str = "fork") -> Any:
+    """Run ``fn(*args)`` in a child process and return its (picklable) result.
 
     Each measurement gets a fresh process, so memory freed by one case (or kept by the
-    allocator) does not blur the next one.
+    allocator) does not blur the next one. A forked child shares its heap copy-on-write
+    with this process; ``start_method="spawn"`` starts a fresh interpreter instead (``fn``
+    must then be importable), whose memory no process outside its own tree shares.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     parent, child = ctx.Pipe(duplex=False)
-
-    def target() -> None:
-        try:
-            child.send(("ok", fn(*args)))
-        except BaseException as e:  # reported to the parent
-            child.send(("error", f"{type(e).__name__}: {e}"))
-
-    proc = ctx.Process(target=target)
+    proc = ctx.Process(target=_send_result, args=(child, fn, args))
     proc.start()
     status, payload = parent.recv()
     proc.join()
     if status != "ok":
         raise RuntimeError(f"benchmark case {fn.__name__}{args} failed: {payload}")
     return payload
+
+
+def _send_result(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # reported to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
 def self_memory() -> dict[str, int]:
@@ -199,27 +217,6 @@ def self_memory() -> dict[str, int]:
             if line.startswith("VmHWM:"):
                 mem["hwm"] = int(line.split()[1]) * 1024
     return mem
-
-
-def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    """Print a Markdown table (pastes into the README as is)."""
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "|".join("---" for _ in columns) + "|")
-    for row in rows:
-        print("| " + " | ".join(_fmt(v) for v in row) + " |")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
-
-
-def write_json(path: str, results: dict[str, Any]) -> None:
-    """Write ``results`` to ``path`` (indented JSON)."""
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
 
 
 # --------------------------------------------------------------------------- A/B timing
@@ -247,35 +244,3 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def verdict(measured: float, target: float, *, higher_is_better: bool) -> str:
-    """Return ``"PASS"`` if ``measured`` meets ``target`` in the given direction, else "MISS"."""
-    ok = measured >= target if higher_is_better else measured <= target
-    return "PASS" if ok else "MISS"
-
-
-def target_text(target: float, *, higher_is_better: bool) -> str:
-    """Return ``">= 0.95"`` / ``"<= 1.05"``, the way targets are printed in every table."""
-    return f"{'>=' if higher_is_better else '<='} {target:g}"
-
-
-@contextlib.contextmanager
-def log_to_file(path: str, name: str = "trainkit") -> Iterator[None]:
-    """Send ``name``'s INFO records to ``path`` (like a run's ``log.txt``), not the console."""
-    import logging
-
-    logger = logging.getLogger(name)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s"))
-    previous = (logger.level, logger.propagate, logger.handlers[:])
-    logger.handlers = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        handler.close()
-        logger.setLevel(previous[0])
-        logger.propagate = previous[1]
-        logger.handlers = previous[2]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from trainkit.config import CfgNode, get_cfg
-from trainkit.data import DatasetCatalog
+from trainkit.data import DatasetCatalog, build_train_loader
 from trainkit.data.mappers import ClassificationDatasetMapper
+
+BATCH = 16  # images per batch in the data benchmarks
 
 # Longest image side: what configs/Base-Shapes.yaml trains at (a CNN on 2 CPU cores).
 MAX_SIZE = 64
@@ -28,6 +31,22 @@ def shapes_cfg(batch_size: int = 16, num_workers: int = 0) -> CfgNode:
         cfg.INPUT.MAX_SIZE_TRAIN = MAX_SIZE
     cfg.INPUT.MAX_SIZE_TEST = MAX_SIZE
     return cfg
+
+
+def train_loader(
+    num_workers: int,
+    grouping: bool,
+    bins: Sequence[float] | None = None,
+    scale_per_batch: bool | None = None,
+) -> Any:
+    """Return ``build_train_loader`` on ``shapes_train`` with the built-in mapper."""
+    cfg = shapes_cfg(BATCH, num_workers)
+    cfg.DATALOADER.ASPECT_RATIO_GROUPING = grouping
+    if bins is not None:
+        cfg.DATALOADER.ASPECT_RATIO_BINS = list(bins)
+    if scale_per_batch is not None:
+        cfg.INPUT.RANDOM_SCALE_PER_BATCH = scale_per_batch
+    return build_train_loader(cfg, ClassificationDatasetMapper(cfg, is_train=True))
 
 
 def mapped_samples(split: str, count: int, cfg: CfgNode) -> list[dict[str, Any]]:

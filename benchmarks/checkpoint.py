@@ -10,9 +10,10 @@ import time
 from typing import Any
 
 import torch
-from _bench_utils import alternate, log_to_file, median, print_table, target_text, verdict
 from torch import nn
 
+from benchmarks.measure import alternate, median
+from benchmarks.report import log_to_file, print_table, target_text, verdict
 from trainkit.checkpoint import Checkpointer
 
 

@@ -1,7 +1,7 @@
-"""Each benchmark task added for issue 7 runs end to end in --quick mode.
+"""Every benchmark task runs end to end in --quick mode, through the README's command.
 
-Structure only (tables, JSON keys, PASS/MISS verdicts); no timing is asserted. One
-subprocess runs every task, so torch is imported once (about 35 s on 2 cores in all).
+Structure only (tables, JSON keys, targets and PASS/MISS verdicts); no timing is asserted.
+One subprocess runs every task, so torch is imported once (about 2-3 minutes on 2 cores).
 """
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NEW_TASKS = ["train", "data", "launch", "checkpoint", "eval"]
+TASKS = ["sampler", "data_memory", "metafile", "train", "data", "launch", "checkpoint", "eval"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -25,7 +25,7 @@ def quick_run(tmp_path_factory):
             sys.executable,
             str(ROOT / "tools" / "benchmark.py"),
             "--task",
-            *NEW_TASKS,
+            "all",
             "--quick",
             "--json",
             str(out),
@@ -34,7 +34,7 @@ def quick_run(tmp_path_factory):
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=480,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,21 +55,43 @@ def _tables(stdout):
 
 def test_every_task_reports_json(quick_run):
     _, results = quick_run
-    assert sorted(results) == sorted(NEW_TASKS)
+    assert sorted(results) == sorted(TASKS)
 
 
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    assert len(tables) == 9  # 2 train (step, EMA), 2 data, 2 launch, 2 checkpoint, eval
+    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 3 (map-style, stream,
+    # padding), launch 2, checkpoint 2, eval 1
+    assert len(tables) == 15
     for title, (header, *rows) in tables.items():
-        assert header[-2:] == ["target", "PASS/MISS"] or header[-2:] == [
-            "target (launch)",
-            "PASS/MISS",
-        ], title
+        assert header[-2] in ("target", "target (launch)"), title
+        assert header[-1] == "PASS/MISS", title
         assert rows, title
         verdicts = [r[-1] for r in rows if r[-1]]
         assert verdicts and set(verdicts) <= {"PASS", "MISS"}, (title, verdicts)
+        for row in rows:  # a verdict always comes with the target it was judged against
+            assert bool(row[-1]) == bool(row[-2]), (title, row)
+
+
+def test_data_at_scale_json(quick_run):
+    results = quick_run[1]
+    sampler = results["sampler"]
+    judged = [r for r in sampler["sampler"] if r["verdict"]]
+    assert [r["kind"] for r in judged] == [
+        "trainkit TrainingSampler",
+        "trainkit worker share (1 of 2)",
+    ]
+    assert [r["verdict"] is not None for r in sampler["loader"]] == [True, False]
+    memory = results["data_memory"]
+    assert {r["mode"] for r in memory["rows"] if r["verdict"]} == {
+        "shared (trainkit)",
+        "shared, every rank builds",
+    }
+    metafile = results["metafile"]
+    assert metafile["index_mb_per_s"] > 0 and metafile["baseline_mb_per_s"] > 0
+    assert {r["kind"] for r in metafile["rows"] if r["verdict"]} == {"MetaFileDataset"}
+    assert any(r["kind"].startswith("baseline") for r in metafile["rows"])
 
 
 def test_train_json(quick_run):
@@ -86,11 +108,14 @@ def test_data_json(quick_run):
     assert {(r["workers"], r["kind"]) for r in data["throughput"]} == {
         (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")
     }
+    stream = data["stream"]
+    assert stream["workers"] == 2 and stream["target"] == 0.95
+    assert stream["ratio"] == pytest.approx(stream["rate"] / stream["torch_rate"])
+    assert stream["verdict"] in ("PASS", "MISS")
     assert len(data["padding"]) == 5
     for row in data["padding"]:
         assert 0 <= row["padded_to_max"] <= row["padded_after_divisibility"] < 1
     # Two targets, then the per-image rescale comparison, which has none.
-    assert [c["verdict"] for c in data["padding_checks"]][2] == ""
     assert [c["verdict"] in ("PASS", "MISS") for c in data["padding_checks"]] == [True, True, False]
 
 
@@ -113,3 +138,15 @@ def test_checkpoint_and_eval_json(quick_run):
     )
     assert blocking["verdict"] in ("PASS", "MISS")
     assert ev["images"] > 0 and ev["verdict"] in ("PASS", "MISS")
+
+
+def test_the_package_runs_as_a_module():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(task in proc.stdout for task in TASKS)

@@ -1,0 +1,96 @@
+"""The task registry and the command line of ``python tools/benchmark.py`` / ``-m benchmarks``.
+
+A task is a function that takes the parsed arguments and returns a dict of results; it
+prints its tables (trainkit beside its baseline, a target and a PASS/MISS column) while it
+runs, and the runner writes every task's dict to ``--json`` at the end. To add a task, write
+``bench_<name>(args) -> dict`` in ``benchmarks/<name>.py`` and register it in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.checkpoint import bench_checkpoint
+from benchmarks.data import bench_data
+from benchmarks.data_memory import bench_data_memory
+from benchmarks.eval import bench_eval
+from benchmarks.launch import bench_launch
+from benchmarks.measure import timer
+from benchmarks.metafile import bench_metafile
+from benchmarks.report import write_json
+from benchmarks.sampler import bench_sampler
+from benchmarks.train import bench_train
+
+TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "sampler": bench_sampler,
+    "data_memory": bench_data_memory,
+    "metafile": bench_metafile,
+    "train": bench_train,
+    "data": bench_data,
+    "launch": bench_launch,
+    "checkpoint": bench_checkpoint,
+    "eval": bench_eval,
+}
+
+# Sizes of the data-at-scale tasks: (full run, --quick). --quick checks that a task runs,
+# not how fast: its sizes are small enough for a test.
+_SIZES = {
+    "sampler_size": (4e8, 1e6),
+    "baseline_size": (4e7, 1e5),
+    "loader_size": (1e7, 1e5),
+    "records": (1e6, 2e4),
+    "meta_records": (1e7, 2e4),
+    "reads": (200_000, 2_000),
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; sizes left out take their full or ``--quick`` defaults."""
+    parser = argparse.ArgumentParser(
+        description="Benchmarks of trainkit, each printed as a table beside its baseline."
+    )
+    parser.add_argument(
+        "--task",
+        required=True,
+        nargs="+",
+        choices=[*TASKS, "all"],
+        help="tasks to run; 'all' runs every task in this order",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and one round (checks that a task runs, not timing)",
+    )
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--sampler-size", type=float, help="sampler task: trainkit size (4e8)")
+    parser.add_argument(
+        "--baseline-size",
+        type=float,
+        help="sampler task: size for the materialising baselines (4e7; 4e8 needs > 14 GB)",
+    )
+    parser.add_argument("--loader-size", type=float, help="sampler task: loader records (1e7)")
+    parser.add_argument("--records", type=float, help="data_memory records (1e6)")
+    parser.add_argument("--meta-records", type=float, help="metafile records (1e7)")
+    parser.add_argument("--reads", type=float, help="metafile random reads per process (2e5)")
+    parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
+    args = parser.parse_args(argv)
+    for name, (full, quick) in _SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the tasks named on the command line; return their results by task."""
+    args = parse_args(argv)
+    tasks = list(TASKS) if "all" in args.task else list(dict.fromkeys(args.task))
+    results = {}
+    for task in tasks:
+        with timer() as elapsed:
+            results[task] = TASKS[task](args)
+        print(f"\n({task}: {elapsed():.0f} s)")
+    if args.json:
+        write_json(args.json, results)
+    return results

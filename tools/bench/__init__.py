@@ -1,1 +1,0 @@
-"""Tasks of ``tools/benchmark.py`` that compare trainkit with a hand-written equivalent."""
