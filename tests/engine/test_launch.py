@@ -133,14 +133,14 @@ def test_too_many_gpus_refused(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    import importlib
+    # The choice moved with the joining of the job into trainkit.engine.job (used by
+    # launch()'s processes, torchrun's and srun's alike).
+    from trainkit.engine import job
 
-    launch_module = importlib.import_module("trainkit.engine.launch")
-
-    assert launch_module._default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+    assert job.default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(launch_module.dist, "is_nccl_available", lambda: True)
-    assert launch_module._default_backend() == "nccl"
+    monkeypatch.setattr(job.dist, "is_nccl_available", lambda: True)
+    assert job.default_backend() == "nccl"
 
 
 def test_port_clash_is_one_line_error():

@@ -142,4 +142,5 @@ if __name__ == "__main__":
         machine_rank=args.machine_rank,
         dist_url=args.dist_url,
         args=(args,),
+        max_restarts=args.max_restarts,
     )

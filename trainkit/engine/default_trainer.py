@@ -16,7 +16,7 @@ from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
-from trainkit.engine.launch import get_job_store
+from trainkit.engine.job import job_store, restart_count
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
 from trainkit.engine.scaling import auto_scale_config
@@ -84,9 +84,10 @@ class DefaultTrainer(TrainerBase):
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         model = create_ddp_model(model, broadcast_buffers=False)
-        self.watchdog = ProgressWatchdog(
-            cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=get_job_store()
-        )
+        # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
+        # job's store, where rank 0 compares every rank's (see trainkit.engine.job).
+        store = job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
+        self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
         self._train_loader = data_loader
         step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
         # Every step's losses are recorded (as with detectron2's default period of 1) but
@@ -216,7 +217,20 @@ class DefaultTrainer(TrainerBase):
         With ``resume`` and a checkpoint present, everything is restored and training
         continues with the iteration after the saved one; otherwise only the weights in
         ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
+
+        A restarted job (``launch(..., max_restarts=N)``, ``torchrun --max-restarts N``, a
+        requeued SLURM job: :func:`trainkit.engine.job.restart_count` above 0) always
+        resumes, with or without ``resume``: the restart continues the run that failed.
         """
+        restart = restart_count()
+        if restart > 0:
+            newest = self.checkpointer.get_checkpoint_file()
+            logger.warning(
+                "restart %d: resuming from %s",
+                restart,
+                newest or f"MODEL.WEIGHTS (no checkpoint in {self.cfg.OUTPUT_DIR} yet)",
+            )
+            resume = True
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
             # The checkpoint holds the last finished iteration; continue with the next one.

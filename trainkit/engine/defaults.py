@@ -46,7 +46,8 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 
     Returns:
         A parser with ``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-        ``--num-machines``, ``--machine-rank``, ``--dist-url`` and trailing ``opts``.
+        ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--max-restarts`` and
+        trailing ``opts``.
     """
     epilog = epilog or (
         "Examples:\n"
@@ -82,6 +83,14 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         default="auto",
         help="rendezvous: 'auto' (one machine, private loopback port) or tcp://HOST:PORT of "
         "machine 0 for several machines",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart the job up to N times after a process fails (on every machine); a "
+        "restarted job resumes from its newest checkpoint by itself",
     )
     parser.add_argument(
         "opts",

@@ -1,31 +1,27 @@
-"""Start a job of one process per GPU (or per CPU slot) on each machine.
+"""Start a job of one process per GPU (or per CPU slot) on each machine, and restart it.
 
-What happens on a machine, in order:
+How a job starts, by what ``launch`` finds:
 
-1. the launcher validates its arguments, and (on machine 0) binds the rendezvous store
-   itself: for ``dist_url="auto"`` on ``127.0.0.1`` port 0, so jobs started at the same
-   moment never race for a port; for ``tcp://host:port`` on that address, so a clash is
-   reported in the launcher, at once, naming the address;
-2. it spawns the workers; each connects to the store, joins the process group (NCCL with
-   CUDA, Gloo without), creates the per-machine group, picks its GPU from the local rank,
-   waits at a barrier, and calls ``main_func(*args)``;
-3. it watches the workers: when one raises or dies, every worker on the machine is
-   stopped, the failure is posted to the store so the other machines stop theirs too, and
-   :class:`LaunchError` is raised naming the failed rank with its traceback.
-
-Under ``torchrun`` (its environment variables set) nothing is spawned: the process joins
-through ``env://`` and torchrun's agent does the watching.
+* started by ``torchrun`` (its variables set), or as one task of an ``srun`` step of several
+  tasks: nothing is spawned; this process joins the job (:mod:`trainkit.engine.job`) and
+  runs ``main_func``. torchrun's agent (or SLURM) watches the processes.
+* one process and no restarts: ``main_func`` runs in this process.
+* otherwise: torch.distributed.elastic's agent spawns the processes of this machine and
+  watches them. Machine 0's launcher serves the job's store (the rendezvous); the others
+  connect to it. When a process fails, the agent stops this machine's processes, the
+  failure is posted to the store so every machine stops its processes too, and either the
+  job restarts (``max_restarts`` not used up; a restarted job resumes from its newest
+  checkpoint by itself, see ``DefaultTrainer.resume_or_load``) or :class:`LaunchError`
+  names the failed rank and shows its traceback. A user error (exit status 2) and a
+  pre-emption (75) are never retried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import json
 import logging
-import multiprocessing as mp
-import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -33,22 +29,36 @@ import socket
 import tempfile
 import threading
 import time
-import traceback
+import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlparse
 
 import torch
-import torch.distributed as dist
-
-from trainkit.engine.preemption import PREEMPTED_EXIT_CODE
-from trainkit.engine.watchdog import (
-    HEARTBEAT_KEY,
-    WATCHDOG_EXIT_CODE,
-    describe_stall,
-    find_stalled_rank,
+from torch.distributed import PrefixStore
+from torch.distributed.elastic.agent.server import RunResult, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStoreInfo,
 )
-from trainkit.utils import comm
+
+from trainkit.engine.job import (
+    ROUND_KEY,
+    JobEnvironment,
+    RendezvousAddressError,
+    RendezvousTimeoutError,
+    connect_store,
+    post_abort,
+    read_abort,
+    run_in_job,
+    serve_store,
+)
+from trainkit.engine.preemption import PREEMPTED_EXIT_CODE
+from trainkit.engine.slurm import slurm_variables
 from trainkit.utils.errors import (
     USAGE_EXIT_CODE,
     UsageError,
@@ -60,48 +70,26 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "LaunchArgumentError",
     "LaunchError",
+    "RendezvousAddressError",
     "RendezvousTimeoutError",
     "check_launch_arguments",
-    "get_job_store",
     "launch",
 ]
-
-
-def get_job_store() -> dist.Store | None:
-    """Return the job's key-value store in a worker started by :func:`launch`, else None."""
-    return _JOB_STORE
-
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 """How long a collective may wait for its peers before it fails."""
 
-_TORCHRUN_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-_ABORT_KEY = "trainkit/launch/abort"
-_DONE_KEY = "trainkit/launch/done"
-_POLL_S = 0.1
-_WATCHDOG_POLL_S = 1.0
-
-# The job's rendezvous store in a worker started by launch() (None elsewhere); the
-# progress watchdog publishes through it.
-_JOB_STORE: dist.Store | None = None
-_GRACE_S = 3.0
+_MONITOR_S = 0.1
+# Pre-emption: how long the processes get, after the launcher forwarded a signal, to finish
+# their step and save a checkpoint before they are killed.
+_SIGNAL_GRACE_S = 120
+_FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 class LaunchArgumentError(UsageError, ValueError):
     """Arguments ``launch`` cannot run (flags the user passed); the message names the flag."""
-
-
-class RendezvousTimeoutError(UsageError, TimeoutError):
-    """Machine 0's rendezvous could not be reached in time (a wrong --dist-url, or it is down)."""
 
 
 class LaunchError(RuntimeError):
@@ -110,13 +98,39 @@ class LaunchError(RuntimeError):
     Attributes:
         rank: global rank of the first process that failed (None if unknown).
         exit_code: the status the job should end with: the failed worker's own exit status
-            when it chose one (pre-emption: 75), else 1.
+            when it chose one (pre-emption: 75, a stall: 124), else 1.
     """
 
     def __init__(self, message: str, rank: int | None = None, exit_code: int = 1) -> None:
         super().__init__(message)
         self.rank = rank
         self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a spawned process runs; pickled into each one."""
+
+    main_func: Callable[..., Any]
+    args: tuple[Any, ...]
+    timeout: datetime.timedelta
+    report_dir: str
+    loopback: bool
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """The first failure of a round, as the user is told about it."""
+
+    rank: int | None
+    message: str
+    exit_code: int
+    kind: str = "error"  # "usage", "stall", "preempted", "signal"
+
+    def exception(self) -> Exception:
+        if self.kind == "usage":
+            return UsageError(self.message)
+        return LaunchError(self.message, rank=self.rank, exit_code=self.exit_code)
 
 
 def launch(
@@ -127,6 +141,7 @@ def launch(
     dist_url: str | None = None,
     args: Sequence[Any] = (),
     timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    max_restarts: int = 0,
     *,
     rendezvous_timeout_s: float = 300.0,
 ) -> list[Any]:
@@ -135,6 +150,7 @@ def launch(
     Args:
         main_func: a module-level function (it is pickled into spawned processes).
         num_gpus_per_machine: processes per machine; without CUDA, CPU processes on Gloo.
+            Ignored under torchrun and srun, whose environment decides.
         num_machines: machines in the job.
         machine_rank: this machine's index in ``[0, num_machines)``.
         dist_url: ``"auto"`` (or None): a private rendezvous on 127.0.0.1, single machine
@@ -142,8 +158,10 @@ def launch(
             and the others connect to it; ``"env://"``: use ``MASTER_ADDR``/``MASTER_PORT``.
         args: arguments for ``main_func``; must be picklable.
         timeout: how long a collective waits for its peers.
-        rendezvous_timeout_s: how long a process waits to reach the rendezvous store (for
-            example for machine 0 to come up) before failing with the address.
+        max_restarts: how many times the job is restarted after a failure (on every
+            machine); each restart runs ``main_func`` again, in new processes.
+        rendezvous_timeout_s: how long a machine waits for machine 0's rendezvous (and,
+            at the end, for the other machines to finish) before failing with the address.
 
     Returns:
         The return values of ``main_func`` of this machine's processes, by local rank
@@ -152,36 +170,39 @@ def launch(
     Raises:
         UsageError: On impossible arguments, or when a process stopped on a user error
             (its one-line message); the script then exits with status 2.
-        LaunchError: When a process of the job raised or died; names the global rank.
+        LaunchError: When a process of the job raised or died and no restart is left;
+            names the global rank.
     """
     install_usage_error_handler()
-    if _started_by_torchrun():
-        return [_run_under_torchrun(main_func, args, timeout)]
+    slurm = slurm_variables(os.environ, num_gpus_per_machine)
+    if slurm is not None:
+        os.environ.update(slurm)  # a SLURM task is a process of the job, as under torchrun
+    env = JobEnvironment.from_environ(os.environ)
+    if env is not None:
+        return [run_in_job(main_func, args, timeout, env)]
     check_launch_arguments(num_gpus_per_machine, num_machines, machine_rank, dist_url)
-    world_size = num_machines * num_gpus_per_machine
-    if world_size == 1:
+    if max_restarts < 0:
+        raise LaunchArgumentError(f"--max-restarts must be at least 0, got {max_restarts}.")
+    if num_machines * num_gpus_per_machine == 1 and max_restarts == 0:
         if torch.cuda.is_available():
             torch.cuda.set_device(0)
         return [main_func(*args)]
-    dist_url = "auto" if dist_url in (None, "") else dist_url
-    with _Rendezvous(dist_url, machine_rank, rendezvous_timeout_s) as rendezvous:
-        spec = _WorkerSpec(
-            main_func=main_func,
-            args=tuple(args),
-            num_gpus_per_machine=num_gpus_per_machine,
-            machine_rank=machine_rank,
-            world_size=world_size,
-            store_host=rendezvous.host,
-            store_port=rendezvous.port,
-            use_loopback=rendezvous.is_loopback,
-            timeout=timeout,
-            rendezvous_timeout_s=rendezvous_timeout_s,
+    host, port = _rendezvous_address(dist_url)
+    with tempfile.TemporaryDirectory(prefix="trainkit-launch-") as tmp, _quiet_elastic_logs():
+        rendezvous = _Rendezvous(host, port, machine_rank, num_machines, rendezvous_timeout_s)
+        job = _Job(main_func, tuple(args), timeout, tmp, loopback=_is_loopback(host))
+        spec = WorkerSpec(
+            role="trainkit",
+            local_world_size=num_gpus_per_machine,
+            rdzv_handler=rendezvous,
+            entrypoint=_spawned_process,
+            args=(job,),
+            max_restarts=max_restarts,
+            monitor_interval=_MONITOR_S,
         )
-        return _spawn_and_watch(spec, rendezvous)
-
-
-def _started_by_torchrun() -> bool:
-    return all(v in os.environ for v in _TORCHRUN_VARS)
+        logs = DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs"))
+        agent = _Agent(spec, rendezvous, tmp, logs, rendezvous_timeout_s)
+        return agent.run_job(num_machines)
 
 
 def check_launch_arguments(
@@ -222,141 +243,21 @@ def check_launch_arguments(
         )
 
 
-def _default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-
-
-def _run_under_torchrun(
-    main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta
-) -> Any:
-    """Join the group torchrun prepared (``env://``) and run ``main_func`` in this process."""
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if world_size == 1:
-        return main_func(*args)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend=_default_backend(), init_method="env://", timeout=timeout)
-    try:
-        comm.create_local_process_group(local_world_size)
-        comm.synchronize()
-        return main_func(*args)
-    finally:
-        _shutdown_process_group()
-
-
-# ---- the rendezvous store ------------------------------------------------------------
-class _Rendezvous:
-    """The TCP store of the job: served by machine 0's launcher, a client elsewhere."""
-
-    def __init__(self, dist_url: str, machine_rank: int, timeout_s: float) -> None:
-        self.store: dist.TCPStore | None = None
-        self._timeout_s = timeout_s
-        if dist_url == "auto":
-            self.host, self.port, self.is_loopback = "127.0.0.1", 0, True
-            self._serve(bind_host="127.0.0.1", timeout_s=timeout_s)
-            return
-        url = urlparse(dist_url)
-        if url.scheme == "env":
-            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-            if not host or not port:
-                raise LaunchArgumentError(
-                    "dist_url='env://' needs MASTER_ADDR and MASTER_PORT to be set."
-                )
-            url = urlparse(f"tcp://{host}:{port}")
-        if url.scheme != "tcp" or not url.hostname or not url.port:
-            raise LaunchArgumentError(
-                f"--dist-url {dist_url!r} is not understood; use 'auto' on one machine or "
-                f"'tcp://HOST:PORT' (the address of machine 0) for several."
-            )
-        self.host, self.port = url.hostname, url.port
-        self.is_loopback = _is_loopback(self.host)
-        if machine_rank == 0:
-            self._serve(bind_host=self.host, timeout_s=timeout_s)
-        else:
-            self.store = _connect_store(self.host, self.port, timeout_s)
-
-    def _serve(self, bind_host: str, timeout_s: float) -> None:
-        sock = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET)
-        try:
-            sock.bind((bind_host, self.port))
-        except OSError as e:
-            sock.close()
-            if e.errno == errno.EADDRINUSE:
-                raise LaunchArgumentError(
-                    f"tcp://{bind_host}:{self.port} is already in use (another job or program "
-                    f"holds the port); choose another port in --dist-url."
-                ) from None
-            if e.errno != errno.EADDRNOTAVAIL:
-                raise LaunchArgumentError(
-                    f"cannot listen on tcp://{bind_host}:{self.port}: {e.strerror}"
-                ) from None
-            # The host names this machine only indirectly (a DNS alias, a NAT address):
-            # let the store listen on every interface instead.
-            self.store = dist.TCPStore(
-                self.host,
-                self.port,
-                None,
-                True,
-                datetime.timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-            )
-            return
-        sock.listen(1024)
-        self.port = sock.getsockname()[1]
-        # The store takes ownership of the descriptor (and closes it when it is destroyed).
-        self.store = dist.TCPStore(
-            bind_host,
-            self.port,
-            None,
-            True,
-            datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-            master_listen_fd=sock.detach(),
+def _rendezvous_address(dist_url: str | None) -> tuple[str, int]:
+    if dist_url in (None, "", "auto"):
+        return "127.0.0.1", 0
+    if dist_url.startswith("env://"):
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise LaunchArgumentError("dist_url='env://' needs MASTER_ADDR and MASTER_PORT set.")
+        dist_url = f"tcp://{host}:{port}"
+    url = urlparse(dist_url)
+    if url.scheme != "tcp" or not url.hostname or not url.port:
+        raise LaunchArgumentError(
+            f"--dist-url {dist_url!r} is not understood; use 'auto' on one machine or "
+            f"'tcp://HOST:PORT' (the address of machine 0) for several."
         )
-
-    def failure(self) -> str | None:
-        """Return the failure another machine posted, or None."""
-        assert self.store is not None
-        try:
-            if self.store.check([_ABORT_KEY]):
-                return self.store.get(_ABORT_KEY).decode()
-        except (RuntimeError, dist.DistError) as e:
-            return f"lost the connection to the rendezvous store on machine 0 ({e})"
-        return None
-
-    def post_failure(self, message: str) -> None:
-        assert self.store is not None
-        with contextlib.suppress(RuntimeError, dist.DistError):
-            self.store.set(_ABORT_KEY, message)
-
-    def finish(self, machine_rank: int, num_machines: int) -> None:
-        """Report this machine done; machine 0 keeps serving the store until all are done.
-
-        Without this, machine 0 could close the store while another machine's workers are
-        still shutting down, and that machine's launcher would take the lost store for a
-        failure.
-        """
-        assert self.store is not None
-        with contextlib.suppress(RuntimeError, dist.DistError):
-            self.store.set(f"{_DONE_KEY}/{machine_rank}", "1")
-        if machine_rank != 0 or num_machines == 1:
-            return
-        pending = [f"{_DONE_KEY}/{m}" for m in range(1, num_machines)]
-        deadline = time.monotonic() + self._timeout_s
-        while pending and time.monotonic() < deadline:
-            failure = self.failure()
-            if failure is not None:
-                raise LaunchError(f"the job was stopped from another machine: {failure}")
-            pending = [k for k in pending if not self.store.check([k])]
-            time.sleep(_POLL_S)
-
-    def __enter__(self) -> _Rendezvous:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.store = None
+    return url.hostname, url.port
 
 
 def _is_loopback(host: str) -> bool:
@@ -366,299 +267,286 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    try:
-        return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, dist.DistError):
-        raise RendezvousTimeoutError(
-            f"could not reach the rendezvous at tcp://{host}:{port} within {timeout_s:.0f} s. "
-            f"Check that machine 0 was started with the same --dist-url and that the address "
-            f"is reachable from this machine."
-        ) from None
+# ---- on torch.distributed.elastic -------------------------------------------------------
+class _Rendezvous(RendezvousHandler):
+    """The rendezvous of a ``launch`` job: fixed machines, each keeping its machine rank.
 
-
-# ---- the workers -----------------------------------------------------------------------
-class _WorkerSpec:
-    """Everything a spawned worker needs; pickled into each process."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.__dict__.update(kwargs)
-
-
-def _spawn_and_watch(spec: Any, rendezvous: _Rendezvous) -> list[Any]:
-    # Read by OpenMP when torch loads in each worker: idle OpenMP threads that spin after
-    # every parallel region steal the cores loader workers need (measured: 8x slower
-    # training with 2 workers on 2 cores). Set it yourself to override.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="trainkit-launch-") as report_dir:
-        processes = []
-        for local_rank in range(spec.num_gpus_per_machine):
-            p = ctx.Process(
-                target=_worker_entry,
-                args=(local_rank, spec, report_dir),
-                daemon=False,
-                name=f"trainkit-rank{spec.machine_rank * spec.num_gpus_per_machine + local_rank}",
-            )
-            p.start()
-            processes.append(p)
-        try:
-            with _forward_signals(processes):
-                _watch(processes, spec, rendezvous, report_dir)
-        finally:
-            _stop_all(processes)
-        rendezvous.finish(spec.machine_rank, spec.world_size // spec.num_gpus_per_machine)
-        return [_read_result(report_dir, r) for r in range(spec.num_gpus_per_machine)]
-
-
-def _watch(processes: list, spec: Any, rendezvous: _Rendezvous, report_dir: str) -> None:
-    """Wait for every worker; on the first failure anywhere in the job, raise LaunchError."""
-    running = {p.sentinel: (i, p) for i, p in enumerate(processes)}
-    heartbeats = _HeartbeatReader(rendezvous, spec.world_size) if spec.machine_rank == 0 else None
-    while running:
-        ready = multiprocessing.connection.wait(list(running), timeout=_POLL_S)
-        failed = []
-        for sentinel in ready:
-            local_rank, p = running.pop(sentinel)
-            p.join()
-            if p.exitcode != 0:
-                failed.append((local_rank, p.exitcode))
-        if failed:
-            failures = _collect_failures(failed, running, spec, report_dir)
-            usage = _usage_error(failed, spec, report_dir)
-            if usage is not None:
-                rendezvous.post_failure(_USAGE_PREFIX + usage)
-                raise UsageError(usage)
-            rank, message = failures[0]
-            if len(failures) > 1:
-                others = ", ".join(f"rank {r}" for r, _ in failures[1:])
-                message += f"\n(then {others} failed as a consequence)"
-            rendezvous.post_failure(message)
-            codes = {code for _, code in failed}
-            exit_code = codes.pop() if len(codes) == 1 and min(codes) > 1 else 1
-            if exit_code == PREEMPTED_EXIT_CODE:
-                message = (
-                    "the job was pre-empted after saving a checkpoint; run the same command "
-                    "with --resume to continue."
-                )
-            raise LaunchError(message, rank=rank, exit_code=exit_code)
-        remote = rendezvous.failure()
-        if remote is not None and running:
-            if remote.startswith(_USAGE_PREFIX):
-                raise UsageError(remote[len(_USAGE_PREFIX) :])
-            raise LaunchError(f"the job was stopped from another machine: {remote}")
-        stalled = heartbeats.stalled() if heartbeats is not None else None
-        if stalled is not None:
-            message = describe_stall(stalled, stalled["timeout_s"])
-            rendezvous.post_failure(message)
-            raise LaunchError(message, rank=stalled["rank"], exit_code=WATCHDOG_EXIT_CODE)
-
-
-class _HeartbeatReader:
-    """Machine 0's view of every rank's progress record (see ``trainkit.engine.watchdog``)."""
-
-    def __init__(self, rendezvous: _Rendezvous, world_size: int) -> None:
-        self._store = rendezvous.store
-        self._world_size = world_size
-        self._next_read = 0.0
-
-    def stalled(self) -> dict[str, Any] | None:
-        now = time.monotonic()
-        if now < self._next_read or self._store is None:
-            return None
-        self._next_read = now + _WATCHDOG_POLL_S
-        records = []
-        for rank in range(self._world_size):
-            key = HEARTBEAT_KEY.format(rank=rank)
-            try:
-                if not self._store.check([key]):
-                    continue
-                raw = self._store.get(key).decode()
-            except (RuntimeError, dist.DistError):
-                return None
-            record = json.loads(raw)
-            # From the phase's start time rather than the published duration: exact between
-            # records published at different moments, and still growing for a frozen process.
-            record["elapsed_s"] = time.time() - record["started_at"]
-            records.append(record)
-        timeouts = [r["timeout_s"] for r in records if r["timeout_s"] > 0]
-        return find_stalled_rank(records, min(timeouts)) if timeouts else None
-
-
-# Failures that are the echo of another rank's death: the peer's socket closed under a
-# collective. When a rank raises, its peers often fail this way within milliseconds, and
-# whichever exit the launcher sees first must not be blamed.
-_SECONDARY_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "DistBackendError",
-    "DistNetworkError",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-_SETTLE_S = 1.0
-
-
-def _collect_failures(failed: list, running: dict, spec: Any, report_dir: str) -> list:
-    """Return (rank, message) for every failed worker, the root cause first.
-
-    Waits up to ``_SETTLE_S`` for the other workers to exit too, so that a rank that died
-    first but was noticed second is still named as the cause.
+    Machine 0's launcher serves the job's store before any process starts (for
+    ``dist_url="auto"`` on 127.0.0.1 port 0: concurrent jobs never race for a port and
+    nothing listens outside the machine; a port in use is reported at once), the others
+    connect to it. torch's static rendezvous does the same but listens on every interface
+    and reports neither case by address. Elastic membership is torchrun's c10d rendezvous.
     """
-    deadline = time.monotonic() + _SETTLE_S
-    while running and time.monotonic() < deadline:
-        for sentinel in multiprocessing.connection.wait(list(running), timeout=_POLL_S):
-            local_rank, p = running.pop(sentinel)
-            p.join()
-            if p.exitcode != 0:
-                failed.append((local_rank, p.exitcode))
-    failures = []
-    for local_rank, exitcode in failed:
-        rank = spec.machine_rank * spec.num_gpus_per_machine + local_rank
-        failures.append((rank, _describe_failure(rank, exitcode, report_dir, local_rank)))
-    failures.sort(key=lambda item: any(m in item[1] for m in _SECONDARY_MARKERS))
-    return failures
+
+    def __init__(
+        self, host: str, port: int, machine_rank: int, num_machines: int, timeout_s: float
+    ) -> None:
+        self.host, self.machine_rank, self.num_machines = host, machine_rank, num_machines
+        self.run_id = uuid.uuid4().hex
+        if machine_rank == 0:
+            self.store, self.port = serve_store(host, port, timeout_s)
+        else:
+            self.store, self.port = connect_store(host, port, timeout_s), port
+
+    def get_backend(self) -> str:
+        return "trainkit"
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # the processes use this store (it outlives them: see job._agree_on_round)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        return RendezvousInfo(
+            PrefixStore("torchelastic", self.store),
+            self.machine_rank,
+            self.num_machines,
+            RendezvousStoreInfo(self.host, self.port),
+        )
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    def shutdown(self) -> bool:
+        return True
+
+
+class _Stopped(Exception):
+    """Ends the agent's run without a restart (a user error, a pre-emption)."""
+
+
+class _Agent(LocalElasticAgent):
+    """torch's agent for this machine's processes, plus what a trainkit job promises.
+
+    Each failure is described once (the round's first failure posted in the store, else
+    what the agent saw) and posted for the other machines; user errors and pre-emption end
+    the job instead of being retried.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        rendezvous: _Rendezvous,
+        report_dir: str,
+        logs: DefaultLogsSpecs,
+        exit_barrier_s: float,
+    ) -> None:
+        super().__init__(
+            spec,
+            logs_specs=logs,
+            start_method="spawn",
+            exit_barrier_timeout=exit_barrier_s,
+            shutdown_timeout=_SIGNAL_GRACE_S,
+        )
+        self._job_rendezvous = rendezvous
+        self._report_dir = report_dir
+        self._restarts_left = spec.max_restarts
+        self.failure: _Failure | None = None
+
+    def run_job(self, num_machines: int) -> list[Any]:
+        """Run the job to its end; return this machine's results by local rank."""
+        try:
+            with _forwarded_signals():
+                result = self.run()
+        except _Stopped:
+            pass
+        except SignalException as e:
+            self.failure = self._describe_signal(e.sigval)
+        else:
+            if not result.is_failed():
+                return [result.return_values[r] for r in sorted(result.return_values)]
+        assert self.failure is not None
+        if num_machines > 1:
+            time.sleep(1.0)  # keep serving the store until the other machines read the failure
+        raise self.failure.exception()
+
+    def _monitor_workers(self, worker_group: Any) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return result
+        self.failure = self._describe(result, worker_group)
+        if self.failure.kind in ("usage", "preempted"):
+            raise _Stopped()
+        if self._restarts_left > 0:  # torch's agent restarts in this case, and counts it
+            self._restarts_left -= 1
+            logger.warning(
+                "%s\nRestarting the job (restart %d of %d); it resumes from its newest checkpoint.",
+                self.failure.message,
+                worker_group.spec.max_restarts - self._restarts_left,
+                worker_group.spec.max_restarts,
+            )
+        return result
+
+    def _describe(self, result: RunResult, worker_group: Any) -> _Failure:
+        reports = self._take_reports()
+        round_store = self._round_store()
+        record = read_abort(round_store) if round_store is not None else None
+        local_ranks = {w.global_rank for w in worker_group.workers}
+        if record is not None:
+            message = record["message"]
+            if record["rank"] not in local_ranks:
+                message = f"the job was stopped from another machine: {message}"
+            return _Failure(record["rank"], message, record["exit_code"], record["kind"])
+        rank, failure = min(result.failures.items()) if result.failures else (None, None)
+        code = failure.exitcode if failure is not None else 1
+        codes = {r["exit_code"] for r in reports.values()} | {code}
+        if codes == {PREEMPTED_EXIT_CODE}:
+            return _Failure(rank, _PREEMPTED, PREEMPTED_EXIT_CODE, "preempted")
+        if code == USAGE_EXIT_CODE and rank in reports:  # before it joined the job's store
+            return _Failure(rank, reports[rank]["message"], code, "usage")
+        if code < 0:
+            name = signal.Signals(-code).name
+            message = f"rank {rank} was killed by signal {name} (exit code {code}); no traceback."
+        elif reports.get(rank, {}).get("message"):
+            message = reports[rank]["message"]
+        else:
+            message = f"rank {rank} exited with status {code} without a Python exception."
+        described = _Failure(rank, message, code if code > 0 else 1)
+        if round_store is not None:  # the other machines stop their processes on it
+            post_abort(
+                round_store,
+                {
+                    "rank": rank,
+                    "message": message,
+                    "exit_code": described.exit_code,
+                    "kind": "error",
+                },
+            )
+        return described
+
+    def _describe_signal(self, signum: int) -> _Failure:
+        codes = {r["exit_code"] for r in self._take_reports().values()}
+        if codes == {PREEMPTED_EXIT_CODE}:
+            return _Failure(None, _PREEMPTED, PREEMPTED_EXIT_CODE, "preempted")
+        name = signal.Signals(signum).name
+        return _Failure(None, f"the launcher was stopped by {name}", 128 + signum, "signal")
+
+    def _round_store(self) -> Any:
+        try:
+            if self._job_rendezvous.store.check([ROUND_KEY]):
+                return PrefixStore(
+                    self._job_rendezvous.store.get(ROUND_KEY).decode(), self._job_rendezvous.store
+                )
+        except Exception:  # machine 0 (and its store) may be gone
+            return None
+        return None
+
+    def _take_reports(self) -> dict[int, dict[str, Any]]:
+        """Read (and remove, so a later round starts clean) what the processes reported."""
+        reports = {}
+        for name in os.listdir(self._report_dir):
+            if name.startswith("rank") and name.endswith(".json"):
+                path = os.path.join(self._report_dir, name)
+                with open(path) as f:
+                    reports[int(name[4:-5])] = json.load(f)
+                os.remove(path)
+        return reports
+
+
+_PREEMPTED = (
+    "the job was pre-empted after saving a checkpoint; run the same command with --resume "
+    "to continue (a restarted or requeued job resumes by itself)."
+)
 
 
 @contextlib.contextmanager
-def _forward_signals(processes: list) -> Iterator[None]:
-    """Pass SIGTERM/SIGINT received by the launcher on to every worker (once each)."""
-    if threading.current_thread() is not threading.main_thread():
+def _forwarded_signals() -> Iterator[None]:
+    """Let the agent pass these signals on to the processes; restore the handlers after.
+
+    SIGUSR1 is SLURM's warning before the time limit (``sbatch --signal=USR1@90``).
+    """
+    names = _FORWARDED_SIGNALS.split(",")
+    in_main = threading.current_thread() is threading.main_thread()
+    handlers = {n: signal.getsignal(getattr(signal, n)) for n in names} if in_main else {}
+    previous = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = _FORWARDED_SIGNALS
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = previous
+        for name, handler in handlers.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+@contextlib.contextmanager
+def _quiet_elastic_logs() -> Iterator[None]:
+    """Keep torch's agent from logging each stop and restart: launch reports them itself.
+
+    Set ``LOGLEVEL`` (torch elastic's own variable) to see its logs.
+    """
+    if os.environ.get("LOGLEVEL"):
         yield
         return
-
-    def forward(signum: int, frame: object) -> None:
-        del frame
-        logger.warning(
-            "Launcher received %s; forwarding it to the workers", signal.Signals(signum).name
-        )
-        for p in processes:
-            if p.is_alive():
-                with contextlib.suppress(OSError):
-                    os.kill(p.pid, signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    saved = [(lg.propagate, list(lg.handlers)) for lg in loggers]
+    for lg in loggers:
+        lg.propagate = False
+        lg.handlers = [logging.NullHandler()]
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for lg, (propagate, handlers) in zip(loggers, saved):
+            lg.propagate, lg.handlers = propagate, handlers
 
 
-_USAGE_PREFIX = "usage error: "
-
-
-def _usage_error(failed: list, spec: Any, report_dir: str) -> str | None:
-    """The message of the lowest-ranked worker here that stopped on a UsageError, if any."""
-    for local_rank, exitcode in sorted(failed):
-        path = os.path.join(report_dir, f"usage{local_rank}.txt")
-        if exitcode == USAGE_EXIT_CODE and os.path.exists(path):
-            with open(path) as f:
-                return f.read()
-    return None
-
-
-def _describe_failure(rank: int, exitcode: int, report_dir: str, local_rank: int) -> str:
-    error_file = os.path.join(report_dir, f"error{local_rank}.txt")
-    if os.path.exists(error_file):
-        with open(error_file) as f:
-            return f"rank {rank} raised an exception:\n{f.read()}"
-    if exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        return f"rank {rank} was killed by signal {name} (exit code {exitcode}); no traceback."
-    return f"rank {rank} exited with status {exitcode} without a Python exception."
-
-
-def _stop_all(processes: list) -> None:
-    """Stop the workers still running: SIGTERM, then SIGKILL after a grace period."""
-    alive = [p for p in processes if p.is_alive()]
-    for p in alive:
-        with contextlib.suppress(OSError):
-            p.terminate()
-    deadline = time.monotonic() + _GRACE_S
-    for p in alive:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            with contextlib.suppress(OSError):
-                p.kill()
-            p.join()
-
-
-def _read_result(report_dir: str, local_rank: int) -> Any:
-    path = os.path.join(report_dir, f"result{local_rank}.pkl")
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        return pickle.load(f)
-
-
-def _worker_entry(local_rank: int, spec: Any, report_dir: str) -> None:
+# ---- in each spawned process ---------------------------------------------------------------
+def _spawned_process(job: _Job) -> Any:
+    """Entry point of a process the agent spawned: run the job, report how it ended."""
     _die_with_parent()
-    # Signals reach a worker only through the launcher, which forwards each one once; a
-    # Ctrl-C in the terminal would otherwise hit every process twice (directly and forwarded).
+    # Signals reach a process only through the launcher, which forwards each one once; a
+    # Ctrl-C in the terminal would otherwise hit every process twice.
     os.setpgrp()
-    rank = spec.machine_rank * spec.num_gpus_per_machine + local_rank
-    try:
-        result = _worker_main(local_rank, rank, spec)
-    except UsageError as e:
-        # The user's mistake, not a crash: one line for the launcher, no traceback.
-        with open(os.path.join(report_dir, f"usage{local_rank}.txt"), "w") as f:
-            f.write(user_message(e))
-        raise SystemExit(USAGE_EXIT_CODE) from None
-    except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
-        with open(os.path.join(report_dir, f"error{local_rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
-        # An exception may carry the status the job should end with (pre-emption does).
-        code = getattr(e, "exit_code", None)
-        raise SystemExit(code if isinstance(code, int) and code > 0 else 1) from None
-    try:
-        payload = pickle.dumps(result)
-    except Exception:  # an unpicklable return value is not a failure of the job
-        payload = pickle.dumps(None)
-    with open(os.path.join(report_dir, f"result{local_rank}.pkl"), "wb") as f:
-        f.write(payload)
-
-
-def _worker_main(local_rank: int, rank: int, spec: Any) -> Any:
-    if spec.use_loopback:
-        # Keep Gloo's peer connections on the loopback interface as well: the hostname may
+    env = JobEnvironment.from_environ(os.environ)
+    assert env is not None  # the agent sets torchrun's variables
+    if job.loopback:
+        # Gloo's peer connections on the loopback interface as well: the hostname may
         # resolve to an external address, which a single-machine job has no reason to use.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    backend = _default_backend()
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         # CPU processes share the machine's cores: N processes of cpu_count threads each
-        # oversubscribe it N times over, and a step then stalls (measured: 5x slower with 2
-        # processes on 2 cores). torchrun makes the same choice by setting OMP_NUM_THREADS.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.num_gpus_per_machine))
-    global _JOB_STORE
-    store = _connect_store(spec.store_host, spec.store_port, spec.rendezvous_timeout_s)
-    _JOB_STORE = store
-    dist.init_process_group(
-        backend=backend,
-        store=dist.PrefixStore("trainkit/pg", store),
-        rank=rank,
-        world_size=spec.world_size,
-        timeout=spec.timeout,
-    )
+        # oversubscribe it N times over (measured: 5x slower with 2 processes on 2 cores).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+    def report(code: int, message: str) -> None:
+        with open(os.path.join(job.report_dir, f"rank{env.rank}.json"), "w") as f:
+            json.dump({"exit_code": code, "message": message}, f)
+
+    def on_abort(record: dict[str, Any]) -> None:
+        report(record["exit_code"], f"stopped: {record['message']}")
+        os._exit(record["exit_code"])
+
     try:
-        comm.create_local_process_group(spec.num_gpus_per_machine)
-        comm.synchronize()
-        return spec.main_func(*spec.args)
-    finally:
-        _shutdown_process_group()
-        _JOB_STORE = None
+        value = run_in_job(job.main_func, job.args, job.timeout, env, on_abort=on_abort)
+    except UsageError as e:
+        report(USAGE_EXIT_CODE, user_message(e))
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
+        import traceback
 
-
-def _shutdown_process_group() -> None:
-    comm.reset_local_process_group()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        code = getattr(e, "exit_code", None)  # pre-emption carries the status to end with
+        code = code if isinstance(code, int) and code > 0 else 1
+        report(code, f"rank {env.rank} raised an exception:\n{traceback.format_exc()}")
+        raise SystemExit(code) from None
+    try:
+        pickle.dumps(value)
+    except Exception:  # an unpicklable return value is not a failure of the job
+        return None
+    return value
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker if the launcher dies, so no worker is orphaned."""
+    """Ask Linux to SIGKILL this process if the launcher dies, so no process is orphaned."""
     with contextlib.suppress(Exception):
         import ctypes
 

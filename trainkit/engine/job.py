@@ -1,0 +1,441 @@
+"""A process's membership in a distributed job, however the job was started.
+
+The same code runs in the processes ``launch()`` starts (through torch.distributed.elastic's
+agent), in those ``torchrun`` starts, and in the tasks ``srun`` starts. Each process:
+
+1. reads its place in the job from torchrun's variables (:class:`JobEnvironment`; for SLURM
+   ``launch`` derives them first, see :mod:`trainkit.engine.slurm`);
+2. connects to the job's key-value store and agrees with the others on a fresh namespace for
+   this round of the job (:func:`_agree_on_round` says why a restart needs one);
+3. joins the process group in that namespace, creates the per-machine group, and exports for
+   the trainer ``TRAINKIT_RESTART_COUNT`` (the round: 0 first, N after N restarts, the same
+   on every rank) and ``TRAINKIT_JOB_STORE`` (where the progress watchdog publishes);
+4. runs ``main_func`` under a guard thread: when a process of the round posts a failure (an
+   exception, a user error, a stall the watchdog found) every other process ends within a
+   second with that failure's exit status, instead of waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainkit.engine.watchdog import (
+    HEARTBEAT_KEY,
+    WATCHDOG_EXIT_CODE,
+    describe_stall,
+    find_stalled_rank,
+)
+from trainkit.utils import comm
+from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
+
+__all__ = [
+    "JobEnvironment",
+    "RendezvousAddressError",
+    "RendezvousTimeoutError",
+    "job_store",
+    "restart_count",
+    "run_in_job",
+]
+
+logger = logging.getLogger(__name__)
+
+RESTART_COUNT_VAR = "TRAINKIT_RESTART_COUNT"
+JOB_STORE_VAR = "TRAINKIT_JOB_STORE"
+ROUND_KEY = "trainkit/round"  # the current round's namespace, set by its rank 0
+_ROUNDS_KEY = "trainkit/rounds"  # how many rounds of this job have started
+_USAGE_KEY = "trainkit/usage_error"  # a user error ended a round: later rounds stop at once
+ABORT_KEY = "abort"  # within a round's namespace: the first failure of the round
+_POLL_S = 0.05
+_GUARD_POLL_S = 0.25
+_STALL_POLL_S = 1.0
+# A rank whose collective failed because a peer vanished waits this long before exiting,
+# so that the agent (which names the first process it sees die) sees the peer first.
+_SETTLE_S = 1.0
+_SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "DistBackendError",
+    "DistNetworkError",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+class RendezvousTimeoutError(UsageError, TimeoutError):
+    """The job's store could not be reached in time (a wrong address, or its host is down)."""
+
+
+class RendezvousAddressError(UsageError, ValueError):
+    """The job's store cannot listen on the address given (in use, or not this machine's)."""
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """This process's place in the job, as torchrun's variables describe it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    agent_store: bool
+    """The store at MASTER_ADDR:MASTER_PORT is an elastic agent's: it outlives this process
+    and every round of the job. Otherwise rank 0 serves it (``env://``'s convention)."""
+    restart_count: int
+    """This process's own count (its agent's, or SLURM's requeues); may differ between
+    machines, which is why the job agrees on the round instead (see _agree_on_round)."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> JobEnvironment | None:
+        """Read torchrun's variables; None unless all of them are set."""
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        if not all(environ.get(n) for n in (*names, "MASTER_PORT")):
+            return None
+        restarts = environ.get("TORCHELASTIC_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT")
+        return cls(
+            rank=int(environ["RANK"]),
+            world_size=int(environ["WORLD_SIZE"]),
+            local_rank=int(environ["LOCAL_RANK"]),
+            local_world_size=int(environ["LOCAL_WORLD_SIZE"]),
+            master_addr=environ["MASTER_ADDR"],
+            master_port=int(environ["MASTER_PORT"]),
+            agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            restart_count=int(restarts or 0),
+        )
+
+
+def restart_count() -> int:
+    """Return how many times this job was restarted before this round (0 the first time).
+
+    The same on every rank of a round: set by the job's processes when they join (see
+    :func:`run_in_job`). Outside a job started that way, torchrun's and SLURM's own counts.
+    """
+    for name in (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
+def job_store() -> dist.Store | None:
+    """Connect to this round's namespace of the job store (None outside a multi-process job).
+
+    The progress watchdog publishes there; the guard of rank 0 reads it.
+    """
+    address = os.environ.get(JOB_STORE_VAR)
+    if not address:
+        return None
+    host_port, _, prefix = address.partition("/")
+    host, _, port = host_port.rpartition(":")
+    try:
+        store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=30))
+    except (RuntimeError, dist.DistError) as e:
+        logger.warning("Cannot reach the job store at %s (%s); watching this rank only", address, e)
+        return None
+    return dist.PrefixStore(prefix, store)
+
+
+# ---- the store ---------------------------------------------------------------------
+def serve_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
+    """Serve a store on ``host:port`` (port 0: one the OS picks); return it and its port.
+
+    The socket is bound here, before the store takes it over, so that a port in use is
+    reported at once naming the address, and a loopback host listens on loopback only.
+
+    Raises:
+        RendezvousAddressError: If the port is in use or the host cannot be listened on.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise RendezvousAddressError(
+                f"tcp://{host}:{port} is already in use (another job or program holds the "
+                f"port); choose another port."
+            ) from None
+        if e.errno != errno.EADDRNOTAVAIL:
+            raise RendezvousAddressError(
+                f"cannot listen on tcp://{host}:{port}: {e.strerror}"
+            ) from None
+        # The host names this machine only indirectly (a DNS alias, a NAT address): let the
+        # store listen on every interface instead.
+        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        return store, port
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    # The store takes ownership of the descriptor (and closes it when it is destroyed).
+    store = dist.TCPStore(
+        host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach()
+    )
+    return store, port
+
+
+def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """Connect to the store on ``host:port``, waiting up to ``timeout_s`` for it to come up.
+
+    Raises:
+        RendezvousTimeoutError: With the address, if it could not be reached in time.
+    """
+    try:
+        return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, dist.DistError):
+        raise RendezvousTimeoutError(
+            f"could not reach the rendezvous at tcp://{host}:{port} within {timeout_s:.0f} s. "
+            f"Check that machine 0 was started with the same address and that it is reachable "
+            f"from this machine."
+        ) from None
+
+
+def _agree_on_round(store: dist.Store, env: JobEnvironment, timeout_s: float) -> tuple[str, int]:
+    """Return a namespace of the store that is this round's alone, and the round's index.
+
+    Why: an elastic agent's store outlives the round, and torch 2.13's c10d rendezvous keeps
+    one worker store for every round (``TORCHELASTIC_USE_AGENT_STORE``), while the process
+    group adds no per-round prefix. A restarted round then reads the dead round's keys (Gloo's
+    peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one machine
+    only: each agent counts its own restarts, and a membership change restarts the others
+    without counting (pytorch/pytorch#135712, #108158).
+
+    How: rank 0 publishes a new namespace; every other rank registers a nonce under the
+    namespace it reads, and uses it once rank 0's ``ready`` record lists that nonce. A stale
+    namespace (a dead round's) never lists a fresh nonce, so its reader waits for the new one.
+    """
+    nonce = uuid.uuid4().hex
+    deadline = time.monotonic() + timeout_s
+    if env.rank == 0:
+        index = store.add(_ROUNDS_KEY, 1) - 1
+        prefix = f"trainkit/round{index}-{nonce[:12]}"
+        store.set(ROUND_KEY, prefix)
+        keys = [f"{prefix}/member{r}" for r in range(1, env.world_size)]
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        members = [json.loads(store.get(k)) for k in keys]
+        index = max([index, env.restart_count] + [m["restart_count"] for m in members])
+        ready = {"index": index, "nonces": [m["nonce"] for m in members]}
+        store.set(f"{prefix}/ready", json.dumps(ready))
+        return prefix, index
+    registered = None
+    while time.monotonic() < deadline:
+        prefix = store.get(ROUND_KEY).decode() if store.check([ROUND_KEY]) else None
+        if prefix is not None and prefix != registered:
+            member = {"nonce": nonce, "restart_count": env.restart_count}
+            store.set(f"{prefix}/member{env.rank}", json.dumps(member))
+            registered = prefix
+        if prefix is not None and store.check([f"{prefix}/ready"]):
+            ready = json.loads(store.get(f"{prefix}/ready"))
+            if nonce in ready["nonces"]:
+                return prefix, ready["index"]
+        time.sleep(_POLL_S)
+    raise RendezvousTimeoutError(
+        f"rank {env.rank} waited {timeout_s:.0f} s for rank 0 to open a new round of the job "
+        f"at {env.master_addr}:{env.master_port}."
+    )
+
+
+# ---- running in the job -----------------------------------------------------------------
+def run_in_job(
+    main_func: Callable[..., Any],
+    args: Sequence[Any],
+    timeout: datetime.timedelta,
+    env: JobEnvironment,
+    on_abort: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    """Join the job ``env`` describes, run ``main_func(*args)``, leave the job.
+
+    Args:
+        main_func: the job's function.
+        args: its arguments.
+        timeout: how long a collective (and joining) waits for the other processes.
+        env: this process's place in the job.
+        on_abort: called (instead of ending the process) when another process failed.
+
+    Returns:
+        What ``main_func`` returned.
+
+    Raises:
+        UsageError: If an earlier round of the job ended on a user error.
+        Exception: What ``main_func`` raised, after it was posted to the other processes.
+    """
+    if env.world_size == 1:  # nothing to join: no process group, as without a launcher
+        os.environ[RESTART_COUNT_VAR] = str(env.restart_count)
+        return main_func(*args)
+    timeout_s = timeout.total_seconds()
+    if env.rank == 0 and not env.agent_store:
+        store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
+    else:
+        store = connect_store(env.master_addr, env.master_port, timeout_s)
+    prefix, index = _agree_on_round(store, env, timeout_s)
+    os.environ[RESTART_COUNT_VAR] = str(index)
+    os.environ[JOB_STORE_VAR] = f"{env.master_addr}:{env.master_port}/{prefix}"
+    if store.check([_USAGE_KEY]):
+        raise UsageError(store.get(_USAGE_KEY).decode())
+    round_store = dist.PrefixStore(prefix, store)
+    backend = default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("pg", round_store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+    )
+    guard = _Guard(round_store, env, on_abort or _exit_for)
+    try:
+        comm.create_local_process_group(env.local_world_size)
+        comm.synchronize()
+        guard.start()
+        return main_func(*args)
+    except BaseException as e:
+        guard.stop()
+        _post_failure(store, round_store, env.rank, e)
+        raise
+    finally:
+        guard.stop()
+        comm.reset_local_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.pop(JOB_STORE_VAR, None)
+
+
+def default_backend() -> str:
+    """NCCL when CUDA (and NCCL) are available, else Gloo."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def _post_failure(
+    store: dist.Store, round_store: dist.Store, rank: int, error: BaseException
+) -> None:
+    """Tell the other processes (and the launchers) that this one failed, unless it is an echo."""
+    if isinstance(error, SystemExit) and error.code in (None, 0):
+        return
+    if getattr(error, "exit_code", None) is not None:
+        return  # an agreed stop (pre-emption): every rank stops the same way, after a barrier
+    if isinstance(error, UsageError):
+        message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
+        with contextlib.suppress(Exception):
+            store.set(_USAGE_KEY, message)
+    elif any(m in f"{type(error).__name__}: {error}" for m in _SECONDARY_MARKERS):
+        time.sleep(_SETTLE_S)  # a peer vanished: let the launcher see that peer first
+        return
+    else:
+        message = f"rank {rank} raised an exception:\n{traceback.format_exc()}"
+        code, kind = 1, "error"
+    post_abort(round_store, {"rank": rank, "message": message, "exit_code": code, "kind": kind})
+
+
+def post_abort(round_store: dist.Store, record: dict[str, Any]) -> None:
+    """Record the round's first failure (a later one is the consequence and is not kept)."""
+    with contextlib.suppress(Exception):  # the store's host may be gone already
+        round_store.compare_set(ABORT_KEY, "", json.dumps(record))
+
+
+def read_abort(round_store: dist.Store) -> dict[str, Any] | None:
+    """Return the round's first failure, or None."""
+    if not round_store.check([ABORT_KEY]):
+        return None
+    return json.loads(round_store.get(ABORT_KEY))
+
+
+def _exit_for(record: dict[str, Any]) -> None:
+    logger.error("Stopping this process: %s", record["message"])
+    logging.shutdown()
+    os._exit(record["exit_code"])
+
+
+class _Guard:
+    """The thread that ends this process when another one of the round failed.
+
+    On rank 0 and the last rank it also reads every rank's progress record (published by
+    :class:`~trainkit.engine.watchdog.ProgressWatchdog`) and posts a stall as the failure:
+    two readers, so that a frozen rank 0 is still seen.
+    """
+
+    def __init__(
+        self,
+        round_store: dist.Store,
+        env: JobEnvironment,
+        on_abort: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._store = round_store
+        self._env = env
+        self._on_abort = on_abort
+        self._observer = env.rank in (0, env.world_size - 1)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainkit-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def _run(self) -> None:
+        next_stall_check = 0.0
+        while not self._stop.wait(_GUARD_POLL_S):
+            try:
+                record = read_abort(self._store)
+                if record is None and self._observer and time.monotonic() >= next_stall_check:
+                    next_stall_check = time.monotonic() + _STALL_POLL_S
+                    record = self._find_stall()
+                    if record is not None:
+                        post_abort(self._store, record)
+                        record = read_abort(self._store) or record
+            except (RuntimeError, dist.DistError) as e:
+                if not self._env.agent_store:
+                    return  # rank 0 served the store and has finished: nothing to guard
+                record = {
+                    "rank": None,
+                    "message": f"lost the connection to the job's store at "
+                    f"{self._env.master_addr}:{self._env.master_port} ({e}); its launcher stopped.",
+                    "exit_code": 1,
+                    "kind": "error",
+                }
+            if record is not None:
+                if not self._stop.is_set():
+                    self._on_abort(record)
+                return
+
+    def _find_stall(self) -> dict[str, Any] | None:
+        records = []
+        for rank in range(self._env.world_size):
+            key = HEARTBEAT_KEY.format(rank=rank)
+            if self._store.check([key]):
+                record = json.loads(self._store.get(key))
+                # From the phase's start rather than the published duration: still growing
+                # for a process that stopped publishing (frozen).
+                record["elapsed_s"] = time.time() - record["started_at"]
+                records.append(record)
+        timeouts = [r["timeout_s"] for r in records if r["timeout_s"] > 0]
+        stalled = find_stalled_rank(records, min(timeouts)) if timeouts else None
+        if stalled is None:
+            return None
+        message = describe_stall(stalled, stalled["timeout_s"])
+        return {
+            "rank": stalled["rank"],
+            "message": message,
+            "exit_code": WATCHDOG_EXIT_CODE,
+            "kind": "stall",
+        }
