@@ -16,9 +16,10 @@ from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
-from trainkit.engine.job import job_store, restart_count
+from trainkit.engine.job import job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
+from trainkit.engine.restarts import is_restart, record_run, restart_count
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
@@ -218,19 +219,22 @@ class DefaultTrainer(TrainerBase):
         continues with the iteration after the saved one; otherwise only the weights in
         ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
 
-        A restarted job (``launch(..., max_restarts=N)``, ``torchrun --max-restarts N``, a
-        requeued SLURM job: :func:`trainkit.engine.job.restart_count` above 0) always
-        resumes, with or without ``resume``: the restart continues the run that failed.
+        A restart of the job that wrote OUTPUT_DIR's checkpoints (``launch(...,
+        max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
+        :mod:`trainkit.engine.restarts`) always resumes, with or without ``resume``.
         """
-        restart = restart_count()
-        if restart > 0:
-            newest = self.checkpointer.get_checkpoint_file()
+        if is_restart(self.cfg.OUTPUT_DIR):
             logger.warning(
-                "restart %d: resuming from %s",
-                restart,
-                newest or f"MODEL.WEIGHTS (no checkpoint in {self.cfg.OUTPUT_DIR} yet)",
+                "restart %s: resuming from %s",
+                restart_count() or "after a change of machines",
+                self.checkpointer.get_checkpoint_file(),
             )
             resume = True
+        elif restart_count() > 0:
+            logger.warning(
+                "restart %d: this run wrote no checkpoint yet; starting from the beginning",
+                restart_count(),
+            )
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
             # The checkpoint holds the last finished iteration; continue with the next one.
@@ -262,6 +266,8 @@ class DefaultTrainer(TrainerBase):
         return self._last_eval_results
 
     def _before_save(self) -> None:
+        if comm.is_main_process():
+            record_run(self.cfg.OUTPUT_DIR)  # a restart of this job resumes these checkpoints
         with self.watchdog.phase("checkpoint"):
             self.rank_states.capture()
 

@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -49,7 +50,6 @@ __all__ = [
     "RendezvousAddressError",
     "RendezvousTimeoutError",
     "job_store",
-    "restart_count",
     "run_in_job",
 ]
 
@@ -119,18 +119,6 @@ class JobEnvironment:
             agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             restart_count=int(restarts or 0),
         )
-
-
-def restart_count() -> int:
-    """Return how many times this job was restarted before this round (0 the first time).
-
-    The same on every rank of a round: set by the job's processes when they join (see
-    :func:`run_in_job`). Outside a job started that way, torchrun's and SLURM's own counts.
-    """
-    for name in (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-        if os.environ.get(name):
-            return int(os.environ[name])
-    return 0
 
 
 def job_store() -> dist.Store | None:
@@ -274,9 +262,16 @@ def run_in_job(
         UsageError: If an earlier round of the job ended on a user error.
         Exception: What ``main_func`` raised, after it was posted to the other processes.
     """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        # An orphan of a dead agent would go on training with the job it was part of, out
+        # of the reach of any restart: a machine that is lost loses its processes too.
+        _die_with_parent()
     if env.world_size == 1:  # nothing to join: no process group, as without a launcher
         os.environ[RESTART_COUNT_VAR] = str(env.restart_count)
-        return main_func(*args)
+        try:
+            return main_func(*args)
+        finally:
+            os.environ.pop(RESTART_COUNT_VAR, None)
     timeout_s = timeout.total_seconds()
     if env.rank == 0 and not env.agent_store:
         store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
@@ -313,7 +308,17 @@ def run_in_job(
         comm.reset_local_process_group()
         if dist.is_initialized():
             dist.destroy_process_group()
-        os.environ.pop(JOB_STORE_VAR, None)
+        for name in (JOB_STORE_VAR, RESTART_COUNT_VAR):
+            os.environ.pop(name, None)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the agent) dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def default_backend() -> str:

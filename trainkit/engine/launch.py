@@ -503,7 +503,6 @@ def _quiet_elastic_logs() -> Iterator[None]:
 # ---- in each spawned process ---------------------------------------------------------------
 def _spawned_process(job: _Job) -> Any:
     """Entry point of a process the agent spawned: run the job, report how it ended."""
-    _die_with_parent()
     # Signals reach a process only through the launcher, which forwards each one once; a
     # Ctrl-C in the terminal would otherwise hit every process twice.
     os.setpgrp()
@@ -543,12 +542,3 @@ def _spawned_process(job: _Job) -> Any:
     except Exception:  # an unpicklable return value is not a failure of the job
         return None
     return value
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process if the launcher dies, so no process is orphaned."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

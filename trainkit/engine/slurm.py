@@ -63,8 +63,8 @@ def _split_top_level(text: str) -> list[str]:
 def _expand_brackets(group: str, nodelist: str) -> list[str]:
     names = []
     for part in group[1:-1].split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
             raise SlurmEnvironmentError(f"cannot read the range {part!r} in {nodelist!r}")
         for number in range(int(low), int(high or low) + 1):
             names.append(str(number).zfill(len(low)))
