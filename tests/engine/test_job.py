@@ -116,8 +116,13 @@ def test_guard_of_rank_zero_posts_a_stall(store):
     round_store = dist.PrefixStore("r", store)
     now = time.time()
     for rank, (phase, it, since) in enumerate([("forward/backward", 5, 9.0), ("data", 5, 8.0)]):
-        record = {"rank": rank, "phase": phase, "iteration": it, "started_at": now - since,
-                  "timeout_s": 3.0}  # fmt: skip
+        record = {
+            "rank": rank,
+            "phase": phase,
+            "iteration": it,
+            "started_at": now - since,
+            "timeout_s": 3.0,
+        }
         round_store.set(job.HEARTBEAT_KEY.format(rank=rank), json.dumps(record))
     stopped = []
     guard = job._Guard(round_store, _env(0), stopped.append)

@@ -14,6 +14,8 @@ launch() spawns (they import this file as their main module). Faults:
   only in restart round N of the job, e.g. 0 for the first run only).
 * ``sleep_at_iter:K``: the K-th training step sleeps 60 s, after creating the file named by
   $TRAINKIT_TEST_MARKER (so a test knows the process is inside that step).
+* ``stall_data_on_rank:R:K``: on rank R, mapping the K-th training record takes 120 s (a
+  hung file system, as far as the job can tell).
 """
 
 import errno
@@ -116,6 +118,25 @@ elif KIND == "sleep_at_iter":
         return out
 
     _patch_forward(_maybe_sleep)
+elif KIND == "stall_data_on_rank":
+    import time
+
+    from trainkit.data.mappers import ClassificationDatasetMapper
+
+    original_mapper_call = ClassificationDatasetMapper.__call__
+    rank_str, _, count_str = ARG.partition(":")
+    mapped = [0]
+
+    def stalling_call(self, record):
+        from trainkit.utils import comm
+
+        if self.is_train and comm.get_rank() == int(rank_str):
+            mapped[0] += 1
+            if mapped[0] == int(count_str):
+                time.sleep(120)
+        return original_mapper_call(self, record)
+
+    ClassificationDatasetMapper.__call__ = stalling_call
 elif KIND in ("worker_dies", "mapper_raises"):
     from trainkit.data.mappers import ClassificationDatasetMapper
 

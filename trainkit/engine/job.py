@@ -151,6 +151,9 @@ def serve_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, 
     """
     timeout = datetime.timedelta(seconds=timeout_s)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # A requeued SLURM job gets the same port again: connections of its previous run may
+    # still linger in TIME_WAIT. (A port with a listener is still refused.)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
