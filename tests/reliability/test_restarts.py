@@ -162,8 +162,9 @@ def test_a_user_error_with_restarts_left_ends_at_once_with_one_line(tmp_path):
             "3",
             "OUTPUT_DIR",
             str(tmp_path),
-            "SOLVER.BASE_LR",
-            "-1",
+            *CONFIG,
+            "SOLVER.OPTIMIZER",
+            "Nope",
         ],
         cwd=ROOT,
         env=_env(),
@@ -173,7 +174,7 @@ def test_a_user_error_with_restarts_left_ends_at_once_with_one_line(tmp_path):
     )
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "SOLVER.BASE_LR must be >= 0, got -1.0" in lines[0], lines
+    assert len(lines) == 1 and "Unknown SOLVER.OPTIMIZER 'Nope'" in lines[0], lines
     assert result.stdout.count("Command line arguments") <= 1  # one round, not four
     assert time.monotonic() - start < 150
 
