@@ -8,7 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from trainkit.engine import job
+from trainkit.engine import job, job_store
 from trainkit.engine.job import JobEnvironment
 from trainkit.engine.restarts import restart_count
 
@@ -42,7 +42,9 @@ def _agree(server, envs, delays):
 
     def run(env, delay):
         time.sleep(delay)
-        results[env.rank] = job._agree_on_round(_client(server), env, timeout_s=10)
+        results[env.rank] = job_store.agree_on_round(
+            _client(server), env.rank, env.world_size, env.restart_count, timeout_s=10
+        )
 
     threads = [threading.Thread(target=run, args=(e, d)) for e, d in zip(envs, delays)]
     for t in threads:
@@ -103,8 +105,8 @@ def test_guard_stops_the_process_on_another_ranks_failure(store):
     stopped = []
     guard = job._Guard(round_store, _env(1, world_size=3), stopped.append)
     guard.start()
-    job.post_abort(round_store, {"rank": 0, "message": "rank 0 raised", "exit_code": 1})
-    job.post_abort(round_store, {"rank": 2, "message": "an echo", "exit_code": 1})
+    job_store.post_abort(round_store, {"rank": 0, "message": "rank 0 raised", "exit_code": 1})
+    job_store.post_abort(round_store, {"rank": 2, "message": "an echo", "exit_code": 1})
     deadline = time.monotonic() + 5
     while not stopped and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -133,4 +135,4 @@ def test_guard_of_rank_zero_posts_a_stall(store):
     guard.stop()
     assert stopped and stopped[0]["rank"] == 1 and stopped[0]["exit_code"] == 124
     assert "rank 1 stopped making progress" in stopped[0]["message"]
-    assert job.read_abort(round_store)["rank"] == 1  # posted for every other process
+    assert job_store.read_abort(round_store)["rank"] == 1  # posted for every other process

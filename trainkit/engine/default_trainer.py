@@ -16,7 +16,7 @@ from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
-from trainkit.engine.job import job_store
+from trainkit.engine.job_store import job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
 from trainkit.engine.restarts import is_restart, record_run, restart_count

@@ -19,23 +19,28 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from trainkit.engine.job_store import (
+    JOB_STORE_VAR,
+    agree_on_round,
+    connect_store,
+    post_abort,
+    read_abort,
+    serve_store,
+)
 from trainkit.engine.watchdog import (
     HEARTBEAT_KEY,
     WATCHDOG_EXIT_CODE,
@@ -45,23 +50,12 @@ from trainkit.engine.watchdog import (
 from trainkit.utils import comm
 from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
 
-__all__ = [
-    "JobEnvironment",
-    "RendezvousAddressError",
-    "RendezvousTimeoutError",
-    "job_store",
-    "run_in_job",
-]
+__all__ = ["JobEnvironment", "default_backend", "run_in_job"]
 
 logger = logging.getLogger(__name__)
 
 RESTART_COUNT_VAR = "TRAINKIT_RESTART_COUNT"
-JOB_STORE_VAR = "TRAINKIT_JOB_STORE"
-ROUND_KEY = "trainkit/round"  # the current round's namespace, set by its rank 0
-_ROUNDS_KEY = "trainkit/rounds"  # how many rounds of this job have started
 _USAGE_KEY = "trainkit/usage_error"  # a user error ended a round: later rounds stop at once
-ABORT_KEY = "abort"  # within a round's namespace: the first failure of the round
-_POLL_S = 0.05
 _GUARD_POLL_S = 0.25
 _STALL_POLL_S = 1.0
 # A rank whose collective failed because a peer vanished waits this long before exiting,
@@ -75,14 +69,6 @@ _SECONDARY_MARKERS = (
     "Broken pipe",
     "NCCL communicator was aborted",
 )
-
-
-class RendezvousTimeoutError(UsageError, TimeoutError):
-    """The job's store could not be reached in time (a wrong address, or its host is down)."""
-
-
-class RendezvousAddressError(UsageError, ValueError):
-    """The job's store cannot listen on the address given (in use, or not this machine's)."""
 
 
 @dataclass(frozen=True)
@@ -121,127 +107,6 @@ class JobEnvironment:
         )
 
 
-def job_store() -> dist.Store | None:
-    """Connect to this round's namespace of the job store (None outside a multi-process job).
-
-    The progress watchdog publishes there; the guard of rank 0 reads it.
-    """
-    address = os.environ.get(JOB_STORE_VAR)
-    if not address:
-        return None
-    host_port, _, prefix = address.partition("/")
-    host, _, port = host_port.rpartition(":")
-    try:
-        store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=30))
-    except (RuntimeError, dist.DistError) as e:
-        logger.warning("Cannot reach the job store at %s (%s); watching this rank only", address, e)
-        return None
-    return dist.PrefixStore(prefix, store)
-
-
-# ---- the store ---------------------------------------------------------------------
-def serve_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
-    """Serve a store on ``host:port`` (port 0: one the OS picks); return it and its port.
-
-    The socket is bound here, before the store takes it over, so that a port in use is
-    reported at once naming the address, and a loopback host listens on loopback only.
-
-    Raises:
-        RendezvousAddressError: If the port is in use or the host cannot be listened on.
-    """
-    timeout = datetime.timedelta(seconds=timeout_s)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    # A requeued SLURM job gets the same port again: connections of its previous run may
-    # still linger in TIME_WAIT. (A port with a listener is still refused.)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise RendezvousAddressError(
-                f"tcp://{host}:{port} is already in use (another job or program holds the "
-                f"port); choose another port."
-            ) from None
-        if e.errno != errno.EADDRNOTAVAIL:
-            raise RendezvousAddressError(
-                f"cannot listen on tcp://{host}:{port}: {e.strerror}"
-            ) from None
-        # The host names this machine only indirectly (a DNS alias, a NAT address): let the
-        # store listen on every interface instead.
-        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
-        return store, port
-    sock.listen(1024)
-    port = sock.getsockname()[1]
-    # The store takes ownership of the descriptor (and closes it when it is destroyed).
-    store = dist.TCPStore(
-        host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach()
-    )
-    return store, port
-
-
-def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """Connect to the store on ``host:port``, waiting up to ``timeout_s`` for it to come up.
-
-    Raises:
-        RendezvousTimeoutError: With the address, if it could not be reached in time.
-    """
-    try:
-        return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, dist.DistError):
-        raise RendezvousTimeoutError(
-            f"could not reach the rendezvous at tcp://{host}:{port} within {timeout_s:.0f} s. "
-            f"Check that machine 0 was started with the same address and that it is reachable "
-            f"from this machine."
-        ) from None
-
-
-def _agree_on_round(store: dist.Store, env: JobEnvironment, timeout_s: float) -> tuple[str, int]:
-    """Return a namespace of the store that is this round's alone, and the round's index.
-
-    Why: an elastic agent's store outlives the round, and torch 2.13's c10d rendezvous keeps
-    one worker store for every round (``TORCHELASTIC_USE_AGENT_STORE``), while the process
-    group adds no per-round prefix. A restarted round then reads the dead round's keys (Gloo's
-    peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one machine
-    only: each agent counts its own restarts, and a membership change restarts the others
-    without counting (pytorch/pytorch#135712, #108158).
-
-    How: rank 0 publishes a new namespace; every other rank registers a nonce under the
-    namespace it reads, and uses it once rank 0's ``ready`` record lists that nonce. A stale
-    namespace (a dead round's) never lists a fresh nonce, so its reader waits for the new one.
-    """
-    nonce = uuid.uuid4().hex
-    deadline = time.monotonic() + timeout_s
-    if env.rank == 0:
-        index = store.add(_ROUNDS_KEY, 1) - 1
-        prefix = f"trainkit/round{index}-{nonce[:12]}"
-        store.set(ROUND_KEY, prefix)
-        keys = [f"{prefix}/member{r}" for r in range(1, env.world_size)]
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-        members = [json.loads(store.get(k)) for k in keys]
-        index = max([index, env.restart_count] + [m["restart_count"] for m in members])
-        ready = {"index": index, "nonces": [m["nonce"] for m in members]}
-        store.set(f"{prefix}/ready", json.dumps(ready))
-        return prefix, index
-    registered = None
-    while time.monotonic() < deadline:
-        prefix = store.get(ROUND_KEY).decode() if store.check([ROUND_KEY]) else None
-        if prefix is not None and prefix != registered:
-            member = {"nonce": nonce, "restart_count": env.restart_count}
-            store.set(f"{prefix}/member{env.rank}", json.dumps(member))
-            registered = prefix
-        if prefix is not None and store.check([f"{prefix}/ready"]):
-            ready = json.loads(store.get(f"{prefix}/ready"))
-            if nonce in ready["nonces"]:
-                return prefix, ready["index"]
-        time.sleep(_POLL_S)
-    raise RendezvousTimeoutError(
-        f"rank {env.rank} waited {timeout_s:.0f} s for rank 0 to open a new round of the job "
-        f"at {env.master_addr}:{env.master_port}."
-    )
-
-
-# ---- running in the job -----------------------------------------------------------------
 def run_in_job(
     main_func: Callable[..., Any],
     args: Sequence[Any],
@@ -270,22 +135,53 @@ def run_in_job(
         # of the reach of any restart: a machine that is lost loses its processes too.
         _die_with_parent()
     if env.world_size == 1:  # nothing to join: no process group, as without a launcher
-        os.environ[RESTART_COUNT_VAR] = str(env.restart_count)
-        try:
+        with _exported({RESTART_COUNT_VAR: str(env.restart_count)}):
             return main_func(*args)
+    store, prefix, index = _join_round(env, timeout.total_seconds())
+    round_store = dist.PrefixStore(prefix, store)
+    exported = {
+        RESTART_COUNT_VAR: str(index),
+        JOB_STORE_VAR: f"{env.master_addr}:{env.master_port}/{prefix}",
+    }
+    with _exported(exported), _process_group(env, round_store, timeout):
+        guard = _Guard(round_store, env, on_abort or _exit_for)
+        try:
+            guard.start()
+            return main_func(*args)
+        except BaseException as e:
+            guard.stop()  # this process reports its own failure
+            _post_failure(store, round_store, env.rank, e)
+            raise
         finally:
-            os.environ.pop(RESTART_COUNT_VAR, None)
-    timeout_s = timeout.total_seconds()
+            guard.stop()
+
+
+def _join_round(env: JobEnvironment, timeout_s: float) -> tuple[dist.Store, str, int]:
+    """Reach the job's store; return it, this round's namespace and the round's index.
+
+    Raises:
+        UsageError: If an earlier round ended on a user error: under ``torchrun
+            --max-restarts`` the agent restarts the job anyway, and this round stops at once.
+    """
     if env.rank == 0 and not env.agent_store:
         store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
     else:
         store = connect_store(env.master_addr, env.master_port, timeout_s)
-    prefix, index = _agree_on_round(store, env, timeout_s)
-    os.environ[RESTART_COUNT_VAR] = str(index)
-    os.environ[JOB_STORE_VAR] = f"{env.master_addr}:{env.master_port}/{prefix}"
+    prefix, index = agree_on_round(store, env.rank, env.world_size, env.restart_count, timeout_s)
     if store.check([_USAGE_KEY]):
         raise UsageError(store.get(_USAGE_KEY).decode())
-    round_store = dist.PrefixStore(prefix, store)
+    return store, prefix, index
+
+
+@contextlib.contextmanager
+def _process_group(
+    env: JobEnvironment, round_store: dist.Store, timeout: datetime.timedelta
+) -> Iterator[None]:
+    """Join the process group (and the per-machine group) in the round's namespace.
+
+    Collective:
+        ``init_process_group``, ``new_group`` per machine and a barrier on entry.
+    """
     backend = default_backend()
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
@@ -296,22 +192,24 @@ def run_in_job(
         world_size=env.world_size,
         timeout=timeout,
     )
-    guard = _Guard(round_store, env, on_abort or _exit_for)
     try:
         comm.create_local_process_group(env.local_world_size)
         comm.synchronize()
-        guard.start()
-        return main_func(*args)
-    except BaseException as e:
-        guard.stop()
-        _post_failure(store, round_store, env.rank, e)
-        raise
+        yield
     finally:
-        guard.stop()
         comm.reset_local_process_group()
         if dist.is_initialized():
             dist.destroy_process_group()
-        for name in (JOB_STORE_VAR, RESTART_COUNT_VAR):
+
+
+@contextlib.contextmanager
+def _exported(variables: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the body (what the trainer reads), then remove them."""
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name in variables:
             os.environ.pop(name, None)
 
 
@@ -348,19 +246,6 @@ def _post_failure(
         message = f"rank {rank} raised an exception:\n{traceback.format_exc()}"
         code, kind = 1, "error"
     post_abort(round_store, {"rank": rank, "message": message, "exit_code": code, "kind": kind})
-
-
-def post_abort(round_store: dist.Store, record: dict[str, Any]) -> None:
-    """Record the round's first failure (a later one is the consequence and is not kept)."""
-    with contextlib.suppress(Exception):  # the store's host may be gone already
-        round_store.compare_set(ABORT_KEY, "", json.dumps(record))
-
-
-def read_abort(round_store: dist.Store) -> dict[str, Any] | None:
-    """Return the round's first failure, or None."""
-    if not round_store.check([ABORT_KEY]):
-        return None
-    return json.loads(round_store.get(ABORT_KEY))
 
 
 def _exit_for(record: dict[str, Any]) -> None:
