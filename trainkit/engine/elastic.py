@@ -244,7 +244,7 @@ class _Agent(LocalElasticAgent):
         if self._restarts_left > 0:  # torch's agent restarts in this case, and counts it
             self._restarts_left -= 1
             logger.warning(
-                "%s\nRestarting the job (restart %d of %d); it resumes from its newest checkpoint.",
+                "%s\nRestarting the job (restart %d of %d).",
                 self.failure,
                 worker_group.spec.max_restarts - self._restarts_left,
                 worker_group.spec.max_restarts,
