@@ -1,6 +1,7 @@
 """launch(..., max_restarts=N): restarts on torch.distributed.elastic, resumes, never retries
 a user error or a pre-emption."""
 
+import logging
 import os
 import signal
 import time
@@ -13,7 +14,7 @@ from trainkit.config import ConfigError
 from trainkit.engine import hooks, launch
 from trainkit.engine.launch import LaunchError
 from trainkit.engine.preemption import TrainingPreempted
-from trainkit.engine.restarts import restart_count
+from trainkit.engine.restarts import is_restart, record_run, restart_count, run_id
 from trainkit.utils import UsageError, comm
 
 
@@ -140,8 +141,6 @@ class _KillAt(hooks.CallbackHook):
 
 
 def _crash_once_then_finish(output_dir):
-    import logging
-
     from tests.engine import test_default_trainer as helpers
 
     if restart_count() == 0 and comm.get_rank() == 1:
@@ -151,7 +150,7 @@ def _crash_once_then_finish(output_dir):
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger("trainkit.engine.default_trainer").addHandler(handler)
+    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
     out = _train(output_dir)  # no resume=True: a restarted job resumes by itself
     return {**{k: out[k] for k in ("weights", "momentum", "start_iter")}, "log": messages}
 
@@ -173,3 +172,56 @@ def test_a_restarted_trainer_resumes_by_itself_to_the_same_weights(tmp_path):
 def test_negative_restarts_refused():
     with pytest.raises(UsageError, match="--max-restarts must be at least 0, got -1"):
         launch(lambda: None, 2, max_restarts=-1)
+
+
+@pytest.fixture
+def no_job_env(monkeypatch):
+    names = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "TRAINKIT_RESTART_COUNT")
+    for name in (*names, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_run_id_comes_from_the_agent_else_from_slurm(no_job_env):
+    assert run_id() == ""
+    no_job_env.setenv("SLURM_JOB_ID", "77")
+    assert run_id() == "slurm-77"
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default: no id
+    assert run_id() == "slurm-77"
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert run_id() == "elastic-abc"
+
+
+def test_a_restart_resumes_only_the_checkpoints_of_its_own_run(tmp_path, no_job_env):
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "first")
+    assert not is_restart(str(tmp_path))  # nothing recorded yet
+    record_run(str(tmp_path))
+    assert is_restart(str(tmp_path))
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "second")  # another job in the same directory
+    assert not is_restart(str(tmp_path))
+    no_job_env.delenv("TORCHELASTIC_RUN_ID")
+    assert not is_restart(str(tmp_path))
+    no_job_env.setenv("TRAINKIT_RESTART_COUNT", "1")  # no run id: the job's count decides
+    assert is_restart(str(tmp_path))
+
+
+def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    straight = _train(tmp_path / "straight")
+    _train(tmp_path / "run", stop_after=7)  # dies after iteration 7; checkpoint of 4
+    assert (tmp_path / "run" / "run_id").read_text().strip() == "elastic-job-1"
+    no_job_env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
+    try:
+        restarted = _train(tmp_path / "run")  # resume=False, as a script without --resume
+    finally:
+        logging.getLogger("trainkit.engine.restarts").removeHandler(handler)
+    assert restarted["start_iter"] == 5
+    _assert_same(straight, restarted)
+    assert f"restart 1: resuming from {tmp_path / 'run' / 'model_0000004.pth'}" in messages
+    # another run in the same directory starts afresh
+    no_job_env.setenv("TORCHELASTIC_RUN_ID", "job-2")
+    assert _train(tmp_path / "run", max_iter=2)["start_iter"] == 0

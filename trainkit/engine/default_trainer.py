@@ -19,7 +19,7 @@ from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.job_store import job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
-from trainkit.engine.restarts import is_restart, record_run, restart_count
+from trainkit.engine.restarts import record_run, resumes_by_itself
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.train_loop import HookBase, TrainerBase
@@ -223,18 +223,8 @@ class DefaultTrainer(TrainerBase):
         max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
         :mod:`trainkit.engine.restarts`) always resumes, with or without ``resume``.
         """
-        if is_restart(self.cfg.OUTPUT_DIR):
-            logger.warning(
-                "restart %s: resuming from %s",
-                restart_count() or "after a change of machines",
-                self.checkpointer.get_checkpoint_file(),
-            )
-            resume = True
-        elif restart_count() > 0:
-            logger.warning(
-                "restart %d: this run wrote no checkpoint yet; starting from the beginning",
-                restart_count(),
-            )
+        newest = self.checkpointer.get_checkpoint_file()
+        resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
             # The checkpoint holds the last finished iteration; continue with the next one.

@@ -6,7 +6,8 @@ agent), in those ``torchrun`` starts, and in the tasks ``srun`` starts. Each pro
 1. reads its place in the job from torchrun's variables (:class:`JobEnvironment`; for SLURM
    ``launch`` derives them first, see :mod:`trainkit.engine.slurm`);
 2. connects to the job's key-value store and agrees with the others on a fresh namespace for
-   this round of the job (:func:`_agree_on_round` says why a restart needs one);
+   this round of the job (:func:`~trainkit.engine.job_store.agree_on_round` says why a
+   restart needs one);
 3. joins the process group in that namespace, creates the per-machine group, and exports for
    the trainer ``TRAINKIT_RESTART_COUNT`` (the round: 0 first, N after N restarts, the same
    on every rank) and ``TRAINKIT_JOB_STORE`` (where the progress watchdog publishes);
@@ -86,7 +87,7 @@ class JobEnvironment:
     and every round of the job. Otherwise rank 0 serves it (``env://``'s convention)."""
     restart_count: int
     """This process's own count (its agent's, or SLURM's requeues); may differ between
-    machines, which is why the job agrees on the round instead (see _agree_on_round)."""
+    machines, which is why the job agrees on the round instead (see agree_on_round)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> JobEnvironment | None:
@@ -129,6 +130,10 @@ def run_in_job(
     Raises:
         UsageError: If an earlier round of the job ended on a user error.
         Exception: What ``main_func`` raised, after it was posted to the other processes.
+
+    Collective:
+        Every process of the job calls it: joining the round, ``init_process_group``, the
+        per-machine groups and a barrier, before ``main_func``.
     """
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         # An orphan of a dead agent would go on training with the job it was part of, out

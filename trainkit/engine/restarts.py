@@ -17,11 +17,21 @@ without counting at all.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from trainkit.utils.file_io import atomic_write
 
-__all__ = ["RUN_ID_FILE", "is_restart", "record_run", "restart_count", "run_id"]
+__all__ = [
+    "RUN_ID_FILE",
+    "is_restart",
+    "record_run",
+    "restart_count",
+    "resumes_by_itself",
+    "run_id",
+]
+
+logger = logging.getLogger(__name__)
 
 RUN_ID_FILE = "run_id"
 """In ``OUTPUT_DIR``: the run id of the job that wrote the checkpoints there."""
@@ -66,6 +76,28 @@ def is_restart(output_dir: str) -> bool:
             return f.read().strip() == current
     except OSError:
         return False  # this run has written no checkpoint yet
+
+
+def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:
+    """Return whether training must resume because this job restarted; log the decision.
+
+    Args:
+        output_dir: where the run's checkpoints are.
+        newest_checkpoint: the checkpoint a resume starts from (for the log).
+    """
+    if is_restart(output_dir):
+        logger.warning(
+            "restart %s: resuming from %s",
+            restart_count() or "after a change of machines",
+            newest_checkpoint or "MODEL.WEIGHTS (no checkpoint yet)",
+        )
+        return True
+    if restart_count() > 0:
+        logger.warning(
+            "restart %d: this run wrote no checkpoint yet; starting from the beginning",
+            restart_count(),
+        )
+    return False
 
 
 def record_run(output_dir: str) -> None:
