@@ -207,8 +207,8 @@ def test_a_restart_resumes_only_the_checkpoints_of_its_own_run(tmp_path, no_job_
 
 def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "job-1")
-    straight = _train(tmp_path / "straight")
-    _train(tmp_path / "run", stop_after=7)  # dies after iteration 7; checkpoint of 4
+    straight = _train(tmp_path / "straight", workers=0)
+    _train(tmp_path / "run", stop_after=7, workers=0)  # dies after iteration 7; checkpoint of 4
     assert (tmp_path / "run" / "run_id").read_text().strip() == "elastic-job-1"
     no_job_env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     messages = []
@@ -216,7 +216,7 @@ def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
     handler.emit = lambda record: messages.append(record.getMessage())
     logging.getLogger("trainkit.engine.restarts").addHandler(handler)
     try:
-        restarted = _train(tmp_path / "run")  # resume=False, as a script without --resume
+        restarted = _train(tmp_path / "run", workers=0)  # resume=False, as without --resume
     finally:
         logging.getLogger("trainkit.engine.restarts").removeHandler(handler)
     assert restarted["start_iter"] == 5
@@ -224,4 +224,4 @@ def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
     assert f"restart 1: resuming from {tmp_path / 'run' / 'model_0000004.pth'}" in messages
     # another run in the same directory starts afresh
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "job-2")
-    assert _train(tmp_path / "run", max_iter=2)["start_iter"] == 0
+    assert _train(tmp_path / "run", max_iter=2, workers=0)["start_iter"] == 0

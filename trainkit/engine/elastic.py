@@ -217,6 +217,7 @@ class _Agent(LocalElasticAgent):
         self._job_rendezvous = rendezvous
         self._report_dir = report_dir
         self._restarts_left = spec.max_restarts
+        self._described_rounds: set[str] = set()
         self.failure: JobFailed | None = None
 
     def run_job(self) -> list[Any]:
@@ -289,14 +290,16 @@ class _Agent(LocalElasticAgent):
         return JobFailed(f"the launcher was stopped by {name}", None, 128 + signum, "signal")
 
     def _round_store(self) -> Any:
-        """The current round's namespace of the job's store (None if it cannot be reached)."""
+        """The namespace of the round that just failed (None if unknown or unreachable)."""
         store = self._job_rendezvous.store
         try:
-            if store.check([ROUND_KEY]):
-                return PrefixStore(store.get(ROUND_KEY).decode(), store)
+            prefix = store.get(ROUND_KEY).decode() if store.check([ROUND_KEY]) else None
         except Exception:  # machine 0 (and its store) may be gone
             return None
-        return None
+        if prefix is None or prefix in self._described_rounds:
+            return None  # the processes failed before they opened a new round
+        self._described_rounds.add(prefix)
+        return PrefixStore(prefix, store)
 
     def _take_reports(self) -> dict[int, dict[str, Any]]:
         """Read (and remove, so a later round starts clean) what the processes reported."""
