@@ -38,6 +38,7 @@ def _launcher(
     machine_rank: int,
     dist_url: str,
     args: Sequence[Any],
+    max_restarts: int,
 ) -> None:
     os.setpgrp()  # so that a timeout can kill this launcher and its workers together
     try:
@@ -48,6 +49,7 @@ def _launcher(
             machine_rank=machine_rank,
             dist_url=dist_url,
             args=tuple(args),
+            max_restarts=max_restarts,
             rendezvous_timeout_s=30.0,
         )
         # Plain pickle bytes: torch's queue reductions would share tensors through file
@@ -64,6 +66,7 @@ def run_on_ranks(
     args: Sequence[Any] = (),
     num_machines: int = 1,
     timeout_s: float = 60.0,
+    max_restarts: int = 0,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` ranks (split over ``num_machines`` launchers).
 
@@ -73,6 +76,7 @@ def run_on_ranks(
         args: picklable arguments for ``fn``.
         num_machines: simulated machines, each a separate launcher process on 127.0.0.1.
         timeout_s: the whole job is killed and the test fails after this many seconds.
+        max_restarts: passed to ``launch`` (restarts of the whole job after a failure).
 
     Returns:
         ``fn``'s return values, ordered by global rank.
@@ -91,7 +95,8 @@ def run_on_ranks(
     queue = ctx.Queue()
     launchers = [
         ctx.Process(
-            target=_launcher, args=(queue, fn, per_machine, num_machines, m, dist_url, args)
+            target=_launcher,
+            args=(queue, fn, per_machine, num_machines, m, dist_url, args, max_restarts),
         )
         for m in range(num_machines)
     ]

@@ -13,7 +13,9 @@ optimizers, unusual schedules, GANs) can start from a copy of it.
 
 What it leaves out on purpose, and ``DefaultTrainer`` does: a resumed run continues the model,
 optimizer, schedule and iteration but not the data order or the random streams (bit-exact
-resume), AMP, gradient clipping, pre-emption handling and the stall watchdog.
+resume), AMP, gradient clipping, pre-emption handling and the stall watchdog. It does
+restart with ``--max-restarts N`` like ``tools/train_net.py``: a restarted job resumes
+from its newest checkpoint by itself.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from trainkit.engine import (
     default_setup,
     launch,
 )
+from trainkit.engine.restarts import record_run, resumes_by_itself
 from trainkit.evaluation import (
     ClassificationEvaluator,
     inference_on_dataset,
@@ -74,6 +77,10 @@ def do_train(cfg: CfgNode, model: torch.nn.Module, resume: bool = False) -> None
         optimizer=optimizer,
         scheduler=scheduler,
     )
+    # A process restarted by --max-restarts (or torchrun/SLURM) continues this run's checkpoints.
+    resume = resumes_by_itself(cfg.OUTPUT_DIR, checkpointer.get_checkpoint_file()) or resume
+    if comm.is_main_process():
+        record_run(cfg.OUTPUT_DIR)
     extra = checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=resume)
     # The checkpoint holds the last finished iteration; continue with the next one. Weights
     # loaded from MODEL.WEIGHTS (no --resume) start a new run at 0, whatever they say.
@@ -163,4 +170,5 @@ if __name__ == "__main__":
         machine_rank=args.machine_rank,
         dist_url=args.dist_url,
         args=(args,),
+        max_restarts=args.max_restarts,
     )

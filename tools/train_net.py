@@ -6,6 +6,10 @@
     python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --resume
     python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --eval-only \
         MODEL.WEIGHTS output/shapes_cnn_small/model_final.pth
+    python tools/train_net.py --config-file configs/shapes/cnn_small.yaml --num-gpus 2 \
+        --max-restarts 3            # restarted after a failure; resumes by itself
+    torchrun --nproc-per-node 2 --max-restarts 3 tools/train_net.py --config-file ...
+    srun python tools/train_net.py --config-file ...   # one SLURM task per process
 
 This file is also the template for a new task: subclass DefaultTrainer and override the
 ``build_*`` methods that differ (here the mappers and the evaluator). Errors in the config or
@@ -81,4 +85,5 @@ if __name__ == "__main__":
         machine_rank=args.machine_rank,
         dist_url=args.dist_url,
         args=(args,),
+        max_restarts=args.max_restarts,
     )

@@ -19,7 +19,10 @@ def test_parser_flags_and_trailing_opts():
     assert args.config_file == "a.yaml" and args.num_gpus == 2 and args.resume
     assert not args.eval_only
     assert (args.num_machines, args.machine_rank, args.dist_url) == (1, 0, "auto")
+    assert args.max_restarts == 0
     assert args.opts == ["SOLVER.BASE_LR", "0.1"]
+    args = default_argument_parser().parse_args(["--max-restarts", "3", "SOLVER.MAX_ITER", "5"])
+    assert args.max_restarts == 3 and args.opts == ["SOLVER.MAX_ITER", "5"]
 
 
 @pytest.fixture

@@ -69,6 +69,20 @@ def _exit_rank_one():
     comm.synchronize()
 
 
+def _recording_pid(func_name, directory):
+    with open(os.path.join(directory, f"pid{comm.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    globals()[func_name]()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     ("func", "expected"),
@@ -78,15 +92,13 @@ def _exit_rank_one():
         (_exit_rank_one, r"rank 1 exited with status 3"),
     ],
 )
-def test_failed_rank_stops_the_job_promptly(func, expected):
+def test_failed_rank_stops_the_job_promptly(func, expected, tmp_path):
     start = time.monotonic()
     with pytest.raises(LaunchError, match=expected) as info:
-        launch(func, 2)
+        launch(_recording_pid, 2, args=(func.__name__, str(tmp_path)))
     assert info.value.rank == 1
-    import multiprocessing
-
-    leftover = [p for p in multiprocessing.active_children() if p.name.startswith("trainkit-rank")]
-    assert leftover == []  # no worker left behind
+    pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in range(2)]
+    assert not any(_alive(pid) for pid in pids)  # no process left behind
     # far below any collective timeout; generous for a loaded CI machine
     assert time.monotonic() - start < 30
 
@@ -133,14 +145,14 @@ def test_too_many_gpus_refused(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    import importlib
+    # The choice moved with the joining of the job into trainkit.engine.job (used by
+    # launch()'s processes, torchrun's and srun's alike).
+    from trainkit.engine import job
 
-    launch_module = importlib.import_module("trainkit.engine.launch")
-
-    assert launch_module._default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+    assert job.default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(launch_module.dist, "is_nccl_available", lambda: True)
-    assert launch_module._default_backend() == "nccl"
+    monkeypatch.setattr(job.dist, "is_nccl_available", lambda: True)
+    assert job.default_backend() == "nccl"
 
 
 def test_port_clash_is_one_line_error():

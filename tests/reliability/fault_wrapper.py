@@ -10,9 +10,12 @@ launch() spawns (they import this file as their main module). Faults:
 * ``nan_at_iter:K``: the model returns a NaN loss at its K-th training step in this process.
 * ``worker_dies:K``: the loader worker that maps its K-th sample is SIGKILLed.
 * ``mapper_raises``: the mapper raises for every record whose image_id is a multiple of 7.
-* ``raise_on_rank:R:K``: rank R raises at its K-th training step.
+* ``raise_on_rank:R:K``: rank R raises at its K-th training step (``raise_on_rank:R:K:N``:
+  only in restart round N of the job, e.g. 0 for the first run only).
 * ``sleep_at_iter:K``: the K-th training step sleeps 60 s, after creating the file named by
   $TRAINKIT_TEST_MARKER (so a test knows the process is inside that step).
+* ``stall_data_on_rank:R:K``: on rank R, mapping the K-th training record takes 120 s (a
+  hung file system, as far as the job can tell).
 """
 
 import errno
@@ -93,11 +96,14 @@ elif KIND == "nan_at_iter":
     )
 elif KIND == "raise_on_rank":
     rank_str, _, step_str = ARG.partition(":")
+    step_str, _, round_str = step_str.partition(":")
 
     def _maybe_raise(n, out):
+        from trainkit.engine.restarts import restart_count
         from trainkit.utils import comm
 
-        if comm.get_rank() == int(rank_str) and n == int(step_str):
+        this_round = not round_str or restart_count() == int(round_str)
+        if comm.get_rank() == int(rank_str) and n == int(step_str) and this_round:
             raise RuntimeError(f"injected failure on rank {rank_str} at step {step_str}")
         return out
 
@@ -113,6 +119,25 @@ elif KIND == "sleep_at_iter":
         return out
 
     _patch_forward(_maybe_sleep)
+elif KIND == "stall_data_on_rank":
+    import time
+
+    from trainkit.data.mappers import ClassificationDatasetMapper
+
+    original_mapper_call = ClassificationDatasetMapper.__call__
+    rank_str, _, count_str = ARG.partition(":")
+    mapped = [0]
+
+    def stalling_call(self, record):
+        from trainkit.utils import comm
+
+        if self.is_train and comm.get_rank() == int(rank_str):
+            mapped[0] += 1
+            if mapped[0] == int(count_str):
+                time.sleep(120)
+        return original_mapper_call(self, record)
+
+    ClassificationDatasetMapper.__call__ = stalling_call
 elif KIND in ("worker_dies", "mapper_raises"):
     from trainkit.data.mappers import ClassificationDatasetMapper
 
@@ -143,4 +168,5 @@ if __name__ == "__main__":
         machine_rank=args.machine_rank,
         dist_url=args.dist_url,
         args=(args,),
+        max_restarts=args.max_restarts,
     )

@@ -19,9 +19,10 @@ from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.defaults import resolve_random_seed
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
-from trainkit.engine.launch import get_job_store
+from trainkit.engine.job_store import job_store
 from trainkit.engine.preemption import PreemptionHandler
 from trainkit.engine.rank_state import RankStates
+from trainkit.engine.restarts import record_run, resumes_by_itself
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
@@ -85,9 +86,10 @@ class DefaultTrainer(TrainerBase):
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         model = create_ddp_model(model, broadcast_buffers=False)
-        self.watchdog = ProgressWatchdog(
-            cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=get_job_store()
-        )
+        # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
+        # job's store, where rank 0 compares every rank's (see trainkit.engine.job).
+        store = job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
+        self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
         self._train_loader = data_loader
         step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
         # Every step's losses are recorded (as with detectron2's default period of 1) but
@@ -234,7 +236,13 @@ class DefaultTrainer(TrainerBase):
         With ``resume`` and a checkpoint present, everything is restored and training
         continues with the iteration after the saved one; otherwise only the weights in
         ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
+
+        A restart of the job that wrote OUTPUT_DIR's checkpoints (``launch(...,
+        max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
+        :mod:`trainkit.engine.restarts`) always resumes, with or without ``resume``.
         """
+        newest = self.checkpointer.get_checkpoint_file()
+        resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
             # The checkpoint holds the last finished iteration; continue with the next one.
@@ -275,6 +283,8 @@ class DefaultTrainer(TrainerBase):
         return self._last_eval_results
 
     def _before_save(self) -> None:
+        if comm.is_main_process():
+            record_run(self.cfg.OUTPUT_DIR)  # a restart of this job resumes these checkpoints
         with self.watchdog.phase("checkpoint"):
             self.rank_states.capture()
 

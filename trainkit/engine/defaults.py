@@ -54,8 +54,8 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 
     Returns:
         A parser with ``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-        ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--print-config`` and
-        trailing ``opts``.
+        ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--max-restarts``,
+        ``--print-config`` and trailing ``opts``.
     """
     epilog = epilog or (
         "Examples:\n"
@@ -97,6 +97,14 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         action="store_true",
         help="print every config key that differs from the defaults, with its value and where "
         "it came from (FILE:LINE, command line, auto-scaling), then exit without training",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart the job up to N times after a process fails (on every machine); a "
+        "restarted job resumes from its newest checkpoint by itself",
     )
     parser.add_argument(
         "opts",

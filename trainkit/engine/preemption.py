@@ -1,9 +1,10 @@
-"""Graceful pre-emption: on SIGTERM/SIGINT finish the step, checkpoint, and exit to be resumed.
+"""Graceful pre-emption: on SIGTERM/SIGINT/SIGUSR1 finish the step, checkpoint, exit to resume.
 
-Cluster schedulers send SIGTERM (and people press Ctrl-C) some seconds before they kill a
-job. The first signal sets a flag; the ranks agree on it at the next check, every rank
-finishes its current step, rank 0 writes a checkpoint, all ranks wait for that write, and
-training stops with :class:`TrainingPreempted` (exit status :data:`PREEMPTED_EXIT_CODE` from
+Cluster schedulers send SIGTERM (SLURM: SIGUSR1 with ``sbatch --signal=USR1@90``; people
+press Ctrl-C) some seconds before they kill a job. The first signal sets a flag; the ranks
+agree on it at the next check, every rank finishes its current step, rank 0 writes a
+checkpoint, all ranks wait for that write, and training stops with
+:class:`TrainingPreempted` (exit status :data:`PREEMPTED_EXIT_CODE` from
 ``tools/train_net.py``). A second signal, later than a short debounce window, ends the
 process at once without a checkpoint.
 """
@@ -56,7 +57,7 @@ class TrainingPreempted(Exception):
 
 
 class PreemptionHandler(HookBase):
-    """Turn SIGTERM/SIGINT into "finish this step, save, stop" (installed during ``train``).
+    """Turn SIGTERM/SIGINT/SIGUSR1 into "finish this step, save, stop" (during ``train``).
 
     Reads ``checkpointer`` from the trainer (DefaultTrainer's declared surface).
 
@@ -68,7 +69,7 @@ class PreemptionHandler(HookBase):
     def __init__(
         self,
         sync_period: int = 5,
-        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1),
         clock: Callable[[], float] = time.monotonic,
         *,
         before_save: Callable[[], None] | None = None,

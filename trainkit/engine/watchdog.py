@@ -3,12 +3,14 @@
 Each rank records the phase it is in (``data``, ``forward/backward``, ``checkpoint``,
 ``eval``, ``hooks``) and when it entered it; a daemon thread publishes that once a second.
 
-* Under :func:`trainkit.engine.launch`, the launcher of machine 0 reads every rank's record
-  from the job's rendezvous store; when some rank has been in one phase longer than the
-  timeout, it names the rank furthest behind (the others are waiting for it in a
-  collective) and stops the job, long before the collective timeout would.
-* Without a launcher (one process, or under torchrun) the thread checks its own rank and
-  ends the process with a message; torchrun then stops the rest of the job.
+* In a multi-process job (started by :func:`trainkit.engine.launch`, torchrun or srun) the
+  thread publishes to the job's store (:func:`trainkit.engine.job.job_store`); the job's
+  guard on rank 0 (and on the last rank) reads every rank's record, and when some rank has
+  been in one phase longer than the timeout it names the rank furthest behind (the others
+  are waiting for it in a collective) and stops every process of the job with status 124,
+  long before the collective timeout would.
+* In one process (no job store) the thread checks its own rank and ends the process with
+  a message.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class ProgressWatchdog(HookBase):
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
         rank: this process's global rank.
-        store: the job's key-value store (from ``launch``) or None to watch locally.
+        store: where to publish this rank's record (``trainkit.engine.job.job_store()``),
+            or None to watch locally.
         clock: time source (tests inject one).
         on_local_stall: what to do on a local stall (default: log and end the process).
     """

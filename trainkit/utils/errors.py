@@ -67,8 +67,9 @@ def user_message(error: BaseException) -> str:
 
 
 def _is_rank_zero() -> bool:
-    # The environment says it before (and whether or not) a process group exists.
-    return os.environ.get("RANK", "0") == "0"
+    # The environment says it before (and whether or not) a process group exists: torchrun's
+    # RANK, or SLURM's task id under srun.
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
 def _report_uncaught(

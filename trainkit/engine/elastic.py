@@ -1,0 +1,398 @@
+"""A ``launch()`` job on torch.distributed.elastic: its agent, rendezvous and process entry.
+
+On each machine, torch's :class:`LocalElasticAgent` spawns the processes, watches them,
+stops them all when one fails and, while restarts are left, starts them again. What trainkit
+adds (:class:`_Agent`): each failure is described once, as the user sees it (the round's
+first failure recorded in the job's store, else what the agent saw: a signal, an exit
+status), and posted to the store so that every machine stops its processes; a user error
+and a pre-emption end the job instead of being retried. The rendezvous (:class:`_Rendezvous`)
+keeps ``launch()``'s fixed machines and machine ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.distributed import PrefixStore
+from torch.distributed.elastic.agent.server import RunResult, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+)
+
+from trainkit.engine.job import JobEnvironment, run_in_job
+from trainkit.engine.job_store import (
+    ROUND_KEY,
+    connect_store,
+    post_abort,
+    read_abort,
+    serve_store,
+)
+from trainkit.engine.preemption import PREEMPTED_EXIT_CODE
+from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
+
+__all__ = ["JobFailed", "run_agent"]
+
+logger = logging.getLogger(__name__)
+
+_MONITOR_S = 0.1
+_RUN_ID_KEY = "trainkit/run_id"
+# Pre-emption: how long the processes get, after the launcher forwarded a signal, to finish
+# their step and save a checkpoint before they are killed.
+_SIGNAL_GRACE_S = 120
+_FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+_PREEMPTED = (
+    "the job was pre-empted after saving a checkpoint; run the same command with --resume "
+    "to continue (a restarted or requeued job resumes by itself)."
+)
+
+
+class JobFailed(Exception):
+    """The job ended on a failure; what the user is told about it.
+
+    Attributes:
+        rank: global rank of the process that failed first (None if unknown).
+        exit_code: the status the job should end with (2 for a user error).
+        kind: ``"error"``, ``"usage"``, ``"stall"``, ``"preempted"`` or ``"signal"``.
+    """
+
+    def __init__(self, message: str, rank: int | None, exit_code: int, kind: str = "error"):
+        super().__init__(message)
+        self.rank, self.exit_code, self.kind = rank, exit_code, kind
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What each spawned process runs; pickled into it."""
+
+    main_func: Callable[..., Any]
+    args: tuple[Any, ...]
+    timeout: datetime.timedelta
+    report_dir: str
+    loopback: bool
+
+
+def run_agent(
+    main_func: Callable[..., Any],
+    args: tuple[Any, ...],
+    timeout: datetime.timedelta,
+    *,
+    num_processes: int,
+    machine_rank: int,
+    num_machines: int,
+    address: tuple[str, int],
+    loopback: bool,
+    max_restarts: int,
+    rendezvous_timeout_s: float,
+) -> list[Any]:
+    """Run this machine's share of the job under torch's elastic agent, to its end.
+
+    Returns:
+        ``main_func``'s return values of this machine's processes, by local rank.
+
+    Raises:
+        UsageError: From the rendezvous (an address in use, machine 0 unreachable).
+        JobFailed: When the job failed and no restart was left (or none was allowed).
+    """
+    with tempfile.TemporaryDirectory(prefix="trainkit-launch-") as tmp, _quiet_elastic_logs():
+        rendezvous = _Rendezvous(*address, machine_rank, num_machines, rendezvous_timeout_s)
+        spec = WorkerSpec(
+            role="trainkit",
+            local_world_size=num_processes,
+            rdzv_handler=rendezvous,
+            entrypoint=_spawned_process,
+            args=(_Job(main_func, args, timeout, tmp, loopback),),
+            max_restarts=max_restarts,
+            monitor_interval=_MONITOR_S,
+        )
+        logs = DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs"))
+        agent = _Agent(spec, rendezvous, tmp, logs, rendezvous_timeout_s)
+        try:
+            return agent.run_job()
+        except JobFailed:
+            if num_machines > 1:
+                time.sleep(1.0)  # keep serving the store until the others read the failure
+            raise
+
+
+# ---- the agent and its rendezvous -----------------------------------------------------------
+class _Rendezvous(RendezvousHandler):
+    """The rendezvous of a ``launch`` job: fixed machines, each keeping its machine rank.
+
+    Machine 0's launcher serves the job's store before any process starts (for
+    ``dist_url="auto"`` on 127.0.0.1 port 0: concurrent jobs never race for a port and
+    nothing listens outside the machine; a port in use is reported at once), the others
+    connect to it. torch's static rendezvous does the same but listens on every interface
+    and reports neither case by address. Elastic membership is torchrun's c10d rendezvous.
+    """
+
+    def __init__(
+        self, host: str, port: int, machine_rank: int, num_machines: int, timeout_s: float
+    ) -> None:
+        self.host, self.machine_rank, self.num_machines = host, machine_rank, num_machines
+        if machine_rank == 0:
+            self.store, self.port = serve_store(host, port, timeout_s)
+            self.store.set(_RUN_ID_KEY, uuid.uuid4().hex)
+        else:
+            self.store, self.port = connect_store(host, port, timeout_s), port
+        # The same on every machine: a restart resumes the checkpoints of this run id.
+        self.run_id = self.store.get(_RUN_ID_KEY).decode()
+
+    def get_backend(self) -> str:
+        return "trainkit"
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # the processes use this store (it outlives them: see agree_on_round)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        return RendezvousInfo(
+            PrefixStore("torchelastic", self.store),
+            self.machine_rank,
+            self.num_machines,
+            RendezvousStoreInfo(self.host, self.port),
+        )
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    def shutdown(self) -> bool:
+        return True
+
+
+class _Stopped(Exception):
+    """Ends the agent's run without a restart (a user error, a pre-emption)."""
+
+
+class _Agent(LocalElasticAgent):
+    """torch's agent for this machine's processes, plus what a trainkit job promises.
+
+    Each failure is described once (the round's first failure posted in the store, else
+    what the agent saw) and posted for the other machines; user errors and pre-emption end
+    the job instead of being retried.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        rendezvous: _Rendezvous,
+        report_dir: str,
+        logs: DefaultLogsSpecs,
+        exit_barrier_s: float,
+    ) -> None:
+        super().__init__(
+            spec,
+            logs_specs=logs,
+            start_method="spawn",
+            exit_barrier_timeout=exit_barrier_s,
+            shutdown_timeout=_SIGNAL_GRACE_S,
+        )
+        self._job_rendezvous = rendezvous
+        self._report_dir = report_dir
+        self._restarts_left = spec.max_restarts
+        self._described_rounds: set[str] = set()
+        self.failure: JobFailed | None = None
+
+    def run_job(self) -> list[Any]:
+        """Run the job to its end; return this machine's results by local rank."""
+        try:
+            with _forwarded_signals():
+                result = self.run()
+        except _Stopped:
+            pass
+        except SignalException as e:
+            self.failure = self._describe_signal(e.sigval)
+        else:
+            if not result.is_failed():
+                return [result.return_values[r] for r in sorted(result.return_values)]
+        assert self.failure is not None
+        raise self.failure
+
+    def _monitor_workers(self, worker_group: Any) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return result
+        self.failure = self._describe(result, worker_group)
+        if self.failure.kind in ("usage", "preempted"):
+            raise _Stopped()
+        if self._restarts_left > 0:  # torch's agent restarts in this case, and counts it
+            self._restarts_left -= 1
+            logger.warning(
+                "%s\nRestarting the job (restart %d of %d).",
+                self.failure,
+                worker_group.spec.max_restarts - self._restarts_left,
+                worker_group.spec.max_restarts,
+            )
+        return result
+
+    def _describe(self, result: RunResult, worker_group: Any) -> JobFailed:
+        reports = self._take_reports()
+        round_store = self._round_store()
+        record = read_abort(round_store) if round_store is not None else None
+        local_ranks = {w.global_rank for w in worker_group.workers}
+        if record is not None:
+            message = record["message"]
+            if record["rank"] not in local_ranks:
+                message = f"the job was stopped from another machine: {message}"
+            return JobFailed(message, record["rank"], record["exit_code"], record["kind"])
+        rank, failure = min(result.failures.items()) if result.failures else (None, None)
+        code = failure.exitcode if failure is not None else 1
+        codes = {r["exit_code"] for r in reports.values()} | {code}
+        if codes == {PREEMPTED_EXIT_CODE}:
+            return JobFailed(_PREEMPTED, rank, PREEMPTED_EXIT_CODE, "preempted")
+        if code == USAGE_EXIT_CODE and rank in reports:  # before it joined the job's store
+            return JobFailed(reports[rank]["message"], rank, code, "usage")
+        if code < 0:
+            name = signal.Signals(-code).name
+            message = f"rank {rank} was killed by signal {name} (exit code {code}); no traceback."
+        elif reports.get(rank, {}).get("message"):
+            message = reports[rank]["message"]
+        else:
+            message = f"rank {rank} exited with status {code} without a Python exception."
+        code = code if code > 0 else 1
+        if round_store is not None:  # the other machines stop their processes on it
+            record = {"rank": rank, "message": message, "exit_code": code, "kind": "error"}
+            post_abort(round_store, record)
+        return JobFailed(message, rank, code)
+
+    def _describe_signal(self, signum: int) -> JobFailed:
+        codes = {r["exit_code"] for r in self._take_reports().values()}
+        if codes == {PREEMPTED_EXIT_CODE}:
+            return JobFailed(_PREEMPTED, None, PREEMPTED_EXIT_CODE, "preempted")
+        name = signal.Signals(signum).name
+        return JobFailed(f"the launcher was stopped by {name}", None, 128 + signum, "signal")
+
+    def _round_store(self) -> Any:
+        """The namespace of the round that just failed (None if unknown or unreachable)."""
+        store = self._job_rendezvous.store
+        try:
+            prefix = store.get(ROUND_KEY).decode() if store.check([ROUND_KEY]) else None
+        except Exception:  # machine 0 (and its store) may be gone
+            return None
+        if prefix is None or prefix in self._described_rounds:
+            return None  # the processes failed before they opened a new round
+        self._described_rounds.add(prefix)
+        return PrefixStore(prefix, store)
+
+    def _take_reports(self) -> dict[int, dict[str, Any]]:
+        """Read (and remove, so a later round starts clean) what the processes reported."""
+        reports = {}
+        for name in os.listdir(self._report_dir):
+            if name.startswith("rank") and name.endswith(".json"):
+                path = os.path.join(self._report_dir, name)
+                with open(path) as f:
+                    reports[int(name[4:-5])] = json.load(f)
+                os.remove(path)
+        return reports
+
+
+@contextlib.contextmanager
+def _forwarded_signals() -> Iterator[None]:
+    """Let the agent pass these signals on to the processes; restore the handlers after.
+
+    SIGUSR1 is SLURM's warning before the time limit (``sbatch --signal=USR1@90``).
+    """
+    names = _FORWARDED_SIGNALS.split(",")
+    in_main = threading.current_thread() is threading.main_thread()
+    handlers = {n: signal.getsignal(getattr(signal, n)) for n in names} if in_main else {}
+    previous = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = _FORWARDED_SIGNALS
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = previous
+        for name, handler in handlers.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+@contextlib.contextmanager
+def _quiet_elastic_logs() -> Iterator[None]:
+    """Keep torch's agent from logging each stop and restart: launch reports them itself.
+
+    Set ``LOGLEVEL`` (torch elastic's own variable) to see its logs.
+    """
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    saved = [(lg.propagate, list(lg.handlers)) for lg in loggers]
+    for lg in loggers:
+        lg.propagate = False
+        lg.handlers = [logging.NullHandler()]
+    try:
+        yield
+    finally:
+        for lg, (propagate, handlers) in zip(loggers, saved):
+            lg.propagate, lg.handlers = propagate, handlers
+
+
+# ---- in each spawned process ---------------------------------------------------------------
+def _spawned_process(job: _Job) -> Any:
+    """Entry point of a process the agent spawned: run the job, report how it ended."""
+    # Signals reach a process only through the launcher, which forwards each one once; a
+    # Ctrl-C in the terminal would otherwise hit every process twice.
+    os.setpgrp()
+    env = JobEnvironment.from_environ(os.environ)
+    assert env is not None  # the agent sets torchrun's variables
+    if job.loopback:
+        # Gloo's peer connections on the loopback interface as well: the hostname may
+        # resolve to an external address, which a single-machine job has no reason to use.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        # CPU processes share the machine's cores: N processes of cpu_count threads each
+        # oversubscribe it N times over (measured: 5x slower with 2 processes on 2 cores).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+    def report(code: int, message: str) -> None:
+        with open(os.path.join(job.report_dir, f"rank{env.rank}.json"), "w") as f:
+            json.dump({"exit_code": code, "message": message}, f)
+
+    def on_abort(record: dict[str, Any]) -> None:
+        report(record["exit_code"], f"stopped: {record['message']}")
+        os._exit(record["exit_code"])
+
+    try:
+        value = run_in_job(job.main_func, job.args, job.timeout, env, on_abort=on_abort)
+    except UsageError as e:
+        report(USAGE_EXIT_CODE, user_message(e))
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
+        code = getattr(e, "exit_code", None)  # pre-emption carries the status to end with
+        code = code if isinstance(code, int) and code > 0 else 1
+        report(code, f"rank {env.rank} raised an exception:\n{traceback.format_exc()}")
+        raise SystemExit(code) from None
+    try:
+        pickle.dumps(value)
+    except Exception:  # an unpicklable return value is not a failure of the job
+        return None
+    return value

@@ -1,0 +1,339 @@
+"""A process's membership in a distributed job, however the job was started.
+
+The same code runs in the processes ``launch()`` starts (through torch.distributed.elastic's
+agent), in those ``torchrun`` starts, and in the tasks ``srun`` starts. Each process:
+
+1. reads its place in the job from torchrun's variables (:class:`JobEnvironment`; for SLURM
+   ``launch`` derives them first, see :mod:`trainkit.engine.slurm`);
+2. connects to the job's key-value store and agrees with the others on a fresh namespace for
+   this round of the job (:func:`~trainkit.engine.job_store.agree_on_round` says why a
+   restart needs one);
+3. joins the process group in that namespace, creates the per-machine group, and exports for
+   the trainer ``TRAINKIT_RESTART_COUNT`` (the round: 0 first, N after N restarts, the same
+   on every rank) and ``TRAINKIT_JOB_STORE`` (where the progress watchdog publishes);
+4. runs ``main_func`` under a guard thread: when a process of the round posts a failure (an
+   exception, a user error, a stall the watchdog found) every other process ends within a
+   second with that failure's exit status, instead of waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainkit.engine.job_store import (
+    JOB_STORE_VAR,
+    agree_on_round,
+    connect_store,
+    post_abort,
+    read_abort,
+    serve_store,
+)
+from trainkit.engine.watchdog import (
+    HEARTBEAT_KEY,
+    WATCHDOG_EXIT_CODE,
+    describe_stall,
+    find_stalled_rank,
+)
+from trainkit.utils import comm
+from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
+
+__all__ = ["JobEnvironment", "default_backend", "run_in_job"]
+
+logger = logging.getLogger(__name__)
+
+RESTART_COUNT_VAR = "TRAINKIT_RESTART_COUNT"
+_USAGE_KEY = "trainkit/usage_error"  # a user error ended a round: later rounds stop at once
+_GUARD_POLL_S = 0.25
+_STALL_POLL_S = 1.0
+# A rank whose collective failed because a peer vanished waits this long before exiting,
+# so that the agent (which names the first process it sees die) sees the peer first.
+_SETTLE_S = 1.0
+_SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "DistBackendError",
+    "DistNetworkError",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """This process's place in the job, as torchrun's variables describe it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    agent_store: bool
+    """The store at MASTER_ADDR:MASTER_PORT is an elastic agent's: it outlives this process
+    and every round of the job. Otherwise rank 0 serves it (``env://``'s convention)."""
+    restart_count: int
+    """This process's own count (its agent's, or SLURM's requeues); may differ between
+    machines, which is why the job agrees on the round instead (see agree_on_round)."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> JobEnvironment | None:
+        """Read torchrun's variables; None unless all of them are set."""
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        if not all(environ.get(n) for n in (*names, "MASTER_PORT")):
+            return None
+        restarts = environ.get("TORCHELASTIC_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT")
+        return cls(
+            rank=int(environ["RANK"]),
+            world_size=int(environ["WORLD_SIZE"]),
+            local_rank=int(environ["LOCAL_RANK"]),
+            local_world_size=int(environ["LOCAL_WORLD_SIZE"]),
+            master_addr=environ["MASTER_ADDR"],
+            master_port=int(environ["MASTER_PORT"]),
+            agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            restart_count=int(restarts or 0),
+        )
+
+
+def run_in_job(
+    main_func: Callable[..., Any],
+    args: Sequence[Any],
+    timeout: datetime.timedelta,
+    env: JobEnvironment,
+    on_abort: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    """Join the job ``env`` describes, run ``main_func(*args)``, leave the job.
+
+    Args:
+        main_func: the job's function.
+        args: its arguments.
+        timeout: how long a collective (and joining) waits for the other processes.
+        env: this process's place in the job.
+        on_abort: called (instead of ending the process) when another process failed.
+
+    Returns:
+        What ``main_func`` returned.
+
+    Raises:
+        UsageError: If an earlier round of the job ended on a user error.
+        Exception: What ``main_func`` raised, after it was posted to the other processes.
+
+    Collective:
+        Every process of the job calls it: joining the round, ``init_process_group``, the
+        per-machine groups and a barrier, before ``main_func``.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        # An orphan of a dead agent would go on training with the job it was part of, out
+        # of the reach of any restart: a machine that is lost loses its processes too.
+        _die_with_parent()
+    if env.world_size == 1:  # nothing to join: no process group, as without a launcher
+        with _exported({RESTART_COUNT_VAR: str(env.restart_count)}):
+            return main_func(*args)
+    store, prefix, index = _join_round(env, timeout.total_seconds())
+    round_store = dist.PrefixStore(prefix, store)
+    exported = {
+        RESTART_COUNT_VAR: str(index),
+        JOB_STORE_VAR: f"{env.master_addr}:{env.master_port}/{prefix}",
+    }
+    with _exported(exported), _process_group(env, round_store, timeout):
+        guard = _Guard(round_store, env, on_abort or _exit_for)
+        try:
+            guard.start()
+            return main_func(*args)
+        except BaseException as e:
+            guard.stop()  # this process reports its own failure
+            _post_failure(store, round_store, env.rank, e)
+            raise
+        finally:
+            guard.stop()
+
+
+def _join_round(env: JobEnvironment, timeout_s: float) -> tuple[dist.Store, str, int]:
+    """Reach the job's store; return it, this round's namespace and the round's index.
+
+    Raises:
+        UsageError: If an earlier round ended on a user error: under ``torchrun
+            --max-restarts`` the agent restarts the job anyway, and this round stops at once.
+    """
+    if env.rank == 0 and not env.agent_store:
+        store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
+    else:
+        store = connect_store(env.master_addr, env.master_port, timeout_s)
+    prefix, index = agree_on_round(store, env.rank, env.world_size, env.restart_count, timeout_s)
+    if store.check([_USAGE_KEY]):
+        raise UsageError(store.get(_USAGE_KEY).decode())
+    return store, prefix, index
+
+
+@contextlib.contextmanager
+def _process_group(
+    env: JobEnvironment, round_store: dist.Store, timeout: datetime.timedelta
+) -> Iterator[None]:
+    """Join the process group (and the per-machine group) in the round's namespace.
+
+    Collective:
+        ``init_process_group``, ``new_group`` per machine and a barrier on entry.
+    """
+    backend = default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("pg", round_store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+    )
+    try:
+        comm.create_local_process_group(env.local_world_size)
+        comm.synchronize()
+        yield
+    finally:
+        comm.reset_local_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _exported(variables: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the body (what the trainer reads), then remove them."""
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name in variables:
+            os.environ.pop(name, None)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the agent) dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def default_backend() -> str:
+    """NCCL when CUDA (and NCCL) are available, else Gloo."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def _post_failure(
+    store: dist.Store, round_store: dist.Store, rank: int, error: BaseException
+) -> None:
+    """Tell the other processes (and the launchers) that this one failed, unless it is an echo."""
+    if isinstance(error, SystemExit) and error.code in (None, 0):
+        return
+    if getattr(error, "exit_code", None) is not None:
+        return  # an agreed stop (pre-emption): every rank stops the same way, after a barrier
+    if isinstance(error, UsageError):
+        message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
+        with contextlib.suppress(Exception):
+            store.set(_USAGE_KEY, message)
+    elif any(m in f"{type(error).__name__}: {error}" for m in _SECONDARY_MARKERS):
+        time.sleep(_SETTLE_S)  # a peer vanished: let the launcher see that peer first
+        return
+    else:
+        message = f"rank {rank} raised an exception:\n{traceback.format_exc()}"
+        code, kind = 1, "error"
+    post_abort(round_store, {"rank": rank, "message": message, "exit_code": code, "kind": kind})
+
+
+def _exit_for(record: dict[str, Any]) -> None:
+    logger.error("Stopping this process: %s", record["message"])
+    logging.shutdown()
+    os._exit(record["exit_code"])
+
+
+class _Guard:
+    """The thread that ends this process when another one of the round failed.
+
+    On rank 0 and the last rank it also reads every rank's progress record (published by
+    :class:`~trainkit.engine.watchdog.ProgressWatchdog`) and posts a stall as the failure:
+    two readers, so that a frozen rank 0 is still seen.
+    """
+
+    def __init__(
+        self,
+        round_store: dist.Store,
+        env: JobEnvironment,
+        on_abort: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._store = round_store
+        self._env = env
+        self._on_abort = on_abort
+        self._observer = env.rank in (0, env.world_size - 1)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainkit-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def _run(self) -> None:
+        next_stall_check = 0.0
+        while not self._stop.wait(_GUARD_POLL_S):
+            try:
+                record = read_abort(self._store)
+                if record is None and self._observer and time.monotonic() >= next_stall_check:
+                    next_stall_check = time.monotonic() + _STALL_POLL_S
+                    record = self._find_stall()
+                    if record is not None:
+                        post_abort(self._store, record)
+                        record = read_abort(self._store) or record
+            except (RuntimeError, dist.DistError) as e:
+                if not self._env.agent_store:
+                    return  # rank 0 served the store and has finished: nothing to guard
+                record = {
+                    "rank": None,
+                    "message": f"lost the connection to the job's store at "
+                    f"{self._env.master_addr}:{self._env.master_port} ({e}); its launcher stopped.",
+                    "exit_code": 1,
+                    "kind": "error",
+                }
+            if record is not None:
+                if not self._stop.is_set():
+                    self._on_abort(record)
+                return
+
+    def _find_stall(self) -> dict[str, Any] | None:
+        records = []
+        for rank in range(self._env.world_size):
+            key = HEARTBEAT_KEY.format(rank=rank)
+            if self._store.check([key]):
+                record = json.loads(self._store.get(key))
+                # From the phase's start rather than the published duration: still growing
+                # for a process that stopped publishing (frozen).
+                record["elapsed_s"] = time.time() - record["started_at"]
+                records.append(record)
+        timeouts = [r["timeout_s"] for r in records if r["timeout_s"] > 0]
+        stalled = find_stalled_rank(records, min(timeouts)) if timeouts else None
+        if stalled is None:
+            return None
+        message = describe_stall(stalled, stalled["timeout_s"])
+        return {
+            "rank": stalled["rank"],
+            "message": message,
+            "exit_code": WATCHDOG_EXIT_CODE,
+            "kind": "stall",
+        }
