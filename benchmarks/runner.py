@@ -16,6 +16,7 @@ from benchmarks.checkpoint import bench_checkpoint
 from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
 from benchmarks.eval import bench_eval
+from benchmarks.goodput import bench_goodput
 from benchmarks.launch import bench_launch
 from benchmarks.measure import timer
 from benchmarks.metafile import bench_metafile
@@ -32,6 +33,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "launch": bench_launch,
     "checkpoint": bench_checkpoint,
     "eval": bench_eval,
+    "goodput": bench_goodput,
 }
 
 # Sizes of the data-at-scale tasks: (full run, --quick). --quick checks that a task runs,

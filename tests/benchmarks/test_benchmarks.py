@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS = ["sampler", "data_memory", "metafile", "train", "data", "launch", "checkpoint", "eval"]
+TASKS = [
+    "sampler",
+    "data_memory",
+    "metafile",
+    "train",
+    "data",
+    "launch",
+    "checkpoint",
+    "eval",
+    "goodput",
+]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -34,7 +44,7 @@ def quick_run(tmp_path_factory):
         ],
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=600,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -62,8 +72,8 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
     # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 3 (map-style, stream,
-    # padding), launch 2, checkpoint 2, eval 1
-    assert len(tables) == 15
+    # padding), launch 2, checkpoint 2, eval 1, goodput 1
+    assert len(tables) == 16
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -72,6 +82,23 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
         assert verdicts and set(verdicts) <= {"PASS", "MISS"}, (title, verdicts)
         for row in rows:  # a verdict always comes with the target it was judged against
             assert bool(row[-1]) == bool(row[-2]), (title, row)
+
+
+def test_goodput_json(quick_run):
+    results = quick_run[1]["goodput"]
+    assert [(r["checkpoints"], r["period"]) for r in results["rows"]] == [
+        ("sync", 10),
+        ("async", 10),
+    ]
+    for row in results["rows"]:
+        # Every scheduled kill happened and the job recovered from it by itself...
+        assert len(row["failures"]) == len(results["kills"]) == 2
+        for failure in row["failures"]:
+            assert failure["restart_s"] > 0 and failure["recovered_s"] >= failure["restart_s"]
+            # ...losing at most the steps since its last complete checkpoint (period 10).
+            assert 0 <= failure["steps_lost"] <= 20  # async: the newest save may be unfinished
+        assert row["weights_equal"] and row["weights_equal_across_rows"]
+        assert 0 < row["goodput"] < 1
 
 
 def test_data_at_scale_json(quick_run):

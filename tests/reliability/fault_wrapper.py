@@ -16,6 +16,13 @@ launch() spawns (they import this file as their main module). Faults:
   $TRAINKIT_TEST_MARKER (so a test knows the process is inside that step).
 * ``stall_data_on_rank:R:K``: on rank R, mapping the K-th training record takes 120 s (a
   hung file system, as far as the job can tell).
+
+Independently of the fault, ``TRAINKIT_TEST_LEDGER=DIR`` makes every process append one JSON
+line per training forward to ``DIR/ledger.<pid>.jsonl``: the job's round (its store
+namespace, which no other round shares; the pid for a job of one process), the rank, the
+world size, the iteration and the ``image_id`` of each record in the micro-batch. A test
+keeps, for each iteration, the lines of the last round that ran it (a round replays the
+iterations after its checkpoint), and so sees which records every optimizer step used.
 """
 
 import errno
@@ -81,6 +88,41 @@ def _patch_forward(make_result):
 
     ImageClassifier.forward = forward
 
+
+def _keep_ledger(directory):
+    import json
+    import time
+
+    from trainkit.modeling.image_classifier import ImageClassifier
+
+    original = ImageClassifier.forward
+    path = os.path.join(directory, f"ledger.{os.getpid()}.jsonl")
+
+    def forward(self, batched_inputs):
+        if self.training:
+            from trainkit.utils import comm
+            from trainkit.utils.events import get_event_storage
+
+            line = {
+                # The restart count would not do: a change of machines restarts without
+                # counting, and a machine's first round counts from 0 again.
+                "round": os.environ.get("TRAINKIT_JOB_STORE") or f"pid-{os.getpid()}",
+                "rank": comm.get_rank(),
+                "world_size": comm.get_world_size(),
+                "iter": get_event_storage().iter,
+                "ids": [int(x["image_id"]) for x in batched_inputs],
+                "time": time.time(),
+            }
+            # One open per line: a SIGKILLed process loses at most the line it was writing.
+            with open(path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        return original(self, batched_inputs)
+
+    ImageClassifier.forward = forward
+
+
+if os.environ.get("TRAINKIT_TEST_LEDGER"):
+    _keep_ledger(os.environ["TRAINKIT_TEST_LEDGER"])
 
 if KIND == "kill_during_save":
     _patch_save(lambda: os.kill(os.getpid(), signal.SIGKILL))

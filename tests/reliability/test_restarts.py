@@ -340,12 +340,24 @@ def test_sigterm_to_torchrun_saves_a_checkpoint(tmp_path):
 
 
 # ---- torchrun --nnodes 1:2: machines leave and join ---------------------------------------
-def _machine(out, port, name):
+# The recipe is written for 2 processes and kept on 1 by accumulating 2 micro-batches, so
+# every optimizer step uses the same 32 records whatever the membership (SOLVER.SCALE_MODE).
+ELASTIC_CONFIG = [
+    "SOLVER.MAX_ITER",
+    "400",
+    "SOLVER.REFERENCE_WORLD_SIZE",
+    "2",
+    "SOLVER.SCALE_MODE",
+    "accumulate",
+]
+
+
+def _machine(out, port, name, ledger):
     # torch 2.13 shares one store between the agents' rendezvous rounds and the processes;
     # a machine joining in a later round then never receives that store's address (its agent
     # waits for MASTER_ADDR until it times out). Its own opt-out gives every round a fresh
     # store, which the README asks elastic jobs to set.
-    env = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", TRAINKIT_TEST_LEDGER=str(ledger))
     command = _torchrun(
         out,
         "--nnodes",
@@ -362,7 +374,7 @@ def _machine(out, port, name):
         "last_call_timeout=3",
         "--max-restarts",
         "3",
-        config=["SOLVER.MAX_ITER", "400"],
+        config=ELASTIC_CONFIG,
     )
     return _start(command, out, f"{name}.log", env)
 
@@ -371,13 +383,75 @@ def _rank_lines(log_path):
     return re.findall(r"Rank 0 of (\d)", log_path.read_text())
 
 
+def _read_ledger(directory):
+    """{iteration: sorted record ids of its optimizer step}, from the last round that ran it.
+
+    Also returns the world sizes the job trained at, in order.
+    """
+    lines = [
+        json.loads(line)
+        for path in sorted(Path(directory).glob("ledger.*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    started = {}  # round -> when it first trained
+    for line in lines:
+        started[line["round"]] = min(started.get(line["round"], line["time"]), line["time"])
+    last_round = {}
+    for line in lines:
+        best = last_round.get(line["iter"])
+        if best is None or started[line["round"]] > started[best]:
+            last_round[line["iter"]] = line["round"]
+    steps, world_sizes = {}, []
+    for line in sorted(lines, key=lambda line: (started[line["round"]], line["time"])):
+        if line["round"] == last_round[line["iter"]]:
+            steps.setdefault(line["iter"], []).extend(line["ids"])
+            if not world_sizes or world_sizes[-1] != line["world_size"]:
+                world_sizes.append(line["world_size"])
+    return {it: sorted(ids) for it, ids in steps.items()}, world_sizes
+
+
+@pytest.fixture(scope="module")
+def straight_ledger(tmp_path_factory):
+    """The ledger of the elastic runs' recipe, uninterrupted, in one process (2 micro-batches)."""
+    tmp_path = tmp_path_factory.mktemp("straight")
+    command = [
+        sys.executable,
+        WRAPPER,
+        "--config-file",
+        SMOKE,
+        "--num-gpus",
+        "1",
+        "OUTPUT_DIR",
+        str(tmp_path / "out"),
+        *CONFIG,
+        *ELASTIC_CONFIG,
+    ]
+    env = _env(TRAINKIT_TEST_LEDGER=str(tmp_path))
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps, world_sizes = _read_ledger(tmp_path)
+    assert world_sizes == [1] and sorted(steps) == list(range(400))
+    assert all(len(ids) == 32 for ids in steps.values())  # the global batch, in 2 micro-batches
+    return steps
+
+
+def _assert_same_records_per_step(ledger_dir, straight_ledger, world_sizes):
+    steps, seen_world_sizes = _read_ledger(ledger_dir)
+    assert seen_world_sizes == world_sizes
+    # Every optimizer step used the records the uninterrupted run used: none lost or repeated.
+    assert sorted(steps) == list(range(400))
+    mismatched = [it for it in steps if steps[it] != straight_ledger[it]]
+    assert not mismatched, f"iterations with other records: {mismatched[:10]}"
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_an_elastic_job_goes_on_without_a_lost_machine(tmp_path):
-    out, port = tmp_path / "out", free_port()
-    host = _machine(out, port, "host")  # serves the rendezvous (it binds the port first)
+def test_an_elastic_job_goes_on_without_a_lost_machine(tmp_path, straight_ledger):
+    out, port, ledger = tmp_path / "out", free_port(), tmp_path / "ledger"
+    ledger.mkdir()
+    host = _machine(out, port, "host", ledger)  # serves the rendezvous (it binds the port first)
     _wait_for(lambda: _port_open(port), [host], what="the rendezvous")
-    other = _machine(out, port, "other")
+    other = _machine(out, port, "other", ledger)
     try:
         _wait_for(lambda: _tagged(out) >= "model_0000019.pth", [host, other], what="training")
         assert _rank_lines(tmp_path / "host.log") == ["2"]
@@ -392,15 +466,17 @@ def test_an_elastic_job_goes_on_without_a_lost_machine(tmp_path):
     iterations = _iterations(out)
     assert iterations[-1] == 399 and max(iterations) == 399  # and finished
     assert (out / "model_final.pth").exists()
+    _assert_same_records_per_step(ledger, straight_ledger, world_sizes=[2, 1])
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_an_elastic_job_picks_up_a_machine_that_joins(tmp_path):
-    out, port = tmp_path / "out", free_port()
-    first = _machine(out, port, "first")
+def test_an_elastic_job_picks_up_a_machine_that_joins(tmp_path, straight_ledger):
+    out, port, ledger = tmp_path / "out", free_port(), tmp_path / "ledger"
+    ledger.mkdir()
+    first = _machine(out, port, "first", ledger)
     _wait_for(lambda: _tagged(out) >= "model_0000009.pth", [first], what="training alone")
-    second = _machine(out, port, "second")
+    second = _machine(out, port, "second", ledger)
     try:
         assert _finish(first, timeout=400) == 0, (tmp_path / "first.log").read_text()[-3000:]
         assert _finish(second, timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -411,6 +487,7 @@ def test_an_elastic_job_picks_up_a_machine_that_joins(tmp_path):
     resumed = re.search(r"restart after a change of machines: resuming from \S+model_(\d{7})", log)
     assert resumed and int(resumed.group(1)) >= 9
     assert _iterations(out)[-1] == 399
+    _assert_same_records_per_step(ledger, straight_ledger, world_sizes=[1, 2])
 
 
 def _port_open(port):
