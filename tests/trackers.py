@@ -234,6 +234,16 @@ def wandb_history(output_dir: Path) -> dict[int, dict[str, float]]:
     return history
 
 
+def wandb_summary(output_dir: Path) -> dict:
+    """``{key: value}`` of the summary updates the offline runs in ``output_dir`` recorded."""
+    summary: dict = {}
+    for record in wandb_records(output_dir):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
 def wandb_runs(output_dir: Path) -> list:
     """The ``run`` records (id, project, config) of the offline runs in ``output_dir``."""
     return [r.run for r in wandb_records(output_dir) if r.WhichOneof("record_type") == "run"]

@@ -130,8 +130,9 @@ def test_early_stop_ends_gracefully_with_a_final_checkpoint_and_says_why(tmp_pat
     assert why in saved["trainer"]["stop_reason"]
     for k, v in trainer.checkpointer.model.state_dict().items():
         assert torch.equal(saved["model"][k], v), k
-    # the writers flushed the stopping iteration, with the reason's numbers
-    last = _metrics(tmp_path)[-1]
+    # the writers flushed the stopping iteration, with the reason's numbers, then the reason
+    *_, last, reason = _metrics(tmp_path)
+    assert reason["iteration"] == 3 and reason["stop_reason"].startswith(f"early stopping: {why}")
     assert last["iteration"] == 3 and last["early_stop/stopped"] == 1
     assert last["early_stop/best_iter"] == 1 and last["early_stop/evals_without_improvement"] == 1
     assert "total_loss" in last

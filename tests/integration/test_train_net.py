@@ -372,8 +372,11 @@ def test_early_stop_exits_0_with_a_final_checkpoint_and_resume_does_not_train(tm
     assert "Validation losses over 200 records" in log
     assert (tmp_path / "last_checkpoint").read_text().strip() == "model_final.pth"
     lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
-    assert lines[-1]["iteration"] == 3 and lines[-1]["early_stop/stopped"] == 1
-    assert "validation/loss_cls" in lines[-1]
+    # metrics.json says why it stopped: the stopping iteration's scalars, then the reason
+    assert lines[-1]["iteration"] == 3
+    assert lines[-1]["stop_reason"].startswith("early stopping: validation/")
+    assert lines[-2]["iteration"] == 3 and lines[-2]["early_stop/stopped"] == 1
+    assert "validation/loss_cls" in lines[-2]
 
     resumed = _run([*args[:2], "--resume", *args[2:]])
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -21,6 +21,7 @@ from tests.trackers import (
     wandb_config,
     wandb_history,
     wandb_runs,
+    wandb_summary,
 )
 from trainkit.config import ConfigError, get_cfg
 from trainkit.data import build_train_loader
@@ -163,6 +164,28 @@ def test_mlflow_round_trip_through_a_server(tmp_path, mlflow_url):
     assert _steps(client, writer.run_id, "_metric_acc") == [(0, 0.5), (1, 0.5), (2, 0.5)]
     artifact = client.download_artifacts(writer.run_id, "config.yaml", str(tmp_path / "dl"))
     assert open(artifact).read() == cfg.dump()
+
+
+def test_mlflow_run_says_why_training_stopped_early(tmp_path, mlflow_url):
+    writer = MLflowWriter(str(tmp_path), mlflow_url, "tk-stop")
+    _write(writer, [0, 1])
+    writer.write_stop_reason(1, "early stopping: validation/loss has not improved")
+    writer.close()
+
+    tags = _client(mlflow_url).get_run(writer.run_id).data.tags
+    assert tags["stop_reason"] == "early stopping: validation/loss has not improved"
+    assert tags["stopped_at_iteration"] == "1"
+
+
+def test_wandb_run_summary_says_why_training_stopped_early(tmp_path):
+    writer = WandbWriter(str(tmp_path), "tk-tests", "offline")
+    _write(writer, [0, 1])
+    writer.write_stop_reason(1, "early stopping: validation/loss has not improved")
+    writer.close()
+
+    summary = wandb_summary(tmp_path)
+    assert summary["stop_reason"] == "early stopping: validation/loss has not improved"
+    assert summary["stopped_at_iteration"] == 1
 
 
 def test_mlflow_resume_continues_the_same_run(tmp_path, mlflow_url, trainkit_log):

@@ -30,6 +30,17 @@ class EventWriter:
     def close(self) -> None:
         """Release files or handles; the default does nothing."""
 
+    def write_stop_reason(self, iteration: int, reason: str) -> None:
+        """Publish why training ended before ``MAX_ITER``; the default does nothing.
+
+        Called once, after the last :meth:`write`, when a hook stopped the run with
+        ``TrainerBase.request_stop`` (early stopping, for example).
+
+        Args:
+            iteration: the last iteration trained.
+            reason: the text given to ``request_stop``.
+        """
+
 
 def _new_scalars(
     storage: EventStorage, window_size: int, last_write: int
@@ -81,6 +92,13 @@ class JSONWriter(EventWriter):
         for cur_iter, scalars in to_save.items():
             scalars["iteration"] = cur_iter
             self._file_handle.write(json.dumps(scalars, sort_keys=True) + "\n")
+        self._file_handle.flush()
+
+    @override
+    def write_stop_reason(self, iteration: int, reason: str) -> None:
+        """Append ``{"iteration": iteration, "stop_reason": reason}`` as the file's last line."""
+        record = {"iteration": iteration, "stop_reason": reason}
+        self._file_handle.write(json.dumps(record, sort_keys=True) + "\n")
         self._file_handle.flush()
 
     @override

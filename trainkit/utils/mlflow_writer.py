@@ -187,6 +187,13 @@ class MLflowWriter(TrackerWriter):
             key = self._keys[name] = _mlflow_key(name)
         return key
 
+    def _log_stop_reason(self, iteration: int, reason: str) -> None:
+        # MLflow tag values are strings of at most 5,000 characters (8,000 on newer servers).
+        self._calls.submit(self._client.set_tag, self.run_id, "stop_reason", reason[:5000])
+        self._calls.submit(
+            self._client.set_tag, self.run_id, "stopped_at_iteration", str(iteration)
+        )
+
     def _finish(self, success: bool) -> None:
         if success:
             self._calls.submit(self._client.set_terminated, self.run_id, status="FINISHED")

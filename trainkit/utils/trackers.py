@@ -208,9 +208,21 @@ class TrackerWriter(EventWriter):
         except Exception as e:
             self._disable(e)
 
+    @override
+    def write_stop_reason(self, iteration: int, reason: str) -> None:
+        if self._failed or self._closed:
+            return
+        try:
+            self._log_stop_reason(iteration, reason)
+        except Exception as e:  # a tracker never stops training
+            self._disable(e)
+
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         """Publish the scalars of one iteration."""
         raise NotImplementedError
+
+    def _log_stop_reason(self, iteration: int, reason: str) -> None:
+        """Record why the run stopped early (a tag or summary field); default: nothing."""
 
     def _finish(self, success: bool) -> None:
         """End the tracker run (flush, mark it finished or failed)."""

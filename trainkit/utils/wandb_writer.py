@@ -118,5 +118,9 @@ class WandbWriter(TrackerWriter):
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=iteration)
 
+    def _log_stop_reason(self, iteration: int, reason: str) -> None:
+        self._run.summary["stop_reason"] = reason
+        self._run.summary["stopped_at_iteration"] = iteration
+
     def _finish(self, success: bool) -> None:
         self._run.finish(exit_code=0 if success else 1)

@@ -159,6 +159,11 @@ class PeriodicWriter(HookBase):
             ):
                 raise TypeError(f"{type(writer).__name__} is not an EventWriter (write/close)")
         self._period = period
+        self._trained = False  # a resumed stopped run closes the writers without training
+
+    @override
+    def before_train(self) -> None:
+        self._trained = True
 
     @override
     def after_step(self) -> None:
@@ -167,10 +172,21 @@ class PeriodicWriter(HookBase):
                 writer.write()
 
     def final_write(self) -> None:
-        """Write once more, then close every writer (the trainer calls this last)."""
+        """Write once more, then close every writer (the trainer calls this last).
+
+        When a hook stopped this training early (``trainer.stop_reason``), each writer that
+        has ``write_stop_reason`` publishes the reason too (``metrics.json`` gets a last line).
+        """
         try:
             for writer in self._writers:
                 writer.write()
+            reason = getattr(self.trainer, "stop_reason", None)
+            if reason is not None and self._trained:
+                for writer in self._writers:
+                    # Writers need only write/close (duck-typed, as detectron2's).
+                    write_stop_reason = getattr(writer, "write_stop_reason", None)
+                    if callable(write_stop_reason):
+                        write_stop_reason(self.trainer.iter, reason)
         finally:
             for writer in self._writers:
                 writer.close()
