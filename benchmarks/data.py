@@ -37,7 +37,7 @@ from torch.utils.data import (
 from benchmarks.measure import alternate, cpu_seconds, median
 from benchmarks.padding import bench_padding
 from benchmarks.report import print_table, target_text, verdict
-from benchmarks.shapes import BATCH, shapes_cfg, train_loader
+from benchmarks.shapes import shapes_cfg, train_loader
 from trainkit.data import (
     DatasetCatalog,
     MapDataset,
@@ -48,6 +48,9 @@ from trainkit.data.mappers import ClassificationDatasetMapper
 
 _MAP_STYLE_TARGET = 1.0  # grouping on vs the torch loader
 _STREAM_TARGET = 0.95  # the stream through build_batch_data_loader vs a self-sharding one
+# Images per batch in the throughput rows (the comparison: batch 8, as a GPU job's
+# per-process batch often is); the padding rows keep benchmarks.shapes.BATCH.
+LOADER_BATCH = 8
 
 
 class _SeededMapper(ClassificationDatasetMapper):
@@ -87,12 +90,12 @@ class _Mapped(Dataset):
 
 
 def _torch_loader(num_workers: int) -> Any:
-    cfg = shapes_cfg(BATCH, num_workers)
+    cfg = shapes_cfg(LOADER_BATCH, num_workers)
     dataset = _Mapped(DatasetCatalog.get("shapes_train"), _SeededMapper(cfg, is_train=True))
     extra = {"multiprocessing_context": "fork", "prefetch_factor": 2} if num_workers else {}
     return DataLoader(
         dataset,
-        batch_size=BATCH,
+        batch_size=LOADER_BATCH,
         num_workers=num_workers,
         drop_last=True,
         sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0),
@@ -131,16 +134,18 @@ class _ShardedBatches(IterableDataset):
 
 
 def _trainkit_stream_loader(num_workers: int) -> Any:
-    cfg = shapes_cfg(BATCH, num_workers)
+    cfg = shapes_cfg(LOADER_BATCH, num_workers)
     stream = _ShapesStream(DatasetCatalog.get("shapes_train"))
     mapper = ClassificationDatasetMapper(cfg, is_train=True)
-    return build_batch_data_loader(MapDataset(stream, mapper), None, BATCH, num_workers=num_workers)
+    return build_batch_data_loader(
+        MapDataset(stream, mapper), None, LOADER_BATCH, num_workers=num_workers
+    )
 
 
 def _torch_stream_loader(num_workers: int) -> Any:
-    cfg = shapes_cfg(BATCH, num_workers)
+    cfg = shapes_cfg(LOADER_BATCH, num_workers)
     stream = _ShapesStream(DatasetCatalog.get("shapes_train"))
-    batches = _ShardedBatches(stream, _SeededMapper(cfg, is_train=True), BATCH)
+    batches = _ShardedBatches(stream, _SeededMapper(cfg, is_train=True), LOADER_BATCH)
     extra = {"multiprocessing_context": "fork", "prefetch_factor": 2} if num_workers else {}
     return DataLoader(batches, batch_size=None, num_workers=num_workers, **extra)
 
@@ -161,11 +166,11 @@ def _throughput(make: Any, batches: int, cpu_us: list[float], warmup: int = 10) 
         next(it)
     start = time.perf_counter()
     for batch in itertools.islice(it, batches):
-        assert len(batch) == BATCH
-    rate = batches * BATCH / (time.perf_counter() - start)
+        assert len(batch) == LOADER_BATCH
+    rate = batches * LOADER_BATCH / (time.perf_counter() - start)
     del it  # shuts the workers down (and reaps them: their CPU time is counted now)
     gc.collect()
-    cpu_us.append((cpu_seconds() - began) / ((warmup + batches) * BATCH) * 1e6)
+    cpu_us.append((cpu_seconds() - began) / ((warmup + batches) * LOADER_BATCH) * 1e6)
     return rate
 
 
@@ -175,7 +180,7 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
     # Throughput on a shared 2-core machine moves by +-5 % run to run; 5 rounds of 150
     # batches keep the median steadier than the 3 x 100 used before.
     rounds = 1 if quick else 5
-    num_batches = 4 if quick else 150
+    num_batches = 4 if quick else 300
     results: dict[str, Any] = {
         "throughput": _bench_map_style(rounds, num_batches),
         "stream": _bench_stream(rounds, num_batches),
@@ -188,8 +193,8 @@ def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
     results, rows = [], []
     for workers in (0, 2):
         makers = {
-            "grouping on": lambda w=workers: train_loader(w, True),
-            "grouping off": lambda w=workers: train_loader(w, False),
+            "grouping on": lambda w=workers: train_loader(w, True, batch_size=LOADER_BATCH),
+            "grouping off": lambda w=workers: train_loader(w, False, batch_size=LOADER_BATCH),
             "torch": lambda w=workers: _torch_loader(w),
         }
         cpu: dict[str, list[float]] = {name: [] for name in makers}
@@ -234,10 +239,10 @@ def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
                 ]
             )
     print_table(
-        f"Train loader throughput on shapes_train (ClassificationDatasetMapper, batch {BATCH}, "
-        f"{num_batches} batches after 10 warm-up batches; medians of {rounds} alternating runs) vs "
-        "torch DataLoader + DistributedSampler(num_replicas=1) with a fixed-seed mapper; CPU: "
-        "main process and workers, per sample",
+        "Train loader throughput on shapes_train (ClassificationDatasetMapper, batch "
+        f"{LOADER_BATCH}, {num_batches} batches after 10 warm-up batches; medians of {rounds} "
+        "alternating runs) vs torch DataLoader + DistributedSampler(num_replicas=1) with a "
+        "fixed-seed mapper; CPU: main process and workers, per sample",
         _COLUMNS,
         rows,
     )
@@ -286,8 +291,8 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
     }
     print_table(
         f"A stream of the shapes_train records through build_batch_data_loader(MapDataset("
-        f"stream, mapper), None, {BATCH}, num_workers={workers}) vs a torch DataLoader over an "
-        "IterableDataset that shards itself with get_worker_info() and maps each batch "
+        f"stream, mapper), None, {LOADER_BATCH}, num_workers={workers}) vs a torch DataLoader "
+        "over an IterableDataset that shards itself with get_worker_info() and maps each batch "
         f"(fixed-seed mapper); {num_batches} batches after 10 warm-up batches, medians of "
         f"{rounds} alternating runs",
         _COLUMNS,

@@ -38,9 +38,10 @@ def train_loader(
     grouping: bool,
     bins: Sequence[float] | None = None,
     scale_per_batch: bool | None = None,
+    batch_size: int = BATCH,
 ) -> Any:
     """Return ``build_train_loader`` on ``shapes_train`` with the built-in mapper."""
-    cfg = shapes_cfg(BATCH, num_workers)
+    cfg = shapes_cfg(batch_size, num_workers)
     cfg.DATALOADER.ASPECT_RATIO_GROUPING = grouping
     if bins is not None:
         cfg.DATALOADER.ASPECT_RATIO_BINS = list(bins)
