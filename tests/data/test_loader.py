@@ -414,6 +414,8 @@ def test_forked_workers_leave_the_objects_they_inherit_to_the_training_process(s
     try:
         frozen = gc.get_freeze_count()
         next(iter(build_batch_data_loader(dataset, sampler, 2, num_workers=1)))
-        assert gc.get_freeze_count() == frozen
+        # Not unfrozen (that would empty the permanent generation); frozen objects that
+        # lost their last reference meanwhile (the first loader's) are freed as usual.
+        assert gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()

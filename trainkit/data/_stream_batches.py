@@ -34,6 +34,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
+from trainkit.data._batch_transfer import pack_in_worker
 from trainkit.data._map_dataset import RecordMapper
 from trainkit.data._sample_context import sample_context
 
@@ -144,7 +145,7 @@ class StreamBatches(IterableDataset):
                 "size": len(batch),
             }
             if batch:
-                yield self.collate_fn(batch), meta
+                yield pack_in_worker(self.collate_fn(batch)), meta
         if self.drop_last:
             return
         for bucket in sorted(buckets):
@@ -156,7 +157,7 @@ class StreamBatches(IterableDataset):
             meta = {"worker": worker, "state": {"read": read, "pending": sorted(waiting)},
                     "skipped": skipped, "size": len(batch)}  # fmt: skip
             if batch:
-                yield self.collate_fn(batch), meta
+                yield pack_in_worker(self.collate_fn(batch)), meta
 
     def _map_batch(
         self,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainkit.data._batch_transfer import pack_in_worker, unpack_batch
 from trainkit.data._map_dataset import RecordMapper
 from trainkit.data._sample_context import sample_context
 
@@ -55,7 +56,8 @@ class _CountingCollate:
 
     def __call__(self, mapped: tuple[list[Any], int]) -> tuple[Any, int, int]:
         elements, skipped = mapped
-        return self.collate_fn(elements), skipped, len(elements)
+        # Packed in a worker for the trip to this process (trainkit.data._batch_transfer).
+        return pack_in_worker(self.collate_fn(elements)), skipped, len(elements)
 
 
 class InferenceLoader(DataLoader):
@@ -104,4 +106,4 @@ class InferenceLoader(DataLoader):
         for batch, skipped, size in super().__iter__():
             self.num_skipped_records += skipped
             if size:
-                yield batch
+                yield unpack_batch(batch)

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainkit.config import ConfigError
+from trainkit.data._batch_transfer import pack_in_worker, unpack_batch
 from trainkit.data._map_dataset import RecordMapper
 from trainkit.data._sample_context import sample_context
 from trainkit.data._stream_batches import StreamBatches, empty_worker_state
@@ -157,14 +158,18 @@ class _MappedRecords(Dataset):
 
 
 class _TaggedCollate:
-    """Collate a mapped batch and keep its number and skip count (a picklable callable)."""
+    """Collate a mapped batch and keep its number and skip count (a picklable callable).
+
+    In a worker the batch's tensors are packed into one buffer per dtype for the trip to the
+    training process (:mod:`trainkit.data._batch_transfer`).
+    """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
         self.collate_fn = collate_fn
 
     def __call__(self, mapped: tuple[list[Any], int, int]) -> tuple[Any, int, int]:
         elements, number, skipped = mapped
-        return self.collate_fn(elements), number, skipped
+        return pack_in_worker(self.collate_fn(elements)), number, skipped
 
 
 class TrainLoader:
@@ -269,7 +274,7 @@ class TrainLoader:
         for batch, number, skipped in start_iterator(self._make_loader()):
             self._state, self._last_items = batches.states.pop(number)
             self.num_skipped_records += skipped
-            yield batch
+            yield unpack_batch(batch)
 
     def _iter_stream(self) -> Iterator[Any]:
         stream = self._stream
@@ -311,7 +316,7 @@ class TrainLoader:
                 continue
             self._state = _after_stream_batch(self._state, meta)
             self.num_skipped_records += meta["skipped"]
-            yield batch
+            yield unpack_batch(batch)
 
     @property
     def last_batch_indices(self) -> list[int]:
