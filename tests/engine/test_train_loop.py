@@ -324,7 +324,7 @@ def test_state_dict_round_trip_restores_iteration_hooks_and_optimizer():
 def test_load_state_dict_warns_on_missing_and_unknown_hooks(caplog):
     trainer = _NoopTrainer()
     trainer.register_hooks([_Counter()])
-    with caplog.at_level(logging.WARNING, logger="trainkit.engine.train_loop"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.hook_base"):
         trainer.load_state_dict({"iteration": 3, "hooks": {"Gone": {"x": 1}}})
     assert trainer.iter == 3
     assert "_Counter" in caplog.text

@@ -7,6 +7,7 @@ detectron2.
 from __future__ import annotations
 
 import enum
+import logging
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from trainkit.engine.train_loop import TrainerBase
 
 __all__ = ["HookBase", "HookDispatch", "HookPriority", "hook_state_key", "keeps_state"]
+
+logger = logging.getLogger(__name__)
 
 
 class HookPriority(enum.IntEnum):
@@ -149,3 +152,49 @@ class HookDispatch:
             phase: [getattr(hook, phase) for hook in self.hooks if _overrides(hook, phase)]
             for phase in _STEP_PHASES
         }
+
+    def describe(self) -> list[str]:
+        """Return the hooks' class names in the order they run, with non-default priorities."""
+        return [
+            type(h).__name__
+            + ("" if h.priority == HookPriority.NORMAL else f" (priority {int(h.priority)})")
+            for h in self.hooks
+        ]
+
+    def final_write(self) -> None:
+        """Call ``final_write`` on the hooks that have one (the writers), in order."""
+        for hook in self.hooks:
+            final_write = getattr(hook, "final_write", None)
+            if callable(final_write):
+                final_write()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return ``{hook_state_key(hook): state}`` of the hooks whose state is not empty.
+
+        Raises:
+            ValueError: If two hooks with state share a name.
+        """
+        states: dict[str, Any] = {}
+        for hook in self.hooks:
+            state = hook.state_dict()
+            if not state:
+                continue
+            key = hook_state_key(hook)
+            if key in states:
+                raise ValueError(f"Two hooks save state under the same name {key!r}")
+            states[key] = state
+        return states
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Give each hook its saved state; log hooks without one and states without a hook."""
+        saved = dict(saved)
+        for hook in self.hooks:
+            key = hook_state_key(hook)
+            if key in saved:
+                hook.load_state_dict(saved.pop(key))
+            elif keeps_state(hook):
+                logger.warning("No saved state for hook %s; it starts fresh", key)
+        if saved:
+            logger.warning(
+                "Saved state of hooks that are not registered is ignored: %s", sorted(saved)
+            )

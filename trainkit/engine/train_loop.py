@@ -210,7 +210,7 @@ class TrainerBase:
         # Again here, in case code edited the hook list (or a hook's priority) in between.
         self._dispatch.add([])
         if self._dispatch.hooks:
-            logger.info("Hooks, in the order they run: %s", ", ".join(self._describe_hooks()))
+            logger.info("Hooks, in the order they run: %s", ", ".join(self._dispatch.describe()))
         with EventStorage(start_iter) as self.storage:
             try:
                 self.before_train()
@@ -305,20 +305,7 @@ class TrainerBase:
         # their runs. The storage is empty and placed at max_iter, where the console
         # printer stays silent: nothing is written.
         with EventStorage(max_iter) as self.storage:
-            self._final_write()
-
-    def _final_write(self) -> None:
-        for hook in self._dispatch.hooks:
-            final_write = getattr(hook, "final_write", None)
-            if callable(final_write):
-                final_write()
-
-    def _describe_hooks(self) -> list[str]:
-        return [
-            type(h).__name__
-            + ("" if h.priority == HookPriority.NORMAL else f" (priority {int(h.priority)})")
-            for h in self._dispatch.hooks
-        ]
+            self._dispatch.final_write()
 
     def before_train(self) -> None:
         """Call every hook's ``before_train``."""
@@ -341,7 +328,7 @@ class TrainerBase:
                 errors.append(e)
         # Writers get the last word: metrics that a hook registered after the writer puts in
         # its after_train (a final evaluation) would otherwise never reach metrics.json.
-        self._final_write()
+        self._dispatch.final_write()
         if errors:
             raise errors[0]
 
@@ -378,16 +365,7 @@ class TrainerBase:
         """
         if self._is_bound:
             return {}
-        hook_states: dict[str, Any] = {}
-        for hook in self._dispatch.hooks:
-            state = hook.state_dict()
-            if not state:
-                continue
-            key = hook_state_key(hook)
-            if key in hook_states:
-                raise ValueError(f"Two hooks save state under the same name {key!r}")
-            hook_states[key] = state
-        state: dict[str, Any] = {"iteration": self.iter, "hooks": hook_states}
+        state: dict[str, Any] = {"iteration": self.iter, "hooks": self._dispatch.state_dict()}
         if self._progress.stop_reason is not None:
             state["stop_reason"] = self._progress.stop_reason
         return state
@@ -404,17 +382,7 @@ class TrainerBase:
             return
         self.iter = state["iteration"]
         self._progress.stop_reason = state.get("stop_reason")
-        saved = dict(state.get("hooks", {}))
-        for hook in self._dispatch.hooks:
-            key = hook_state_key(hook)
-            if key in saved:
-                hook.load_state_dict(saved.pop(key))
-            elif keeps_state(hook):
-                logger.warning("No saved state for hook %s; it starts fresh", key)
-        if saved:
-            logger.warning(
-                "Saved state of hooks that are not registered is ignored: %s", sorted(saved)
-            )
+        self._dispatch.load_state_dict(state.get("hooks", {}))
 
 
 def __getattr__(name: str) -> Any:
