@@ -86,6 +86,27 @@ def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
 
 
+def local_checkpoint_path(path_manager: Any, path: str) -> str:
+    """Return a local file for ``path`` (a local path, or one iopath's ``path_manager`` fetches).
+
+    Raises:
+        MissingFileError: A ``FileNotFoundError``: if there is no such checkpoint.
+    """
+    if os.path.isfile(path):
+        return path
+    fix = (
+        "Check the path (MODEL.WEIGHTS or the argument to load), or pass '' to start from the "
+        "model's initialisation."
+    )
+    try:
+        local = path_manager.get_local_path(path)
+    except Exception as e:  # iopath raises various types for unknown schemes
+        raise MissingFileError(f"Checkpoint {path!r} not found ({e}). {fix}") from e
+    if not os.path.isfile(local):
+        raise MissingFileError(f"Checkpoint {path!r} not found. {fix}")
+    return local
+
+
 def read_checkpoint_file(
     path: str, *, trust_pickle: bool, keep_mapped: bool = False
 ) -> dict[str, Any]:

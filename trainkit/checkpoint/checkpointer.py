@@ -27,6 +27,7 @@ from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
     find_unsafe_value,
+    local_checkpoint_path,
     read_checkpoint_file,
 )
 from trainkit.checkpoint.model_state import (
@@ -37,7 +38,6 @@ from trainkit.checkpoint.model_state import (
     unwrap_model,
 )
 from trainkit.utils import comm
-from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 
 __all__ = ["Checkpointable", "Checkpointer"]
@@ -317,7 +317,7 @@ class Checkpointer(_FvcoreCheckpointer):
         if not path:
             self.logger.info("No checkpoint given; the model keeps its initialisation.")
             return {}
-        local_path = self._local_path(path)
+        local_path = local_checkpoint_path(self.path_manager, path)
         checkpoint = read_checkpoint_file(local_path, trust_pickle=self.trust_pickle)
         return self._restore(checkpoint, local_path, checkpointables)
 
@@ -374,23 +374,6 @@ class Checkpointer(_FvcoreCheckpointer):
             + "\n  ".join(problems or ["(no .pth files)"])
             + "\nMove the broken files away, or start without --resume."
         )
-
-    def _local_path(self, path: str) -> str:
-        if os.path.isfile(path):
-            return path
-        try:
-            local = self.path_manager.get_local_path(path)
-        except Exception as e:  # iopath raises various types for unknown schemes
-            raise MissingFileError(
-                f"Checkpoint {path!r} not found ({e}). Check the path (MODEL.WEIGHTS or the "
-                "argument to load), or pass '' to start from the model's initialisation."
-            ) from e
-        if not os.path.isfile(local):
-            raise MissingFileError(
-                f"Checkpoint {path!r} not found. Check the path (MODEL.WEIGHTS or the argument "
-                "to load), or pass '' to start from the model's initialisation."
-            )
-        return local
 
     def _restore(
         self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
