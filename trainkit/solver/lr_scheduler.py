@@ -195,7 +195,46 @@ def _check_warmup_method(warmup_method: str) -> None:
         )
 
 
-class WarmupMultiStepLR(torch.optim.lr_scheduler.LRScheduler):
+class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """What detectron2's two older schedulers share: the warm-up, its checks, the notice.
+
+    A subclass sets its own fields, then calls this ``__init__`` (torch's computes the
+    first lr from them), and implements :meth:`_decay`.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_factor: float,
+        warmup_iters: int,
+        warmup_method: str,
+        last_epoch: int,
+    ) -> None:
+        _check_warmup_method(warmup_method)
+        logger.warning(
+            "%s is kept for detectron2 scripts; prefer build_lr_scheduler or "
+            "LRMultiplier over a WarmupParamScheduler.",
+            type(self).__name__,
+        )
+        self.warmup_factor = warmup_factor
+        self.warmup_iters = warmup_iters
+        self.warmup_method = warmup_method
+        super().__init__(optimizer, last_epoch)
+
+    def _decay(self) -> float:
+        """The schedule's multiplier at ``last_epoch``, warm-up aside."""
+        raise NotImplementedError
+
+    @override
+    def get_lr(self) -> list[float]:
+        warmup = _warmup_factor_at_iter(
+            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
+        )
+        decay = self._decay()
+        return [base_lr * warmup * decay for base_lr in self.base_lrs]
+
+
+class WarmupMultiStepLR(_WarmupLRScheduler):
     """detectron2's older multi-step schedule: ``base_lr * warmup * gamma ** (#milestones passed)``.
 
     Prefer :func:`trainkit.solver.build_lr_scheduler` (or :class:`LRMultiplier` over a
@@ -232,28 +271,16 @@ class WarmupMultiStepLR(torch.optim.lr_scheduler.LRScheduler):
                 f"milestones (SOLVER.STEPS) must be increasing iterations, got "
                 f"{list(milestones)}; sort them."
             )
-        _check_warmup_method(warmup_method)
-        logger.warning(
-            "WarmupMultiStepLR is kept for detectron2 scripts; prefer build_lr_scheduler or "
-            "LRMultiplier over a WarmupParamScheduler."
-        )
         self.milestones = list(milestones)
         self.gamma = gamma
-        self.warmup_factor = warmup_factor
-        self.warmup_iters = warmup_iters
-        self.warmup_method = warmup_method
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, warmup_factor, warmup_iters, warmup_method, last_epoch)
 
     @override
-    def get_lr(self) -> list[float]:
-        warmup = _warmup_factor_at_iter(
-            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
-        )
-        decay = self.gamma ** bisect.bisect_right(self.milestones, self.last_epoch)
-        return [base_lr * warmup * decay for base_lr in self.base_lrs]
+    def _decay(self) -> float:
+        return self.gamma ** bisect.bisect_right(self.milestones, self.last_epoch)
 
 
-class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
+class WarmupCosineLR(_WarmupLRScheduler):
     """detectron2's older cosine schedule: ``base_lr * warmup * 0.5 * (1 + cos(pi * it / max))``.
 
     The cosine runs over ``max_iters`` from iteration 0 and decays to 0; prefer
@@ -286,21 +313,9 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         """
         if max_iters <= 0:
             raise ConfigError(f"max_iters must be positive (SOLVER.MAX_ITER), got {max_iters}")
-        _check_warmup_method(warmup_method)
-        logger.warning(
-            "WarmupCosineLR is kept for detectron2 scripts; prefer build_lr_scheduler or "
-            "LRMultiplier over a WarmupParamScheduler."
-        )
         self.max_iters = max_iters
-        self.warmup_factor = warmup_factor
-        self.warmup_iters = warmup_iters
-        self.warmup_method = warmup_method
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, warmup_factor, warmup_iters, warmup_method, last_epoch)
 
     @override
-    def get_lr(self) -> list[float]:
-        warmup = _warmup_factor_at_iter(
-            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
-        )
-        cosine = 0.5 * (1.0 + math.cos(math.pi * self.last_epoch / self.max_iters))
-        return [base_lr * warmup * cosine for base_lr in self.base_lrs]
+    def _decay(self) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * self.last_epoch / self.max_iters))
