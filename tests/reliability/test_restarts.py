@@ -196,19 +196,17 @@ def _torchrun(out, *agent_args, config=()):
     ]
 
 
+def _standalone(out, max_restarts=0, config=()):
+    """tools/train_net.py under ``torchrun --standalone`` with 2 processes on this machine."""
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
+    return _torchrun(out, "--standalone", "--nproc-per-node", "2", *restarts, config=config)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_under_torchrun_a_restarted_job_resumes_by_itself(tmp_path):
     out = tmp_path / "out"
-    command = _torchrun(
-        out,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "1",
-        config=["SOLVER.MAX_ITER", "30"],
-    )
+    command = _standalone(out, max_restarts=1, config=["SOLVER.MAX_ITER", "30"])
     proc = _start(command, out, "torchrun.log", _env("raise_on_rank:1:15:0"))
     assert _finish(proc, timeout=400) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     log = (tmp_path / "torchrun.log").read_text()
@@ -272,15 +270,7 @@ def test_under_torchrun_a_restarted_gloo_job_never_reads_the_dead_rounds_keys(tm
 @pytest.mark.distributed
 def test_under_torchrun_a_user_error_stops_every_later_round_at_once(tmp_path):
     out = tmp_path / "out"
-    command = _torchrun(
-        out,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "2",
-        config=["SOLVER.BASE_LR", "-1"],
-    )
+    command = _standalone(out, max_restarts=2, config=["SOLVER.BASE_LR", "-1"])
     result = subprocess.run(
         command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
     )
@@ -294,13 +284,7 @@ def test_under_torchrun_a_user_error_stops_every_later_round_at_once(tmp_path):
 @pytest.mark.distributed
 def test_under_torchrun_the_watchdog_names_the_stalled_rank(tmp_path):
     out = tmp_path / "out"
-    command = _torchrun(
-        out,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        config=["SOLVER.MAX_ITER", "200", "WATCHDOG_TIMEOUT_S", "5"],
-    )
+    command = _standalone(out, config=["SOLVER.MAX_ITER", "200", "WATCHDOG_TIMEOUT_S", "5"])
     start = time.monotonic()
     result = subprocess.run(
         command,
@@ -323,12 +307,8 @@ def test_under_torchrun_the_watchdog_names_the_stalled_rank(tmp_path):
 @pytest.mark.distributed
 def test_sigterm_to_torchrun_saves_a_checkpoint(tmp_path):
     out = tmp_path / "out"
-    command = _torchrun(
-        out,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        config=["SOLVER.MAX_ITER", "2000", "SOLVER.CHECKPOINT_PERIOD", "5000"],
+    command = _standalone(
+        out, config=["SOLVER.MAX_ITER", "2000", "SOLVER.CHECKPOINT_PERIOD", "5000"]
     )
     proc = _start(command, out, "torchrun.log", _env())
     _wait_for(lambda: (out / "metrics.json").exists() and _iterations(out), [proc])
