@@ -21,8 +21,16 @@ _EXTRAS = {
     "plot": ["matplotlib>=3.5"],
 }
 # The test suite runs the trackers for real (an offline W&B run, a local MLflow server) and
-# the plot tool, so it needs every extra.
-_EXTRAS["test"] = ["pytest>=7.0", *_EXTRAS["wandb"], *_EXTRAS["mlflow"], *_EXTRAS["plot"]]
+# the plot tool, so it needs every extra; import-linter checks the layering contract in
+# pyproject.toml (tests/test_layering.py runs it), which a hand-written AST walk did before
+# without seeing cycles or imports hidden in functions.
+_EXTRAS["test"] = [
+    "pytest>=7.0",
+    "import-linter>=2.0",
+    *_EXTRAS["wandb"],
+    *_EXTRAS["mlflow"],
+    *_EXTRAS["plot"],
+]
 
 setup(
     name="trainkit",

@@ -1,59 +1,47 @@
-"""Packages import only from the layers below them (utils <- config <- middle <- engine)."""
+"""The layering is a contract: ``lint-imports`` checks it (configured in pyproject.toml).
 
-import ast
+utils < config < data, solver, checkpoint, modeling, evaluation < launcher < engine; the
+middle packages do not import one another, the library never imports ``benchmarks``, and no
+modules of a package import each other in a cycle.
+"""
+
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import trainkit
-
-# package -> trainkit packages it may import (besides itself)
-ALLOWED = {
-    "utils": set(),
-    "config": {"utils"},
-    "data": {"utils", "config"},
-    "solver": {"utils", "config"},
-    "checkpoint": {"utils", "config"},
-    "modeling": {"utils", "config"},
-    "evaluation": {"utils", "config"},
-    "engine": {"utils", "config", "data", "solver", "checkpoint", "modeling", "evaluation"},
-}
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _trainkit_imports(source: str) -> set:
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative imports hide the layer; use absolute imports"
-            if node.module == "trainkit":
-                names = ["trainkit." + alias.name for alias in node.names]
-            elif node.module:
-                names = [node.module]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "trainkit" and len(parts) > 1:
-                found.add(parts[1])
-    return found
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    # The console script of the import-linter package (the `test` extra), next to python.
+    lint = Path(sys.executable).with_name("lint-imports")
+    command = [str(lint)] if lint.exists() else ["lint-imports"]
+    return subprocess.run(
+        [*command, "--no-cache"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
+    )
 
 
-def test_packages_import_only_lower_layers():
-    root = Path(trainkit.__file__).parent
-    violations = []
-    for path in sorted(root.rglob("*.py")):
-        package = path.relative_to(root).parts[0]
-        if package not in ALLOWED:
-            continue
-        imported = _trainkit_imports(path.read_text()) - {package}
-        violations += [
-            f"{path.relative_to(root)} imports trainkit.{bad}"
-            for bad in sorted(imported - ALLOWED[package])
-        ]
-    assert not violations, "\n".join(violations)
+def test_the_import_contracts_are_kept():
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_checker_catches_a_violation():
-    assert _trainkit_imports("from trainkit import engine\nimport trainkit.data.build") == {
-        "engine",
-        "data",
-    }
+def test_the_contracts_catch_an_upward_import_and_a_cycle(tmp_path):
+    """Guard against a vacuous contract: a copy of the tree with two bad imports fails."""
+    shutil.copytree(ROOT / "trainkit", tmp_path / "trainkit")
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "trainkit" / "data" / "catalog.py", "a") as f:
+        f.write("\nimport trainkit.engine  # upward\n")
+    with open(tmp_path / "trainkit" / "utils" / "history_buffer.py", "a") as f:
+        f.write("\nimport trainkit.utils.event_storage  # which imports history_buffer\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "trainkit.data.catalog -> trainkit.engine" in result.stdout
+    assert "No cycles are allowed in trainkit.utils" in result.stdout

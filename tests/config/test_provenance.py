@@ -65,7 +65,7 @@ def test_paths_inside_the_working_directory_are_shown_relative(chain, tmp_path, 
 def test_defaults_have_no_origin():
     cfg = get_cfg()
     assert cfg.get_origin("SOLVER.BASE_LR") is None
-    assert config_changes(cfg) == []
+    assert config_changes(cfg, get_cfg()) == []
 
 
 def test_assignment_in_code_records_file_and_line():
@@ -80,7 +80,7 @@ def test_a_change_that_leaves_no_record_is_reported_as_code(chain):
     cfg.merge_from_file(str(chain))
     cfg.SOLVER["BASE_LR"] = 9.0  # item assignment: no origin recorded
     assert cfg.get_origin("SOLVER.BASE_LR") is None  # the file's origin no longer holds
-    changes = {c.key: c for c in config_changes(cfg)}
+    changes = {c.key: c for c in config_changes(cfg, get_cfg())}
     assert changes["SOLVER.BASE_LR"].value == 9.0
     assert changes["SOLVER.BASE_LR"].origin == "code"
 
@@ -97,11 +97,11 @@ def test_origins_survive_clone_freeze_and_pickle(chain):
     cfg.merge_from_file(str(chain))
     cfg.merge_from_list(["SEED", "4"])
     cfg.freeze()
-    expected = {c.key: c.origin for c in config_changes(cfg)}
+    expected = {c.key: c.origin for c in config_changes(cfg, get_cfg())}
     assert expected["SEED"] == "command line"
     for copy in (cfg.clone(), pickle.loads(pickle.dumps(cfg))):
         assert copy.is_frozen()
-        assert {c.key: c.origin for c in config_changes(copy)} == expected
+        assert {c.key: c.origin for c in config_changes(copy, get_cfg())} == expected
 
 
 def test_origins_change_neither_dump_nor_equality(chain):
@@ -110,7 +110,7 @@ def test_origins_change_neither_dump_nor_equality(chain):
     cfg.SEED = 1
     # the same values, set by item assignment, which records no origin
     bare = get_cfg()
-    for change in config_changes(cfg):
+    for change in config_changes(cfg, get_cfg()):
         *parents, leaf = change.key.split(".")
         node = bare
         for part in parents:
@@ -160,7 +160,7 @@ def test_report_is_yaml_with_origins_as_comments(chain):
     cfg = get_cfg()
     cfg.merge_from_file(str(chain))
     cfg.merge_from_list(["DATASETS.TRAIN", "('a', 'b')"])
-    text = format_config_changes(config_changes(cfg), header="Changed keys")
+    text = format_config_changes(config_changes(cfg, get_cfg()), header="Changed keys")
     assert text.startswith("# Changed keys\n")
     lines = {line.split(":")[0]: line for line in text.splitlines() if not line.startswith("#")}
     assert lines["DATASETS.TRAIN"].split("#")[1].strip() == "command line"

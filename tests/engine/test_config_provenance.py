@@ -135,7 +135,7 @@ def test_random_seed_drawn_by_the_trainer_has_a_run_time_origin(tmp_path):
     assert trainer.cfg.SEED >= 0
     origin = trainer.cfg.get_origin("SEED")
     assert origin.startswith("run time: a random seed shared by all ranks (was -1, the default)")
-    changes = {c.key: c.origin for c in config_changes(trainer.cfg)}
+    changes = {c.key: c.origin for c in config_changes(trainer.cfg, get_cfg())}
     assert changes["SEED"] == origin
 
 

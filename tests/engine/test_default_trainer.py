@@ -137,9 +137,12 @@ def _train(
     workers=2,
     accumulate=1,
     checkpoint_async=False,
+    seed=3,
 ):
     seed_all_rng(7 + comm.get_rank())  # what default_setup does in a real script
-    trainer = RegressionTrainer(_cfg(output_dir, max_iter, workers, accumulate, checkpoint_async))
+    cfg = _cfg(output_dir, max_iter, workers, accumulate, checkpoint_async)
+    cfg.SEED = seed
+    trainer = RegressionTrainer(cfg)
     if stop_after is not None:
         trainer.register_hooks([_StopAt(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -183,6 +186,18 @@ def test_exact_resume_single_process(tmp_path):
     assert partial["results"] is None
     resumed = _train(tmp_path / "resumed", resume=True)
     assert resumed["start_iter"] == 5
+    _assert_same(straight, resumed)
+
+
+def test_a_random_seed_run_resumes_its_own_data_stream(tmp_path):
+    # SEED -1 draws a new seed in every process; the resumed run continues the stream of the
+    # seed its checkpoint was written with (resume_or_load rebuilds the loader for it).
+    _train(tmp_path / "resumed", stop_after=4, workers=0, seed=-1)
+    saved = torch.load(tmp_path / "resumed" / "model_0000004.pth", weights_only=True)
+    seed = saved["trainer"]["seed"]
+    assert seed >= 0
+    resumed = _train(tmp_path / "resumed", resume=True, workers=0, seed=-1)
+    straight = _train(tmp_path / "straight", workers=0, seed=seed)
     _assert_same(straight, resumed)
 
 
@@ -288,9 +303,9 @@ def test_without_rng_restore_resume_differs(tmp_path, monkeypatch):
     """Guard against a vacuous equality test: dropping the RNG restore must break it."""
     straight = _train(tmp_path / "straight")
     _train(tmp_path / "resumed", stop_after=4)
-    import trainkit.engine.rank_state as rank_state
+    import trainkit.engine.run_state as run_state
 
-    monkeypatch.setattr(rank_state, "set_rng_state", lambda state: None)
+    monkeypatch.setattr(run_state, "set_rng_state", lambda state: None)
     resumed = _train(tmp_path / "resumed", resume=True)
     assert any(
         not torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"]
@@ -463,6 +478,66 @@ def test_a_custom_step_trainer_runs_inside_default_trainer_with_its_hooks(tmp_pa
     assert set(state["_trainer"]) == {"optimizer"}  # the loop's state is saved once
 
 
+def test_an_assigned_step_adopts_the_configs_wiring(tmp_path):
+    """detectron2's `self._trainer = SimpleTrainer(model, loader, optimizer)` keeps the recipe."""
+    cfg = _cfg(tmp_path, max_iter=7, workers=0, accumulate=2)
+    cfg.WATCHDOG_TIMEOUT_S = 600.0
+
+    class Trainer(RegressionTrainer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self._trainer = SimpleTrainer(
+                self.model, self._trainer.data_loader, self.optimizer, accumulate_steps=2
+            )
+
+    trainer = Trainer(cfg)
+    step = trainer._trainer
+    assert step.gather_metric_period == cfg.WRITER_PERIOD == 3
+    assert step.record_every_step
+    assert step.data_loader is not trainer.data_loader  # watched: waiting counts as 'data'
+    assert step.data_loader.loader is trainer.data_loader
+    trainer.train()
+    # Every step's loss is recorded (synchronised every WRITER_PERIOD = 3 steps, at the end).
+    assert [it for _, it in trainer.storage.history("loss_mse").values()] == list(range(7))
+    lines = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [line["iteration"] for line in lines if "loss_mse" in line] == [2, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("setting", "step_kwargs", "key"),
+    [
+        ({"accumulate": 2}, {}, "SOLVER.ACCUMULATE_STEPS is 2"),
+        ({}, {"accumulate_steps": 2}, "SOLVER.ACCUMULATE_STEPS is 1"),
+        ({"amp": True}, {}, "SOLVER.AMP.ENABLED is True"),
+    ],
+)
+def test_an_assigned_step_that_changes_the_update_is_refused(tmp_path, setting, step_kwargs, key):
+    from trainkit.utils import UsageError
+
+    cfg = _cfg(tmp_path, max_iter=2, workers=0, accumulate=setting.get("accumulate", 1))
+    cfg.SOLVER.AMP.ENABLED = setting.get("amp", False)
+    trainer = RegressionTrainer(cfg)
+    with pytest.raises(UsageError, match=key) as info:
+        trainer._trainer = SimpleTrainer(
+            trainer.model, trainer.data_loader, trainer.optimizer, **step_kwargs
+        )
+    assert "\n" not in str(info.value) and "DefaultTrainer._trainer" in str(info.value)
+
+
+def test_an_assigned_amp_step_with_another_precision_is_refused(tmp_path):
+    from trainkit.engine import AMPTrainer
+    from trainkit.utils import UsageError
+
+    cfg = _cfg(tmp_path, max_iter=2, workers=0)
+    cfg.SOLVER.AMP.ENABLED = True
+    trainer = RegressionTrainer(cfg)
+    with pytest.raises(UsageError, match="autocasts to torch.float16"):
+        trainer._trainer = AMPTrainer(
+            trainer.model, trainer.data_loader, trainer.optimizer, precision=torch.float16
+        )
+    trainer._trainer = AMPTrainer(trainer.model, trainer.data_loader, trainer.optimizer)
+
+
 def test_hooks_run_by_priority_and_the_order_is_logged(tmp_path, caplog):
     import logging
 
@@ -478,7 +553,7 @@ def test_hooks_run_by_priority_and_the_order_is_logged(tmp_path, caplog):
     names = [type(h).__name__ for h in trainer.hooks]
     assert names.index("Early") < names.index("PeriodicCheckpointer") < names.index("Late")
     assert names[-1] == "PeriodicWriter"
-    with caplog.at_level(logging.INFO, logger="trainkit.engine.train_loop"):
+    with caplog.at_level(logging.INFO, logger="trainkit.engine.trainer_base"):
         trainer.train()
     assert (
         "Hooks, in the order they run: ProgressWatchdog (priority 0), IterationTimer (priority 0)"

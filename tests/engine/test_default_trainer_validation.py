@@ -198,4 +198,4 @@ def test_two_ranks_stop_after_the_same_step_on_rank_zeros_results(tmp_path):
     assert (tmp_path / "last_checkpoint").read_text().strip() == "model_final.pth"
     saved = torch.load(tmp_path / "model_final.pth", weights_only=True)
     assert saved["trainer"]["iteration"] == 3
-    assert len(saved["rank_states"]["ranks"]) == 2  # every rank's state, captured at the stop
+    assert len(saved["trainer"]["ranks"]) == 2  # every rank's state, captured at the stop

@@ -164,7 +164,7 @@ def test_a_trainer_restored_from_a_stopped_run_does_not_train(caplog):
     writer = _ClosingWriter()
     resumed.register_hooks([hooks.PeriodicWriter([writer])])
     resumed.load_state_dict(stopped.state_dict())
-    with caplog.at_level(logging.WARNING, logger="trainkit.engine.train_loop"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.trainer_base"):
         resumed.train(3, 10)
     assert resumed.steps == []
     assert "Not training: this run stopped early after iteration 2 (plateau)" in caplog.text
@@ -269,13 +269,21 @@ class _FakeCheckpointer:
         self.saves.append((name, extra))
 
 
+class _FakeRunState:
+    def __init__(self):
+        self.prepared = 0
+
+    def prepare_save(self):
+        self.prepared += 1
+
+
 def test_periodic_checkpointer_writes_the_final_checkpoint_of_a_stopped_run():
     checkpointer = _FakeCheckpointer()
-    captured = []
+    run_state = _FakeRunState()
     trainer = _Trainer()
     trainer.register_hooks(
         [
-            hooks.PeriodicCheckpointer(checkpointer, 4, before_save=lambda: captured.append(1)),
+            hooks.PeriodicCheckpointer(checkpointer, 4, run_state=run_state),
             hooks.CallbackHook(after_step=lambda t: t.iter == 5 and t.request_stop("done")),
         ]
     )
@@ -284,7 +292,7 @@ def test_periodic_checkpointer_writes_the_final_checkpoint_of_a_stopped_run():
         ("model_0000003", 3),
         ("model_final", 5),
     ]
-    assert len(captured) == 2
+    assert run_state.prepared == 2  # before each save, on every rank
 
 
 def test_best_checkpointer_patience_saves_improvements_then_stops():

@@ -321,13 +321,17 @@ class Checkpointer(_FvcoreCheckpointer):
         checkpoint = read_checkpoint_file(local_path, trust_pickle=self.trust_pickle)
         return self._restore(checkpoint, local_path, checkpointables)
 
-    def resume_or_load(self, path: str, resume: bool = True) -> dict[str, Any]:
+    def resume_or_load(
+        self, path: str, resume: bool = True, *, checkpointables: list[str] | None = None
+    ) -> dict[str, Any]:
         """Resume from ``save_dir`` if asked and possible, else load the weights at ``path``.
 
-        With ``resume`` and a ``last_checkpoint`` tag, the tagged file is loaded with every
-        checkpointable. If it is unreadable (missing, truncated, corrupt), the other ``.pth``
-        files in ``save_dir`` are tried newest first, with a warning naming each skipped
-        file. Otherwise only the model is loaded from ``path`` (``""``: nothing).
+        With ``resume`` and a ``last_checkpoint`` tag, the tagged file is loaded with the
+        checkpointables named by ``checkpointables`` (``None``: all of them; ``[]``: none,
+        their states are returned for the caller to restore). If it is unreadable (missing,
+        truncated, corrupt), the other ``.pth`` files in ``save_dir`` are tried newest first,
+        with a warning naming each skipped file. Otherwise only the model is loaded from
+        ``path`` (``""``: nothing).
 
         Returns:
             Same as :meth:`load`.
@@ -339,10 +343,10 @@ class Checkpointer(_FvcoreCheckpointer):
         """
         self._writer.wait()  # a checkpoint still being written in the background counts
         if resume and self.has_checkpoint():
-            return self._resume_newest_loadable()
+            return self._resume_newest_loadable(checkpointables)
         return self.load(path, checkpointables=[])
 
-    def _resume_newest_loadable(self) -> dict[str, Any]:
+    def _resume_newest_loadable(self, checkpointables: list[str] | None) -> dict[str, Any]:
         tagged = self.get_checkpoint_file()
         candidates = [tagged] if tagged else []
         candidates += [f for f in self.get_all_checkpoint_files() if f != tagged]
@@ -360,7 +364,7 @@ class Checkpointer(_FvcoreCheckpointer):
                         self.logger.warning("Resuming from older checkpoint %s", candidate)
                     self.logger.info("Resuming from %s", candidate)
                     try:
-                        return self._restore(checkpoint, candidate, None)
+                        return self._restore(checkpoint, candidate, checkpointables)
                     except ShapeMismatchError as e:
                         # The run's own checkpoint no longer fits: the config changed.
                         raise ShapeMismatchError(

@@ -6,7 +6,7 @@ so adding a key means adding it here with a comment, and updating the schema sna
 
 from __future__ import annotations
 
-from trainkit.config.config import CfgNode as CN
+from trainkit.config.cfg_node import CfgNode as CN
 
 _C = CN()
 
@@ -284,3 +284,10 @@ _C.WATCHDOG_TIMEOUT_S = 0.0
 # Placeholder for user-defined keys: anything may be added under it.
 _C.GLOBAL = CN(new_allowed=True)
 _C.GLOBAL.HACK = 1.0
+
+
+def get_cfg() -> CN:
+    """Return a fresh copy of trainkit's default config (the schema above)."""
+    cfg = _C.clone()
+    cfg._forget_origins()  # the defaults are the baseline, not a change with an origin
+    return cfg

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import yaml
 
 if TYPE_CHECKING:
-    from trainkit.config.config import CfgNode
+    from trainkit.config.cfg_node import CfgNode
 
 __all__ = [
     "ORIGIN_AUTO_SCALING",
@@ -97,20 +97,18 @@ def yaml_key_lines(node: yaml.Node | None, path: str, prefix: str = "") -> dict[
     return lines
 
 
-def config_changes(cfg: CfgNode, defaults: CfgNode | None = None) -> list[ConfigChange]:
+def config_changes(cfg: CfgNode, defaults: CfgNode) -> list[ConfigChange]:
     """Return every key of ``cfg`` whose value differs from ``defaults``, with its origin.
 
     Args:
         cfg: the config.
-        defaults: what to compare with; :func:`~trainkit.config.get_cfg` when None. Keys
+        defaults: what to compare with, usually :func:`~trainkit.config.get_cfg`'s. Keys
             absent from it (added by a script) count as different.
 
     Returns:
         The changes, sorted by key; an origin that was not recorded is ``"code"``.
     """
-    from trainkit.config.config import get_cfg
-
-    baseline = _flatten(defaults if defaults is not None else get_cfg())
+    baseline = _flatten(defaults)
     changes = []
     for key, value in sorted(_flatten(cfg).items()):
         if key in baseline and baseline[key] == value:

@@ -24,6 +24,15 @@ def _device_type(model: nn.Module) -> str:
     return param.device.type if param is not None else "cpu"
 
 
+def default_precision(device_type: str) -> torch.dtype:
+    """Return the autocast dtype ``AMPTrainer`` uses by default on ``device_type``.
+
+    float16 on CUDA (with a gradient scaler), bfloat16 elsewhere (float32's exponent range:
+    no loss scaling needed).
+    """
+    return torch.float16 if device_type == "cuda" else torch.bfloat16
+
+
 class AMPTrainer(SimpleTrainer):
     """:class:`SimpleTrainer` with automatic mixed precision.
 
@@ -81,19 +90,19 @@ class AMPTrainer(SimpleTrainer):
             record_every_step=record_every_step,
             accumulate_steps=accumulate_steps,
         )
-        self._autocast_device = _device_type(model)
+        self.autocast_device = _device_type(model)
         if precision is None:
-            precision = torch.float16 if self._autocast_device == "cuda" else torch.bfloat16
+            precision = default_precision(self.autocast_device)
         self.precision = precision
         if grad_scaler is None and precision == torch.float16:
-            grad_scaler = torch.amp.GradScaler(self._autocast_device)
+            grad_scaler = torch.amp.GradScaler(self.autocast_device)
         self.grad_scaler = grad_scaler
         self.log_grad_scaler = log_grad_scaler
         self.num_skipped_steps = 0
 
     @override
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast(device_type=self._autocast_device, dtype=self.precision)
+        return torch.autocast(device_type=self.autocast_device, dtype=self.precision)
 
     @override
     def backward(self, loss: torch.Tensor) -> None:

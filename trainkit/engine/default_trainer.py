@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -11,31 +12,28 @@ from torch import nn
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
-from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
-from trainkit.engine.amp_trainer import AMPTrainer
+from trainkit.engine.amp_trainer import AMPTrainer, default_precision
 from trainkit.engine.ddp import create_ddp_model
-from trainkit.engine.defaults import resolve_random_seed
+from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.job_store import job_store
 from trainkit.engine.preemption import PreemptionHandler
-from trainkit.engine.rank_state import RankStates
-from trainkit.engine.restarts import record_run, resumes_by_itself
+from trainkit.engine.restarts import resumes_by_itself
+from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
-from trainkit.engine.train_loop import HookBase, TrainerBase
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.writers import build_writers
-from trainkit.evaluation import (
-    DatasetEvaluator,
-    verify_results,
-)
+from trainkit.evaluation import DatasetEvaluator, verify_results
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
+from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventWriter
 from trainkit.utils.logger import setup_logger
 
@@ -78,10 +76,10 @@ class DefaultTrainer(TrainerBase):
         super().__init__()
         if not logging.getLogger("trainkit").handlers:
             setup_logger(distributed_rank=comm.get_rank())
+        # A no-op after default_setup, which already scaled the config (and logged it).
         cfg = self.auto_scale_workers(cfg, comm.get_world_size())
         self._seed_was_random = cfg.SEED < 0
-        cfg = resolve_random_seed(cfg)
-        self.cfg = cfg
+        self.cfg = cfg = resolve_random_seed(cfg)
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
@@ -90,20 +88,12 @@ class DefaultTrainer(TrainerBase):
         # job's store, where rank 0 compares every rank's (see trainkit.engine.job).
         store = job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
         self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
-        self._train_loader = data_loader
         step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
-        # Every step's losses are recorded (as with detectron2's default period of 1) but
-        # synchronised only every WRITER_PERIOD steps, when the writers need them.
         self._trainer = step_cls(
-            model,
-            self._watched(data_loader),
-            optimizer,
-            gather_metric_period=cfg.WRITER_PERIOD,
-            record_every_step=True,
-            accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS,
+            model, data_loader, optimizer, accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS
         )
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.rank_states = RankStates(lambda: self.iter, lambda: self.data_loader)
+        self.run_state = RunState(self)
         self.checkpointer = Checkpointer(
             model,
             cfg.OUTPUT_DIR,
@@ -111,9 +101,8 @@ class DefaultTrainer(TrainerBase):
             async_save=cfg.SOLVER.CHECKPOINT_ASYNC,
             # Training waits only for this part of a save (the host copy when writing in
             # the background); the watchdog times it as the 'checkpoint' phase.
-            blocking_context=lambda: self.watchdog.phase("checkpoint"),
-            trainer=self,
-            rank_states=self.rank_states,
+            blocking_context=functools.partial(self.watchdog.phase, "checkpoint"),
+            trainer=self.run_state,
         )
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
@@ -127,11 +116,22 @@ class DefaultTrainer(TrainerBase):
     # ---- the step component -------------------------------------------------------------
     @property
     def _trainer(self) -> SimpleTrainer:
-        """The step trainer; assigning one binds it to this trainer's loop and hooks."""
+        """The step trainer (detectron2's name); see the setter for what assigning one does."""
         return self._step
 
     @_trainer.setter
     def _trainer(self, step: SimpleTrainer) -> None:
+        # detectron2's way to customise the step: `self._trainer = MyStep(model, loader, opt)`
+        # after super().__init__(cfg). The step then runs inside this trainer's loop with the
+        # config's wiring, whatever it was built with: metrics recorded every step and
+        # synchronised every WRITER_PERIOD steps (so a CUDA step never waits for the device),
+        # and its loader watched. What changes the update itself must agree with the config.
+        check_step_arithmetic(self.cfg, step)
+        step.gather_metric_period = self.cfg.WRITER_PERIOD
+        step.record_every_step = True
+        loader = step.data_loader
+        self._train_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
+        step.data_loader = self._watched(self._train_loader)
         step.bind_to(self)
         self._step = step
 
@@ -206,11 +206,11 @@ class DefaultTrainer(TrainerBase):
                 self.checkpointer,
                 cfg.SOLVER.CHECKPOINT_PERIOD,
                 max_to_keep=cfg.SOLVER.MAX_TO_KEEP or None,
-                before_save=self._before_save,
+                run_state=self.run_state,
             ),
             # After the periodic checkpoint, so a stop never pre-empts a regular save, and
             # before evaluation, so a pre-empted job does not spend its grace period on it.
-            PreemptionHandler(before_save=self._before_save),
+            PreemptionHandler(run_state=self.run_state),
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
             # Right after the evaluation it watches (same priority, registered later).
             early_stopping_from_config(cfg),
@@ -243,18 +243,39 @@ class DefaultTrainer(TrainerBase):
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
-        extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
-        if resume and self.checkpointer.has_checkpoint():
-            # The checkpoint holds the last finished iteration; continue with the next one.
-            self.start_iter = self.iter + 1
-            saved_iter = extra.get("iteration")
-            if saved_iter is not None and saved_iter != self.iter:
-                logger.warning(
-                    "Checkpoint extra data says iteration %s but the trainer state says %d; "
-                    "using the trainer state.",
-                    saved_iter,
-                    self.iter,
-                )
+        # The weights only: the run state is restored below, once the loader that continues
+        # it exists.
+        checkpoint = self.checkpointer.resume_or_load(
+            self.cfg.MODEL.WEIGHTS, resume=resume, checkpointables=[]
+        )
+        if not (resume and self.checkpointer.has_checkpoint()):
+            return
+        state = upgrade_run_state(checkpoint)
+        check_same_recipe(self.cfg, state["world_size"], comm.get_world_size())
+        if self._seed_was_random and state["seed"] not in (None, self.cfg.SEED):
+            # SEED < 0 drew a new seed for this process; the saved run's data stream is keyed
+            # by the seed it drew, so continue that one with a loader built for it.
+            logger.info("Continuing the data stream of the checkpoint (seed %d)", state["seed"])
+            self.cfg = with_seed(self.cfg, state["seed"], "the data seed of the checkpoint")
+            self.data_loader = self.build_train_loader(self.cfg)
+        elif state["seed"] not in (None, self.cfg.SEED):
+            logger.warning(
+                "SEED changed from %d to %d since the checkpoint: the data stream starts "
+                "afresh with the new seed.",
+                state["seed"],
+                self.cfg.SEED,
+            )
+        self.run_state.load_state_dict(state)
+        # The checkpoint holds the last finished iteration; continue with the next one.
+        self.start_iter = self.iter + 1
+        saved_iter = checkpoint.get("iteration")
+        if saved_iter is not None and saved_iter != self.iter:
+            logger.warning(
+                "Checkpoint extra data says iteration %s but the trainer state says %d; "
+                "using the trainer state.",
+                saved_iter,
+                self.iter,
+            )
 
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
@@ -281,12 +302,6 @@ class DefaultTrainer(TrainerBase):
         if comm.is_main_process() and self._last_eval_results:
             verify_results(self.cfg, self._last_eval_results)
         return self._last_eval_results
-
-    def _before_save(self) -> None:
-        if comm.is_main_process():
-            record_run(self.cfg.OUTPUT_DIR)  # a restart of this job resumes these checkpoints
-        with self.watchdog.phase("checkpoint"):
-            self.rank_states.capture()
 
     def _evaluate_for_hook(self) -> dict[str, Any]:
         use_ema = self.model_ema is not None and self.cfg.MODEL_EMA.USE_FOR_EVAL
@@ -375,49 +390,55 @@ class DefaultTrainer(TrainerBase):
 
     # ---- resumable state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return the loop's state (iteration, hooks), the step's (optimizer) and the seed.
+        """Return the loop's state (iteration, hooks) and, under ``_trainer``, the step's.
 
-        Every rank's RNG and data-stream state is the separate checkpointable
-        ``rank_states`` (:class:`~trainkit.engine.rank_state.RankStates`).
+        This is detectron2's trainer state; the checkpoint's ``"trainer"`` entry extends it
+        with the seed, the world size and every rank's RNG and loader states
+        (:class:`~trainkit.engine.run_state.RunState`).
         """
         state = super().state_dict()
         state["_trainer"] = self._step.state_dict()
-        state["data_seed"] = self.cfg.SEED
-        state["world_size"] = comm.get_world_size()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
-
-        Raises:
-            ConfigError: If the checkpoint was written on another world size while linear
-                auto-scaling is on: the recipe (batch, LR, schedule) would change mid-run.
-        """
-        check_same_recipe(self.cfg, state.get("world_size"), comm.get_world_size())
+        """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
-        saved_seed = state.get("data_seed")
-        if saved_seed is None or saved_seed == self.cfg.SEED:
-            return
-        if not self._seed_was_random:
-            logger.warning(
-                "SEED changed from %d to %d since the checkpoint: the data stream starts "
-                "afresh with the new seed.",
-                saved_seed,
-                self.cfg.SEED,
-            )
-            return
-        # SEED < 0 drew a new seed for this process; continue the saved run's stream (the
-        # rank states, loaded after this, then position the rebuilt loader).
-        logger.info("Continuing the data stream of the checkpoint (seed %d)", saved_seed)
-        cfg = self.cfg.clone()
-        cfg.defrost()
-        cfg.SEED = saved_seed
-        cfg.freeze()
-        record_changes(self.cfg, cfg, f"{ORIGIN_RUN_TIME}: the data seed of the checkpoint")
-        self.cfg = cfg
-        self.data_loader = self.build_train_loader(cfg)
 
 
 def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())
+
+
+def check_step_arithmetic(cfg: CfgNode, step: SimpleTrainer) -> None:
+    """Refuse a step trainer whose update differs from the one the config describes.
+
+    Accumulation, mixed precision and its dtype change what a step computes; a step trainer
+    assigned to ``DefaultTrainer._trainer`` must agree with ``cfg`` on them rather than
+    silently change the recipe.
+
+    Raises:
+        UsageError: Naming the config key that disagrees and how to make them agree.
+    """
+    name = type(step).__name__
+    if step.accumulate_steps != cfg.SOLVER.ACCUMULATE_STEPS:
+        raise UsageError(
+            f"the {name} assigned to DefaultTrainer._trainer accumulates "
+            f"{step.accumulate_steps} micro-batch(es) per step but SOLVER.ACCUMULATE_STEPS is "
+            f"{cfg.SOLVER.ACCUMULATE_STEPS}; build it with "
+            "accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS or change the config."
+        )
+    is_amp = isinstance(step, AMPTrainer)
+    if is_amp != bool(cfg.SOLVER.AMP.ENABLED):
+        wanted = "an AMPTrainer" if cfg.SOLVER.AMP.ENABLED else "a SimpleTrainer (not AMPTrainer)"
+        raise UsageError(
+            f"SOLVER.AMP.ENABLED is {cfg.SOLVER.AMP.ENABLED} but the {name} assigned to "
+            f"DefaultTrainer._trainer {'uses' if is_amp else 'does not use'} mixed precision; "
+            f"assign {wanted} or its subclass, or change SOLVER.AMP.ENABLED."
+        )
+    if is_amp and step.precision != default_precision(step.autocast_device):
+        raise UsageError(
+            f"the {name} assigned to DefaultTrainer._trainer autocasts to {step.precision}, "
+            f"but SOLVER.AMP.ENABLED runs {default_precision(step.autocast_device)} on "
+            f"{step.autocast_device}; build it without a precision argument."
+        )

@@ -2,7 +2,7 @@
 
 ``DefaultTrainer``, ``default_writers`` and ``create_ddp_model`` live in their own modules
 and are importable from here too (``from trainkit.engine.defaults import DefaultTrainer``, as
-in detectron2).
+in detectron2): this module imports them, none of them imports this one.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from typing import Any
 
 import torch
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, get_cfg
 from trainkit.config.provenance import (
-    ORIGIN_RUN_TIME,
     config_changes,
     format_config_changes,
-    record_changes,
 )
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
@@ -32,10 +31,9 @@ from trainkit.utils.errors import MissingFileError, UsageError, install_usage_er
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.logger import setup_logger
 
-# DefaultTrainer is importable from here too (see __getattr__ at the end).
 __all__ = [
+    "DefaultTrainer",
     "OutputDirError",
-    "resolve_random_seed",
     "check_output_dir",
     "create_ddp_model",
     "default_argument_parser",
@@ -189,7 +187,7 @@ def _write_config_files(cfg: CfgNode, output_dir: str) -> None:
     with atomic_write(os.path.join(output_dir, "config.yaml"), "w") as f:
         f.write(cfg.dump())
     with atomic_write(os.path.join(output_dir, "config_origins.yaml"), "w") as f:
-        f.write(format_config_changes(config_changes(cfg), header=_ORIGINS_HEADER))
+        f.write(format_config_changes(config_changes(cfg, get_cfg()), header=_ORIGINS_HEADER))
     logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
 
 
@@ -208,7 +206,7 @@ def _print_config_and_exit(cfg: CfgNode, args: argparse.Namespace) -> None:
             f"Config keys that differ from trainkit's defaults, for a job of {world_size} "
             f"process{'es' if world_size > 1 else ''}: the value, then where it came from."
         )
-        text = format_config_changes(config_changes(scaled), header=header)
+        text = format_config_changes(config_changes(scaled, get_cfg()), header=header)
         print(text, end="", flush=True)  # noqa: T201 - the output --print-config asks for
     raise SystemExit(0)
 
@@ -254,30 +252,3 @@ def check_output_dir(output_dir: str) -> None:
             f"OUTPUT_DIR {output_dir!r} is not writable by this user; set OUTPUT_DIR to a "
             f"writable directory or fix its permissions."
         )
-
-
-def resolve_random_seed(cfg: CfgNode) -> CfgNode:
-    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
-
-    Collective:
-        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
-    """
-    if cfg.SEED >= 0:
-        return cfg
-    seed = comm.shared_random_seed()
-    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
-    resolved = cfg.clone()
-    resolved.defrost()
-    resolved.SEED = seed
-    resolved.freeze()
-    record_changes(cfg, resolved, f"{ORIGIN_RUN_TIME}: a random seed shared by all ranks")
-    return resolved
-
-
-def __getattr__(name: str) -> Any:
-    # DefaultTrainer imports this module's neighbours; resolve it lazily to avoid a cycle.
-    if name == "DefaultTrainer":
-        from trainkit.engine.default_trainer import DefaultTrainer
-
-        return DefaultTrainer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

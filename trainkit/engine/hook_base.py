@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.engine.train_loop import TrainerBase
+    from trainkit.engine.trainer_base import TrainerBase
 
 __all__ = ["HookBase", "HookDispatch", "HookPriority", "hook_state_key", "keeps_state"]
 

@@ -17,12 +17,15 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.engine.train_loop import HookBase
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
+
+if TYPE_CHECKING:
+    from trainkit.engine.run_state import RunState
 
 __all__ = ["PREEMPTED_EXIT_CODE", "PreemptionHandler", "TrainingPreempted"]
 
@@ -72,7 +75,7 @@ class PreemptionHandler(HookBase):
         signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1),
         clock: Callable[[], float] = time.monotonic,
         *,
-        before_save: Callable[[], None] | None = None,
+        run_state: RunState | None = None,
     ) -> None:
         """Configure the handler.
 
@@ -81,10 +84,10 @@ class PreemptionHandler(HookBase):
                 ranks (one process checks every iteration).
             signals: the signals that request a stop.
             clock: time source for the debounce window (tests inject one).
-            before_save: called on every rank right before the checkpoint is written (e.g.
-                to gather per-rank state).
+            run_state: the run state ``DefaultTrainer`` saves; its ``prepare_save`` runs on
+                every rank right before the checkpoint is written.
         """
-        self._before_save = before_save
+        self._run_state = run_state
         self._sync_period = sync_period
         self._signals = signals
         self._clock = clock
@@ -136,8 +139,8 @@ class PreemptionHandler(HookBase):
             requested = flags[0] if flags else None
         if requested is None or is_last_iter(trainer.iter, trainer.max_iter):
             return  # the last iteration saves model_final anyway
-        if self._before_save is not None:
-            self._before_save()
+        if self._run_state is not None:
+            self._run_state.prepare_save()
         name = f"model_{trainer.iter:07d}"
         checkpointer = trainer.checkpointer
         checkpointer.save(name, iteration=trainer.iter)

@@ -93,7 +93,8 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     The total batch and the learning rate scale up with the number of workers; MAX_ITER,
     WARMUP_ITERS, STEPS, TEST.EVAL_PERIOD and SOLVER.CHECKPOINT_PERIOD scale down, so the
     run sees the same number of images with the same schedule. ``REFERENCE_WORLD_SIZE == 0``
-    or equal to ``num_workers`` returns the config unchanged (frozen copy). Each changed key's
+    or equal to ``num_workers`` returns the config unchanged: ``cfg`` itself if it is
+    frozen, else a frozen copy. Each changed key's
     origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes ``auto-scaling from N to M
     workers (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE included.
 
@@ -110,12 +111,16 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
             batch does not divide by it, or a positive iteration count or period would
             round to 0.
     """
-    out = cfg.clone()
-    out.defrost()
     old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
     if old_world == 0 or old_world == num_workers:
+        # Nothing to scale (default_setup scaled it already): no copy of a frozen config.
+        if cfg.is_frozen():
+            return cfg
+        out = cfg.clone()
         out.freeze()
         return out
+    out = cfg.clone()
+    out.defrost()
     if num_workers < 1:  # the caller's world size, not a user setting
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     if old_world < 0:

@@ -39,7 +39,7 @@ from trainkit.engine.step_metrics import (
     raise_non_finite,
     sum_losses,
 )
-from trainkit.engine.train_loop import TrainerBase
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils.events import get_event_storage
 from trainkit.utils.periodic import is_last_iter, is_period_end
 

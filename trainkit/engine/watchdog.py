@@ -211,14 +211,17 @@ class PhaseMarkingLoader:
     """Wrap a train loader so that waiting for a batch counts as phase ``data``.
 
     Every other attribute (``state_dict``, ...) is the wrapped loader's.
+
+    Attributes:
+        loader: the wrapped loader.
     """
 
     def __init__(self, loader: Any, watchdog: ProgressWatchdog) -> None:
-        self._loader = loader
+        self.loader = loader
         self._watchdog = watchdog
 
     def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self._loader)
+        iterator = iter(self.loader)
         while True:
             self._watchdog.enter("data")
             try:
@@ -229,4 +232,4 @@ class PhaseMarkingLoader:
             yield batch
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+        return getattr(self.loader, name)

@@ -6,6 +6,7 @@ order is set by ``DefaultTrainer.build_hooks``. One module per responsibility; i
 from here (``trainkit.engine.hooks.X``), the path detectron2 code expects.
 """
 
+from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckpointer
 from trainkit.engine.hooks.early_stopping import EarlyStopping, ImprovementRule
 from trainkit.engine.hooks.ema import ModelEMA, load_ema_weights
@@ -18,7 +19,6 @@ from trainkit.engine.hooks.loop import (
     SkippedRecordsCounter,
 )
 from trainkit.engine.hooks.profiling import TorchMemoryStats, TorchProfiler
-from trainkit.engine.train_loop import HookBase, HookPriority
 
 __all__ = [
     "BestCheckpointer",

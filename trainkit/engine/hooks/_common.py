@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from trainkit.engine.train_loop import HookBase, TrainerBase
+from trainkit.engine.hook_base import HookBase
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
 TrainerCallback = Callable[[TrainerBase], None]

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
+from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import (
     ImprovementRule,
     is_evaluation_step,
     update_from_storage,
 )
-from trainkit.engine.train_loop import HookBase
 from trainkit.utils.periodic import is_last_iter, is_period_end
+
+if TYPE_CHECKING:
+    from trainkit.engine.run_state import RunState
 
 __all__ = ["BestCheckpointer", "PeriodicCheckpointer"]
 
@@ -31,7 +33,9 @@ class PeriodicCheckpointer(HookBase):
     """Save a checkpoint every ``period`` iterations and a final one at the last iteration.
 
     A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer`; the file names, the
-    ``max_to_keep`` rotation and what is saved are that class's business. When a hook
+    ``max_to_keep`` rotation and what is saved are that class's business. Given the run's
+    :class:`~trainkit.engine.run_state.RunState`, every save is preceded, on every rank, by
+    its :meth:`~trainkit.engine.run_state.RunState.prepare_save`. When a hook
     stopped training early (:meth:`TrainerBase.request_stop`), ``after_train`` writes
     ``{file_prefix}_final`` for the last finished iteration and tags it. With a
     checkpointer that saves in the background, ``after_train`` waits for the last write
@@ -46,7 +50,7 @@ class PeriodicCheckpointer(HookBase):
         max_to_keep: int | None = None,
         file_prefix: str = "model",
         *,
-        before_save: Callable[[], None] | None = None,
+        run_state: RunState | None = None,
     ) -> None:
         """Store the arguments.
 
@@ -56,15 +60,15 @@ class PeriodicCheckpointer(HookBase):
             max_iter: the last iteration + 1; ``None`` means the trainer's ``max_iter``.
             max_to_keep: keep only this many periodic checkpoints (``None``: all).
             file_prefix: the checkpoints are ``{file_prefix}_{iteration:07d}.pth``.
-            before_save: called on every rank right before each save, e.g. to gather
-                per-rank state (:meth:`trainkit.engine.rank_state.RankStates.capture`).
+            run_state: the run state ``DefaultTrainer`` saves; its ``prepare_save`` runs on
+                every rank right before each save (it gathers the ranks' states).
         """
         self._checkpointer = checkpointer
         self._period = period
         self._max_iter = max_iter
         self._max_to_keep = max_to_keep
         self._file_prefix = file_prefix
-        self._before_save = before_save
+        self._run_state = run_state
         self._periodic: _PeriodicCheckpointer | None = None
 
     @property
@@ -85,10 +89,10 @@ class PeriodicCheckpointer(HookBase):
         if self._periodic is None:
             return
         cur_iter = self.trainer.iter
-        if self._before_save is not None and (
+        if self._run_state is not None and (
             is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, self._periodic.max_iter)
         ):
-            self._before_save()
+            self._run_state.prepare_save()
         self._periodic.step(cur_iter)
 
     @override
@@ -97,8 +101,8 @@ class PeriodicCheckpointer(HookBase):
         if trainer.stop_reason is not None and trainer.iter < trainer.max_iter:
             # Stopped early (TrainerBase.request_stop): the last iteration's model_final was
             # never written. Write it now; it records the stop, so --resume does not train on.
-            if self._before_save is not None:
-                self._before_save()
+            if self._run_state is not None:
+                self._run_state.prepare_save()
             self._checkpointer.save(f"{self._file_prefix}_final", iteration=trainer.iter)
         if isinstance(self._checkpointer, Checkpointer):
             self._checkpointer.wait()

@@ -16,7 +16,8 @@ from typing import Any
 from typing_extensions import override
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.engine.train_loop import HookBase, TrainerBase
+from trainkit.engine.hook_base import HookBase
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils import comm
 from trainkit.utils.events import EventStorage
 from trainkit.utils.periodic import is_last_iter, is_period_end

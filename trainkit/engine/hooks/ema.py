@@ -12,7 +12,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from typing_extensions import override
 
 from trainkit.checkpoint import read_checkpoint_file, unwrap_model
-from trainkit.engine.train_loop import HookBase, HookPriority
+from trainkit.engine.hook_base import HookBase, HookPriority
 
 __all__ = ["ModelEMA", "load_ema_weights"]
 

@@ -11,8 +11,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks._common import is_time
-from trainkit.engine.train_loop import HookBase
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
 

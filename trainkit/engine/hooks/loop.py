@@ -11,8 +11,8 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
+from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.engine.hooks._common import TrainerCallback, is_time, trainer_attr
-from trainkit.engine.train_loop import HookBase, HookPriority
 from trainkit.solver import LRMultiplier
 
 if TYPE_CHECKING:

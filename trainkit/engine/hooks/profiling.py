@@ -10,8 +10,9 @@ from typing import Any, Callable
 import torch
 from typing_extensions import override
 
+from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks._common import is_time
-from trainkit.engine.train_loop import HookBase, TrainerBase
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils import comm
 
 __all__ = ["TorchMemoryStats", "TorchProfiler"]

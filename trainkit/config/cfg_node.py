@@ -1,0 +1,383 @@
+"""``CfgNode`` with strict, explained merges, ``_BASE_`` inheritance and safe YAML only."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, Union
+
+import yaml
+from fvcore.common.config import CfgNode as _FvcoreCfgNode
+
+from trainkit.config.provenance import (
+    ORIGIN_CODE,
+    ORIGIN_COMMAND_LINE,
+    code_origin,
+    display_path,
+    yaml_key_lines,
+)
+from trainkit.utils.errors import UsageError
+from trainkit.utils.file_io import PathManager
+
+__all__ = ["CfgNode", "ConfigError"]
+
+BASE_KEY = "_BASE_"
+# Where a node keeps the origin of each of its leaves: {key: (origin, value when recorded)}.
+# In the instance __dict__, as yacs keeps its own flags: copied by clone and pickling, never
+# part of the values, so dump() and == ignore it.
+_ORIGINS = "__key_origins__"
+# An origin argument of the checked merge: one origin for every key, or one per full key.
+_Origins = Union[Mapping[str, str], str]
+
+
+class ConfigError(UsageError, ValueError):
+    """A config file, override or value that cannot be used; the message says what to change."""
+
+
+class CfgNode(_FvcoreCfgNode):
+    """A yacs/fvcore config node whose merges are strict and explain themselves.
+
+    Differences from fvcore's node:
+
+    * an unknown key, in a file or in ``merge_from_list``, raises :class:`ConfigError` naming
+      the key, the file and the closest existing keys;
+    * a value of the wrong type names the key, the expected and the given type; an int is
+      accepted where a float is expected, and a list where a tuple is (and vice versa);
+    * ``_BASE_`` paths are relative to the including file, followed recursively, and a cycle
+      is an error that shows the chain of files;
+    * YAML is always parsed with the safe loader, so a config file cannot run code;
+    * every leaf remembers where its value came from (:meth:`get_origin`; see
+      :mod:`trainkit.config.provenance`): a file and line, the command line, a script's
+      assignment, auto-scaling or run time.
+    """
+
+    # ---- provenance ------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)  # refuses a frozen node
+        if not isinstance(value, dict):
+            self._record_origin(name, code_origin(sys._getframe(1)))
+
+    def get_origin(self, full_key: str) -> str | None:
+        """Return where the value of ``full_key`` (e.g. ``"SOLVER.BASE_LR"``) came from.
+
+        Returns:
+            ``"FILE:LINE"``, ``"command line"``, ``"auto-scaling (...)"``, ``"run time
+            (...)"`` or ``"code (FILE:LINE)"``; None for a value nobody set (a default) or
+            one changed in a way that left no record (the recorded value no longer matches).
+
+        Raises:
+            KeyError: If ``full_key`` names no leaf of this config.
+        """
+        node, leaf = self._leaf_parent(full_key)
+        origin, value = node.__dict__.get(_ORIGINS, {}).get(leaf, (None, None))
+        if origin is None or node[leaf] != value:
+            return None
+        return origin
+
+    def set_origin(self, full_key: str, origin: str) -> None:
+        """Record ``origin`` for the current value of ``full_key`` (allowed when frozen).
+
+        Raises:
+            KeyError: If ``full_key`` names no leaf of this config.
+        """
+        node, leaf = self._leaf_parent(full_key)
+        node._record_origin(leaf, origin)
+
+    def _leaf_parent(self, full_key: str) -> tuple[CfgNode, str]:
+        node: Any = self
+        *parents, leaf = full_key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, CfgNode) else None
+        if not isinstance(node, CfgNode) or leaf not in node or isinstance(node[leaf], dict):
+            raise KeyError(f"{full_key} is not a config key with a value")
+        return node, leaf
+
+    def _record_origin(self, key: str, origin: str) -> None:
+        self.__dict__.setdefault(_ORIGINS, {})[key] = (origin, copy.deepcopy(self[key]))
+
+    def _recorded_origins(self, prefix: str = "") -> dict[str, str]:
+        """Return ``{full key: origin}`` of every leaf whose origin is still current."""
+        found: dict[str, str] = {}
+        for key, value in self.items():
+            if isinstance(value, CfgNode):
+                found.update(value._recorded_origins(prefix + key + "."))
+            elif (origin := self.get_origin(key)) is not None:
+                found[prefix + key] = origin
+        return found
+
+    def _forget_origins(self) -> None:
+        self.__dict__.pop(_ORIGINS, None)
+        for value in self.values():
+            if isinstance(value, CfgNode):
+                value._forget_origins()
+
+    # ---- loading files ---------------------------------------------------------------
+    @classmethod
+    def load_yaml_with_base(
+        cls, filename: str, allow_unsafe: bool = False, _chain: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """Load a YAML config file as a dict, with its ``_BASE_`` files merged underneath.
+
+        Args:
+            filename: the config file.
+            allow_unsafe: ignored; trainkit never runs code from a config (kept for
+                detectron2 compatibility).
+
+        Returns:
+            The merged dict.
+
+        Raises:
+            ConfigError: On a missing file, a YAML syntax error, a non-mapping document or a
+                ``_BASE_`` cycle.
+        """
+        del allow_unsafe
+        return cls._load_with_origins(filename, _chain)[0]
+
+    @classmethod
+    def _load_with_origins(
+        cls, filename: str, _chain: tuple[str, ...] = ()
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Return :meth:`load_yaml_with_base`'s dict and ``{full key: "FILE:LINE"}``."""
+        path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
+        if not _chain and not PathManager.exists(path):
+            # As the user typed it: that is what they will look for on their command line.
+            raise ConfigError(f"config file not found: {filename}. Check the path.")
+        if path in _chain:
+            cycle = " -> ".join([*_chain[_chain.index(path) :], path])
+            raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
+        data, origins = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
+        if BASE_KEY not in data:
+            return data, origins
+        bases = data.pop(BASE_KEY)
+        bases = bases if isinstance(bases, (list, tuple)) else [bases]
+        merged: dict[str, Any] = {}
+        merged_origins: dict[str, str] = {}
+        for base in bases:
+            if not isinstance(base, str):
+                raise ConfigError(
+                    f"{path}: _BASE_ must be a file name or a list of them, got {base!r}"
+                )
+            base_path = os.path.expanduser(base)
+            if not os.path.isabs(base_path) and "://" not in base_path:
+                base_path = os.path.join(os.path.dirname(path), base_path)
+            base_data, base_origins = cls._load_with_origins(base_path, (*_chain, path))
+            _merge_dicts(base_data, merged)
+            merged_origins.update(base_origins)
+        _merge_dicts(data, merged)
+        merged_origins.update(origins)  # the including file wins, as for the values
+        return merged, merged_origins
+
+    @staticmethod
+    def _read_yaml(path: str, included_from: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+        where = f" (the _BASE_ of {included_from})" if included_from else ""
+        if not PathManager.exists(path):
+            raise ConfigError(f"config file not found: {path}{where}. Check the path.")
+        try:
+            with PathManager.open(path, "r") as f:
+                # The safe loader, composed first so the nodes give each key's line.
+                loader = yaml.SafeLoader(f)
+                try:
+                    root = loader.get_single_node()
+                    data = loader.construct_document(root) if root is not None else None
+                finally:
+                    loader.dispose()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(
+                f"YAML syntax error in {path}{line}: {e.problem or e}. Fix the file{where}."
+            ) from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"cannot parse {path} as YAML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"config file {path}{where} is not UTF-8 text (byte {e.start}: "
+                f"{e.object[e.start : e.start + 1]!r}); is it the right file?"
+            ) from None
+        if data is None:
+            return {}, {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path} must hold a mapping of config keys, got a {type(data).__name__}."
+            )
+        return data, yaml_key_lines(root, display_path(path))
+
+    def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
+        """Merge a YAML file (and its ``_BASE_`` chain) into this config.
+
+        Raises:
+            ConfigError: On any problem with the file or its keys and values.
+        """
+        if type(self).load_yaml_with_base.__func__ is not CfgNode.load_yaml_with_base.__func__:
+            # A subclass changed the loading (a detectron2 extension point): use it; the
+            # origins are then the file without lines.
+            loaded = self.load_yaml_with_base(cfg_filename, allow_unsafe=allow_unsafe)
+            origin: _Origins = display_path(os.path.abspath(cfg_filename))
+        else:
+            loaded, origin = self._load_with_origins(cfg_filename)
+        self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origin)
+
+    def merge_from_other_cfg(self, cfg_other: _FvcoreCfgNode) -> None:
+        """Merge another config node into this one with the same checks as a file.
+
+        The origins ``cfg_other`` recorded come along; a value it changes without one is
+        recorded as set by code.
+        """
+        origins = cfg_other._recorded_origins() if isinstance(cfg_other, CfgNode) else {}
+        self._merge_checked(cfg_other, source="another config", origins=origins)
+
+    def merge_from_list(self, cfg_list: list[str]) -> None:
+        """Merge ``["KEY.PATH", value, ...]`` pairs (e.g. command-line overrides).
+
+        Values given as strings are parsed as Python literals when they look like one
+        (``"0.1"``, ``"(1, 2)"``, ``"True"``), as yacs does.
+
+        Raises:
+            ConfigError: On an odd-length list, an unknown key or a wrong value type.
+        """
+        if len(cfg_list) % 2:
+            raise ConfigError(
+                f"config overrides must come in KEY VALUE pairs; got an odd number of items: "
+                f"{list(cfg_list)}"
+            )
+        for full_key, value in zip(cfg_list[0::2], cfg_list[1::2]):
+            if not isinstance(full_key, str):
+                raise ConfigError(
+                    f"config override key {full_key!r} is a {type(full_key).__name__}; keys "
+                    "are names such as MODEL.DEVICE, followed by their value."
+                )
+            if full_key == BASE_KEY:
+                raise ConfigError("_BASE_ can only be used inside config files")
+            node, parts = self, full_key.split(".")
+            for depth, part in enumerate(parts):
+                if not isinstance(node, _FvcoreCfgNode):
+                    self._raise_unknown(full_key, "the command line")
+                if part not in node:
+                    if node.is_new_allowed():
+                        break
+                    self._raise_unknown(full_key, "the command line")
+                if depth < len(parts) - 1:
+                    node = node[part]
+            self._merge_checked(
+                _nest(parts, value), source="the command line", origins=ORIGIN_COMMAND_LINE
+            )
+
+    # ---- the checked merge -----------------------------------------------------------
+    def _merge_checked(
+        self,
+        other: dict[str, Any],
+        source: str,
+        prefix: str = "",
+        root: CfgNode | None = None,
+        origins: _Origins = ORIGIN_CODE,
+    ) -> None:
+        root = self if root is None else root
+        for key, value in other.items():
+            if not isinstance(key, str):
+                # YAML reads `1:` or `yes:` as a number or a bool, not as a key name.
+                raise ConfigError(
+                    f"config key {prefix}{key!r} (in {source}) is a {type(key).__name__}, not a "
+                    "name; every key is a name such as MODEL.DEVICE. Fix the key."
+                )
+            full_key = prefix + key
+            if key == BASE_KEY:
+                raise ConfigError(f"_BASE_ can only be used inside config files (in {source})")
+            if key not in self:
+                if self.is_new_allowed():
+                    self[key] = _to_node(type(self), self._decode_cfg_value(copy.deepcopy(value)))
+                    self._record_new_key(key, full_key, origins)
+                    continue
+                root._raise_unknown(full_key, source)
+            current = self[key]
+            if isinstance(current, _FvcoreCfgNode):
+                if not isinstance(value, dict):
+                    raise ConfigError(
+                        f"config key {full_key} (in {source}) is a group of keys "
+                        f"({', '.join(sorted(current))}); got the value {value!r}."
+                    )
+                current._merge_checked(value, source, full_key + ".", root, origins)
+                continue
+            self[key] = _coerce(full_key, current, self._decode_cfg_value(value), source)
+            origin = _origin_of(origins, full_key)
+            if origin is not None:
+                self._record_origin(key, origin)
+            elif self[key] != current:
+                self._record_origin(key, ORIGIN_CODE)
+
+    def _record_new_key(self, key: str, full_key: str, origins: _Origins) -> None:
+        value = self[key]
+        if not isinstance(value, CfgNode):
+            self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
+            return
+        for sub_key in value:
+            value._record_new_key(sub_key, f"{full_key}.{sub_key}", origins)
+
+    def _raise_unknown(self, full_key: str, source: str) -> None:
+        known = _flatten_keys(self)
+        close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
+        if not close:
+            leaf = full_key.rsplit(".", 1)[-1]
+            close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
+        hint = f" Did you mean {close[0]}?" if close else ""
+        if len(close) > 1:
+            hint += f" (other close keys: {', '.join(close[1:])})"
+        raise ConfigError(
+            f"unknown config key {full_key} in {source}.{hint} Every key must exist in "
+            f"trainkit/config/defaults.py (or be added to the config before merging)."
+        )
+
+
+def _origin_of(origins: _Origins, full_key: str) -> str | None:
+    return origins if isinstance(origins, str) else origins.get(full_key)
+
+
+def _merge_dicts(src: dict[str, Any], dst: dict[str, Any]) -> None:
+    # Values from src win; nested mappings merge key by key.
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge_dicts(value, dst[key])
+        else:
+            dst[key] = copy.deepcopy(value)
+
+
+def _nest(parts: list[str], value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(parts):
+        out = {part: out}
+    return out
+
+
+def _to_node(node_type: type, value: Any) -> Any:
+    return node_type(value) if isinstance(value, dict) else value
+
+
+def _flatten_keys(node: _FvcoreCfgNode, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in node.items():
+        if isinstance(value, _FvcoreCfgNode):
+            keys.extend(_flatten_keys(value, prefix + key + "."))
+        else:
+            keys.append(prefix + key)
+    return keys
+
+
+def _coerce(full_key: str, current: Any, value: Any, source: str) -> Any:
+    """Return ``value`` converted to ``current``'s type, or raise a ConfigError."""
+    if current is None or value is None:
+        return value
+    expected, given = type(current), type(value)
+    if given is expected:
+        return value
+    if expected in (list, tuple) and given in (list, tuple):
+        return expected(value)
+    if expected is float and given is int:
+        return float(value)
+    raise ConfigError(
+        f"config key {full_key} (in {source}) expects {expected.__name__} "
+        f"(default {current!r}), got {given.__name__} {value!r}."
+    )

@@ -1,0 +1,204 @@
+"""The run state: everything a ``DefaultTrainer`` checkpoint holds besides the weights.
+
+A checkpoint's ``"trainer"`` entry is :meth:`RunState.state_dict`::
+
+    iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
+                                    finished iteration, each stateful hook's state by name
+    _trainer                        the step's state (optimizer, gradient scaler)
+    seed                            the data seed: the global stream is keyed by it
+    world_size                      the number of processes that wrote the checkpoint
+    ranks                           every rank's RNG states and loader position
+
+Only rank 0 writes a checkpoint, but a bit-exact resume needs what differs per rank: the
+torch/numpy/Python RNG states (dropout, augmentation outside ``sample_rng``) and each rank's
+loader position. So every rank calls :meth:`RunState.prepare_save` (a collective) right
+before a save, and the hooks that save checkpoints (``PeriodicCheckpointer``,
+``PreemptionHandler``) do exactly that. :meth:`RunState.load_state_dict` restores all of it
+on each rank; ``DefaultTrainer.resume_or_load`` shows the order (the recipe check, the data
+seed, then this).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from trainkit.config import CfgNode
+from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
+from trainkit.data.loader_state import is_global_position
+from trainkit.engine.restarts import record_run
+from trainkit.utils import comm
+from trainkit.utils.env import get_rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from trainkit.engine.default_trainer import DefaultTrainer
+
+__all__ = ["RunState", "resolve_random_seed", "upgrade_run_state", "with_seed"]
+
+logger = logging.getLogger(__name__)
+
+
+class RunState:
+    """Save and restore the run state of one ``DefaultTrainer`` (see the module docstring).
+
+    ``DefaultTrainer`` registers it with its checkpointer under ``"trainer"``. It holds its
+    trainer through a weak reference, as hooks do.
+
+    Args:
+        trainer: the trainer whose run this is.
+    """
+
+    def __init__(self, trainer: DefaultTrainer) -> None:
+        self._trainer_ref = weakref.ref(trainer)
+        self._ranks: list[dict[str, Any]] | None = None
+        self._ranks_iter = -1
+
+    @property
+    def _trainer(self) -> DefaultTrainer:
+        trainer = self._trainer_ref()
+        if trainer is None:
+            raise RuntimeError("the trainer of this RunState was deleted")
+        return trainer
+
+    def _local_state(self) -> dict[str, Any]:
+        loader = self._trainer.data_loader
+        data = loader.state_dict() if hasattr(loader, "state_dict") else None
+        return {"rng": get_rng_state(), "data": data}
+
+    # ---- saving ---------------------------------------------------------------------------
+    def prepare_save(self) -> None:
+        """Get ready for the checkpoint about to be written: call it on every rank first.
+
+        Rank 0 records the job's run id beside the checkpoints (a restart of this job then
+        resumes from them by itself), and every rank's RNG states and loader position are
+        gathered for rank 0 to write.
+
+        Collective:
+            ``all_gather`` over all ranks; every rank calls it before the same save.
+        """
+        trainer = self._trainer
+        if comm.is_main_process():
+            record_run(trainer.cfg.OUTPUT_DIR)
+        with trainer.watchdog.phase("checkpoint"):
+            self._ranks = comm.all_gather(self._local_state())
+        self._ranks_iter = trainer.iter
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the run state (see the module docstring) as plain data.
+
+        With one process the rank's state is taken now. With several, the states gathered
+        by :meth:`prepare_save` at this iteration are used; a save without it (code that
+        calls ``checkpointer.save`` on rank 0 alone) records ``ranks: None`` with a warning:
+        resuming from that checkpoint restores the weights and the loop, not the data order
+        and RNG streams.
+        """
+        trainer = self._trainer
+        state = trainer.state_dict()
+        state["seed"] = trainer.cfg.SEED
+        state["world_size"] = world_size = comm.get_world_size()
+        if world_size == 1:
+            state["ranks"] = [self._local_state()]
+        elif self._ranks is not None and self._ranks_iter == trainer.iter:
+            state["ranks"] = self._ranks
+        else:
+            logger.warning(
+                "Saving at iteration %d without the other ranks' data and RNG states (call "
+                "RunState.prepare_save() on every rank first); resuming from it is not exact.",
+                trainer.iter,
+            )
+            state["ranks"] = None
+        return state
+
+    # ---- loading --------------------------------------------------------------------------
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the loop, the step, the hooks, and this rank's RNG states and loader position.
+
+        On the world size that wrote the checkpoint, each rank gets its own states back (a
+        bit-exact resume). On another one the RNG streams start afresh (they are per rank),
+        and the loader continues the global stream when its saved position is a global one
+        (batches composed from the global stream), else it starts afresh too.
+
+        Args:
+            state: the checkpoint's ``"trainer"`` entry in today's layout
+                (:func:`upgrade_run_state` converts older ones).
+        """
+        trainer = self._trainer
+        trainer.load_state_dict(state)
+        world_size = comm.get_world_size()
+        ranks = state.get("ranks")
+        if ranks is not None and state.get("world_size") == world_size:
+            mine = ranks[comm.get_rank()]
+            if mine["data"] is not None:
+                trainer.data_loader.load_state_dict(mine["data"])
+            set_rng_state(mine["rng"])
+            return
+        data = ranks[0]["data"] if ranks else None
+        if is_global_position(data):
+            trainer.data_loader.load_state_dict(data)
+            logger.warning(
+                "The checkpoint was written by %s processes, this job has %d: the data stream "
+                "continues where it stopped, the per-rank random streams (dropout, anything "
+                "outside sample_rng/batch_rng) start afresh.",
+                state.get("world_size"),
+                world_size,
+            )
+            return
+        logger.warning(
+            "The checkpoint was written by %s processes, this job has %d: the data order and "
+            "random streams start afresh, so this resume is not bit-exact.",
+            state.get("world_size"),
+            world_size,
+        )
+
+
+def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Return the checkpoint's ``"trainer"`` entry in today's layout.
+
+    Checkpoints of trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry of their
+    own and named the seed ``"data_seed"``; a checkpoint of a plain detectron2-style trainer
+    may have neither (then seed, world size and ranks are ``None``).
+
+    Args:
+        checkpoint: what ``Checkpointer.resume_or_load(..., checkpointables=[])`` returned.
+    """
+    state = dict(checkpoint.get("trainer", {}))
+    old_ranks = checkpoint.get("rank_states")
+    if "data_seed" in state:
+        state["seed"] = state.pop("data_seed")
+    if old_ranks is not None and "ranks" not in state:
+        state["ranks"] = old_ranks.get("ranks")
+        state.setdefault("world_size", old_ranks.get("world_size"))
+    for key in ("seed", "world_size", "ranks"):
+        state.setdefault(key, None)
+    return state
+
+
+def resolve_random_seed(cfg: CfgNode) -> CfgNode:
+    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
+
+    Collective:
+        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
+    """
+    if cfg.SEED >= 0:
+        return cfg
+    seed = comm.shared_random_seed()
+    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
+    return with_seed(cfg, seed, "a random seed shared by all ranks")
+
+
+def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
+    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``; ``why`` is its origin.
+
+    Args:
+        cfg: the config (not modified).
+        seed: the new ``SEED``.
+        why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
+            and in ``config_origins.yaml``.
+    """
+    out = cfg.clone()
+    out.defrost()
+    out.SEED = seed
+    out.freeze()
+    record_changes(cfg, out, f"{ORIGIN_RUN_TIME}: {why}")
+    return out

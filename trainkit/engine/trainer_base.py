@@ -1,0 +1,381 @@
+"""The iteration loop: ``TrainerBase`` runs iterations and calls the hooks around each.
+
+``TrainerBase`` owns the loop, the hook order and dispatch, the final writer flush and the
+loop's resumable state. :class:`~trainkit.engine.simple_trainer.SimpleTrainer` and
+``AMPTrainer`` implement one optimisation step; all of them are importable from
+:mod:`trainkit.engine.train_loop`, detectron2's path.
+
+A step trainer can run on its own (``SimpleTrainer(model, loader, opt).train(0, 100)``) or
+as the step component of another trainer (``DefaultTrainer`` owns one): :meth:`TrainerBase.
+bind_to` makes it share the owner's iteration counters, storage and hook dispatch once, so
+nothing is copied or patched per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from trainkit.engine.hook_base import (
+    HookBase,
+    HookDispatch,
+    hook_state_key,
+    keeps_state,
+)
+from trainkit.utils.errors import UsageError
+from trainkit.utils.events import EventStorage
+
+__all__ = ["TrainerBase"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Progress:
+    """Where the loop is; shared by a loop and the step trainer bound to it."""
+
+    __slots__ = ("iter", "max_iter", "start_iter", "stop_reason", "storage")
+
+    def __init__(self) -> None:
+        self.iter = 0
+        self.start_iter = 0
+        self.max_iter = 0
+        self.storage: EventStorage | None = None
+        # Set by request_stop (or loaded from a stopped run's checkpoint).
+        self.stop_reason: str | None = None
+
+
+class TrainerBase:
+    """An iteration-based loop with hooks; subclasses implement :meth:`run_step`.
+
+    Hooks may read exactly these attributes, and built-in hooks read nothing else:
+
+    * ``iter``: the current iteration (0-based); after :meth:`train` returns it is
+      ``max_iter``.
+    * ``start_iter``, ``max_iter``: the arguments of :meth:`train`.
+    * ``storage``: the :class:`EventStorage` opened by :meth:`train`.
+    * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
+    * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
+
+    Hooks may call exactly one method: :meth:`request_stop` (end training gracefully after
+    the current step), and read :attr:`stop_reason`.
+
+    This class does not build models, optimizers or data; ``DefaultTrainer`` does that from a
+    config, and a plain loop can call the ``build_*`` functions directly.
+    """
+
+    def __init__(self) -> None:
+        self._dispatch = HookDispatch()
+        self._progress = _Progress()
+        # Set by bind_to: the loop's position and hooks are then the owner's, and so is
+        # their state in a checkpoint.
+        self._is_bound = False
+
+    # ---- the loop's position, shared with a bound step trainer ---------------------------
+    @property
+    def iter(self) -> int:
+        """The current iteration (0-based)."""
+        return self._progress.iter
+
+    @iter.setter
+    def iter(self, value: int) -> None:
+        self._progress.iter = value
+
+    @property
+    def start_iter(self) -> int:
+        """The first iteration of the current (or last) :meth:`train` call."""
+        return self._progress.start_iter
+
+    @start_iter.setter
+    def start_iter(self, value: int) -> None:
+        self._progress.start_iter = value
+
+    @property
+    def max_iter(self) -> int:
+        """One past the last iteration of the current (or last) :meth:`train` call."""
+        return self._progress.max_iter
+
+    @max_iter.setter
+    def max_iter(self, value: int) -> None:
+        self._progress.max_iter = value
+
+    @property
+    def storage(self) -> EventStorage:
+        """The metrics storage of the current (or most recent) :meth:`train` call.
+
+        Raises:
+            RuntimeError: If :meth:`train` has not been called yet.
+        """
+        storage = self._progress.storage
+        if storage is None:
+            raise RuntimeError("trainer.storage exists only once train() has started")
+        return storage
+
+    @storage.setter
+    def storage(self, storage: EventStorage) -> None:
+        self._progress.storage = storage
+
+    def bind_to(self, loop: TrainerBase) -> None:
+        """Run as ``loop``'s step: share its position, storage and hooks from now on.
+
+        Afterwards this trainer's ``iter``, ``max_iter`` and ``storage`` are ``loop``'s and
+        its ``after_backward`` calls ``loop``'s hooks; ``loop.run_step`` calls this
+        trainer's ``run_step``. ``DefaultTrainer`` binds its step trainer once, when it is
+        set (also when a subclass assigns its own to ``self._trainer``).
+
+        Raises:
+            ValueError: If hooks were registered on this trainer itself: they would never
+                run, since the loop's hooks replace them.
+        """
+        if self._dispatch.hooks and self._dispatch is not loop._dispatch:
+            names = [type(h).__name__ for h in self._dispatch.hooks]
+            raise ValueError(
+                f"{type(self).__name__} has its own hooks {names}; register them with the "
+                f"{type(loop).__name__} it runs inside instead."
+            )
+        self._dispatch = loop._dispatch
+        self._progress = loop._progress
+        self._is_bound = True
+
+    # ---- hooks ----------------------------------------------------------------------------
+    @property
+    def hooks(self) -> list[HookBase]:
+        """The registered hooks in the order they run (a copy)."""
+        return list(self._dispatch.hooks)
+
+    @property
+    def _hooks(self) -> list[HookBase]:
+        # detectron2 code reads trainer._hooks; it is the live, ordered list.
+        return self._dispatch.hooks
+
+    def register_hooks(self, hooks: Iterable[HookBase | None]) -> None:
+        """Add hooks; they run by :attr:`HookBase.priority`, then in registration order.
+
+        Args:
+            hooks: hooks to add; ``None`` entries are skipped so callers can write
+                ``[A(), B() if cond else None]``.
+
+        Raises:
+            TypeError: If an entry is not a :class:`HookBase`.
+            ValueError: If two hooks that keep state would be saved under the same name.
+        """
+        new_hooks = [h for h in hooks if h is not None]
+        for hook in new_hooks:
+            if not isinstance(hook, HookBase):
+                raise TypeError(f"hooks must be HookBase instances, got {type(hook).__name__}")
+        stateful_keys = [
+            hook_state_key(h) for h in self._dispatch.hooks + new_hooks if keeps_state(h)
+        ]
+        duplicates = sorted({k for k in stateful_keys if stateful_keys.count(k) > 1})
+        if duplicates:
+            # Fail at registration, not at the first checkpoint an hour into the run.
+            raise ValueError(
+                f"Two registered hooks keep state under the same name {duplicates}; their "
+                "checkpoints would overwrite each other. Subclass one to give it another name."
+            )
+        for hook in new_hooks:
+            hook.trainer = self
+        self._dispatch.add(new_hooks)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def train(self, start_iter: int, max_iter: int) -> None:
+        """Run iterations ``start_iter .. max_iter - 1``, calling the hooks around each.
+
+        A hook may end the loop early with :meth:`request_stop`: the rest of that step's
+        ``after_step`` hooks run, the loop ends with ``iter`` on that step (the last finished
+        iteration, which a checkpoint written in ``after_train`` records; ``iter < max_iter``
+        tells ``after_train`` hooks that the run did not complete), then ``after_train`` and
+        the writers' final write run as after a complete run. A trainer whose state comes
+        from a stopped run (:meth:`load_state_dict`) does not train: it logs why and returns.
+
+        Args:
+            start_iter: the first iteration to run (``last finished + 1`` on resume).
+            max_iter: one past the last iteration to run.
+
+        Raises:
+            Exception: Whatever a step or hook raised, after it was logged and every hook's
+                ``after_train`` ran.
+        """
+        if self._progress.stop_reason is not None:
+            self._refuse_stopped_run(max_iter)
+            return
+        logger.info("Starting training from iteration %d", start_iter)
+        self.iter = self.start_iter = start_iter
+        self.max_iter = max_iter
+        # Again here, in case code edited the hook list (or a hook's priority) in between.
+        self._dispatch.add([])
+        if self._dispatch.hooks:
+            logger.info("Hooks, in the order they run: %s", ", ".join(self._dispatch.describe()))
+        with EventStorage(start_iter) as self.storage:
+            try:
+                self.before_train()
+                while self.iter < max_iter:
+                    self.before_step()
+                    self.run_step()
+                    self.after_step()
+                    if self._stop_requested_here():
+                        self._end_early()
+                        break
+                    self.iter += 1
+            except UsageError as e:
+                self._progress.stop_reason = None  # not a graceful stop: nothing to record
+                # The user's input, not a crash: the message says what to fix.
+                logger.error("Training stopped: %s", e)
+                with contextlib.suppress(Exception):
+                    self.after_train()
+                raise
+            except BaseException:
+                self._progress.stop_reason = None
+                logger.exception("Exception during training:")
+                # Each hook's failure is logged inside after_train; the original error is
+                # the one worth raising.
+                with contextlib.suppress(Exception):
+                    self.after_train()
+                raise
+            self.after_train()
+
+    # ---- stopping early -------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to end gracefully after the current step; hooks call this.
+
+        The remaining ``after_step`` hooks of the step still run, then ``after_train`` and the
+        writers' final write (see :meth:`train`); ``DefaultTrainer`` also writes a final
+        checkpoint that records the stop, so ``--resume`` does not train on. The first
+        reason given wins. A request during the last iteration changes nothing: the run
+        completes.
+
+        Args:
+            reason: why, in a few words; logged and saved in the checkpoint.
+
+        Under several processes every rank must request the stop after the same step (the
+        :class:`~trainkit.engine.hooks.EarlyStopping` hook shares its decision for this);
+        a rank that stops alone leaves the others waiting in their next collective.
+        """
+        if self._progress.stop_reason is not None:
+            logger.debug("Stop already requested (%s); ignoring: %s", self.stop_reason, reason)
+            return
+        logger.info("Stop requested after iteration %d: %s", self.iter, reason)
+        self._progress.stop_reason = str(reason)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why training stops early (from the request on); ``None`` if it does not.
+
+        In ``after_train``, ``stop_reason is not None`` means the loop ended gracefully at a
+        request (an exception clears it: that run did not stop, it failed).
+        """
+        return self._progress.stop_reason
+
+    def _stop_requested_here(self) -> bool:
+        if self._progress.stop_reason is None:
+            return False
+        if self.iter >= self.max_iter - 1:
+            logger.info("The stop was requested at the last iteration; the run completes.")
+            self._progress.stop_reason = None
+            return False
+        logger.warning(
+            "Training stopped early after iteration %d of %d: %s",
+            self.iter,
+            self.max_iter,
+            self._progress.stop_reason,
+        )
+        return True
+
+    def _end_early(self) -> None:
+        """Finish what the step left for the last iteration (the loop stops early).
+
+        Called on every rank when the loop ends at a :meth:`request_stop`, before
+        ``after_train``; step trainers that defer work (buffered metrics) override it.
+        """
+
+    def _refuse_stopped_run(self, max_iter: int) -> None:
+        logger.warning(
+            "Not training: this run stopped early after iteration %d (%s) and stays stopped "
+            "when resumed. To train on, start a new run from its weights (e.g. MODEL.WEIGHTS "
+            "set to its final checkpoint, in another OUTPUT_DIR).",
+            self.iter,
+            self._progress.stop_reason,
+        )
+        # The writers were opened when the hooks were built; close them so trackers end
+        # their runs. The storage is empty and placed at max_iter, where the console
+        # printer stays silent: nothing is written.
+        with EventStorage(max_iter) as self.storage:
+            self._dispatch.final_write()
+
+    def before_train(self) -> None:
+        """Call every hook's ``before_train``."""
+        for hook in self._dispatch.hooks:
+            hook.before_train()
+
+    def after_train(self) -> None:
+        """Call every hook's ``after_train`` (all of them, even if one raises), then flush writers.
+
+        Raises:
+            Exception: The first exception a hook raised, after all hooks ran.
+        """
+        self.storage.iter = self.iter
+        errors: list[Exception] = []
+        for hook in self._dispatch.hooks:
+            try:
+                hook.after_train()
+            except Exception as e:
+                logger.exception("%s.after_train failed", type(hook).__name__)
+                errors.append(e)
+        # Writers get the last word: metrics that a hook registered after the writer puts in
+        # its after_train (a final evaluation) would otherwise never reach metrics.json.
+        self._dispatch.final_write()
+        if errors:
+            raise errors[0]
+
+    def before_step(self) -> None:
+        """Point the storage at the current iteration, then call every hook's ``before_step``."""
+        self.storage.iter = self.iter
+        for callback in self._dispatch.callbacks["before_step"]:
+            callback()
+
+    def after_backward(self) -> None:
+        """Call every hook's ``after_backward``; ``run_step`` calls this once per step."""
+        for callback in self._dispatch.callbacks["after_backward"]:
+            callback()
+
+    def after_step(self) -> None:
+        """Call every hook's ``after_step``."""
+        for callback in self._dispatch.callbacks["after_step"]:
+            callback()
+
+    def run_step(self) -> None:
+        """Run one iteration; subclasses implement it."""
+        raise NotImplementedError
+
+    # ---- resumable state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Return ``{"iteration": last finished iteration, "hooks": {name: state}}``.
+
+        Only hooks with a non-empty state appear, keyed by class ``__qualname__``. After
+        :meth:`request_stop`, ``"stop_reason"`` holds the reason. A trainer bound to a loop
+        (:meth:`bind_to`) returns ``{}``: the loop saves them.
+
+        Raises:
+            ValueError: If two hooks with state share a name.
+        """
+        if self._is_bound:
+            return {}
+        state: dict[str, Any] = {"iteration": self.iter, "hooks": self._dispatch.state_dict()}
+        if self._progress.stop_reason is not None:
+            state["stop_reason"] = self._progress.stop_reason
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the iteration, the stop request and every registered hook's saved state.
+
+        A run saved after :meth:`request_stop` stays stopped: :meth:`train` does not train.
+        A saved hook state with no matching hook, or a stateful hook with nothing saved,
+        is logged as a warning and otherwise ignored. A bound trainer ignores both (the
+        loop restores them).
+        """
+        if self._is_bound:
+            return
+        self.iter = state["iteration"]
+        self._progress.stop_reason = state.get("stop_reason")
+        self._dispatch.load_state_dict(state.get("hooks", {}))
