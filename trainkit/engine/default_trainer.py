@@ -14,7 +14,6 @@ from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
-from trainkit.engine.amp_trainer import AMPTrainer, default_precision
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
@@ -25,6 +24,7 @@ from trainkit.engine.restarts import resumes_by_itself
 from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
+from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
@@ -33,7 +33,6 @@ from trainkit.evaluation import DatasetEvaluator, verify_results
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
-from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventWriter
 from trainkit.utils.logger import setup_logger
 
@@ -88,10 +87,7 @@ class DefaultTrainer(TrainerBase):
         # job's store, where rank 0 compares every rank's (see trainkit.engine.job).
         store = job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
         self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
-        step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
-        self._trainer = step_cls(
-            model, data_loader, optimizer, accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS
-        )
+        self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.run_state = RunState(self)
         self.checkpointer = Checkpointer(
@@ -123,12 +119,8 @@ class DefaultTrainer(TrainerBase):
     def _trainer(self, step: SimpleTrainer) -> None:
         # detectron2's way to customise the step: `self._trainer = MyStep(model, loader, opt)`
         # after super().__init__(cfg). The step then runs inside this trainer's loop with the
-        # config's wiring, whatever it was built with: metrics recorded every step and
-        # synchronised every WRITER_PERIOD steps (so a CUDA step never waits for the device),
-        # and its loader watched. What changes the update itself must agree with the config.
-        check_step_arithmetic(self.cfg, step)
-        step.gather_metric_period = self.cfg.WRITER_PERIOD
-        step.record_every_step = True
+        # config's wiring, whatever it was built with, and its loader watched.
+        adopt_config_wiring(self.cfg, step)
         loader = step.data_loader
         self._train_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
         step.data_loader = self._watched(self._train_loader)
@@ -408,37 +400,3 @@ class DefaultTrainer(TrainerBase):
 
 def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())
-
-
-def check_step_arithmetic(cfg: CfgNode, step: SimpleTrainer) -> None:
-    """Refuse a step trainer whose update differs from the one the config describes.
-
-    Accumulation, mixed precision and its dtype change what a step computes; a step trainer
-    assigned to ``DefaultTrainer._trainer`` must agree with ``cfg`` on them rather than
-    silently change the recipe.
-
-    Raises:
-        UsageError: Naming the config key that disagrees and how to make them agree.
-    """
-    name = type(step).__name__
-    if step.accumulate_steps != cfg.SOLVER.ACCUMULATE_STEPS:
-        raise UsageError(
-            f"the {name} assigned to DefaultTrainer._trainer accumulates "
-            f"{step.accumulate_steps} micro-batch(es) per step but SOLVER.ACCUMULATE_STEPS is "
-            f"{cfg.SOLVER.ACCUMULATE_STEPS}; build it with "
-            "accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS or change the config."
-        )
-    is_amp = isinstance(step, AMPTrainer)
-    if is_amp != bool(cfg.SOLVER.AMP.ENABLED):
-        wanted = "an AMPTrainer" if cfg.SOLVER.AMP.ENABLED else "a SimpleTrainer (not AMPTrainer)"
-        raise UsageError(
-            f"SOLVER.AMP.ENABLED is {cfg.SOLVER.AMP.ENABLED} but the {name} assigned to "
-            f"DefaultTrainer._trainer {'uses' if is_amp else 'does not use'} mixed precision; "
-            f"assign {wanted} or its subclass, or change SOLVER.AMP.ENABLED."
-        )
-    if is_amp and step.precision != default_precision(step.autocast_device):
-        raise UsageError(
-            f"the {name} assigned to DefaultTrainer._trainer autocasts to {step.precision}, "
-            f"but SOLVER.AMP.ENABLED runs {default_precision(step.autocast_device)} on "
-            f"{step.autocast_device}; build it without a precision argument."
-        )
