@@ -1,6 +1,11 @@
 """Optimizers, param groups, gradient clipping and learning-rate schedules built from a config."""
 
-from trainkit.solver.build import build_lr_scheduler, build_optimizer, get_default_optimizer_params
+from trainkit.solver.build import (
+    build_lr_scheduler,
+    build_optimizer,
+    get_default_optimizer_params,
+    reduce_param_groups,
+)
 from trainkit.solver.lr_scheduler import (
     LRMultiplier,
     LRScheduler,
@@ -18,4 +23,5 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "get_default_optimizer_params",
+    "reduce_param_groups",
 ]

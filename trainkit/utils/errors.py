@@ -106,8 +106,15 @@ def install_usage_error_handler() -> None:
     that carries an ``exit_code`` (``LaunchError``: a failed rank and its traceback;
     ``TrainingPreempted``: 75) prints its message and exits with that status. Other
     exceptions go to the previously installed hook (a traceback by default). Installing
-    twice is harmless. It changes ``sys.excepthook``: the one process-wide setting trainkit
-    makes, so that every script built the detectron2 way reports errors the same way.
+    twice is harmless. It changes ``sys.excepthook``, so that every script built the
+    detectron2 way reports errors the same way (``default_argument_parser`` calls it).
+
+    It is one of the few process-wide settings trainkit makes, each where it is needed:
+    ``import trainkit`` sets ``OMP_WAIT_POLICY=PASSIVE`` unless already set; shared record
+    segments register a fork handler (children forget the parent's segments); a
+    checkpointer writing in the background registers an ``atexit`` wait for its last write;
+    the pre-emption hook installs SIGTERM/SIGINT/SIGUSR1 handlers while training (restored
+    afterwards); ``launch()`` forwards signals to its processes while it runs.
     """
     global _previous_hook
     if sys.excepthook is not _report_uncaught:
