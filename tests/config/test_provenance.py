@@ -146,12 +146,12 @@ def test_record_changes_names_the_step_and_what_it_replaced(chain):
     after = before.clone()
     after.SOLVER.BASE_LR = 0.5
     after.SOLVER.GAMMA = 0.5
-    record_changes(before, after, "auto-scaling from 1 to 2 workers")
+    record_changes(before, after, "auto-scaling from 1 to 2 processes")
     assert after.get_origin("SOLVER.BASE_LR") == (
-        f"auto-scaling from 1 to 2 workers (was 0.25, from {chain}:6)"
+        f"auto-scaling from 1 to 2 processes (was 0.25, from {chain}:6)"
     )
     assert after.get_origin("SOLVER.GAMMA") == (
-        "auto-scaling from 1 to 2 workers (was 0.1, the default)"
+        "auto-scaling from 1 to 2 processes (was 0.1, the default)"
     )
     assert after.get_origin("SOLVER.MAX_ITER") == before.get_origin("SOLVER.MAX_ITER")
 

@@ -28,7 +28,7 @@ def restore_logging():
 
 
 def _written_for_two(tmp_path):
-    """A config file written for 2 workers, as a user would have it."""
+    """A config file written for 2 processes, as a user would have it."""
     path = tmp_path / "two.yaml"
     path.write_text(
         "SOLVER:\n"
@@ -50,10 +50,10 @@ def test_auto_scaling_origin_names_the_scaling_and_what_it_replaced(tmp_path):
     scaled = auto_scale_config(cfg, 4)
     assert scaled.SOLVER.BASE_LR == pytest.approx(0.4)
     assert scaled.get_origin("SOLVER.BASE_LR") == (
-        f"auto-scaling from 2 to 4 workers (was 0.2, from {path}:4)"
+        f"auto-scaling from 2 to 4 processes (was 0.2, from {path}:4)"
     )
     assert scaled.get_origin("SOLVER.REFERENCE_WORLD_SIZE").startswith(
-        "auto-scaling from 2 to 4 workers (was 2"
+        "auto-scaling from 2 to 4 processes (was 2"
     )
     assert scaled.get_origin("SOLVER.GAMMA") is None  # not scaled, still the default
     assert cfg.get_origin("SOLVER.BASE_LR") == f"{path}:4"  # the input is not modified
@@ -75,7 +75,7 @@ def test_config_yaml_is_the_scaled_config_and_reloads_without_scaling_again(
     assert dumped["SOLVER"]["REFERENCE_WORLD_SIZE"] == 1
     origins = (tmp_path / "run1" / "config_origins.yaml").read_text()
     assert "SOLVER.REFERENCE_WORLD_SIZE: 1" in origins
-    assert "# auto-scaling from 2 to 1 workers (was 2" in origins
+    assert "# auto-scaling from 2 to 1 processes (was 2" in origins
 
     again = get_cfg()
     again.merge_from_file(str(tmp_path / "run1" / "config.yaml"))
@@ -165,6 +165,6 @@ def test_default_setup_prints_origins_for_the_planned_world_size_and_exits(
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert "for a job of 4 processes" in out
-    assert "SOLVER.BASE_LR: 0.4" in out and "# auto-scaling from 2 to 4 workers" in out
+    assert "SOLVER.BASE_LR: 0.4" in out and "# auto-scaling from 2 to 4 processes" in out
     assert "SOLVER.STEPS: [3]" in out
     assert not (tmp_path / "never").exists()  # printing creates nothing

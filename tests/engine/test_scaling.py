@@ -47,7 +47,9 @@ def test_scaling_down():
 
 
 def test_refuses_period_rounding_to_zero():
-    with pytest.raises(ScalingError, match=r"TEST.EVAL_PERIOD=1 .* would round to 0"):
+    with pytest.raises(
+        ScalingError, match=r"TEST.EVAL_PERIOD=1, .* would round to 0 on 4 processes"
+    ):
         auto_scale_config(_cfg(ref=1, eval_period=1, batch=4), 4)
 
 
@@ -67,7 +69,7 @@ def test_refusals_are_config_errors_that_users_see_as_one_line():
 
 
 def test_a_world_size_below_one_is_a_callers_bug_not_a_usage_error():
-    with pytest.raises(ValueError, match="num_workers") as info:
+    with pytest.raises(ValueError, match="world_size") as info:
         auto_scale_config(_cfg(ref=8), 0)
     assert not isinstance(info.value, UsageError)
 
@@ -111,8 +113,12 @@ def test_accumulate_rule(ref, accumulate, world, expected):
 
 @pytest.mark.parametrize(("ref", "world", "batch"), [(2, 3, 16), (4, 3, 12), (2, 32, 16)])
 def test_accumulate_mode_refuses_a_growing_micro_batch(ref, world, batch):
-    with pytest.raises(ScalingError, match="micro-batch would have to grow"):
+    with pytest.raises(ScalingError, match="micro-batch would have to grow") as info:
         auto_scale_config(_accumulate_cfg(ref, batch=batch), world)
+    # The message names the keys it is about, in the glossary's words.
+    message = str(info.value)
+    assert f"SOLVER.REFERENCE_WORLD_SIZE={ref} processes" in message
+    assert f"on {world} processes" in message and "worker" not in message
 
 
 def test_unknown_scale_mode_is_a_config_error():

@@ -45,7 +45,7 @@ def test_print_config_shows_origins_and_exits_without_running(script, tmp_path):
     assert rows["OUTPUT_DIR"] == (str(out_dir), "command line")
     # written for 1 process (Base-Shapes.yaml), asked for 2: scaled, and the origin says so
     assert rows["SOLVER.BASE_LR"][0] == pytest.approx(0.6)
-    assert rows["SOLVER.BASE_LR"][1].startswith("auto-scaling from 1 to 2 workers (was 0.3")
+    assert rows["SOLVER.BASE_LR"][1].startswith("auto-scaling from 1 to 2 processes (was 0.3")
     assert rows["SOLVER.MAX_ITER"][0] == 10
     assert rows["SOLVER.MAX_ITER"][1].startswith("auto-scaling")
     assert rows["SOLVER.REFERENCE_WORLD_SIZE"][0] == 2

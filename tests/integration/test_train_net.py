@@ -127,7 +127,7 @@ def test_two_processes_train_and_auto_scale(tmp_path):
     result = _run(["--config-file", SMOKE, "--num-gpus", "2", "OUTPUT_DIR", str(tmp_path)])
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
-    assert "Auto-scaling the config from 1 to 2 workers" in log
+    assert "Auto-scaling the config from 1 to 2 processes" in log
     assert "MAX_ITER=10" in log
     assert (tmp_path / "model_final.pth").exists() and (tmp_path / "log.txt.rank1").exists()
     assert 0.0 <= _top1(log) <= 100.0

@@ -2,14 +2,14 @@
 
 Two rules, chosen by ``SOLVER.SCALE_MODE``:
 
-* ``"linear"`` (detectron2's): the batch and learning rate grow with the number of workers
+* ``"linear"`` (detectron2's): the batch and learning rate grow with the number of processes
   and the schedule shrinks, so the run sees the same number of images — a different recipe
   (batch, LR, number of steps) on another world size.
 * ``"accumulate"``: the recipe is kept (``IMS_PER_BATCH``, ``BASE_LR``, the schedule) and
   ``SOLVER.ACCUMULATE_STEPS`` absorbs the change: with ``A = ACCUMULATE_STEPS x
-  REFERENCE_WORLD_SIZE`` micro-batches per step in the written config, ``W`` workers use
-  ``A / W`` micro-batches each when that is whole (each worker's micro-batch stays the size it
-  was written for); else, when ``W > A`` and ``W`` divides ``IMS_PER_BATCH``, one micro-batch
+  REFERENCE_WORLD_SIZE`` micro-batches per step in the written config, ``W`` processes use
+  ``A / W`` micro-batches each when that is whole (each process's micro-batch stays the size
+  it was written for); else, when ``W > A`` and ``W`` divides ``IMS_PER_BATCH``, one micro-batch
   each (smaller micro-batches); else the config is refused, since a micro-batch would grow.
   Together with the step batches composed from the global stream
   (:mod:`trainkit.data.composer`), a run then does not depend on its topology.
@@ -44,7 +44,8 @@ def _scaled_period(name: str, value: int, scale: float, new_world: int, old_worl
     scaled = int(round(value / scale))
     if value > 0 and scaled == 0:
         raise ScalingError(
-            f"{name}={value} written for {old_world} workers would round to 0 on {new_world}; "
+            f"{name}={value}, written for SOLVER.REFERENCE_WORLD_SIZE={old_world} processes, "
+            f"would round to 0 on {new_world} processes; "
             f"raise {name} to at least {int(scale + 0.5)} or set SOLVER.REFERENCE_WORLD_SIZE "
             f"to 0 to turn off automatic scaling."
         )
@@ -55,16 +56,16 @@ SCALE_MODES = ("linear", "accumulate")
 
 
 def accumulate_steps_for(
-    accumulate_steps: int, reference_world_size: int, num_workers: int, ims_per_batch: int
+    accumulate_steps: int, reference_world_size: int, world_size: int, ims_per_batch: int
 ) -> int:
-    """Return the micro-batches per step that keep the global batch on ``num_workers``.
+    """Return the micro-batches per step that keep the global batch on ``world_size``.
 
     Pure arithmetic of the ``"accumulate"`` rule (see the module docstring).
 
     Args:
         accumulate_steps: ``SOLVER.ACCUMULATE_STEPS`` of the written config.
         reference_world_size: the world size the config was written for (> 0).
-        num_workers: the job's world size.
+        world_size: the job's world size.
         ims_per_batch: ``SOLVER.IMS_PER_BATCH``, the global batch of one step.
 
     Returns:
@@ -74,45 +75,46 @@ def accumulate_steps_for(
         ScalingError: If neither case of the rule applies (a micro-batch would grow).
     """
     slots = accumulate_steps * reference_world_size
-    if slots % num_workers == 0:
-        return slots // num_workers
-    if num_workers > slots and ims_per_batch % num_workers == 0:
+    if slots % world_size == 0:
+        return slots // world_size
+    if world_size > slots and ims_per_batch % world_size == 0:
         return 1
     raise ScalingError(
         f"SOLVER.SCALE_MODE accumulate cannot run a config written for "
-        f"{reference_world_size} workers x {accumulate_steps} micro-batches "
-        f"(IMS_PER_BATCH={ims_per_batch}) on {num_workers} workers: each worker's micro-batch "
-        f"would have to grow. Use a world size that divides {slots}, or one larger than {slots} "
-        f"that divides IMS_PER_BATCH."
+        f"SOLVER.REFERENCE_WORLD_SIZE={reference_world_size} processes x "
+        f"SOLVER.ACCUMULATE_STEPS={accumulate_steps} micro-batches "
+        f"(SOLVER.IMS_PER_BATCH={ims_per_batch}) on {world_size} processes: each process's "
+        f"micro-batch would have to grow. Use a number of processes that divides {slots}, or "
+        f"one larger than {slots} that divides SOLVER.IMS_PER_BATCH."
     )
 
 
-def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
-    """Return a frozen copy of ``cfg`` rescaled from SOLVER.REFERENCE_WORLD_SIZE to ``num_workers``.
+def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
+    """Return a frozen copy of ``cfg`` rescaled from SOLVER.REFERENCE_WORLD_SIZE to ``world_size``.
 
-    The total batch and the learning rate scale up with the number of workers; MAX_ITER,
+    The total batch and the learning rate scale up with the number of processes; MAX_ITER,
     WARMUP_ITERS, STEPS, TEST.EVAL_PERIOD and SOLVER.CHECKPOINT_PERIOD scale down, so the
     run sees the same number of images with the same schedule. ``REFERENCE_WORLD_SIZE == 0``
-    or equal to ``num_workers`` returns the config unchanged: ``cfg`` itself if it is
+    or equal to ``world_size`` returns the config unchanged: ``cfg`` itself if it is
     frozen, else a frozen copy. Each changed key's
     origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes ``auto-scaling from N to M
-    workers (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE included.
+    processes (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE included.
 
     Args:
         cfg: the config (not modified).
-        num_workers: the world size of the job.
+        world_size: the world size of the job.
 
     Returns:
         The rescaled config, frozen.
 
     Raises:
-        ValueError: If ``num_workers`` is not positive.
+        ValueError: If ``world_size`` is not positive.
         ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the
             batch does not divide by it, or a positive iteration count or period would
             round to 0.
     """
     old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
-    if old_world == 0 or old_world == num_workers:
+    if old_world == 0 or old_world == world_size:
         # Nothing to scale (default_setup scaled it already): no copy of a frozen config.
         if cfg.is_frozen():
             return cfg
@@ -121,12 +123,13 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
         return out
     out = cfg.clone()
     out.defrost()
-    if num_workers < 1:  # the caller's world size, not a user setting
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if world_size < 1:  # the caller's world size, not a user setting
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     if old_world < 0:
         raise ScalingError(
-            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {num_workers} "
-            "workers; set it to the world size the config was written for, or 0 to turn off "
+            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {world_size} "
+            "processes; set it to the number of processes the config was written for, or 0 to "
+            "turn off "
             "automatic scaling."
         )
     mode = cfg.SOLVER.SCALE_MODE
@@ -135,43 +138,44 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
             f"unknown SOLVER.SCALE_MODE {mode!r}; choose {' or '.join(SCALE_MODES)}."
         )
     if mode == "accumulate":
-        return _scale_by_accumulating(cfg, out, num_workers)
+        return _scale_by_accumulating(cfg, out, world_size)
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch % old_world:
         raise ScalingError(
             f"SOLVER.IMS_PER_BATCH={batch} is not divisible by SOLVER.REFERENCE_WORLD_SIZE="
-            f"{old_world}, so the per-worker batch is undefined; make it a multiple of {old_world}."
+            f"{old_world}, so the per-process batch is undefined; make it a multiple of "
+            f"{old_world}."
         )
-    scale = num_workers / old_world
-    # batch / old_world images per worker, times num_workers: divisible by construction.
-    new_batch = batch // old_world * num_workers
+    scale = world_size / old_world
+    # batch / old_world images per process, times world_size: divisible by construction.
+    new_batch = batch // old_world * world_size
     solver = out.SOLVER
     solver.IMS_PER_BATCH = new_batch
     solver.BASE_LR = cfg.SOLVER.BASE_LR * scale
     solver.MAX_ITER = _scaled_period(
-        "SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, num_workers, old_world
+        "SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, world_size, old_world
     )
     solver.WARMUP_ITERS = _scaled_period(
-        "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, num_workers, old_world
+        "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, world_size, old_world
     )
     solver.STEPS = tuple(
-        _scaled_period("SOLVER.STEPS", s, scale, num_workers, old_world) for s in cfg.SOLVER.STEPS
+        _scaled_period("SOLVER.STEPS", s, scale, world_size, old_world) for s in cfg.SOLVER.STEPS
     )
     solver.CHECKPOINT_PERIOD = _scaled_period(
-        "SOLVER.CHECKPOINT_PERIOD", cfg.SOLVER.CHECKPOINT_PERIOD, scale, num_workers, old_world
+        "SOLVER.CHECKPOINT_PERIOD", cfg.SOLVER.CHECKPOINT_PERIOD, scale, world_size, old_world
     )
     out.TEST.EVAL_PERIOD = _scaled_period(
-        "TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD, scale, num_workers, old_world
+        "TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD, scale, world_size, old_world
     )
-    # The scaled config says it is written for num_workers: loading its dump and running on
-    # as many workers again does not scale it a second time.
-    solver.REFERENCE_WORLD_SIZE = num_workers
-    record_changes(cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {num_workers} workers")
+    # The scaled config says it is written for world_size: loading its dump and running on
+    # as many processes again does not scale it a second time.
+    solver.REFERENCE_WORLD_SIZE = world_size
+    record_changes(cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {world_size} processes")
     logger.info(
-        "Auto-scaling the config from %d to %d workers: IMS_PER_BATCH=%d, BASE_LR=%g, "
+        "Auto-scaling the config from %d to %d processes: IMS_PER_BATCH=%d, BASE_LR=%g, "
         "MAX_ITER=%d, WARMUP_ITERS=%d, STEPS=%s, CHECKPOINT_PERIOD=%d, EVAL_PERIOD=%d",
         old_world,
-        num_workers,
+        world_size,
         new_batch,
         solver.BASE_LR,
         solver.MAX_ITER,
@@ -184,29 +188,29 @@ def auto_scale_config(cfg: CfgNode, num_workers: int) -> CfgNode:
     return out
 
 
-def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, num_workers: int) -> CfgNode:
+def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, world_size: int) -> CfgNode:
     old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
     steps = accumulate_steps_for(
-        cfg.SOLVER.ACCUMULATE_STEPS, old_world, num_workers, cfg.SOLVER.IMS_PER_BATCH
+        cfg.SOLVER.ACCUMULATE_STEPS, old_world, world_size, cfg.SOLVER.IMS_PER_BATCH
     )
     # Assigned only when they change: an assignment is recorded as the key's origin.
     if steps != cfg.SOLVER.ACCUMULATE_STEPS:
         out.SOLVER.ACCUMULATE_STEPS = steps
-    out.SOLVER.REFERENCE_WORLD_SIZE = num_workers
+    out.SOLVER.REFERENCE_WORLD_SIZE = world_size
     record_changes(
-        cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {num_workers} workers (accumulate)"
+        cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {world_size} processes (accumulate)"
     )
     logger.info(
-        "Keeping the recipe of a config written for %d workers on %d: IMS_PER_BATCH=%d, "
+        "Keeping the recipe of a config written for %d processes on %d: IMS_PER_BATCH=%d, "
         "BASE_LR=%g and the schedule unchanged; ACCUMULATE_STEPS %d -> %d (%d images per "
-        "micro-batch and worker)",
+        "micro-batch and process)",
         old_world,
-        num_workers,
+        world_size,
         cfg.SOLVER.IMS_PER_BATCH,
         cfg.SOLVER.BASE_LR,
         cfg.SOLVER.ACCUMULATE_STEPS,
         steps,
-        cfg.SOLVER.IMS_PER_BATCH // (num_workers * steps),
+        cfg.SOLVER.IMS_PER_BATCH // (world_size * steps),
     )
     out.freeze()
     return out
