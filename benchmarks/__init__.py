@@ -1,12 +1,13 @@
 """Benchmarks of trainkit, each measured beside the plain-PyTorch code it replaces.
 
-Run ``python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick]`` (or
-``python -m benchmarks ...`` from the repository root). One module per task:
+Run ``python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick | --write-docs]``
+(or ``python -m benchmarks ...`` from the repository root). One module per task:
 
 * ``sampler``, ``data_memory``, ``metafile``: data at scale (memory, first batch, reads);
 * ``data`` (with ``padding``): train loader throughput and padding;
 * ``train``, ``eval``: the training step and inference against hand-written loops;
-* ``launch``, ``checkpoint``: start-up and failures; save, load and async saves.
+* ``launch``, ``checkpoint``: start-up and failures; save, load and async saves;
+* ``goodput`` (with ``goodput_job``): the main job under SIGKILLs, restarted by itself.
 
 ``runner`` holds the task registry and the command line; ``measure`` the memory and timing
 helpers; ``report`` the tables, targets and verdicts; ``shapes`` the built-in dataset and

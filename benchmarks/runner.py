@@ -4,11 +4,19 @@ A task is a function that takes the parsed arguments and returns a dict of resul
 prints its tables (trainkit beside its baseline, a target and a PASS/MISS column) while it
 runs, and the runner writes every task's dict to ``--json`` at the end. To add a task, write
 ``bench_<name>(args) -> dict`` in ``benchmarks/<name>.py`` and register it in :data:`TASKS`.
+
+``--write-docs`` also writes each task's tables, with the command, the date and the machine,
+into :data:`PERFORMANCE_PAGE` as soon as the task has run (see :mod:`benchmarks.report`). It
+needs full-size figures, so it is refused with ``--quick``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,9 +28,16 @@ from benchmarks.goodput import bench_goodput
 from benchmarks.launch import bench_launch
 from benchmarks.measure import timer
 from benchmarks.metafile import bench_metafile
-from benchmarks.report import write_json
+from benchmarks.report import (
+    machine_summary,
+    task_section,
+    tee_stdout,
+    update_performance_page,
+    write_json,
+)
 from benchmarks.sampler import bench_sampler
 from benchmarks.train import bench_train
+from trainkit.utils.collect_env import collect_env_info
 
 TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "sampler": bench_sampler,
@@ -35,6 +50,10 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "eval": bench_eval,
     "goodput": bench_goodput,
 }
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The page --write-docs writes (tests point it elsewhere).
+PERFORMANCE_PAGE = os.path.join(ROOT, "docs", "performance.md")
 
 # Sizes of the data-at-scale tasks: (full run, --quick). --quick checks that a task runs,
 # not how fast: its sizes are small enough for a test.
@@ -66,6 +85,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="tiny sizes and one round (checks that a task runs, not timing)",
     )
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="write each task's tables, the command, date and machine into docs/performance.md "
+        "(full-size runs only: not with --quick)",
+    )
     parser.add_argument("--sampler-size", type=float, help="sampler task: trainkit size (4e8)")
     parser.add_argument(
         "--baseline-size",
@@ -78,6 +103,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reads", type=float, help="metafile random reads per process (2e5)")
     parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
     args = parser.parse_args(argv)
+    if args.quick and args.write_docs:
+        # One line, no usage text: the page holds full-size figures only.
+        print(
+            f"{parser.prog}: --write-docs writes full-size figures into docs/performance.md; "
+            "leave out --quick (its tiny sizes are for tests)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     for name, (full, quick) in _SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -88,11 +121,39 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the tasks named on the command line; return their results by task."""
     args = parse_args(argv)
     tasks = list(TASKS) if "all" in args.task else list(dict.fromkeys(args.task))
+    command = _command(argv)
     results = {}
     for task in tasks:
-        with timer() as elapsed:
+        with timer() as elapsed, tee_stdout() as printed:
             results[task] = TASKS[task](args)
-        print(f"\n({task}: {elapsed():.0f} s)")
+        seconds = elapsed()
+        print(f"\n({task}: {seconds:.0f} s)")
+        if args.write_docs:  # after each task: a later task that fails keeps what ran
+            _write_docs(task, printed.getvalue(), command, seconds)
     if args.json:
         write_json(args.json, results)
     return results
+
+
+def _command(argv: Sequence[str] | None) -> str:
+    """The command line as a reader would type it from the repository root."""
+    if argv is not None:
+        return shlex.join(["python", "tools/benchmark.py", *argv])
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    program = (
+        ["-m", "benchmarks"] if script == os.path.join("benchmarks", "__main__.py") else [script]
+    )
+    return shlex.join(["python", *program, *sys.argv[1:]])
+
+
+def _write_docs(task: str, printed: str, command: str, seconds: float) -> None:
+    section = task_section(
+        task,
+        printed,
+        command=command,
+        date=datetime.date.today().isoformat(),
+        seconds=seconds,
+        machine=machine_summary(collect_env_info()),
+    )
+    update_performance_page(PERFORMANCE_PAGE, {task: section}, order=list(TASKS))
+    print(f"({task}: tables written to {os.path.relpath(PERFORMANCE_PAGE, ROOT)})")

@@ -2,9 +2,13 @@
 
 Usage::
 
-    python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick]
+    python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick | --write-docs]
 
-    TASK: sampler, data_memory, metafile, train, data, launch, checkpoint, eval or all
+    TASK: sampler, data_memory, metafile, train, data, launch, checkpoint, eval, goodput or all
+
+``--write-docs`` puts each task's tables (with the command, the date and the machine) into
+``docs/performance.md``, keeping the page's hand-written explanations; ``--quick`` (tiny
+sizes, for tests) never writes it.
 
 The tasks live in the ``benchmarks/`` package (one module per task; the registry and the
 options are in ``benchmarks/runner.py``); this script only runs them.

@@ -4,6 +4,7 @@ Structure only (tables, JSON keys, targets and PASS/MISS verdicts); no timing is
 One subprocess runs every task, so torch is imported once (about 2-3 minutes on 2 cores).
 """
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -27,9 +28,17 @@ TASKS = [
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
+PERFORMANCE_PAGE = ROOT / "docs" / "performance.md"
+
+
+def _page_digest():
+    return hashlib.sha256(PERFORMANCE_PAGE.read_bytes()).hexdigest()
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
+    page_before = _page_digest()
     proc = subprocess.run(
         [
             sys.executable,
@@ -48,6 +57,8 @@ def quick_run(tmp_path_factory):
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # A --quick run is a test of the tasks, not a measurement: the page keeps its figures.
+    assert _page_digest() == page_before
     return proc.stdout, json.loads(out.read_text())
 
 
