@@ -1,4 +1,4 @@
-"""Packages import only from the layers below them (utils <- config <- middle <- engine)."""
+"""Packages import only from the layers below (utils <- config <- middle <- launcher <- engine)."""
 
 import ast
 from pathlib import Path
@@ -14,7 +14,17 @@ ALLOWED = {
     "checkpoint": {"utils", "config"},
     "modeling": {"utils", "config"},
     "evaluation": {"utils", "config"},
-    "engine": {"utils", "config", "data", "solver", "checkpoint", "modeling", "evaluation"},
+    "launcher": {"utils", "config", "data", "solver", "checkpoint", "modeling", "evaluation"},
+    "engine": {
+        "utils",
+        "config",
+        "data",
+        "solver",
+        "checkpoint",
+        "modeling",
+        "evaluation",
+        "launcher",
+    },
 }
 
 

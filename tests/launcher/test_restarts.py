@@ -11,10 +11,10 @@ import pytest
 from tests.dist import RankFailure, run_on_ranks
 from tests.engine.test_default_trainer import _assert_same, _train, _two_rank_run
 from trainkit.config import ConfigError
-from trainkit.engine import hooks, launch
-from trainkit.engine.launch import LaunchError
-from trainkit.engine.preemption import TrainingPreempted
-from trainkit.engine.restarts import is_restart, record_run, restart_count, run_id
+from trainkit.engine import hooks
+from trainkit.engine.hooks.preemption import TrainingPreempted
+from trainkit.launcher import LaunchError, launch
+from trainkit.launcher.restarts import is_restart, record_run_id, restart_count, run_id
 from trainkit.utils import UsageError, comm
 
 
@@ -150,7 +150,7 @@ def _crash_once_then_finish(output_dir):
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
+    logging.getLogger("trainkit.launcher.restarts").addHandler(handler)
     out = _train(output_dir)  # no resume=True: a restarted job resumes by itself
     return {**{k: out[k] for k in ("weights", "momentum", "start_iter")}, "log": messages}
 
@@ -195,7 +195,7 @@ def test_the_run_id_comes_from_the_agent_else_from_slurm(no_job_env):
 def test_a_restart_resumes_only_the_checkpoints_of_its_own_run(tmp_path, no_job_env):
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "first")
     assert not is_restart(str(tmp_path))  # nothing recorded yet
-    record_run(str(tmp_path))
+    record_run_id(str(tmp_path))
     assert is_restart(str(tmp_path))
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "second")  # another job in the same directory
     assert not is_restart(str(tmp_path))
@@ -214,11 +214,11 @@ def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
+    logging.getLogger("trainkit.launcher.restarts").addHandler(handler)
     try:
         restarted = _train(tmp_path / "run", workers=0)  # resume=False, as without --resume
     finally:
-        logging.getLogger("trainkit.engine.restarts").removeHandler(handler)
+        logging.getLogger("trainkit.launcher.restarts").removeHandler(handler)
     assert restarted["start_iter"] == 5
     _assert_same(straight, restarted)
     assert f"restart 1: resuming from {tmp_path / 'run' / 'model_0000004.pth'}" in messages

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from tests.dist import RankFailure, free_port, run_on_ranks
-from trainkit.engine import launch
-from trainkit.engine.launch import LaunchError
+from trainkit.launcher import LaunchError, launch
 from trainkit.utils import comm
 
 
@@ -145,9 +144,9 @@ def test_too_many_gpus_refused(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    # The choice moved with the joining of the job into trainkit.engine.job (used by
+    # The choice moved with the joining of the job into trainkit.launcher.job (used by
     # launch()'s processes, torchrun's and srun's alike).
-    from trainkit.engine import job
+    from trainkit.launcher import job
 
     assert job.default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
