@@ -10,7 +10,7 @@ Importing it is cheap: torch.distributed.elastic, the job store's server and SLU
 are imported by :func:`launch` when it needs them.
 """
 
-from trainkit.launcher.launch import DEFAULT_TIMEOUT, LaunchError, launch
+from trainkit.launcher.launching import DEFAULT_TIMEOUT, LaunchError, launch
 from trainkit.launcher.preemption import PreemptionSignal
 from trainkit.launcher.protocol import connect_job_store
 from trainkit.launcher.restarts import record_run_id, resumes_by_itself
