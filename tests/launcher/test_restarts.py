@@ -129,6 +129,20 @@ def test_one_process_with_restarts_runs_under_the_agent(tmp_path):
     assert _rounds(tmp_path) == ["round0", "round1"]
 
 
+def _torchruns_counts_after_one_failure(directory):
+    if _mark_round(directory) == 0:
+        os._exit(1)
+    return {n: os.environ[n] for n in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_each_round_tells_its_processes_the_restart_count_as_torchrun_does(tmp_path):
+    # Every round runs under a new agent (which would say 0); the launcher's count is passed on.
+    counts = launch(_torchruns_counts_after_one_failure, 1, args=(str(tmp_path),), max_restarts=2)
+    assert counts == [{"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2"}]
+
+
 class _KillAt(hooks.CallbackHook):
     """SIGKILL this process after iteration ``k`` (a crash that leaves no trace)."""
 

@@ -112,10 +112,10 @@ def agree_on_round(
     """Return a namespace of the store that is this round's alone, and the round's index.
 
     Why: an elastic agent's store outlives the round, and torch 2.13's c10d rendezvous keeps
-    one worker store for every round (``TORCHELASTIC_USE_AGENT_STORE``), while the process
-    group adds no per-round prefix. A restarted round then reads the dead round's keys (Gloo's
-    peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one machine
-    only: each agent counts its own restarts, and a membership change restarts the others
+    one store for the processes of every round (``TORCHELASTIC_USE_AGENT_STORE``), while the
+    process group adds no per-round prefix. A restarted round then reads the dead round's keys
+    (Gloo's peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one
+    machine only: each agent counts its own restarts, and a membership change restarts the others
     without counting (pytorch/pytorch#135712, #108158).
 
     How: rank 0 publishes a new namespace; every other rank registers a nonce under the

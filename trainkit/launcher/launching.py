@@ -56,7 +56,7 @@ class LaunchError(RuntimeError):
 
     Attributes:
         rank: global rank of the first process that failed (None if unknown).
-        exit_code: the status the job should end with: the failed worker's own exit status
+        exit_code: the status the job should end with: the failed process's own exit status
             when it chose one (pre-emption: 75, a stall: 124), else 1.
     """
 
@@ -109,7 +109,7 @@ def launch(
     When ``args`` holds the parsed command line of ``--print-config`` (an object whose
     ``print_config`` is True), ``main_func(*args)`` runs once in this process, without a
     process group: ``default_setup`` prints the config for the world size the flags ask
-    for and exits, so no worker needs to start.
+    for and exits, so no process needs to start.
     """
     install_usage_error_handler()
     if any(getattr(arg, "print_config", False) is True for arg in args):

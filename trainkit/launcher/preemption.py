@@ -1,11 +1,8 @@
 """The signal side of pre-emption: note the scheduler's stop signal, give up on a second one.
 
-Cluster schedulers send SIGTERM (SLURM: SIGUSR1 with ``sbatch --signal=USR1@90``; people
-press Ctrl-C) some seconds before they kill a job. In each process :class:`PreemptionSignal`
-notes the first signal; the trainer acts on it at its next check
-(:class:`~trainkit.engine.hooks.preemption.PreemptionHandler`: finish the step, checkpoint,
-exit with :data:`~trainkit.launcher.protocol.PREEMPTED_EXIT_CODE`). A second signal, later
-than a short debounce window, ends the process at once without a checkpoint.
+:class:`PreemptionSignal` notes the first SIGTERM/SIGINT/SIGUSR1 a process receives; the
+trainer acts on it (:mod:`trainkit.engine.hooks.preemption` says how and why). A second
+signal, later than a short debounce window, ends the process at once without a checkpoint.
 """
 
 from __future__ import annotations

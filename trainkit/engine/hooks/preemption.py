@@ -48,7 +48,7 @@ class TrainingPreempted(Exception):
         )
         self.signal_name = signal_name
         self.iteration = iteration
-        # launch() gives a worker that raised this the exit status below instead of 1.
+        # launch() gives a process that raised this the exit status below instead of 1.
         self.exit_code = PREEMPTED_EXIT_CODE
 
 
