@@ -20,7 +20,10 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = [
     "HEARTBEAT_KEY",
@@ -60,18 +63,18 @@ def job_store_address(host: str, port: int, namespace: str) -> str:
     return f"{host}:{port}/{namespace}"
 
 
-def connect_job_store() -> Any | None:
+def connect_job_store() -> dist.Store | None:
     """Connect to this round's namespace of the job store (None outside a multi-process job).
 
     The progress watchdog publishes there; the guard of rank 0 reads it.
 
     Returns:
-        A ``torch.distributed.Store`` (a prefix store on the job's TCP store), or None.
+        A prefix store on the job's TCP store, or None.
     """
     address = os.environ.get(JOB_STORE_VAR)
     if not address:
         return None
-    import torch.distributed as dist
+    import torch.distributed as dist  # here, not at the top: this module stays light
 
     host_port, _, prefix = address.partition("/")
     host, _, port = host_port.rpartition(":")
