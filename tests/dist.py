@@ -89,9 +89,10 @@ def run_on_ranks(
     dist_url = "auto" if num_machines == 1 else f"tcp://127.0.0.1:{free_port()}"
     # forkserver, not fork: by now the test process runs threads (loader queues, writers,
     # stores), and forking it while one holds a lock can deadlock the child. The server is a
-    # clean process with torch and trainkit preloaded, so each launcher still starts fast.
+    # clean process with torch and trainkit preloaded, so each launcher still starts fast
+    # (the elastic agent too: importing trainkit.engine leaves it to launch()).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "trainkit.engine"])
+    ctx.set_forkserver_preload(["torch", "trainkit.engine", "trainkit.launcher.elastic"])
     queue = ctx.Queue()
     launchers = [
         ctx.Process(

@@ -139,3 +139,39 @@ def test_every_relative_link_reaches_its_file_and_heading(page):
             elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target):
                 broken.append(f"{page.relative_to(ROOT)}:{number}: {link}: no such heading")
     assert not broken, "\n".join(broken)
+
+
+# `dir/test_file.py` or `dir/test_file.py::test_name` (a trailing * matches a prefix), as the
+# fault table of docs/troubleshooting.md cites its tests; paths are relative to tests/.
+# `detectron2/...` paths are detectron2's own tests, not checked here.
+TEST_REFERENCE = re.compile(r"`((?:\w+/)*test_\w+\.py)(?:::(\w+\*?))?`")
+
+
+def cited_tests(path: Path) -> list[tuple[int, str, str | None]]:
+    return [
+        (number, match.group(1), match.group(2))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for match in TEST_REFERENCE.finditer(line)
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_test_the_docs_cite_exists(page):
+    missing = []
+    for number, file, name in cited_tests(page):
+        if file.startswith("detectron2/"):
+            continue
+        path = ROOT / "tests" / file
+        if not path.is_file():
+            path = ROOT / file  # written from the repository root
+        if not path.is_file():
+            missing.append(f"{page.relative_to(ROOT)}:{number}: {file}: no such test file")
+            continue
+        defined = re.findall(r"^def (test_\w+)", path.read_text(), flags=re.MULTILINE)
+        prefix = (name or "").rstrip("*")
+        found = any(
+            t.startswith(prefix) if name and name.endswith("*") else t == name for t in defined
+        )
+        if name and not found:
+            missing.append(f"{page.relative_to(ROOT)}:{number}: {file}::{name}: no such test")
+    assert not missing, "\n".join(missing)

@@ -5,11 +5,30 @@ import sys
 
 import pytest
 
-HEAVY = ("torch.utils.tensorboard", "tensorboard", "matplotlib", "wandb", "mlflow")
+HEAVY = (
+    "torch.utils.tensorboard",
+    "tensorboard",
+    "matplotlib",
+    "wandb",
+    "mlflow",
+    # the launcher's heavy parts: launch() imports them when it needs them
+    "torch.distributed.elastic",
+    "trainkit.launcher.elastic",
+    "trainkit.launcher.job",
+    "trainkit.launcher.job_store",
+    "trainkit.launcher.slurm",
+)
 
 
 @pytest.mark.parametrize(
-    "module", ["trainkit.config", "trainkit.utils.comm", "trainkit.utils.events", "trainkit.engine"]
+    "module",
+    [
+        "trainkit.config",
+        "trainkit.utils.comm",
+        "trainkit.utils.events",
+        "trainkit.launcher",
+        "trainkit.engine",
+    ],
 )
 def test_light_import(module):
     code = f"import sys, {module}; print([m for m in {HEAVY!r} if m in sys.modules])"

@@ -36,13 +36,13 @@ from trainkit.engine import (
     default_setup,
     launch,
 )
-from trainkit.engine.restarts import record_run, resumes_by_itself
 from trainkit.evaluation import (
     ClassificationEvaluator,
     inference_on_dataset,
     print_csv_format,
     verify_results,
 )
+from trainkit.launcher import record_run_id, resumes_by_itself
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
@@ -80,7 +80,7 @@ def do_train(cfg: CfgNode, model: torch.nn.Module, resume: bool = False) -> None
     # A process restarted by --max-restarts (or torchrun/SLURM) continues this run's checkpoints.
     resume = resumes_by_itself(cfg.OUTPUT_DIR, checkpointer.get_checkpoint_file()) or resume
     if comm.is_main_process():
-        record_run(cfg.OUTPUT_DIR)
+        record_run_id(cfg.OUTPUT_DIR)
     extra = checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=resume)
     # The checkpoint holds the last finished iteration; continue with the next one. Weights
     # loaded from MODEL.WEIGHTS (no --resume) start a new run at 0, whatever they say.

@@ -333,7 +333,7 @@ class _SignalAt(hooks.CallbackHook):
 
 
 def _train_with_signal(output_dir, k, rank=0, checkpoint_async=False):
-    from trainkit.engine.preemption import TrainingPreempted
+    from trainkit.engine.hooks.preemption import TrainingPreempted
 
     seed_all_rng(7 + comm.get_rank())
     trainer = RegressionTrainer(_cfg(output_dir, checkpoint_async=checkpoint_async))
@@ -366,7 +366,7 @@ def test_sigterm_with_async_checkpoints_stops_only_once_the_checkpoint_is_writte
     import threading
     import time
 
-    import trainkit.engine.preemption as preemption
+    import trainkit.engine.hooks.preemption as preemption
 
     real_save = torch.save
     tag = tmp_path / "pre" / "last_checkpoint"

@@ -141,7 +141,7 @@ elif KIND == "raise_on_rank":
     step_str, _, round_str = step_str.partition(":")
 
     def _maybe_raise(n, out):
-        from trainkit.engine.restarts import restart_count
+        from trainkit.launcher.restarts import restart_count
         from trainkit.utils import comm
 
         this_round = not round_str or restart_count() == int(round_str)

@@ -18,18 +18,17 @@ from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
-from trainkit.engine.job_store import job_store
-from trainkit.engine.preemption import PreemptionHandler
-from trainkit.engine.restarts import resumes_by_itself
+from trainkit.engine.hooks.preemption import PreemptionHandler
+from trainkit.engine.hooks.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.trainer_base import TrainerBase
-from trainkit.engine.watchdog import PhaseMarkingLoader, ProgressWatchdog
 from trainkit.engine.writers import build_writers
 from trainkit.evaluation import DatasetEvaluator, verify_results
+from trainkit.launcher import connect_job_store, resumes_by_itself
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
@@ -84,8 +83,8 @@ class DefaultTrainer(TrainerBase):
         data_loader = self.build_train_loader(cfg)
         model = create_ddp_model(model, broadcast_buffers=False)
         # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
-        # job's store, where rank 0 compares every rank's (see trainkit.engine.job).
-        store = job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
+        # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
+        store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
         self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
@@ -231,7 +230,7 @@ class DefaultTrainer(TrainerBase):
 
         A restart of the job that wrote OUTPUT_DIR's checkpoints (``launch(...,
         max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
-        :mod:`trainkit.engine.restarts`) always resumes, with or without ``resume``.
+        :mod:`trainkit.launcher.restarts`) always resumes, with or without ``resume``.
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume

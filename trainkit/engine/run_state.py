@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trainkit.config import CfgNode
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data.loader_state import is_global_position
-from trainkit.engine.restarts import record_run
+from trainkit.launcher import record_run_id
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
 
@@ -79,7 +79,7 @@ class RunState:
         """
         trainer = self._trainer
         if comm.is_main_process():
-            record_run(trainer.cfg.OUTPUT_DIR)
+            record_run_id(trainer.cfg.OUTPUT_DIR)
         with trainer.watchdog.phase("checkpoint"):
             self._ranks = comm.all_gather(self._local_state())
         self._ranks_iter = trainer.iter

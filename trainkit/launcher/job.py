@@ -4,9 +4,9 @@ The same code runs in the processes ``launch()`` starts (through torch.distribut
 agent), in those ``torchrun`` starts, and in the tasks ``srun`` starts. Each process:
 
 1. reads its place in the job from torchrun's variables (:class:`JobEnvironment`; for SLURM
-   ``launch`` derives them first, see :mod:`trainkit.engine.slurm`);
+   ``launch`` derives them first, see :mod:`trainkit.launcher.slurm`);
 2. connects to the job's key-value store and agrees with the others on a fresh namespace for
-   this round of the job (:func:`~trainkit.engine.job_store.agree_on_round` says why a
+   this round of the job (:func:`~trainkit.launcher.job_store.agree_on_round` says why a
    restart needs one);
 3. joins the process group in that namespace, creates the per-machine group, and exports for
    the trainer ``TRAINKIT_RESTART_COUNT`` (the round: 0 first, N after N restarts, the same
@@ -34,19 +34,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainkit.engine.job_store import (
-    JOB_STORE_VAR,
+from trainkit.launcher.job_store import (
     agree_on_round,
     connect_store,
     post_abort,
     read_abort,
     serve_store,
 )
-from trainkit.engine.watchdog import (
+from trainkit.launcher.protocol import (
     HEARTBEAT_KEY,
+    JOB_STORE_VAR,
+    RESTART_COUNT_VAR,
     WATCHDOG_EXIT_CODE,
     describe_stall,
     find_stalled_rank,
+    job_store_address,
 )
 from trainkit.utils import comm
 from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
@@ -55,7 +57,6 @@ __all__ = ["JobEnvironment", "default_backend", "run_in_job"]
 
 logger = logging.getLogger(__name__)
 
-RESTART_COUNT_VAR = "TRAINKIT_RESTART_COUNT"
 _USAGE_KEY = "trainkit/usage_error"  # a user error ended a round: later rounds stop at once
 _GUARD_POLL_S = 0.25
 _STALL_POLL_S = 1.0
@@ -146,7 +147,7 @@ def run_in_job(
     round_store = dist.PrefixStore(prefix, store)
     exported = {
         RESTART_COUNT_VAR: str(index),
-        JOB_STORE_VAR: f"{env.master_addr}:{env.master_port}/{prefix}",
+        JOB_STORE_VAR: job_store_address(env.master_addr, env.master_port, prefix),
     }
     with _exported(exported), _process_group(env, round_store, timeout):
         guard = _Guard(round_store, env, on_abort or _exit_for)
@@ -263,7 +264,7 @@ class _Guard:
     """The thread that ends this process when another one of the round failed.
 
     On rank 0 and the last rank it also reads every rank's progress record (published by
-    :class:`~trainkit.engine.watchdog.ProgressWatchdog`) and posts a stall as the failure:
+    :class:`~trainkit.engine.hooks.watchdog.ProgressWatchdog`) and posts a stall as the failure:
     two readers, so that a frozen rank 0 is still seen.
     """
 

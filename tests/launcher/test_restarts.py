@@ -11,10 +11,10 @@ import pytest
 from tests.dist import RankFailure, run_on_ranks
 from tests.engine.test_default_trainer import _assert_same, _train, _two_rank_run
 from trainkit.config import ConfigError
-from trainkit.engine import hooks, launch
-from trainkit.engine.launch import LaunchError
-from trainkit.engine.preemption import TrainingPreempted
-from trainkit.engine.restarts import is_restart, record_run, restart_count, run_id
+from trainkit.engine import hooks
+from trainkit.engine.hooks.preemption import TrainingPreempted
+from trainkit.launcher import LaunchError, launch
+from trainkit.launcher.restarts import is_restart, record_run_id, restart_count, run_id
 from trainkit.utils import UsageError, comm
 
 
@@ -129,6 +129,20 @@ def test_one_process_with_restarts_runs_under_the_agent(tmp_path):
     assert _rounds(tmp_path) == ["round0", "round1"]
 
 
+def _torchruns_counts_after_one_failure(directory):
+    if _mark_round(directory) == 0:
+        os._exit(1)
+    return {n: os.environ[n] for n in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_each_round_tells_its_processes_the_restart_count_as_torchrun_does(tmp_path):
+    # Every round runs under a new agent (which would say 0); the launcher's count is passed on.
+    counts = launch(_torchruns_counts_after_one_failure, 1, args=(str(tmp_path),), max_restarts=2)
+    assert counts == [{"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2"}]
+
+
 class _KillAt(hooks.CallbackHook):
     """SIGKILL this process after iteration ``k`` (a crash that leaves no trace)."""
 
@@ -150,7 +164,7 @@ def _crash_once_then_finish(output_dir):
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
+    logging.getLogger("trainkit.launcher.restarts").addHandler(handler)
     out = _train(output_dir)  # no resume=True: a restarted job resumes by itself
     return {**{k: out[k] for k in ("weights", "momentum", "start_iter")}, "log": messages}
 
@@ -195,7 +209,7 @@ def test_the_run_id_comes_from_the_agent_else_from_slurm(no_job_env):
 def test_a_restart_resumes_only_the_checkpoints_of_its_own_run(tmp_path, no_job_env):
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "first")
     assert not is_restart(str(tmp_path))  # nothing recorded yet
-    record_run(str(tmp_path))
+    record_run_id(str(tmp_path))
     assert is_restart(str(tmp_path))
     no_job_env.setenv("TORCHELASTIC_RUN_ID", "second")  # another job in the same directory
     assert not is_restart(str(tmp_path))
@@ -214,11 +228,11 @@ def test_a_restarted_trainer_resumes_without_being_asked(tmp_path, no_job_env):
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger("trainkit.engine.restarts").addHandler(handler)
+    logging.getLogger("trainkit.launcher.restarts").addHandler(handler)
     try:
         restarted = _train(tmp_path / "run", workers=0)  # resume=False, as without --resume
     finally:
-        logging.getLogger("trainkit.engine.restarts").removeHandler(handler)
+        logging.getLogger("trainkit.launcher.restarts").removeHandler(handler)
     assert restarted["start_iter"] == 5
     _assert_same(straight, restarted)
     assert f"restart 1: resuming from {tmp_path / 'run' / 'model_0000004.pth'}" in messages

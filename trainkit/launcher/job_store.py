@@ -13,7 +13,6 @@ import datetime
 import errno
 import json
 import logging
-import os
 import socket
 import time
 import uuid
@@ -24,13 +23,11 @@ import torch.distributed as dist
 from trainkit.utils.errors import UsageError
 
 __all__ = [
-    "JOB_STORE_VAR",
     "ROUND_KEY",
     "RendezvousAddressError",
     "RendezvousTimeoutError",
     "agree_on_round",
     "connect_store",
-    "job_store",
     "post_abort",
     "read_abort",
     "serve_store",
@@ -38,8 +35,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-JOB_STORE_VAR = "TRAINKIT_JOB_STORE"
-"""Set in each process of a job: ``HOST:PORT/NAMESPACE`` of its round (see job_store)."""
 ROUND_KEY = "trainkit/round"  # the current round's namespace, set by its rank 0
 _ROUNDS_KEY = "trainkit/rounds"  # how many rounds of this job have started
 _ABORT_KEY = "abort"  # within a round's namespace: the round's first failure
@@ -52,24 +47,6 @@ class RendezvousTimeoutError(UsageError, TimeoutError):
 
 class RendezvousAddressError(UsageError, ValueError):
     """The job's store cannot listen on the address given (in use, or not this machine's)."""
-
-
-def job_store() -> dist.Store | None:
-    """Connect to this round's namespace of the job store (None outside a multi-process job).
-
-    The progress watchdog publishes there; the guard of rank 0 reads it.
-    """
-    address = os.environ.get(JOB_STORE_VAR)
-    if not address:
-        return None
-    host_port, _, prefix = address.partition("/")
-    host, _, port = host_port.rpartition(":")
-    try:
-        store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=30))
-    except (RuntimeError, dist.DistError) as e:
-        logger.warning("Cannot reach the job store at %s (%s); watching this rank only", address, e)
-        return None
-    return dist.PrefixStore(prefix, store)
 
 
 # ---- the store ---------------------------------------------------------------------
@@ -135,10 +112,10 @@ def agree_on_round(
     """Return a namespace of the store that is this round's alone, and the round's index.
 
     Why: an elastic agent's store outlives the round, and torch 2.13's c10d rendezvous keeps
-    one worker store for every round (``TORCHELASTIC_USE_AGENT_STORE``), while the process
-    group adds no per-round prefix. A restarted round then reads the dead round's keys (Gloo's
-    peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one machine
-    only: each agent counts its own restarts, and a membership change restarts the others
+    one store for the processes of every round (``TORCHELASTIC_USE_AGENT_STORE``), while the
+    process group adds no per-round prefix. A restarted round then reads the dead round's keys
+    (Gloo's peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one
+    machine only: each agent counts its own restarts, and a membership change restarts the others
     without counting (pytorch/pytorch#135712, #108158).
 
     How: rank 0 publishes a new namespace; every other rank registers a nonce under the

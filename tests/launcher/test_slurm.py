@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainkit.engine.slurm import (
+from trainkit.launcher.slurm import (
     SlurmEnvironmentError,
     expand_nodelist,
     rendezvous_port,

@@ -97,7 +97,7 @@ def slurm_variables(environ: Mapping[str, str], num_gpus_per_machine: int) -> di
     ``MASTER_ADDR``, ``MASTER_PORT``) lets the rest of the job treat a SLURM task like a
     process torchrun started. None when not under ``srun`` (no ``SLURM_STEP_ID``), with a
     single task, or when each task is one launcher per node (``--ntasks-per-node 1`` with
-    ``--num-gpus`` above 1, the detectron2 way): :func:`~trainkit.engine.launch` then starts
+    ``--num-gpus`` above 1, the detectron2 way): :func:`~trainkit.launcher.launch` then starts
     the processes itself.
 
     Raises:

@@ -1,17 +1,24 @@
 """A ``launch()`` job on torch.distributed.elastic: its agent, rendezvous and process entry.
 
-On each machine, torch's :class:`LocalElasticAgent` spawns the processes, watches them,
-stops them all when one fails and, while restarts are left, starts them again. What trainkit
-adds (:class:`_Agent`): each failure is described once, as the user sees it (the round's
-first failure recorded in the job's store, else what the agent saw: a signal, an exit
-status), and posted to the store so that every machine stops its processes; a user error
-and a pre-emption end the job instead of being retried. The rendezvous (:class:`_Rendezvous`)
-keeps ``launch()``'s fixed machines and machine ranks.
+On each machine, torch's :class:`LocalElasticAgent` spawns the processes, watches them and
+stops them all when one fails. trainkit runs one agent per round of the job and decides about
+restarts itself (:func:`run_agent`), from the agent's public :class:`RunResult`: each failure
+is described once, as the user sees it (the round's first failure recorded in the job's
+store, else what the agent saw: a signal, an exit status), and posted to the store so that
+every machine stops its processes; a user error and a pre-emption end the job instead of
+being retried; any other failure starts the next round while restarts are left. The
+rendezvous (:class:`_Rendezvous`) keeps ``launch()``'s fixed machines and machine ranks.
+
+Why an agent per round: torch's agent restarts its processes by itself while
+``WorkerSpec.max_restarts`` allows, and has no public way to look at a failure before it
+does. (trainkit used to override the agent's private ``_monitor_workers`` for that, which
+any torch refactor may break; ``tests/launcher/test_elastic.py`` keeps it from coming back.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -24,11 +31,10 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.distributed import PrefixStore
+from torch.distributed import PrefixStore, Store
 from torch.distributed.elastic.agent.server import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -38,15 +44,15 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
 )
 
-from trainkit.engine.job import JobEnvironment, run_in_job
-from trainkit.engine.job_store import (
+from trainkit.launcher.job import JobEnvironment, run_in_job
+from trainkit.launcher.job_store import (
     ROUND_KEY,
     connect_store,
     post_abort,
     read_abort,
     serve_store,
 )
-from trainkit.engine.preemption import PREEMPTED_EXIT_CODE
+from trainkit.launcher.protocol import PREEMPTED_EXIT_CODE
 from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
 
 __all__ = ["JobFailed", "run_agent"]
@@ -79,7 +85,7 @@ class JobFailed(Exception):
         self.rank, self.exit_code, self.kind = rank, exit_code, kind
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Job:
     """What each spawned process runs; pickled into it."""
 
@@ -88,6 +94,9 @@ class _Job:
     timeout: datetime.timedelta
     report_dir: str
     loopback: bool
+    max_restarts: int
+    restart_count: int = 0
+    """The round; each round's agent is a new one, which would tell the processes 0."""
 
 
 def run_agent(
@@ -114,26 +123,62 @@ def run_agent(
     """
     with tempfile.TemporaryDirectory(prefix="trainkit-launch-") as tmp, _quiet_elastic_logs():
         rendezvous = _Rendezvous(*address, machine_rank, num_machines, rendezvous_timeout_s)
-        spec = WorkerSpec(
-            role="trainkit",
-            local_world_size=num_processes,
-            rdzv_handler=rendezvous,
-            entrypoint=_spawned_process,
-            args=(_Job(main_func, args, timeout, tmp, loopback),),
-            max_restarts=max_restarts,
-            monitor_interval=_MONITOR_S,
-        )
         logs = DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs"))
-        agent = _Agent(spec, rendezvous, tmp, logs, rendezvous_timeout_s)
+        failures = _Failures(rendezvous.store, tmp)
+        job = _Job(main_func, args, timeout, tmp, loopback, max_restarts)
         try:
-            return agent.run_job()
+            with _forwarded_signals():
+                while True:
+                    agent = _agent(job, rendezvous, logs, num_processes, rendezvous_timeout_s)
+                    result = agent.run()
+                    if result.state == WorkerState.SUCCEEDED:
+                        return [result.return_values[r] for r in sorted(result.return_values)]
+                    local_ranks = {w.global_rank for w in agent.get_worker_group().workers}
+                    failure = failures.describe(result, local_ranks)
+                    if failure.kind in ("usage", "preempted") or job.restart_count == max_restarts:
+                        raise failure
+                    job = dataclasses.replace(job, restart_count=job.restart_count + 1)
+                    logger.warning(
+                        "%s\nRestarting the job (restart %d of %d).",
+                        failure,
+                        job.restart_count,
+                        max_restarts,
+                    )
+        except SignalException as e:
+            raise failures.describe_signal(e.sigval) from None
         except JobFailed:
             if num_machines > 1:
                 time.sleep(1.0)  # keep serving the store until the others read the failure
             raise
 
 
-# ---- the agent and its rendezvous -----------------------------------------------------------
+def _agent(
+    job: _Job,
+    rendezvous: _Rendezvous,
+    logs: DefaultLogsSpecs,
+    num_processes: int,
+    exit_barrier_s: float,
+) -> LocalElasticAgent:
+    """Return torch's agent for one round of the job: it starts, watches and stops the processes."""
+    spec = WorkerSpec(
+        role="trainkit",
+        local_world_size=num_processes,
+        rdzv_handler=rendezvous,
+        entrypoint=_spawned_process,
+        args=(job,),
+        max_restarts=0,  # run_agent restarts, after it has looked at the failure
+        monitor_interval=_MONITOR_S,
+    )
+    return LocalElasticAgent(
+        spec,
+        logs_specs=logs,
+        start_method="spawn",
+        exit_barrier_timeout=exit_barrier_s,
+        shutdown_timeout=_SIGNAL_GRACE_S,
+    )
+
+
+# ---- the rendezvous and what the agent saw ----------------------------------------------------
 class _Rendezvous(RendezvousHandler):
     """The rendezvous of a ``launch`` job: fixed machines, each keeping its machine rank.
 
@@ -187,76 +232,24 @@ class _Rendezvous(RendezvousHandler):
         return True
 
 
-class _Stopped(Exception):
-    """Ends the agent's run without a restart (a user error, a pre-emption)."""
+class _Failures:
+    """Describe each failure of the job once, as the user sees it, and post it for the others.
 
-
-class _Agent(LocalElasticAgent):
-    """torch's agent for this machine's processes, plus what a trainkit job promises.
-
-    Each failure is described once (the round's first failure posted in the store, else
-    what the agent saw) and posted for the other machines; user errors and pre-emption end
-    the job instead of being retried.
+    The round's first failure recorded in the job's store wins (a process posts its own
+    traceback there); else what this machine's agent saw (a signal, an exit status) and its
+    processes reported, which is then posted so that the other machines stop too.
     """
 
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        rendezvous: _Rendezvous,
-        report_dir: str,
-        logs: DefaultLogsSpecs,
-        exit_barrier_s: float,
-    ) -> None:
-        super().__init__(
-            spec,
-            logs_specs=logs,
-            start_method="spawn",
-            exit_barrier_timeout=exit_barrier_s,
-            shutdown_timeout=_SIGNAL_GRACE_S,
-        )
-        self._job_rendezvous = rendezvous
+    def __init__(self, store: Store, report_dir: str) -> None:
+        self._store = store
         self._report_dir = report_dir
-        self._restarts_left = spec.max_restarts
         self._described_rounds: set[str] = set()
-        self.failure: JobFailed | None = None
 
-    def run_job(self) -> list[Any]:
-        """Run the job to its end; return this machine's results by local rank."""
-        try:
-            with _forwarded_signals():
-                result = self.run()
-        except _Stopped:
-            pass
-        except SignalException as e:
-            self.failure = self._describe_signal(e.sigval)
-        else:
-            if not result.is_failed():
-                return [result.return_values[r] for r in sorted(result.return_values)]
-        assert self.failure is not None
-        raise self.failure
-
-    def _monitor_workers(self, worker_group: Any) -> RunResult:
-        result = super()._monitor_workers(worker_group)
-        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            return result
-        self.failure = self._describe(result, worker_group)
-        if self.failure.kind in ("usage", "preempted"):
-            raise _Stopped()
-        if self._restarts_left > 0:  # torch's agent restarts in this case, and counts it
-            self._restarts_left -= 1
-            logger.warning(
-                "%s\nRestarting the job (restart %d of %d).",
-                self.failure,
-                worker_group.spec.max_restarts - self._restarts_left,
-                worker_group.spec.max_restarts,
-            )
-        return result
-
-    def _describe(self, result: RunResult, worker_group: Any) -> JobFailed:
+    def describe(self, result: RunResult, local_ranks: set[int]) -> JobFailed:
+        """Describe the failed round ``result`` (this machine's processes: ``local_ranks``)."""
         reports = self._take_reports()
         round_store = self._round_store()
         record = read_abort(round_store) if round_store is not None else None
-        local_ranks = {w.global_rank for w in worker_group.workers}
         if record is not None:
             message = record["message"]
             if record["rank"] not in local_ranks:
@@ -282,24 +275,25 @@ class _Agent(LocalElasticAgent):
             post_abort(round_store, record)
         return JobFailed(message, rank, code)
 
-    def _describe_signal(self, signum: int) -> JobFailed:
+    def describe_signal(self, signum: int) -> JobFailed:
+        """Describe the end of a job whose launcher received ``signum``."""
         codes = {r["exit_code"] for r in self._take_reports().values()}
         if codes == {PREEMPTED_EXIT_CODE}:
             return JobFailed(_PREEMPTED, None, PREEMPTED_EXIT_CODE, "preempted")
         name = signal.Signals(signum).name
         return JobFailed(f"the launcher was stopped by {name}", None, 128 + signum, "signal")
 
-    def _round_store(self) -> Any:
+    def _round_store(self) -> Store | None:
         """The namespace of the round that just failed (None if unknown or unreachable)."""
-        store = self._job_rendezvous.store
         try:
-            prefix = store.get(ROUND_KEY).decode() if store.check([ROUND_KEY]) else None
+            key = self._store.get(ROUND_KEY) if self._store.check([ROUND_KEY]) else None
         except Exception:  # machine 0 (and its store) may be gone
             return None
+        prefix = key.decode() if key is not None else None
         if prefix is None or prefix in self._described_rounds:
             return None  # the processes failed before they opened a new round
         self._described_rounds.add(prefix)
-        return PrefixStore(prefix, store)
+        return PrefixStore(prefix, self._store)
 
     def _take_reports(self) -> dict[int, dict[str, Any]]:
         """Read (and remove, so a later round starts clean) what the processes reported."""
@@ -362,6 +356,9 @@ def _spawned_process(job: _Job) -> Any:
     # Signals reach a process only through the launcher, which forwards each one once; a
     # Ctrl-C in the terminal would otherwise hit every process twice.
     os.setpgrp()
+    # What torchrun's agent would say; this round's agent is new and counts no restarts.
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(job.restart_count)
+    os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.max_restarts)
     env = JobEnvironment.from_environ(os.environ)
     assert env is not None  # the agent sets torchrun's variables
     if job.loopback:

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch.distributed as dist
 
-from trainkit.engine import job, job_store
-from trainkit.engine.job import JobEnvironment
-from trainkit.engine.restarts import restart_count
+from trainkit.launcher import job, job_store
+from trainkit.launcher.job import JobEnvironment
+from trainkit.launcher.restarts import restart_count
 
 
 def _env(rank, world_size=2, restart_count=0):

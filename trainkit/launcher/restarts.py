@@ -9,8 +9,8 @@ from the newest checkpoint even without ``--resume``.
 
 The answer must be the same on every rank and must not mistake another run's checkpoints for
 this run's, so it comes from the checkpoints' directory: before its first checkpoint, rank 0
-writes the job's run id (:func:`run_id`) next to it (:func:`record_run`); a process whose run
-id is the one recorded there continues that run. The restart count alone would not do: each
+writes the job's run id (:func:`run_id`) next to it (:func:`record_run_id`); a process whose
+run id is the one recorded there continues that run. The restart count alone would not do: each
 elastic agent counts only its own restarts, and a membership change restarts the processes
 without counting at all.
 """
@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import os
 
+from trainkit.launcher.protocol import RESTART_COUNT_VAR
 from trainkit.utils.file_io import atomic_write
 
 __all__ = [
     "RUN_ID_FILE",
     "is_restart",
-    "record_run",
+    "record_run_id",
     "restart_count",
     "resumes_by_itself",
     "run_id",
@@ -41,9 +42,9 @@ def restart_count() -> int:
     """Return how many times this job was restarted before this round (0 the first time).
 
     The same on every rank of a job joined through ``launch()`` (set when joining, see
-    :mod:`trainkit.engine.job`); otherwise torchrun's or SLURM's own count.
+    :mod:`trainkit.launcher.job`); otherwise torchrun's or SLURM's own count.
     """
-    for name in ("TRAINKIT_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+    for name in (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
         if os.environ.get(name):
             return int(os.environ[name])
     return 0
@@ -100,7 +101,7 @@ def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:
     return False
 
 
-def record_run(output_dir: str) -> None:
+def record_run_id(output_dir: str) -> None:
     """Write this job's run id into ``output_dir`` (rank 0, before its checkpoints)."""
     current = run_id()
     path = os.path.join(output_dir, RUN_ID_FILE)

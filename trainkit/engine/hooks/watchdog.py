@@ -3,12 +3,13 @@
 Each rank records the phase it is in (``data``, ``forward/backward``, ``checkpoint``,
 ``eval``, ``hooks``) and when it entered it; a daemon thread publishes that once a second.
 
-* In a multi-process job (started by :func:`trainkit.engine.launch`, torchrun or srun) the
-  thread publishes to the job's store (:func:`trainkit.engine.job.job_store`); the job's
+* In a multi-process job (started by :func:`trainkit.launcher.launch`, torchrun or srun) the
+  thread publishes to the job's store (:func:`trainkit.launcher.connect_job_store`); the job's
   guard on rank 0 (and on the last rank) reads every rank's record, and when some rank has
   been in one phase longer than the timeout it names the rank furthest behind (the others
-  are waiting for it in a collective) and stops every process of the job with status 124,
-  long before the collective timeout would.
+  are waiting for it in a collective; :func:`~trainkit.launcher.protocol.find_stalled_rank`)
+  and stops every process of the job with status 124, long before the collective timeout
+  would.
 * In one process (no job store) the thread checks its own rank and ends the process with
   a message.
 """
@@ -26,16 +27,13 @@ from typing import Any
 
 from typing_extensions import override
 
-from trainkit.engine.train_loop import HookBase, HookPriority
+from trainkit.engine.hook_base import HookBase, HookPriority
+from trainkit.launcher.protocol import HEARTBEAT_KEY, WATCHDOG_EXIT_CODE, describe_stall
 
-__all__ = ["ProgressWatchdog", "WATCHDOG_EXIT_CODE", "find_stalled_rank"]
+__all__ = ["PhaseMarkingLoader", "ProgressWatchdog"]
 
 logger = logging.getLogger(__name__)
 
-WATCHDOG_EXIT_CODE = 124
-"""Exit status of a process the watchdog ended (like timeout(1))."""
-
-HEARTBEAT_KEY = "trainkit/watchdog/rank{rank}"
 _PUBLISH_PERIOD_S = 1.0
 
 
@@ -50,7 +48,7 @@ class ProgressWatchdog(HookBase):
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
         rank: this process's global rank.
-        store: where to publish this rank's record (``trainkit.engine.job.job_store()``),
+        store: where to publish this rank's record (``trainkit.launcher.connect_job_store()``),
             or None to watch locally.
         clock: time source (tests inject one).
         on_local_stall: what to do on a local stall (default: log and end the process).
@@ -162,43 +160,6 @@ class ProgressWatchdog(HookBase):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def describe_stall(record: dict[str, Any], timeout_s: float) -> str:
-    """Return the one-paragraph report for a stalled rank's record."""
-    return (
-        f"rank {record['rank']} stopped making progress: it has been in phase "
-        f"'{record['phase']}' at iteration {record['iteration']} for {record['elapsed_s']:.0f} s "
-        f"(WATCHDOG_TIMEOUT_S={timeout_s:g}). Other ranks are waiting for it; look at what "
-        f"that phase does on that rank (a slow file system for 'data', a hung GPU for "
-        f"'forward/backward'), or raise WATCHDOG_TIMEOUT_S if the phase is legitimately slow."
-    )
-
-
-# Where each phase falls within an iteration; phases not listed (hooks, checkpoint, eval)
-# come after the step.
-_PHASE_ORDER = {"start": 0, "data": 1, "forward/backward": 2}
-_AFTER_STEP = 3
-
-
-def _progress(record: dict[str, Any]) -> tuple[int, int]:
-    return record["iteration"], _PHASE_ORDER.get(record["phase"], _AFTER_STEP)
-
-
-def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
-    """If some rank exceeded ``timeout_s`` in its phase, return the record of the culprit.
-
-    The culprit is the rank furthest behind (earliest iteration, then earliest phase within
-    it): the others have gone on until a collective and wait there for it. Which rank
-    entered its phase first does not tell: a rank that gets ahead (the peer was descheduled
-    for a moment) enters the collective before the peer enters its stuck phase. Among ranks
-    equally far, the one stuck longest is named.
-    """
-    if timeout_s <= 0 or not records:
-        return None
-    if max(r["elapsed_s"] for r in records) <= timeout_s:
-        return None
-    return min(records, key=lambda r: (_progress(r), -r["elapsed_s"]))
 
 
 def _exit_process(message: str) -> None:

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from tests.dist import RankFailure, free_port, run_on_ranks
-from trainkit.engine import launch
-from trainkit.engine.launch import LaunchError
+from trainkit.launcher import LaunchError, launch
 from trainkit.utils import comm
 
 
@@ -126,6 +125,17 @@ def test_eight_jobs_started_at_once_all_succeed():
     assert all([r["rank"] for r in job] == [0, 1] for job in results)
 
 
+def test_detectron2_import_paths_name_the_launchers_launch():
+    import trainkit.engine
+    import trainkit.launcher
+    from trainkit.engine.launch import DEFAULT_TIMEOUT, LaunchError
+    from trainkit.engine.launch import launch as from_module
+
+    assert trainkit.engine.launch is from_module is launch is trainkit.launcher.launch
+    assert trainkit.engine.LaunchError is LaunchError is trainkit.launcher.LaunchError
+    assert trainkit.engine.DEFAULT_TIMEOUT is DEFAULT_TIMEOUT is trainkit.launcher.DEFAULT_TIMEOUT
+
+
 def test_argument_errors():
     with pytest.raises(ValueError, match="--machine-rank 2 is out of range"):
         launch(_identity, 1, num_machines=2, machine_rank=2)
@@ -145,9 +155,9 @@ def test_too_many_gpus_refused(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    # The choice moved with the joining of the job into trainkit.engine.job (used by
+    # The choice moved with the joining of the job into trainkit.launcher.job (used by
     # launch()'s processes, torchrun's and srun's alike).
-    from trainkit.engine import job
+    from trainkit.launcher import job
 
     assert job.default_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

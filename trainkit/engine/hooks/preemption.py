@@ -1,12 +1,13 @@
 """Graceful pre-emption: on SIGTERM/SIGINT/SIGUSR1 finish the step, checkpoint, exit to resume.
 
 Cluster schedulers send SIGTERM (SLURM: SIGUSR1 with ``sbatch --signal=USR1@90``; people
-press Ctrl-C) some seconds before they kill a job. The first signal sets a flag; the ranks
-agree on it at the next check, every rank finishes its current step, rank 0 writes a
-checkpoint, all ranks wait for that write, and training stops with
-:class:`TrainingPreempted` (exit status :data:`PREEMPTED_EXIT_CODE` from
-``tools/train_net.py``). A second signal, later than a short debounce window, ends the
-process at once without a checkpoint.
+press Ctrl-C) some seconds before they kill a job. The first signal sets a flag
+(:class:`trainkit.launcher.PreemptionSignal`); the ranks agree on it at the next check, every
+rank finishes its current step, rank 0 writes a checkpoint, all ranks wait for that write,
+and training stops with :class:`TrainingPreempted` (exit status
+:data:`~trainkit.launcher.protocol.PREEMPTED_EXIT_CODE` from ``tools/train_net.py``). A
+second signal, later than a short debounce window, ends the process at once without a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -14,29 +15,24 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
-from trainkit.engine.train_loop import HookBase
+from trainkit.engine.hook_base import HookBase
+from trainkit.launcher import PreemptionSignal
+from trainkit.launcher.protocol import PREEMPTED_EXIT_CODE
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PreemptionHandler", "TrainingPreempted"]
+__all__ = ["PreemptionHandler", "TrainingPreempted"]
 
 logger = logging.getLogger(__name__)
-
-PREEMPTED_EXIT_CODE = 75
-"""Exit status of a run stopped by a signal after saving a checkpoint (sysexits' TEMPFAIL)."""
-
-# A signal delivered twice within this window (the scheduler signals the process and the
-# launcher forwards the same signal) counts once.
-_DEBOUNCE_S = 2.0
 
 
 class TrainingPreempted(Exception):
@@ -55,7 +51,7 @@ class TrainingPreempted(Exception):
         )
         self.signal_name = signal_name
         self.iteration = iteration
-        # launch() gives a worker that raised this the exit status below instead of 1.
+        # launch() gives a process that raised this the exit status below instead of 1.
         self.exit_code = PREEMPTED_EXIT_CODE
 
 
@@ -89,46 +85,21 @@ class PreemptionHandler(HookBase):
         """
         self._run_state = run_state
         self._sync_period = sync_period
-        self._signals = signals
-        self._clock = clock
-        self._requested: str | None = None
-        self._requested_at = 0.0
-        self._previous: dict[int, Any] = {}
+        # Public: code that learns of a pre-emption another way calls its note_signal().
+        self.preemption_signal = PreemptionSignal(signals, clock)
 
-    def request_stop(self, signal_name: str) -> None:
-        """Ask for a graceful stop (what the signal handler calls)."""
-        now = self._clock()
-        if self._requested is None:
-            self._requested, self._requested_at = signal_name, now
-            logger.warning(
-                "Received %s: finishing the current step, then saving a checkpoint and stopping. "
-                "Send it again to stop at once without saving.",
-                signal_name,
-            )
-        elif now - self._requested_at > _DEBOUNCE_S:
-            logger.error("Received %s again: exiting now without a checkpoint.", signal_name)
-            logging.shutdown()
-            os._exit(128 + signal.Signals[signal_name].value)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        self.request_stop(signal.Signals(signum).name)
-
+    @override
     def before_train(self) -> None:
-        # Python only lets the main thread install handlers; elsewhere keep the defaults.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in self._signals:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
+        self.preemption_signal.install()
 
+    @override
     def after_train(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        self.preemption_signal.uninstall()
 
+    @override
     def after_step(self) -> None:
         trainer = self.trainer
-        requested = self._requested
+        requested = self.preemption_signal.received
         if comm.get_world_size() > 1:
             if not (
                 is_period_end(trainer.iter, self._sync_period)
