@@ -25,6 +25,7 @@ from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
 from benchmarks.eval import bench_eval
 from benchmarks.goodput import bench_goodput
+from benchmarks.import_cost import bench_import_cost
 from benchmarks.launch import bench_launch
 from benchmarks.measure import timer
 from benchmarks.metafile import bench_metafile
@@ -49,6 +50,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "checkpoint": bench_checkpoint,
     "eval": bench_eval,
     "goodput": bench_goodput,
+    "import_cost": bench_import_cost,
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,6 +23,7 @@ TASKS = [
     "checkpoint",
     "eval",
     "goodput",
+    "import_cost",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -83,8 +84,8 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
     # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 3 (map-style, stream,
-    # padding), launch 2, checkpoint 2, eval 1, goodput 1
-    assert len(tables) == 16
+    # padding), launch 2, checkpoint 2, eval 1, goodput 1, import_cost 1
+    assert len(tables) == 17
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -188,3 +189,10 @@ def test_the_package_runs_as_a_module():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert all(task in proc.stdout for task in TASKS)
+
+
+def test_import_cost_json(quick_run):
+    cost = quick_run[1]["import_cost"]
+    assert cost["torch_s"] > 0 and cost["engine_s"] > 0
+    assert cost["ratio"] == pytest.approx(cost["engine_s"] / cost["torch_s"])
+    assert cost["added_modules"]["trainkit"] > 10
