@@ -72,14 +72,14 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("loader.py", "_iter_planned"),
         ("loader.py", "__iter__"),  # _PlannedBatches, driven by torch
         ("loader.py", "_from"),
-        ("composer.py", "__iter__"),
-        ("composer.py", "_compose"),
+        ("batch_plan.py", "__iter__"),
+        ("batch_plan.py", "_global_records"),
     ]
     # Loading (a worker, here in-process): the mapped batch -> the record mapper -> user.
     assert _STACKS["map"] == [
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
         ("loader.py", "__getitems__"),  # _MappedRecords: the whole batch at once
-        ("_map_dataset.py", "map_replacing"),
-        ("_map_dataset.py", "_try"),
+        ("mapping.py", "map_replacing"),
+        ("mapping.py", "_try"),
     ]

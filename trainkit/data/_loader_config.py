@@ -13,8 +13,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data.batching import aspect_ratio_bucket_ids
 from trainkit.data.common import MapDataset
+from trainkit.data.grouping import aspect_ratio_bucket_ids
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,

@@ -15,18 +15,13 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import ConfigError
 from trainkit.data._loader_config import iter_records, per_rank_batch_size
-from trainkit.data._map_dataset import RecordMapper
-from trainkit.data._stream_batches import StreamBatches
-from trainkit.data.batching import BatchIndexStream, aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, RankBatchPlan
 from trainkit.data.common import DatasetFromList, MapDataset
-from trainkit.data.composer import StepBatchComposer
-from trainkit.data.loader import (
-    BatchPlan,
-    TrainLoader,
-    trivial_batch_collator,
-    worker_context_kwargs,
-)
-from trainkit.data.samplers._base import StreamSampler
+from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.loader import TrainLoader, trivial_batch_collator, worker_context_kwargs
+from trainkit.data.mapping import RecordMapper
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
+from trainkit.data.stream_batches import StreamBatches
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +54,7 @@ def build_batch_data_loader(
     sampler: Sampler | Iterable[int] | None,
     total_batch_size: int | None,
     *,
+    mapper: Callable[[Any], Any] | None = None,
     aspect_ratio_grouping: bool = False,
     num_workers: int = 0,
     collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -92,6 +88,8 @@ def build_batch_data_loader(
         sampler: a training sampler (or any sampler of this rank's indices); ``None`` only
             for an ``IterableDataset``.
         total_batch_size: samples of one optimizer step summed over ranks.
+        mapper: record -> sample, applied by the loader (a ``RecordMapper`` or any
+            callable); ``None`` maps nothing, or takes the mapper of a ``MapDataset``.
         aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
         num_workers: loader worker processes per rank.
         collate_fn: list of samples -> batch (default: the list itself).
@@ -117,7 +115,12 @@ def build_batch_data_loader(
             micro-batches, or grouping lacks record sizes.
         ValueError: If a map-style dataset has no sampler or a stream has one.
     """
-    records, mapper = records_and_mapper(dataset)
+    if mapper is None:
+        records, mapper = records_and_mapper(dataset)
+    else:
+        records = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
+        if not isinstance(mapper, RecordMapper):
+            mapper = RecordMapper(mapper)
     stream = isinstance(records, IterableDataset)
     if stream and sampler is not None:
         raise ValueError("an IterableDataset yields its own order: pass sampler=None")
@@ -126,14 +129,14 @@ def build_batch_data_loader(
             "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
         )
     if seed is None:
-        seed = sampler.seed if isinstance(sampler, StreamSampler) else 0
+        seed = sampler.seed if isinstance(sampler, GlobalStreamSampler) else 0
     loader_kwargs = _loader_kwargs(
         num_workers, prefetch_factor, persistent_workers and not stream, pin_memory, None, kwargs
     )
     collate = collate_fn or trivial_batch_collator
     if stream:
         batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
-        bucket_of = _bucket_of(aspect_ratio_bins) if aspect_ratio_grouping else None
+        bucket_of = BucketOf(aspect_ratio_bins) if aspect_ratio_grouping else None
         batches = StreamBatches(
             records,
             mapper,
@@ -193,9 +196,9 @@ def _batch_plan(
     bucket_ids: np.ndarray | None,
     drop_last: bool,
 ) -> BatchPlan:
-    if isinstance(sampler, StreamSampler) and not single_gpu_batch_size:
+    if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:
         # The sampler's own rank and world size: tests and custom sharding set them.
-        return StepBatchComposer(
+        return GlobalBatchPlan(
             sampler,
             total_batch_size or 0,
             rank=sampler.rank,
@@ -204,20 +207,4 @@ def _batch_plan(
             bucket_ids=bucket_ids,
         )
     batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
-    return BatchIndexStream(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)
-
-
-class _BucketOf:
-    """Aspect-ratio bucket of a raw stream element (a picklable callable)."""
-
-    def __init__(self, bins: Sequence[float]) -> None:
-        self.bins = list(bins)
-        aspect_ratio_bucket_ids(np.ones(1), self.bins)  # validates the bins now
-
-    def __call__(self, element: Any) -> int:
-        ratios = record_aspect_ratios([element])
-        return int(aspect_ratio_bucket_ids(ratios, self.bins)[0])
-
-
-def _bucket_of(bins: Sequence[float]) -> _BucketOf:
-    return _BucketOf(bins)
+    return RankBatchPlan(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)

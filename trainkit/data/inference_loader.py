@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainkit.data._batch_transfer import pack_in_worker, unpack_batch
-from trainkit.data._map_dataset import RecordMapper
-from trainkit.data._sample_context import sample_context
+from trainkit.data.batch_transfer import pack_in_worker, unpack_batch
+from trainkit.data.mapping import RecordMapper, sample_context
 
 __all__ = ["InferenceLoader"]
 
@@ -56,7 +55,7 @@ class _CountingCollate:
 
     def __call__(self, mapped: tuple[list[Any], int]) -> tuple[Any, int, int]:
         elements, skipped = mapped
-        # Packed in a worker for the trip to this process (trainkit.data._batch_transfer).
+        # Packed in a worker for the trip to this process (trainkit.data.batch_transfer).
         return pack_in_worker(self.collate_fn(elements)), skipped, len(elements)
 
 

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data._sample_context import batch_rng, sample_rng
 from trainkit.data.catalog import MetadataCatalog
+from trainkit.data.mapping import batch_rng, sample_rng
 
 logger = logging.getLogger(__name__)
 

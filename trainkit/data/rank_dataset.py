@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from trainkit.config import ConfigError
 from trainkit.data._shared_buffer import SegmentWriter, SharedSegment
 from trainkit.data.metafile import LineIndex
-from trainkit.data.samplers._permutation import STREAM_RANK_SHARES, permute, round_keys
+from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
 from trainkit.data.samplers.positions import check_rank, shard_range
 from trainkit.utils import comm
 
@@ -72,7 +72,7 @@ def rank_share(
     part_range = shard_range(num_records, part, mini_epochs)
     mine = shard_range(len(part_range), rank, world_size)
     begin = part_range.start + mine.start
-    keys = round_keys(seed, STREAM_RANK_SHARES, np.array([full_epoch], dtype=np.int64))
+    keys = round_keys(seed, PURPOSE_RANK_SHARES, np.array([full_epoch], dtype=np.int64))
     out = np.empty(len(mine), dtype=np.int64)
     for lo in range(0, len(mine), _PERMUTE_BLOCK):
         positions = np.arange(begin + lo, begin + min(lo + _PERMUTE_BLOCK, len(mine)))

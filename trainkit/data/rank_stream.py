@@ -15,22 +15,21 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
 from trainkit.data.batch_loader import build_batch_data_loader
-from trainkit.data.common import MapDataset
+from trainkit.data.mapping import RecordMapper
 from trainkit.data.metafile import MetaFileDataset
 from trainkit.data.rank_dataset import RankDataset
-from trainkit.data.samplers._permutation import STREAM_RANK_SHARES, permute, round_keys
+from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
 from trainkit.data.samplers.positions import shard_range
 
 __all__ = ["RankDataLoader", "RankStream"]
 
 _GATHER_BLOCK = 1 << 14  # records whose file positions are computed per numpy call
-_STATE_VERSION = 2
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
     # Keys the in-share shuffle of (mini-)epoch ``epoch``: distinct epochs must not replay
     # the same order.
-    seq = np.random.SeedSequence([seed, epoch, STREAM_RANK_SHARES])
+    seq = np.random.SeedSequence([seed, epoch, PURPOSE_RANK_SHARES])
     return int(seq.generate_state(1)[0] & 0x7FFFFFFF)
 
 
@@ -75,6 +74,12 @@ class RankStream(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_records": None}  # reopened by path where it is used
 
+    def position_key(self) -> dict[str, Any]:
+        """What a saved position of this stream must match: the shares' seed and layout."""
+        ds = self.dataset
+        keys = {"seed": ds.seed, "rank": ds.rank, "world_size": ds.world_size}
+        return {"type": "RankStream", **keys, "mini_epochs": ds.mini_epochs}
+
     def __iter__(self) -> Iterator[Any]:
         return self.iter_from(0)
 
@@ -98,9 +103,9 @@ class RankStream(IterableDataset):
         self, epoch: int, begin: int, length: int, positions: range
     ) -> Iterator[Any]:
         ds = self.dataset
-        shuffle_keys = round_keys(_epoch_seed(ds.seed, epoch), STREAM_RANK_SHARES, np.zeros(1))
+        shuffle_keys = round_keys(_epoch_seed(ds.seed, epoch), PURPOSE_RANK_SHARES, np.zeros(1))
         epoch_keys = round_keys(
-            ds.seed, STREAM_RANK_SHARES, np.array([epoch // ds.mini_epochs], dtype=np.int64)
+            ds.seed, PURPOSE_RANK_SHARES, np.array([epoch // ds.mini_epochs], dtype=np.int64)
         )
         records = self._read()
         for lo in range(0, len(positions), _GATHER_BLOCK):
@@ -145,14 +150,12 @@ class RankDataLoader:
         """
         if batch_size < 1:
             raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
-        stream: IterableDataset = RankStream(dataset, start_epoch)
-        if mapper is not None:
-            stream = MapDataset(stream, mapper, name=dataset.meta_file)
         self.dataset = dataset
         self._loader = build_batch_data_loader(
-            stream,
+            RankStream(dataset, start_epoch),
             None,
             None,
+            mapper=None if mapper is None else RecordMapper(mapper, name=dataset.meta_file),
             single_gpu_batch_size=batch_size,
             seed=dataset.seed,
             **loader_kwargs,
@@ -168,14 +171,7 @@ class RankDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last returned batch, as plain data."""
-        return {
-            "version": _STATE_VERSION,
-            "loader": self._loader.state_dict(),
-            "seed": self.dataset.seed,
-            "rank": self.dataset.rank,
-            "world_size": self.dataset.world_size,
-            "mini_epochs": self.dataset.mini_epochs,
-        }
+        return self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
@@ -184,14 +180,4 @@ class RankDataLoader:
             ConfigError: A ``ValueError``: if the state was saved with another seed, rank,
                 world size or ``mini_epochs`` (the shares would differ).
         """
-        mine = self.state_dict()
-        keys = ("version", "seed", "rank", "world_size", "mini_epochs")
-        found = {k: state.get(k) for k in keys}
-        expected = {k: mine[k] for k in keys}
-        if found != expected:
-            raise ConfigError(
-                f"RankDataLoader state does not match: saved {found}, this loader {expected}. "
-                "Resume with the saved run's seed, mini_epochs and world size, or start in a "
-                "new OUTPUT_DIR."
-            )
-        self._loader.load_state_dict(state["loader"])
+        self._loader.load_state_dict(state)

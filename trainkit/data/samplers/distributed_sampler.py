@@ -15,14 +15,14 @@ import torch
 from torch.utils.data import Sampler
 
 from trainkit.config import ConfigError
-from trainkit.data.samplers._base import StreamSampler
 from trainkit.data.samplers._permutation import (
-    STREAM_REPEAT,
-    STREAM_SHUFFLE,
-    STREAM_SUBSET,
+    PURPOSE_REPEAT,
+    PURPOSE_SHUFFLE,
+    PURPOSE_SUBSET,
     permute,
     round_keys,
 )
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.samplers.positions import shard_range, split_positions
 from trainkit.utils import comm
 
@@ -60,7 +60,7 @@ def _checked_size(sampler_name: str, size: Any) -> int:
     return size
 
 
-class TrainingSampler(StreamSampler):
+class TrainingSampler(GlobalStreamSampler):
     """Yield an infinite stream of indices of a dataset of ``size`` records.
 
     Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
@@ -107,7 +107,7 @@ class TrainingSampler(StreamSampler):
         epochs, offsets = split_positions(positions, self._size)
         if not self._shuffle:
             return offsets
-        return _epoch_permute(offsets, epochs, self._size, self._seed, STREAM_SHUFFLE)
+        return _epoch_permute(offsets, epochs, self._size, self._seed, PURPOSE_SHUFFLE)
 
 
 class RandomSubsetTrainingSampler(TrainingSampler):
@@ -173,12 +173,14 @@ class RandomSubsetTrainingSampler(TrainingSampler):
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
         epochs, offsets = split_positions(positions, self._subset_size)
         if self._shuffle:
-            offsets = _epoch_permute(offsets, epochs, self._subset_size, self._seed, STREAM_SHUFFLE)
-        subset_keys = round_keys(self._seed_subset, STREAM_SUBSET, np.zeros(1, dtype=np.int64))
+            offsets = _epoch_permute(
+                offsets, epochs, self._subset_size, self._seed, PURPOSE_SHUFFLE
+            )
+        subset_keys = round_keys(self._seed_subset, PURPOSE_SUBSET, np.zeros(1, dtype=np.int64))
         return permute(offsets, self._size, subset_keys)
 
 
-class RepeatFactorTrainingSampler(StreamSampler):
+class RepeatFactorTrainingSampler(GlobalStreamSampler):
     """Yield each index ``repeat_factors[i]`` times per epoch on average (LVIS-style).
 
     Epoch ``e`` repeats index ``i`` ``floor(r_i)`` times plus once more with probability
@@ -269,7 +271,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
 
     def _epoch_list(self, epoch: int) -> np.ndarray:
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
-            seq = np.random.SeedSequence([self._seed, STREAM_REPEAT, epoch])
+            seq = np.random.SeedSequence([self._seed, PURPOSE_REPEAT, epoch])
             draws = np.random.Generator(np.random.PCG64(seq)).random(self._frac_part.size)
             reps = self._int_part + (draws < self._frac_part)
             self._cached_epoch = (epoch, np.repeat(np.arange(reps.size, dtype=np.int64), reps))
@@ -296,7 +298,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
             if end > done:
                 offsets = positions[done:end] - start
                 if self._shuffle:
-                    keys = round_keys(self._seed, STREAM_SHUFFLE, np.array([epoch]))
+                    keys = round_keys(self._seed, PURPOSE_SHUFFLE, np.array([epoch]))
                     offsets = permute(offsets, end_position - start, keys)
                 out[done:end] = self._epoch_list(epoch)[offsets]
                 done = end

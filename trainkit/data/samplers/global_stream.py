@@ -12,13 +12,13 @@ from trainkit.config import ConfigError
 from trainkit.data.samplers.positions import check_rank, global_positions, worker_local_positions
 from trainkit.utils import comm
 
-__all__ = ["StreamSampler"]
+__all__ = ["GlobalStreamSampler"]
 
 _FIRST_BLOCK = 256  # small first block: a resumed or re-created iterator starts fast
 _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call overhead
 
 
-class StreamSampler(Sampler[int]):
+class GlobalStreamSampler(Sampler[int]):
     """Base of the training samplers: an infinite stream of dataset indices.
 
     A subclass defines the *global* stream (what a world-size-1 sampler yields) by
