@@ -6,14 +6,13 @@ Re-exported by :mod:`trainkit.data.build`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data.common import MapDataset
 from trainkit.data.grouping import aspect_ratio_bucket_ids
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
@@ -25,10 +24,8 @@ from trainkit.utils import comm
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RecordView",
     "build_train_sampler",
     "check_train_loader_config",
-    "iter_records",
     "per_rank_batch_size",
 ]
 
@@ -132,30 +129,6 @@ def per_rank_batch_size(total_batch_size: int | None, single_gpu_batch_size: int
     world_size = comm.get_world_size()
     check_total_batch(total_batch_size, world_size)
     return total_batch_size // world_size  # type: ignore[operator]
-
-
-class RecordView(Sequence):
-    """The unmapped records of a dataset as a read-only sequence, unpickled one at a time."""
-
-    def __init__(self, dataset: Any) -> None:
-        """View the records under ``dataset`` (``MapDataset`` wrappers are looked through)."""
-        while isinstance(dataset, MapDataset):
-            dataset = dataset.dataset
-        self._dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self._dataset)
-
-    def __getitem__(self, idx: Any) -> Any:
-        if isinstance(idx, slice):
-            return [self._dataset[i] for i in range(len(self))[idx]]
-        return self._dataset[idx]
-
-
-def iter_records(dataset: Any) -> Iterator[dict[str, Any]]:
-    """Yield the unmapped records of ``dataset`` one at a time (for widths and heights)."""
-    records = RecordView(dataset)
-    return (records[i] for i in range(len(records)))
 
 
 def build_train_sampler(

@@ -14,12 +14,12 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import ConfigError
-from trainkit.data._loader_config import iter_records, per_rank_batch_size
+from trainkit.data._loader_config import per_rank_batch_size
 from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, RankBatchPlan
 from trainkit.data.common import DatasetFromList, MapDataset
 from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
 from trainkit.data.loader import TrainLoader, trivial_batch_collator, worker_context_kwargs
-from trainkit.data.mapping import RecordMapper
+from trainkit.data.mapping import RecordMapper, as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.stream_batches import StreamBatches
 
@@ -119,8 +119,7 @@ def build_batch_data_loader(
         records, mapper = records_and_mapper(dataset)
     else:
         records = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
-        if not isinstance(mapper, RecordMapper):
-            mapper = RecordMapper(mapper)
+        mapper = as_record_mapper(mapper)
     stream = isinstance(records, IterableDataset)
     if stream and sampler is not None:
         raise ValueError("an IterableDataset yields its own order: pass sampler=None")
@@ -151,7 +150,8 @@ def build_batch_data_loader(
     bucket_ids = None
     if aspect_ratio_grouping:
         if aspect_ratios is None:
-            aspect_ratios = record_aspect_ratios(iter_records(records))
+            # The unmapped records, one at a time.
+            aspect_ratios = record_aspect_ratios(records[i] for i in range(len(records)))
         bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
     plan = _batch_plan(
         sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last

@@ -15,13 +15,9 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data._catalog_loading import get_detection_dataset_dicts, load_catalog_dataset
-from trainkit.data._loader_config import (
-    RecordView,
-    build_train_sampler,
-    check_train_loader_config,
-)
+from trainkit.data._loader_config import build_train_sampler, check_train_loader_config
 from trainkit.data.batch_loader import build_batch_data_loader, records_and_mapper
+from trainkit.data.catalog_loading import get_detection_dataset_dicts, load_catalog_dataset
 from trainkit.data.common import DatasetFromList, MapDataset
 from trainkit.data.inference_loader import InferenceLoader
 from trainkit.data.loader import (
@@ -29,6 +25,7 @@ from trainkit.data.loader import (
     worker_context_kwargs,
     worker_init_reset_seed,
 )
+from trainkit.data.mapping import as_record_mapper
 from trainkit.data.samplers import InferenceSampler, TrainingSampler
 from trainkit.utils import comm
 
@@ -64,31 +61,28 @@ def _train_loader_from_config(
     check_train_loader_config(cfg)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
     if dataset is None:
-        # Records are loaded on local rank 0 only, into one shared copy per machine.
+        # Every rank loads; a machine keeps one shared copy of the records (by content).
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
         )
-    records = dataset if isinstance(dataset, list) else None
-    if records is not None:
-        dataset = DatasetFromList(records, copy=False)
-    if mapper is not None:
-        # Wrapped here, not by the explicit form, to name the dataset and apply the config's
-        # failure limit; the explicit form then gets mapper=None.
-        dataset = MapDataset(
-            dataset,
-            mapper,
-            name=_name_of(cfg.DATASETS.TRAIN) or None,
-            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
-        )
+    records = dataset if isinstance(dataset, list) else records_and_mapper(dataset)[0]
+    if isinstance(dataset, list):
+        dataset = DatasetFromList(dataset, copy=False)
+    # The loader gets the records and this mapper as they are: named after the datasets,
+    # with the config's failure limit.
+    mapper = as_record_mapper(
+        mapper,
+        name=_name_of(cfg.DATASETS.TRAIN) or type(dataset).__name__,
+        max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+    )
     if sampler is None and not isinstance(dataset, IterableDataset):
-        # Unmapped records, read one at a time when they are not a list (repeat factors).
-        raw_records = records if records is not None else RecordView(dataset)
-        sampler = build_train_sampler(cfg, raw_records, len(dataset), seed)
+        # The unmapped records (read by RepeatFactorTrainingSampler only).
+        sampler = build_train_sampler(cfg, records, len(dataset), seed)
     elif sampler is None:
         logger.info("No sampler: the train dataset is an IterableDataset")
     return {
         "dataset": dataset,
-        "mapper": None,
+        "mapper": mapper,
         "sampler": sampler,
         # IMS_PER_BATCH is per optimizer step; the loader's batches are its micro-batches.
         "total_batch_size": cfg.SOLVER.IMS_PER_BATCH,
@@ -154,24 +148,19 @@ def build_detection_train_loader(
         UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
     Collective:
-        Config form: ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` and
-        :func:`load_catalog_dataset` when ``dataset`` is None. Explicit form without a
-        sampler and without ``seed``: ``TrainingSampler``'s shared random seed. Every rank
-        calls it.
+        Config form: ``comm.shared_random_seed()`` when ``cfg.SEED < 0``. Explicit form
+        without a sampler and without ``seed``: ``TrainingSampler``'s shared random seed.
+        Every rank calls it. Loading the catalog's records involves no collective.
     """
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
-    if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
-    if isinstance(dataset, IterableDataset):
-        if sampler is not None:
-            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
-    elif sampler is None:
+    if sampler is None and not isinstance(dataset, IterableDataset):
         sampler = TrainingSampler(len(dataset), seed=kwargs.get("seed"))
     return build_batch_data_loader(
         dataset,
         sampler,
         total_batch_size,
+        mapper=mapper,
         aspect_ratio_grouping=aspect_ratio_grouping,
         num_workers=num_workers,
         collate_fn=collate_fn,
@@ -200,17 +189,15 @@ def _test_loader_from_config(
     _check_test_loader_config(cfg)  # fail before loading any data
     # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
     dataset = load_catalog_dataset(dataset_name)
-    if mapper is not None:
-        dataset = MapDataset(
-            dataset,
-            mapper,
-            name=_name_of(dataset_name),
-            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
-        )
+    mapper = as_record_mapper(
+        mapper,
+        name=_name_of(dataset_name),
+        max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+    )
     iterable = isinstance(dataset, IterableDataset)
     return {
         "dataset": dataset,
-        "mapper": None,
+        "mapper": mapper,
         "sampler": None if iterable else InferenceSampler(len(dataset)),
         "batch_size": cfg.TEST.IMS_PER_BATCH,
         "num_workers": cfg.DATALOADER.NUM_WORKERS,
@@ -256,14 +243,9 @@ def build_detection_test_loader(
         ValueError: If a sampler is given with an ``IterableDataset``.
         UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
 
-    Collective:
-        Config form: :func:`load_catalog_dataset` (over the local process group); every
-        rank calls it.
     """
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
-    if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
     workers = {
         "num_workers": num_workers,
         "worker_init_fn": worker_init_reset_seed,
@@ -273,9 +255,13 @@ def build_detection_test_loader(
     if isinstance(dataset, IterableDataset):
         if sampler is not None:
             raise ValueError("an IterableDataset yields its own order: pass sampler=None")
-        # A mapped stream already skips the elements that fail (MapDataset's iterable form).
+        if mapper is not None:  # skips the elements that fail (MapDataset's iterable form)
+            dataset = MapDataset(dataset, as_record_mapper(mapper))
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
-    records, record_mapper = records_and_mapper(dataset)
+    if mapper is None:
+        records, record_mapper = records_and_mapper(dataset)
+    else:
+        records, record_mapper = dataset, as_record_mapper(mapper)
     if sampler is None:
         sampler = InferenceSampler(len(records))
     return InferenceLoader(

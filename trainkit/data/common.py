@@ -15,12 +15,12 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from trainkit.data._dataset_from_list import (
+from trainkit.data.dataset_from_list import (
     DatasetFromList,
     set_default_dataset_from_list_serialize_method,
 )
 from trainkit.data.grouping import Buckets
-from trainkit.data.mapping import RecordMapper
+from trainkit.data.mapping import as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,8 @@ class MapDataset(Dataset):
 
         Args:
             dataset: a map-style dataset (or list) of records, or an ``IterableDataset``.
-            map_func: record -> mapped sample, or ``None`` to skip the record.
+            map_func: record -> mapped sample, or ``None`` to skip the record (a
+                ``RecordMapper`` is used as it is).
             max_consecutive_failures: failures in a row before giving up
                 (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
             name: dataset name used in messages (default: the dataset's class name).
@@ -182,7 +183,7 @@ class MapDataset(Dataset):
             ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
         """
         self.dataset = dataset
-        self.mapper = RecordMapper(
+        self.mapper = as_record_mapper(
             map_func,
             max_consecutive_failures=max_consecutive_failures,
             name=name or type(dataset).__name__,
@@ -237,7 +238,7 @@ class _MapIterableDataset(IterableDataset):
         name: str | None = None,
     ) -> None:
         self.dataset = dataset
-        self.mapper = RecordMapper(
+        self.mapper = as_record_mapper(
             map_func,
             max_consecutive_failures=max_consecutive_failures,
             name=name or type(dataset).__name__,

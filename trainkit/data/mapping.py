@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "RecordMapper",
+    "as_record_mapper",
     "batch_rng",
     "check_max_failures",
     "sample_context",
@@ -357,3 +358,19 @@ class RecordMapper:
         """
         if failures_in_a_row >= self.max_consecutive_failures:
             raise _too_many_failures(failures_in_a_row, self.name, where, record, "see the log")
+
+
+def as_record_mapper(
+    mapper: Callable[[Any], Any] | None,
+    *,
+    name: str = "dataset",
+    max_consecutive_failures: int = 20,
+) -> RecordMapper | None:
+    """Return ``mapper`` as a :class:`RecordMapper` (one is used as it is; ``None`` stays).
+
+    Raises:
+        ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
+    """
+    if mapper is None or isinstance(mapper, RecordMapper):
+        return mapper
+    return RecordMapper(mapper, name=name, max_consecutive_failures=max_consecutive_failures)

@@ -31,10 +31,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from trainkit.config import ConfigError
-from trainkit.data._shared_buffer import SegmentWriter, SharedSegment
 from trainkit.data.metafile import LineIndex
 from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
 from trainkit.data.samplers.positions import check_rank, shard_range
+from trainkit.data.shared_segments import SegmentWriter, SharedSegment
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)

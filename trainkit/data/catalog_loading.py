@@ -13,9 +13,7 @@ from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDatas
 
 from trainkit.config import ConfigError
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
-from trainkit.data.common import DatasetFromList
-from trainkit.utils import comm
-from trainkit.utils.errors import MissingFileError, UnknownNameError, UsageError
+from trainkit.data.dataset_from_list import DatasetFromList
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +143,7 @@ def get_detection_dataset_dicts(
     """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
 
     Record lists (and generators) are materialised in this process and concatenated; the
-    loaders avoid that on all but local rank 0 (see :func:`load_catalog_dataset`). When the
+    loaders stream them into one shared copy instead (see :func:`load_catalog_dataset`). When the
     catalog functions return dataset objects (map-style or iterable), those are returned
     as they are (several: concatenated, or chained for iterables), as in detectron2.
 
@@ -190,8 +188,8 @@ def get_detection_dataset_dicts(
 
 
 def _iter_dataset_dicts(names: list[str], first: Any, filter_empty: bool) -> Iterator[Any]:
-    # Streams one catalog function's records at a time into the serialiser, so local rank 0
-    # never holds the concatenation of all of them. ``first``: names[0]'s records, if fetched.
+    # Streams one catalog function's records at a time into the serialiser, so no rank
+    # holds the concatenation of all of them. ``first``: names[0]'s records, if fetched.
     kept = 0
     for i, name in enumerate(names):
         part = first if i == 0 and first is not None else _catalog_part(name, as_list=False)
@@ -218,53 +216,15 @@ def _nothing_left(names: list[str]) -> ConfigError:
     )
 
 
-# User errors a catalog function can raise, rebuilt by type on the other local ranks (a
-# class itself is not sent: a user's own subclass may not be importable there).
-_USAGE_ERROR_TYPES: dict[str, type[UsageError]] = {
-    cls.__name__: cls for cls in (ConfigError, MissingFileError, UnknownNameError)
-}
-
-
-def _usage_error_record(error: BaseException) -> tuple[str, str] | None:
-    if not isinstance(error, UsageError):
-        return None
-    known = [name for name, cls in _USAGE_ERROR_TYPES.items() if isinstance(error, cls)]
-    return (known[0] if known else "UsageError", str(error))
-
-
-def _is_local_leader() -> bool:
-    # Without a local group every rank loads for itself (and from_local_leader says why).
-    if comm.get_world_size() == 1:
-        return True
-    try:
-        return comm.get_local_rank() == 0
-    except RuntimeError:
-        return True
-
-
-def _gather_on_machine(obj: Any) -> list[Any]:
-    """All-gather ``obj`` over this machine's ranks ([obj] when there is nothing to gather).
-
-    Collective:
-        ``all_gather`` over the local process group when it exists and has > 1 rank.
-    """
-    if comm.get_world_size() == 1:
-        return [obj]
-    try:
-        group = comm.get_local_process_group()
-    except RuntimeError:
-        return [obj]  # every rank lacks it alike: each loads its own copy
-    return comm.all_gather(obj, group=group)
-
-
 def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
     """Return the named catalog datasets as one dataset, one copy of the records per machine.
 
-    Catalog functions that return records (a list or a generator) are called on local rank
-    0 only and serialised into shared memory that every local rank maps
-    (:meth:`DatasetFromList.from_local_leader`). Functions that return a dataset object
-    (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) are called on every
-    rank: such datasets read records on demand. Several names are concatenated (iterable
+    Every rank calls the catalog functions. Records (a list or a generator) are streamed
+    into a :class:`DatasetFromList` (a generator is never held as a whole), and the ranks of
+    a machine share one copy of them, found by content (:mod:`trainkit.data.segment_sharing`:
+    no collective, so it works under any launcher). Functions that return a dataset object
+    (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) give it as it is:
+    such datasets read records on demand. Several names are concatenated (iterable
     datasets: chained).
 
     Args:
@@ -276,43 +236,10 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty, or record
             lists and dataset objects are mixed.
         UnknownNameError: A ``KeyError``: if a name is not registered.
-        UsageError: On the other local ranks, the user error local rank 0 met.
-
-    Collective:
-        One ``all_gather`` over the local process group (which kind of dataset the names
-        hold), then :meth:`DatasetFromList.from_local_leader`'s. Every rank calls it.
     """
     names = _names(names)
-    first: Any = None
-    kind: dict[str, Any] | None = None
-    error: BaseException | None = None
-    if _is_local_leader():
-        # The first function tells the kind; what it returned is reused, not fetched twice.
-        try:
-            first = _catalog_part(names[0], as_list=False)
-            kind = {"lazy": _is_lazy_dataset(first), "error": None}
-        except Exception as e:  # reported to the other ranks so that nobody hangs
-            error = e
-            kind = {
-                "lazy": False,
-                "error": f"{type(e).__name__}: {e}",
-                "usage_error": _usage_error_record(e),
-            }
-    leader_kind = _gather_on_machine(kind)[0]
-    if leader_kind["error"] is not None:
-        if error is not None:
-            raise error
-        if leader_kind.get("usage_error") is not None:
-            # The user's mistake, seen first by local rank 0: every rank reports it as such.
-            kind_name, message = leader_kind["usage_error"]
-            raise _USAGE_ERROR_TYPES.get(kind_name, UsageError)(message)
-        raise RuntimeError(f"local rank 0 failed to load {names}: {leader_kind['error']}")
-    if leader_kind["lazy"]:
-        parts = [
-            first if i == 0 and first is not None else _catalog_part(name)
-            for i, name in enumerate(names)
-        ]
-        return _join_datasets(names, parts)
-    return DatasetFromList.from_local_leader(
-        lambda: _iter_dataset_dicts(names, first, filter_empty), copy=False
-    )
+    # The first function tells the kind; what it returned is used, not fetched twice.
+    first = _catalog_part(names[0], as_list=False)
+    if _is_lazy_dataset(first):
+        return _join_datasets(names, [first] + [_catalog_part(name) for name in names[1:]])
+    return DatasetFromList(_iter_dataset_dicts(names, first, filter_empty), copy=False)

@@ -23,7 +23,7 @@ Where none of this is possible (no fd can be created) a segment falls back to pr
 memory and says so; sending such a segment copies its bytes, as a numpy array would.
 
 The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
-while they are written. It names the contents: :mod:`trainkit.data._segment_share` uses it
+while they are written. It names the contents: :mod:`trainkit.data.segment_sharing` uses it
 to find an identical segment that another process on the machine already holds, and a
 spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by digest.
 """
@@ -38,21 +38,13 @@ import os
 import tempfile
 import weakref
 from array import array
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "SegmentHandle",
-    "SegmentWriter",
-    "SharedSegment",
-    "attach_segment",
-    "is_sealed",
-    "segment_from_fd",
-]
+__all__ = ["SegmentHandle", "SegmentWriter", "SharedSegment", "is_sealed", "segment_from_fd"]
 
 _MAGIC = 0x54524B4954534547  # "TRKITSEG"
 _VERSION = 2  # 2: the header holds the digest
@@ -118,12 +110,13 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Create one with :class:`SegmentWriter`, :func:`attach_segment` or
-    :func:`segment_from_fd`. Sent to another process through multiprocessing, a segment
-    travels as a handle (this process's pid and fd, and the digest), so the receiver maps
-    the same pages; it must run on the same machine while this process still holds the
-    segment, which is the case for a loader worker spawned by this process. Plain
-    ``pickle`` stores the bytes.
+    Create one with :class:`SegmentWriter`, :func:`segment_from_fd` or
+    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent to another process through
+    multiprocessing, a segment travels as a handle (this process's pid and fd, and the
+    digest; :mod:`trainkit.data.segment_sharing` registers that), so the receiver maps the
+    same pages; it must run on the same machine while this process still holds the segment,
+    which is the case for a loader worker spawned by this process. Plain ``pickle`` stores
+    the bytes.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
@@ -194,17 +187,6 @@ class SharedSegment:
         return _segment_from_bytes, (bytes(self._buffer),)
 
 
-def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
-    handle = segment.handle()
-    if handle is None:
-        return segment.__reduce__()
-    return attach_segment, (handle,)
-
-
-# Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
-ForkingPickler.register(SharedSegment, _reduce_for_processes)
-
-
 def _aligned(nbytes: int) -> int:
     return (nbytes + 7) // 8 * 8
 
@@ -250,38 +232,6 @@ def segment_from_fd(fd: int, size: int) -> SharedSegment:
     except BaseException:
         os.close(fd)
         raise
-
-
-def attach_segment(handle: SegmentHandle) -> SharedSegment:
-    """Map the segment described by ``handle`` read-only (the same pages, not a copy).
-
-    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
-    the pid or fd reused) it asks the machine's holder of the same digest for the segment
-    (see :mod:`trainkit.data._segment_share`).
-
-    Raises:
-        OSError: If the holding process is gone or its descriptor cannot be opened (another
-            machine, another user) and no holder of the digest answers.
-        ValueError: If the descriptor now refers to another file than the handle describes.
-    """
-    path = f"/proc/{handle.pid}/fd/{handle.fd}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
-            os.close(fd)
-            raise ValueError(
-                f"{path} is not the record segment it was shared as (pid or fd reused?)"
-            )
-        return segment_from_fd(fd, handle.size)
-    except (OSError, ValueError):
-        # Imported here: _segment_share builds on this module.
-        from trainkit.data._segment_share import fetch_segment
-
-        segment = fetch_segment(handle.digest, handle.size) if handle.digest else None
-        if segment is None:
-            raise
-        return segment
 
 
 class SegmentWriter:

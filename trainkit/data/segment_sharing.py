@@ -1,8 +1,13 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
+This is trainkit's one mechanism for one copy of the records per machine. No collective and
+no process group is involved, so it works under any launcher (``launch()``, torchrun,
+SLURM, processes started by hand) and no rank ever waits for another.
+
 Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
-detectron2 code does) first serialises it into its own sealed memfd, hashing the bytes on
-the way (:class:`~trainkit.data._shared_buffer.SegmentWriter`). Then it calls
+detectron2 code does, and the catalog path on every rank) first serialises it into its own
+sealed memfd, hashing the bytes on the way
+(:class:`~trainkit.data.shared_segments.SegmentWriter`). Then it calls
 :func:`share_segment`, which meets the other processes of the machine that hold the same
 records at a Linux *abstract* unix socket named after the digest and the user id::
 
@@ -31,11 +36,15 @@ records at a Linux *abstract* unix socket named after the digest and the user id
   Segments under :data:`MIN_SHARED_BYTES` are not shared: the saving would be smaller than
   the thread and sockets it costs.
 
-Peak memory: each process that builds the records holds its own copy until the
-rendezvous, so while ranks build at the same time the machine briefly holds one copy per
-building rank (on top of the lists the callers already hold); the extra copies are freed
-as soon as each rank attaches. Same-user processes are trusted (they could read this
-process's memory anyway); other users can neither be served nor serve (``SO_PEERCRED``).
+What it costs: every rank that needs the records loads and serialises them itself (the
+catalog function runs on every rank: its CPU time and file reads once per rank, not once
+per machine). Peak memory: each process that builds the records holds its own copy until
+the rendezvous, so while ranks build at the same time the machine briefly holds one copy
+per building rank (on top of the lists the callers already hold); the extra copies are
+freed as soon as each rank attaches, and the steady state is one copy per machine for any
+number of ranks and loader workers. Each shared segment keeps one daemon thread and a few
+sockets per process. Same-user processes are trusted (they could read this process's memory
+anyway); other users can neither be served nor serve (``SO_PEERCRED``).
 
 This module keeps a per-process set of live shares for the at-fork handler; tests stop
 them with :func:`stop_all`.
@@ -52,12 +61,19 @@ import struct
 import threading
 import time
 import weakref
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
-from trainkit.data._shared_buffer import SharedSegment, is_sealed, segment_from_fd
+from trainkit.data.shared_segments import (
+    SegmentHandle,
+    SharedSegment,
+    is_sealed,
+    segment_from_fd,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MIN_SHARED_BYTES", "fetch_segment", "share_segment", "stop_all"]
+__all__ = ["MIN_SHARED_BYTES", "attach_segment", "fetch_segment", "share_segment", "stop_all"]
 
 MIN_SHARED_BYTES = 1 << 20
 _TIMEOUT_S = 10.0  # for connect + receive: a live server answers in milliseconds
@@ -140,6 +156,46 @@ def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
     except OSError as e:
         logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
         return None
+
+
+def attach_segment(handle: SegmentHandle) -> SharedSegment:
+    """Map the segment described by ``handle`` read-only (the same pages, not a copy).
+
+    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
+    the pid or fd reused) it asks the machine's holder of the same digest for the segment
+    (:func:`fetch_segment`).
+
+    Raises:
+        OSError: If the holding process is gone or its descriptor cannot be opened (another
+            machine, another user) and no holder of the digest answers.
+        ValueError: If the descriptor now refers to another file than the handle describes.
+    """
+    path = f"/proc/{handle.pid}/fd/{handle.fd}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
+            os.close(fd)
+            raise ValueError(
+                f"{path} is not the record segment it was shared as (pid or fd reused?)"
+            )
+        return segment_from_fd(fd, handle.size)
+    except (OSError, ValueError):
+        segment = fetch_segment(handle.digest, handle.size) if handle.digest else None
+        if segment is None:
+            raise
+        return segment
+
+
+def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
+    handle = segment.handle()
+    if handle is None:
+        return segment.__reduce__()
+    return attach_segment, (handle,)
+
+
+# Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
+ForkingPickler.register(SharedSegment, _reduce_for_processes)
 
 
 def share_segment(segment: SharedSegment) -> SharedSegment:
