@@ -16,8 +16,7 @@ from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
 from trainkit.data.mapping import batch_rng, sample_rng, sample_seed
 from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.rank_dataset import RankDataset
-from trainkit.data.rank_stream import RankDataLoader, RankStream
+from trainkit.data.rank_dataset import RankDataLoader, RankDataset, RankStream
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,

@@ -65,6 +65,9 @@ def _train_loader_from_config(
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
         )
+    as_stream = getattr(dataset, "as_stream", None)
+    if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
+        dataset = as_stream()
     records = dataset if isinstance(dataset, list) else records_and_mapper(dataset)[0]
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
@@ -112,7 +115,8 @@ def build_detection_train_loader(
     """Build this rank's train loader; callable with a config or with explicit arguments.
 
     Config form: ``build_detection_train_loader(cfg, mapper=None, *, dataset=None,
-    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given),
+    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a
+    ``RankDataset`` is read as its stream of shares, ``RankDataset.as_stream()``),
     ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``; the shared seed is ``cfg.SEED``
     if >= 0, else one drawn once here on every rank. Further keyword arguments of the
     explicit form (e.g. ``aspect_ratio_grouping=False``) override what the config says.
