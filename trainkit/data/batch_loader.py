@@ -10,43 +10,20 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from trainkit.config import ConfigError
-from trainkit.data._loader_config import per_rank_batch_size
-from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, RankBatchPlan
+from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, RankBatchPlan, split_batch
 from trainkit.data.common import DatasetFromList, MapDataset
 from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
-from trainkit.data.loader import TrainLoader, trivial_batch_collator, worker_context_kwargs
+from trainkit.data.loader import TrainLoader, trivial_batch_collator
 from trainkit.data.mapping import RecordMapper, as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.stream_batches import StreamBatches
+from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_batch_data_loader", "records_and_mapper"]
-
-
-def _loader_kwargs(
-    num_workers: int,
-    prefetch_factor: int,
-    persistent_workers: bool,
-    pin_memory: bool,
-    seed: int | None,
-    extra: dict[str, Any],
-) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "num_workers": num_workers,
-        "pin_memory": pin_memory,
-        "persistent_workers": persistent_workers and num_workers > 0,
-    }
-    if num_workers > 0:
-        kwargs.update(prefetch_factor=prefetch_factor, **worker_context_kwargs())
-    if seed is not None:
-        kwargs["generator"] = torch.Generator().manual_seed(seed)
-    kwargs.update(extra)  # the caller's DataLoader arguments win
-    return kwargs
 
 
 def build_batch_data_loader(
@@ -129,9 +106,13 @@ def build_batch_data_loader(
         )
     if seed is None:
         seed = sampler.seed if isinstance(sampler, GlobalStreamSampler) else 0
-    loader_kwargs = _loader_kwargs(
-        num_workers, prefetch_factor, persistent_workers and not stream, pin_memory, None, kwargs
-    )
+    loader_kwargs = {
+        "num_workers": num_workers,
+        "prefetch_factor": prefetch_factor,
+        "persistent_workers": persistent_workers and not stream,
+        "pin_memory": pin_memory,
+        **kwargs,  # the caller's DataLoader arguments win
+    }
     collate = collate_fn or trivial_batch_collator
     if stream:
         batch_size = _micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
@@ -178,14 +159,11 @@ def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
 def _micro_batch_size(
     total_batch_size: int | None, single_gpu_batch_size: int | None, accumulate_steps: int
 ) -> int:
-    per_rank = per_rank_batch_size(total_batch_size, single_gpu_batch_size)
-    if accumulate_steps < 1 or per_rank % accumulate_steps:
-        raise ConfigError(
-            f"the per-rank batch of {per_rank} does not split into SOLVER.ACCUMULATE_STEPS="
-            f"{accumulate_steps} equal micro-batches; pick SOLVER.IMS_PER_BATCH divisible by "
-            "world size x ACCUMULATE_STEPS."
-        )
-    return per_rank // accumulate_steps
+    if not single_gpu_batch_size:
+        return split_batch(total_batch_size, comm.get_world_size(), accumulate_steps)
+    if total_batch_size:
+        raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
+    return split_batch(single_gpu_batch_size, 1, accumulate_steps, key="single_gpu_batch_size")
 
 
 def _batch_plan(

@@ -47,13 +47,48 @@ from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.samplers.positions import global_position
 from trainkit.utils import comm
 
-__all__ = ["BatchPlan", "GlobalBatchPlan", "RankBatchPlan"]
+__all__ = ["BatchPlan", "GlobalBatchPlan", "RankBatchPlan", "split_batch"]
 
 # Indices are read from the sampler in blocks that grow from the first (a resumed loader
 # starts fast) to the largest: each read is a few dozen numpy calls whatever its length,
 # which per batch cost ~15-25 us per record; a block of thousands costs ~0.3 us per record.
 _FIRST_BLOCK = 256
 _MAX_BLOCK = 4096
+
+
+def split_batch(
+    total: int | None, world_size: int, accumulate_steps: int = 1, *, key: str = ""
+) -> int:
+    """Return the records of one micro-batch of one rank: ``total / (world_size x k)``.
+
+    Args:
+        total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
+        world_size: the number of ranks it is split over.
+        accumulate_steps: micro-batches per step, ``k`` (``SOLVER.ACCUMULATE_STEPS``).
+        key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
+
+    Raises:
+        ConfigError: A ``ValueError`` naming ``SOLVER.IMS_PER_BATCH`` (or ``key``) and
+            ``SOLVER.ACCUMULATE_STEPS``, the divisor and the fix, unless ``total`` splits
+            evenly.
+    """
+    if accumulate_steps < 1:
+        raise ConfigError(
+            f"SOLVER.ACCUMULATE_STEPS must be >= 1, got {accumulate_steps}; use 1 for no "
+            "gradient accumulation."
+        )
+    parts = world_size * accumulate_steps
+    if not total or total < 1 or total % parts:
+        split = (
+            f"the world size ({world_size})"
+            if accumulate_steps == 1
+            else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
+        )
+        raise ConfigError(
+            f"{key or 'SOLVER.IMS_PER_BATCH'}={total} is not a positive multiple of {split}; "
+            f"pick a positive multiple of {parts} or change --num-gpus."
+        )
+    return total // parts
 
 
 def _rank_source(sampler: GlobalStreamSampler) -> dict[str, Any]:
@@ -156,15 +191,9 @@ class GlobalBatchPlan(BatchPlan):
 
         Raises:
             ConfigError: If the global batch does not split into ``world_size x
-                accumulate_steps`` equal micro-batches.
+                accumulate_steps`` equal micro-batches (:func:`split_batch`).
         """
-        slots = world_size * accumulate_steps
-        if global_batch_size < 1 or global_batch_size % slots:
-            raise ConfigError(
-                f"SOLVER.IMS_PER_BATCH={global_batch_size} is not a positive multiple of world "
-                f"size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps}); pick a "
-                f"multiple of {slots}."
-            )
+        split_batch(global_batch_size, world_size, accumulate_steps)
         state = new_state(
             "global",
             source=sampler.global_stream_key(),
@@ -247,14 +276,7 @@ class RankBatchPlan(BatchPlan):
             bucket_ids: bucket of each dataset index
                 (:func:`~trainkit.data.grouping.aspect_ratio_bucket_ids`).
             drop_last: at the end of a finite sampler, drop incomplete batches.
-
-        Raises:
-            ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
         """
-        if batch_size < 1:
-            raise ConfigError(
-                f"batch size per rank must be >= 1, got {batch_size}; raise SOLVER.IMS_PER_BATCH."
-            )
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
         self._rank = sampler.rank if trainkit_sampler else comm.get_rank()
         self._world_size = sampler.world_size if trainkit_sampler else comm.get_world_size()

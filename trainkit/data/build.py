@@ -1,5 +1,9 @@
 """Build train and test loaders from plain arguments or from a config (detectron2's builders).
 
+The config forms check what they read (:func:`check_train_loader_config`, before any data
+is loaded), load the named datasets and hand the records, the mapper, the sampler named by
+``DATALOADER.SAMPLER_TRAIN`` and the settings straight to the loader.
+
 ``build_detection_train_loader`` and ``build_detection_test_loader`` are
 :func:`~trainkit.config.configurable`: called with a config first they read it, called with
 a dataset they take explicit arguments, with detectron2's signatures in both forms.
@@ -15,10 +19,11 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data._loader_config import build_train_sampler, check_train_loader_config
 from trainkit.data.batch_loader import build_batch_data_loader, records_and_mapper
+from trainkit.data.batch_plan import split_batch
 from trainkit.data.catalog_loading import get_detection_dataset_dicts, load_catalog_dataset
 from trainkit.data.common import DatasetFromList, MapDataset
+from trainkit.data.grouping import BucketOf
 from trainkit.data.inference_loader import InferenceLoader
 from trainkit.data.loader import (
     trivial_batch_collator,
@@ -26,7 +31,12 @@ from trainkit.data.loader import (
     worker_init_reset_seed,
 )
 from trainkit.data.mapping import as_record_mapper
-from trainkit.data.samplers import InferenceSampler, TrainingSampler
+from trainkit.data.samplers import (
+    InferenceSampler,
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
@@ -49,6 +59,107 @@ Mapper = Callable[[Any], Any]
 
 def _name_of(names: str | Sequence[str]) -> str:
     return names if isinstance(names, str) else ",".join(names)
+
+
+TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
+
+
+def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> None:
+    """Check the ``DATALOADER`` and batch settings the train loader uses, without data.
+
+    Args:
+        cfg: the config.
+        world_size: the job's process count; ``None`` means the current job's.
+
+    Raises:
+        ConfigError: A ``ValueError`` naming the first setting that is out of range and its
+            valid range.
+    """
+    world_size = comm.get_world_size() if world_size is None else world_size
+    split_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)
+    _check_num_workers(cfg, "the training process")
+    loader = cfg.DATALOADER
+    if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
+        raise ConfigError(
+            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with workers, got {loader.PREFETCH_FACTOR}"
+        )
+    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+        raise ConfigError(
+            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
+            f"{loader.MAX_CONSECUTIVE_FAILURES}"
+        )
+    _check_sampler_settings(loader)
+    if loader.ASPECT_RATIO_GROUPING:
+        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
+
+
+def _check_sampler_settings(loader: CfgNode) -> None:
+    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
+    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
+        raise ConfigError(
+            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"{', '.join(TRAIN_SAMPLERS)}"
+        )
+    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
+        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+            raise ConfigError(
+                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+            )
+    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+        raise ConfigError(
+            f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
+            "to repeat no record."
+        )
+
+
+def _check_sampler_settings(loader: CfgNode) -> None:
+    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
+    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
+        raise ConfigError(
+            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"{', '.join(TRAIN_SAMPLERS)}"
+        )
+    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
+        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+            raise ConfigError(
+                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+            )
+    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+        raise ConfigError(
+            f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
+            "to repeat no record."
+        )
+
+
+def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
+    """The sampler ``DATALOADER.SAMPLER_TRAIN`` names (checked before), with the shared seed.
+
+    ``records`` are the unmapped records, read by ``RepeatFactorTrainingSampler`` only.
+    """
+    name = cfg.DATALOADER.SAMPLER_TRAIN
+    logger.info("Using training sampler %s with seed %d", name, seed)
+    if name == "RandomSubsetTrainingSampler":
+        return RandomSubsetTrainingSampler(
+            size, cfg.DATALOADER.RANDOM_SUBSET_RATIO, seed_shuffle=seed, seed_subset=seed
+        )
+    if name == "RepeatFactorTrainingSampler":
+        factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+            records, cfg.DATALOADER.REPEAT_THRESHOLD
+        )
+        return RepeatFactorTrainingSampler(factors, seed=seed)
+    return TrainingSampler(size, seed=seed)
+
+
+def _check_num_workers(cfg: CfgNode, where: str) -> None:
+    # torch's own errors for these ("batch_size should be a positive integer value") do not
+    # name the config keys.
+    if cfg.DATALOADER.NUM_WORKERS < 0:
+        raise ConfigError(
+            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
+            f"load in {where}."
+        )
 
 
 def _train_loader_from_config(
@@ -80,7 +191,7 @@ def _train_loader_from_config(
     )
     if sampler is None and not isinstance(dataset, IterableDataset):
         # The unmapped records (read by RepeatFactorTrainingSampler only).
-        sampler = build_train_sampler(cfg, records, len(dataset), seed)
+        sampler = _train_sampler(cfg, records, len(dataset), seed)
     elif sampler is None:
         logger.info("No sampler: the train dataset is an IterableDataset")
     return {
@@ -173,18 +284,12 @@ def build_detection_train_loader(
 
 
 def _check_test_loader_config(cfg: CfgNode) -> None:
-    # torch's own errors for these ("batch_size should be a positive integer value") do not
-    # name the config keys.
     if cfg.TEST.IMS_PER_BATCH < 1:
         raise ConfigError(
             f"TEST.IMS_PER_BATCH must be >= 1, got {cfg.TEST.IMS_PER_BATCH}; set it to the "
             "images per test batch on each rank."
         )
-    if cfg.DATALOADER.NUM_WORKERS < 0:
-        raise ConfigError(
-            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
-            "load in the evaluating process."
-        )
+    _check_num_workers(cfg, "the evaluating process")
 
 
 def _test_loader_from_config(
