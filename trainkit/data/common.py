@@ -20,7 +20,7 @@ from trainkit.data.dataset_from_list import (
     set_default_dataset_from_list_serialize_method,
 )
 from trainkit.data.grouping import Buckets
-from trainkit.data.mapping import as_record_mapper
+from trainkit.data.mapping import RecordMapper, as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ __all__ = [
     "DatasetFromList",
     "MapDataset",
     "ToIterableDataset",
+    "records_and_mapper",
     "set_default_dataset_from_list_serialize_method",
 ]
 
@@ -263,3 +264,17 @@ class _MapIterableDataset(IterableDataset):
                 continue
             failures_in_a_row += 1
             self.mapper.check_in_a_row(failures_in_a_row, f"element {ordinal}", element)
+
+
+def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
+    """Take a mapped dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
+
+    A list becomes a :class:`DatasetFromList`; a ``MapDataset`` (or its iterable twin) gives
+    its records and mapper; anything else is records with no mapper.
+    """
+    if isinstance(dataset, list):
+        return DatasetFromList(dataset, copy=False), None
+    mapper = getattr(dataset, "mapper", None)
+    if isinstance(dataset, (MapDataset, IterableDataset)) and isinstance(mapper, RecordMapper):
+        return dataset.dataset, mapper  # MapDataset, or its iterable twin
+    return dataset, None

@@ -18,71 +18,30 @@ themselves. Either position is a state of :mod:`trainkit.data.loader_state`.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
-import multiprocessing as mp
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainkit.data.batch_plan import BatchPlan
-from trainkit.data.batch_transfer import pack_in_worker, unpack_batch
 from trainkit.data.loader_state import copy_state, load_state
+from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
+from trainkit.data.loader_workers import (
+    pack_in_worker,
+    start_iterator,
+    trivial_batch_collator,
+    unpack_batch,
+    worker_init_reset_seed,
+)
 from trainkit.data.mapping import RecordMapper, sample_context
 from trainkit.data.stream_batches import StreamBatches, batches_in_turn
-from trainkit.utils.env import seed_all_rng
 from trainkit.utils.errors import UsageError, user_message
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
-
-
-def worker_context_kwargs() -> dict[str, Any]:
-    """Return the DataLoader arguments that make loader workers fork where possible.
-
-    Ranks started by ``launch()`` inherit "spawn" as their default start method; spawned
-    workers would re-import torch (over a second each), need picklable mappers, and could not
-    share ``DatasetFromList``'s buffers copy-on-write. Loader workers never touch CUDA, so
-    forking them is safe.
-    """
-    return {"multiprocessing_context": "fork"} if "fork" in mp.get_all_start_methods() else {}
-
-
-def trivial_batch_collator(batch: list[Any]) -> list[Any]:
-    """Return the batch unchanged: a list of mapped samples."""
-    return batch
-
-
-def worker_init_reset_seed(worker_id: int) -> None:
-    """Seed Python, numpy and torch in a loader worker from torch's per-worker seed.
-
-    Mappers should prefer :func:`trainkit.data.sample_rng`, which does not depend on the
-    worker; this only keeps code that uses the global generators from repeating itself.
-    """
-    seed_all_rng(torch.initial_seed() % 2**31 + worker_id)
-
-
-def start_iterator(loader: DataLoader) -> Iterator[Any]:
-    """Return ``iter(loader)``, with the objects alive now frozen while its workers fork.
-
-    A forked worker shares this process's memory copy-on-write, but the worker's first full
-    garbage collection walks every object it inherited, and so copies the pages of nearly
-    the whole heap into each worker (tens of MiB) and takes ~0.2 s. Frozen objects are
-    skipped by the workers' collector; this process unfreezes them as soon as the workers
-    exist, so its own collections are unchanged. Objects frozen by the caller (a non-zero
-    ``gc.get_freeze_count()``) are left as they are.
-    """
-    if gc.get_freeze_count():
-        return iter(loader)
-    gc.freeze()
-    try:
-        return iter(loader)
-    finally:
-        gc.unfreeze()
 
 
 class _PlannedBatches:
@@ -149,7 +108,7 @@ class _TaggedCollate:
     """Collate a mapped batch and keep its number and skip count (a picklable callable).
 
     In a loader worker the batch's tensors are packed into one buffer per dtype for the trip to
-    the training process (:mod:`trainkit.data.batch_transfer`).
+    the training process (:mod:`trainkit.data.loader_workers`).
     """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
@@ -206,16 +165,7 @@ class TrainLoader:
         self.num_skipped_records = 0
         self.records = records
         self._last_items: list[list[int]] = []
-        kwargs = dict(loader_kwargs or {})
-        if kwargs.get("num_workers", 0) == 0:
-            kwargs.pop("prefetch_factor", None)  # torch refuses it without workers
-            kwargs["persistent_workers"] = False
-        else:
-            kwargs = {**worker_context_kwargs(), **kwargs}
-        # A private generator: otherwise every new iterator draws its workers' base seed
-        # from the global torch RNG, which would shift the training RNG stream on resume.
-        kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
-        kwargs.setdefault("worker_init_fn", worker_init_reset_seed)
+        kwargs = worker_kwargs(loader_kwargs or {}, seed)
         collate = collate_fn or trivial_batch_collator
         self._num_workers = int(kwargs.get("num_workers", 0))
         if isinstance(source, StreamBatches):

@@ -33,7 +33,7 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
-from trainkit.data.batch_loader import build_batch_data_loader
+from trainkit.data.build import build_batch_data_loader
 from trainkit.data.mapping import RecordMapper
 from trainkit.data.metafile import MetaFileDataset
 from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys

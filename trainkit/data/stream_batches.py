@@ -38,9 +38,9 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
-from trainkit.data.batch_transfer import pack_in_worker
 from trainkit.data.grouping import BucketOf, Buckets
 from trainkit.data.loader_state import new_state
+from trainkit.data.loader_workers import pack_in_worker
 from trainkit.data.mapping import RecordMapper, sample_context
 
 __all__ = ["StreamBatches", "batches_in_turn"]
