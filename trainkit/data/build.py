@@ -381,8 +381,7 @@ def build_batch_data_loader(
     bucket_ids = None
     if aspect_ratio_grouping:
         if aspect_ratios is None:
-            # The unmapped records, one at a time.
-            aspect_ratios = record_aspect_ratios(records[i] for i in range(len(records)))
+            aspect_ratios = record_aspect_ratios(records)  # the unmapped records
         bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
     plan = make_batch_plan(
         sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last

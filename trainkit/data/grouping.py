@@ -11,18 +11,22 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from trainkit.config import ConfigError
 
 __all__ = ["BucketOf", "Buckets", "aspect_ratio_bucket_ids", "record_aspect_ratios"]
 
 
-def record_aspect_ratios(records: Iterable[dict[str, Any]]) -> np.ndarray:
-    """Return ``width / height`` of every record.
+def record_aspect_ratios(records: Iterable[dict[str, Any]] | Dataset) -> np.ndarray:
+    """Return ``width / height`` of every record (of a map-style dataset: read one by one).
 
     Raises:
         ConfigError: A ``ValueError``: if a record lacks a positive ``width`` or ``height``.
     """
+    if isinstance(records, Dataset):
+        dataset = records
+        records = (dataset[i] for i in range(len(dataset)))  # type: ignore[arg-type]
     ratios = []
     for i, record in enumerate(records):
         try:
