@@ -84,7 +84,8 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
     loader = cfg.DATALOADER
     if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
         raise ConfigError(
-            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with workers, got {loader.PREFETCH_FACTOR}"
+            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with loader workers (DATALOADER.NUM_WORKERS "
+            f"> 0), got {loader.PREFETCH_FACTOR}"
         )
     if loader.MAX_CONSECUTIVE_FAILURES < 1:
         raise ConfigError(
@@ -305,8 +306,8 @@ def build_batch_data_loader(
     is composed from the global stream and dealt to the ranks
     (:class:`~trainkit.data.composer.StepBatchComposer`): the same records per step for any
     world size, ``k`` and ``num_workers``. With any other sampler (or
-    ``single_gpu_batch_size``) batches are composed from this rank's stream. An
-    ``IterableDataset`` is read as a stream: its workers read disjoint shares and form the
+    ``single_gpu_batch_size``) batches are composed from this rank's draws. An
+    ``IterableDataset`` is a stream dataset: its loader workers read disjoint shares and form the
     batches (:mod:`trainkit.data._stream_batches`).
 
     Args:
@@ -376,7 +377,7 @@ def build_batch_data_loader(
             seed=seed,
             drop_last=drop_last,
         )
-        logger.info("Stream loader: batches of %d formed in the workers", batch_size)
+        logger.info("Stream dataset: batches of %d formed in the loader workers", batch_size)
         return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
     bucket_ids = None
     if aspect_ratio_grouping:

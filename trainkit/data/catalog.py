@@ -314,7 +314,8 @@ def get_detection_dataset_dicts(
     """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
 
     Record lists (and generators) are materialised in this process and concatenated; the
-    loaders stream them into one shared copy instead (:func:`load_catalog_dataset`). When the
+    loaders write them one by one into one shared copy instead (:func:`load_catalog_dataset`).
+    When the
     catalog functions return dataset objects (map-style or iterable), those are returned
     as they are (several: concatenated, or chained for iterables), as in detectron2.
 
@@ -364,7 +365,7 @@ def _named_datasets(
 def _iter_dataset_dicts(
     names: list[str], first: Any, filter_empty: bool, min_keypoints: int
 ) -> Iterator[Any]:
-    # Streams one catalog function's records at a time, so that no rank holds the
+    # Reads one catalog function's records at a time, so that no rank holds the
     # concatenation of all of them. ``first``: names[0]'s records, already fetched.
     seen = kept = 0
     for i, name in enumerate(names):
@@ -398,8 +399,8 @@ def _nothing_left(names: list[str]) -> ConfigError:
 def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
     """Return the named catalog datasets as one dataset, one copy of the records per machine.
 
-    Every rank calls the catalog functions. Records (a list or a generator) are streamed
-    into a :class:`DatasetFromList` (a generator is never held as a whole), and the ranks of
+    Every rank calls the catalog functions. Records (a list or a generator) are written one
+    by one into a :class:`DatasetFromList` (a generator is never held as a whole), and the ranks of
     a machine share one copy of them, found by content (:mod:`trainkit.data.segment_sharing`:
     no collective, so it works under any launcher). Functions that return a dataset object
     (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) give it as it is:

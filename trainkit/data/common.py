@@ -54,7 +54,7 @@ class ToIterableDataset(IterableDataset):
     """Turn a map-style dataset and a sampler into an iterable dataset.
 
     With ``shard_sampler=True`` each loader worker yields only its chunks of the sampler's
-    stream (chunk ``j`` of ``shard_chunk_size`` indices goes to worker ``j % num_workers``),
+    indices (chunk ``j`` of ``shard_chunk_size`` indices goes to worker ``j % num_workers``),
     so all workers together yield every index once. trainkit's own samplers compute a
     worker's share directly; other samplers are drawn in full and filtered.
     """
@@ -71,7 +71,7 @@ class ToIterableDataset(IterableDataset):
         Args:
             dataset: a map-style dataset.
             sampler: yields indices of ``dataset`` (already sharded across ranks).
-            shard_sampler: split the stream across loader workers.
+            shard_sampler: split the sampler's indices across loader workers.
             shard_chunk_size: consecutive indices each worker takes at a time.
         """
         if isinstance(dataset, IterableDataset):
@@ -150,7 +150,7 @@ class MapDataset(Dataset):
     Every ``map_func`` call on a map-style dataset runs inside a sample context, so
     ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
     global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
-    datasets have no stream position, so their mappers cannot call it.
+    datasets have no global position, so their mappers cannot call it.
 
     ``map_func`` is held in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda
     works with loader workers started by "spawn".

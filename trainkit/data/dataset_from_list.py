@@ -182,7 +182,7 @@ class DatasetFromList(Dataset):
         Kept for code written against earlier trainkit versions, where only local rank 0
         called ``load_fn`` and two ``all_gather`` calls over the local process group handed
         its segment to the other ranks. Now every rank calls ``load_fn``; its records are
-        streamed into a segment (a generator is never materialised as a whole) and the
+        written one by one into a segment (a generator is never held as a whole) and the
         ranks of a machine share one copy by content (:mod:`trainkit.data.segment_sharing`),
         under any launcher and with no collective. The cost: each rank loads and serialises
         the records itself, and while ranks build at the same time the machine briefly holds
@@ -222,7 +222,7 @@ _WRITE_CHUNK_BYTES = 1 << 20  # pickles are written to the segment in chunks of 
 
 
 def _serialize_records(records: Iterable[Any]) -> SharedSegment:
-    # Streams: at any time only one chunk of pickles is held privately, plus 8 bytes per
+    # One record at a time: only one chunk of pickles is held privately, plus 8 bytes per
     # record for the ends; the pickles land directly in the segment's pages.
     writer = SegmentWriter("trainkit-dataset")
     try:

@@ -1,6 +1,7 @@
 """Aspect-ratio grouping: each record's bucket, and the one implementation of grouping.
 
-The batch plans (map-style loaders), the stream loader's workers, ``AspectRatioGroupedDataset``
+The batch plans (map-style loaders), the loader workers of a stream dataset,
+``AspectRatioGroupedDataset``
 and ``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
 the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``.
 """
@@ -67,7 +68,7 @@ def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) ->
 
 
 class BucketOf:
-    """The aspect-ratio bucket of one record (a picklable callable: streams group in workers)."""
+    """The aspect-ratio bucket of one record (picklable: stream datasets group in workers)."""
 
     def __init__(self, bins: Sequence[float]) -> None:
         """Take ``DATALOADER.ASPECT_RATIO_BINS`` (checked now)."""

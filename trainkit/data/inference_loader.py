@@ -4,7 +4,7 @@
 builds an :class:`InferenceLoader`.
 
 In a training loader a record that fails to map is replaced by another (the batch keeps its
-size and the stream its length). In evaluation that would count a record twice, so here a
+size and the epoch its length). In evaluation that would count a record twice, so here a
 failed record is skipped: its batch is one element shorter, a warning names it, and the
 loader counts it (:attr:`InferenceLoader.num_skipped_records`, which ``inference_on_dataset``
 reports). A batch whose records all fail is left out.

@@ -113,8 +113,8 @@ def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     Loader workers are forked (where possible) and seeded by :func:`worker_init_reset_seed`;
     without workers the arguments torch refuses then are dropped. The workers' base seed
     comes from a private generator seeded with ``seed``: otherwise every new iterator draws
-    it from the global torch RNG, which would shift the training RNG stream on resume (and
-    evaluating during training would shift it too).
+    it from the global torch RNG, which would shift the training process's random numbers on
+    resume (and evaluating during training would shift them too).
     """
     kwargs = dict(kwargs)
     if kwargs.get("num_workers", 0) == 0:

@@ -9,7 +9,8 @@ draws every sample of a batch must share (one scale per batch).
 
 :class:`RecordMapper` is the one place a record is mapped: inside its sample context, with a
 failed record (``None`` or an exception) logged, counted, and either replaced by another one
-chosen from (seed, position, attempt) — training — or skipped — evaluation and streams.
+chosen from (seed, position, attempt) — training — or skipped — evaluation and stream
+datasets.
 :class:`~trainkit.data.common.MapDataset` (detectron2's name) is a dataset view over one; the
 loader builders hand the user's mapper to the loader as a ``RecordMapper`` directly.
 """
@@ -55,7 +56,7 @@ class _SampleKey:
     # Inside another sample's context (a mapper mapping more records): gets its own
     # generator, so that the outer sample's draws are not disturbed.
     nested: bool = False
-    # Identifies the sample's batch (the loader uses its smallest stream position); None
+    # Identifies the sample's batch (the loader uses its smallest global position); None
     # outside a batch, where a sample is a batch of its own.
     batch: int | None = None
     rng: np.random.Generator | None = field(default=None)
@@ -142,7 +143,7 @@ def _current() -> _SampleKey:
 
 
 def sample_rng() -> np.random.Generator:
-    """Return the generator of the sample being mapped, keyed by (seed, stream position).
+    """Return the generator of the sample being mapped, keyed by (seed, global position).
 
     Calls within one mapper call return the same generator, so successive draws continue
     one another; every new mapper call (including a retry after a failed record) starts
@@ -194,7 +195,7 @@ _RETRY_SALT = 0x7E7A11  # keys the choice of replacement records
 
 def _retry_index(seed: int, key: int, attempt: int, size: int) -> int:
     # A pure function of (seed, failing sample, attempt): the replacement is the same
-    # whichever worker or restart hits the failure, so the stream stays reproducible.
+    # whichever loader worker or restart hits the failure, so the batches stay reproducible.
     seq = np.random.SeedSequence([seed, key, attempt, _RETRY_SALT])
     return int(seq.generate_state(1, dtype=np.uint64)[0] % size)
 
@@ -283,7 +284,7 @@ class RecordMapper:
         Args:
             records: a map-style dataset of unmapped records.
             index: the record to map.
-            seed: the stream's seed (keys ``sample_rng()`` and the replacements).
+            seed: the loader's seed (keys ``sample_rng()`` and the replacements).
             position: the sample's global stream position.
             batch: the sample's batch key for ``batch_rng()``.
 

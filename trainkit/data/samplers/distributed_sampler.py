@@ -37,13 +37,13 @@ __all__ = [
 
 
 def _epoch_permute(
-    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, stream: int
+    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, purpose: int
 ) -> np.ndarray:
     # Positions come sorted, so a block usually lies in one epoch: one key column then.
     if epochs[0] == epochs[-1]:
-        keys = round_keys(seed, stream, epochs[:1])
+        keys = round_keys(seed, purpose, epochs[:1])
     else:
-        keys = round_keys(seed, stream, epochs)
+        keys = round_keys(seed, purpose, epochs)
     return permute(offsets, n, keys)
 
 
@@ -61,11 +61,11 @@ def _checked_size(sampler_name: str, size: Any) -> int:
 
 
 class TrainingSampler(GlobalStreamSampler):
-    """Yield an infinite stream of indices of a dataset of ``size`` records.
+    """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
     Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
     a different one every epoch, computed by a keyed bijection instead of stored: memory is
-    O(1) in ``size`` (4e8 works) and any stream position is reached in O(1), so resume and
+    O(1) in ``size`` (4e8 works) and any position is reached in O(1), so resume and
     worker sharding cost nothing. The order differs from detectron2's ``torch.randperm``.
 
     Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``. This sampler does not
@@ -100,8 +100,8 @@ class TrainingSampler(GlobalStreamSampler):
         self._size = size
         self._shuffle = shuffle
 
-    def _stream_key(self) -> dict[str, Any]:
-        return {**super()._stream_key(), "size": self._size, "shuffle": self._shuffle}
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "size": self._size, "shuffle": self._shuffle}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
         epochs, offsets = split_positions(positions, self._size)
@@ -163,9 +163,9 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         self._subset_size = subset_size
         logger.info("Training on a random subset of %d of %d records", subset_size, size)
 
-    def _stream_key(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, Any]:
         return {
-            **super()._stream_key(),
+            **super()._identity(),
             "subset_size": self._subset_size,
             "seed_subset": self._seed_subset,
         }
@@ -226,7 +226,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         self._int_part = np.floor(factors).astype(np.int64)
         self._frac_part = factors - self._int_part
         self._shuffle = shuffle
-        self._epoch_starts: list[int] = [0]  # O(epochs) ints, grown as the stream advances
+        self._epoch_starts: list[int] = [0]  # O(epochs) ints, grown as the positions advance
         self._cached_epoch: tuple[int, np.ndarray] | None = None
 
     @staticmethod
@@ -266,8 +266,8 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         ]
         return torch.tensor(factors, dtype=torch.float32)
 
-    def _stream_key(self) -> dict[str, Any]:
-        return {**super()._stream_key(), "size": int(self._int_part.size), "shuffle": self._shuffle}
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "size": int(self._int_part.size), "shuffle": self._shuffle}
 
     def _epoch_list(self, epoch: int) -> np.ndarray:
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
