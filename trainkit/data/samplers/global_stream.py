@@ -97,7 +97,7 @@ class GlobalStreamSampler(Sampler[int]):
         """
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
-    def global_identity(self) -> dict[str, Any]:
+    def global_stream_key(self) -> dict[str, Any]:
         """Plain-data identity of the global stream (independent of rank and world size)."""
         key = self._identity()
         key.pop("world_size", None)
