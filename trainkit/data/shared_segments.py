@@ -24,8 +24,10 @@ memory and says so; sending such a segment copies its bytes, as a numpy array wo
 
 The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
 while they are written. It names the contents: :mod:`trainkit.data.segment_sharing` uses it
-to find an identical segment that another process on the machine already holds, and a
-spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by digest.
+to find an identical segment that another process on the machine already holds and serves,
+and a spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by
+digest. Asking a holder (:func:`fetch_segment`, :func:`receive_segment`) is here; holding
+and serving is :mod:`trainkit.data.segment_sharing`'s.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import hashlib
 import logging
 import mmap
 import os
+import socket
+import struct
 import tempfile
 import weakref
 from array import array
@@ -44,7 +48,17 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SegmentHandle", "SegmentWriter", "SharedSegment", "is_sealed", "segment_from_fd"]
+__all__ = [
+    "SegmentHandle",
+    "SegmentWriter",
+    "SharedSegment",
+    "fetch_segment",
+    "is_sealed",
+    "map_received",
+    "receive_segment",
+    "segment_address",
+    "segment_from_fd",
+]
 
 _MAGIC = 0x54524B4954534547  # "TRKITSEG"
 _VERSION = 2  # 2: the header holds the digest
@@ -54,6 +68,9 @@ _HEADER_BYTES = 64  # int64 magic, version, num_records, data_bytes; then the di
 _IMMUTABLE_SEALS = 0
 for _flag in ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"):
     _IMMUTABLE_SEALS |= getattr(fcntl, _flag, 0)
+TIMEOUT_S = 10.0  # for connect + receive: a live holder answers in milliseconds
+MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
+MESSAGE_MAGIC = b"TKSHARE1"
 
 
 class SegmentHandle(NamedTuple):
@@ -308,3 +325,83 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = None
         self._chunks = None
+
+
+def segment_address(digest: bytes) -> bytes:
+    """The abstract unix socket where this user's holder of ``digest`` serves it."""
+    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
+    """Connect to the holder of ``digest``; return the open connection and the received fd.
+
+    Raises:
+        ConnectionRefusedError: If nobody serves ``digest`` right now.
+        OSError: If the holder is not trustworthy or does not answer as expected.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = -1
+    try:
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(segment_address(digest))
+        if peer_credentials(sock)[1] != os.getuid():
+            raise PermissionError("the socket for these records belongs to another user")
+        message, fds, _, _ = socket.recv_fds(sock, MESSAGE.size, 1)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if len(message) != MESSAGE.size or fd < 0:
+            raise ConnectionError("the holder closed the connection without an answer")
+        if MESSAGE.unpack(message) != (MESSAGE_MAGIC, size, digest):
+            raise ConnectionError("the holder offered other records than asked for")
+        if os.fstat(fd).st_size != size or not is_sealed(fd):
+            raise ConnectionError("the offered memory file is not sealed or has another size")
+        sock.settimeout(None)
+        return sock, fd
+    except BaseException:
+        sock.close()
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
+    """Map the memory file ``fd`` that a holder sent, checking it holds ``digest``'s records.
+
+    Raises:
+        ConnectionError: If it is not a record segment, or not the one asked for.
+    """
+    try:
+        segment = segment_from_fd(fd, size)
+    except ValueError as e:
+        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
+    if segment.digest != digest:
+        raise ConnectionError("the offered segment's header names other records")
+    return segment
+
+
+def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
+    """Map the segment with ``digest`` that a process on this machine serves, if any.
+
+    Returns:
+        The segment (same pages as the server's), or ``None`` if nobody serves it or the
+        answer failed a check (logged at debug level).
+    """
+    try:
+        sock, fd = receive_segment(digest, size)
+    except OSError as e:
+        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
+        return None
+    sock.close()
+    try:
+        return map_received(fd, digest, size)
+    except OSError as e:
+        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
+        return None
