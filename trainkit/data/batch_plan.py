@@ -98,11 +98,6 @@ def split_batch(
     return total // parts
 
 
-def _rank_source(sampler: GlobalStreamSampler) -> dict[str, Any]:
-    # The sampler's identity, world size included (what its own state holds but the draws).
-    return {key: value for key, value in sampler.state_dict().items() if key != "num_drawn"}
-
-
 class BatchPlan:
     """What decides a map-style loader's batches; its position is a loader state.
 
@@ -211,11 +206,6 @@ class GlobalBatchPlan(BatchPlan):
         super().__init__(sampler, global_batch_size, bucket_ids, state)
         self._rank, self._world_size, self._accumulate = rank, world_size, accumulate_steps
 
-    @property
-    def micro_batch_size(self) -> int:
-        """Records in each micro-batch of this rank."""
-        return self._batch_size // (self._world_size * self._accumulate)
-
     def _global_records(self, position: int) -> Iterator[tuple[int, int, int]]:
         """``(index, bucket, global position)`` of the global stream from ``position`` on."""
         block = _FIRST_BLOCK
@@ -289,7 +279,10 @@ class RankBatchPlan(BatchPlan):
         self._world_size = sampler.world_size if trainkit_sampler else comm.get_world_size()
         state = new_state(
             "rank",
-            source=_rank_source(sampler) if trainkit_sampler else None,
+            # The sampler's identity, world size included: its state without the draws.
+            source={k: v for k, v in sampler.state_dict().items() if k != "num_drawn"}
+            if trainkit_sampler
+            else None,
             batch_size=batch_size,
             num_buckets=self._num_buckets(bucket_ids),
             rank=self._rank,
