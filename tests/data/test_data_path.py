@@ -27,7 +27,7 @@ import pytest
 
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
-from trainkit.data import loader as loader_module
+from trainkit.data import loader_workers as loader_workers_module
 from trainkit.data.dataset_from_list import DatasetFromList
 from trainkit.data.samplers import TrainingSampler
 
@@ -96,7 +96,7 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
 
     wrap(TrainingSampler, "global_indices", "stream")
     wrap(DatasetFromList, "__getitem__", "read")
-    wrap(loader_module, "pack_in_worker", "pack")  # loader_workers.pack_in_worker
+    wrap(loader_workers_module, "pack_in_worker", "pack")
     _STACKS.clear()
     cfg = get_cfg()
     cfg.DATASETS.TRAIN = ("_path_records",)
@@ -150,7 +150,7 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     assert _STACKS["pack"] == [
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
-        ("loader.py", "__call__"),  # _TaggedCollate
+        ("loader_workers.py", "__call__"),  # PackedCollate: the user's collate, then pack
     ]
     # Forward only: in every stack each frame's stage is at or after its caller's.
     for stage, frames in _STACKS.items():

@@ -21,9 +21,9 @@ from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.data.catalog import joined_names, load_catalog_dataset
 from trainkit.data.common import DatasetFromList, MapDataset, records_and_mapper
 from trainkit.data.loader_workers import (
+    PackedCollate,
     check_num_workers,
     loader_kwargs,
-    pack_in_worker,
     trivial_batch_collator,
     unpack_batch,
 )
@@ -45,7 +45,7 @@ class _SkippingRecords(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitems__(self, indices: list[int]) -> tuple[list[Any], int]:
+    def __getitems__(self, indices: list[int]) -> tuple[list[Any], int, int]:
         elements, skipped = [], 0
         for index in indices:
             record = self.records[index]
@@ -60,17 +60,7 @@ class _SkippingRecords(Dataset):
                 skipped += 1
             else:
                 elements.append(element)
-        return elements, skipped
-
-
-class _CountingCollate:
-    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, mapped: tuple[list[Any], int]) -> tuple[Any, int, int]:
-        elements, skipped = mapped
-        # Packed in a worker for the trip to this process (trainkit.data.loader_workers).
-        return pack_in_worker(self.collate_fn(elements)), skipped, len(elements)
+        return elements, skipped, len(elements)
 
 
 class InferenceLoader(DataLoader):
@@ -106,7 +96,7 @@ class InferenceLoader(DataLoader):
             batch_size=batch_size,
             sampler=sampler,
             drop_last=False,
-            collate_fn=_CountingCollate(collate_fn),
+            collate_fn=PackedCollate(collate_fn),  # with the skip count and size
             # Seed 0: a private generator for the loader workers (see loader_kwargs).
             **loader_kwargs(kwargs, 0),
         )

@@ -27,14 +27,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainkit.data.batch_plan import BatchPlan
 from trainkit.data.loader_state import copy_state, load_state
-from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.loader_workers import (
-    pack_in_worker,
+    PackedCollate,
     start_iterator,
     trivial_batch_collator,
     unpack_batch,
     worker_init_reset_seed,
 )
+from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.mapping import RecordMapper, sample_context
 from trainkit.data.stream_batches import StreamBatches, batches_in_turn
 from trainkit.utils.errors import UsageError, user_message
@@ -104,21 +104,6 @@ class _MappedRecords(Dataset):
         return elements, number, skipped
 
 
-class _TaggedCollate:
-    """Collate a mapped batch and keep its number and skip count (a picklable callable).
-
-    In a loader worker the batch's tensors are packed into one buffer per dtype for the trip to
-    the training process (:mod:`trainkit.data.loader_workers`).
-    """
-
-    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, mapped: tuple[list[Any], int, int]) -> tuple[Any, int, int]:
-        elements, number, skipped = mapped
-        return pack_in_worker(self.collate_fn(elements)), number, skipped
-
-
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
@@ -179,7 +164,7 @@ class TrainLoader:
             torch_loader = DataLoader(
                 _MappedRecords(records, mapper, seed),
                 batch_sampler=self._batches,
-                collate_fn=_TaggedCollate(collate),
+                collate_fn=PackedCollate(collate),  # with the batch number and skip count
                 **kwargs,
             )
             self._make_loader = lambda: torch_loader

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from trainkit.utils.env import seed_all_rng
 
 __all__ = [
     "PackedBatch",
+    "PackedCollate",
     "check_num_workers",
     "loader_kwargs",
     "pack_batch",
@@ -231,6 +232,22 @@ def _rebuild(structure: Any, buffers: list[torch.Tensor]) -> Any:
     if type(structure) is dict:
         return {key: _rebuild(item, buffers) for key, item in structure.items()}
     return structure
+
+
+class PackedCollate:
+    """Collate the samples a loader worker mapped, and pack them for the trip (picklable).
+
+    It takes ``(samples, *tags)`` and returns ``(batch, *tags)``: the tags (the batch's
+    number, the records skipped) travel beside the batch.
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
+        """Apply ``collate_fn`` (list of samples -> batch), then :func:`pack_in_worker`."""
+        self.collate_fn = collate_fn
+
+    def __call__(self, mapped: tuple[Any, ...]) -> tuple[Any, ...]:
+        samples, *tags = mapped
+        return (pack_in_worker(self.collate_fn(samples)), *tags)
 
 
 def unpack_batch(batch: Any) -> Any:

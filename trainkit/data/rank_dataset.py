@@ -167,26 +167,21 @@ class RankDataset(Dataset):
         self.mini_epochs = int(mini_epochs)
         self.world_size = comm.get_world_size() if world_size is None else int(world_size)
         self.rank = comm.get_rank() if rank is None else int(rank)
-        check_rank(self.rank, self.world_size)
-        if self.mini_epochs < 1:
-            raise ConfigError(
-                f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs."
-            )
         self.records = MetaFileDataset(meta_file, parse=parse, index_dir=index_dir)
         self.num_records = len(self.records)
-        if self.num_records < self.world_size * self.mini_epochs:
-            raise ConfigError(
-                f"{self.meta_file} has {self.num_records} records, fewer than world_size * "
-                f"mini_epochs = {self.world_size} * {self.mini_epochs}; some ranks would get "
-                "no record. Use fewer mini_epochs."
-            )
-        self.shares = _Shares(
+        self.shares = _Shares(  # checks rank, world_size and mini_epochs
             self.num_records,
             seed=self.seed,
             mini_epochs=self.mini_epochs,
             rank=self.rank,
             world_size=self.world_size,
         )
+        if self.num_records < self.world_size * self.mini_epochs:
+            raise ConfigError(
+                f"{self.meta_file} has {self.num_records} records, fewer than world_size * "
+                f"mini_epochs = {self.world_size} * {self.mini_epochs}; some ranks would get "
+                "no record. Use fewer mini_epochs."
+            )
         self._epoch = 0
         self._segment: SharedSegment | None = None
 
