@@ -102,13 +102,10 @@ def test_a_catalog_entry_returning_a_rank_dataset_trains_on_its_shares(tmp_path)
     DatasetCatalog.register(
         "rank_dataset_test", lambda: RankDataset(meta, seed=2, world_size=2, rank=1)
     )
+    cfg = get_cfg()
+    cfg.merge_from_list(["DATASETS.TRAIN", "('rank_dataset_test',)", "SOLVER.IMS_PER_BATCH", "4"])
+    cfg.merge_from_list(["DATALOADER.NUM_WORKERS", 0, "DATALOADER.ASPECT_RATIO_GROUPING", False])
     try:
-        cfg = get_cfg()
-        cfg.DATASETS.TRAIN = ("rank_dataset_test",)
-        cfg.SEED = 0
-        cfg.SOLVER.IMS_PER_BATCH = 4
-        cfg.DATALOADER.NUM_WORKERS = 0
-        cfg.DATALOADER.ASPECT_RATIO_GROUPING = False
         loader = build_train_loader(cfg)
         ids = [r["id"] for b in itertools.islice(iter(loader), 10) for r in b]
     finally:

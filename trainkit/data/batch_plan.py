@@ -238,7 +238,8 @@ class GlobalBatchPlan(BatchPlan):
                     "steps": steps + last,
                     "micro": (j + 1) % accumulate,
                 }
-                yield batch[j * world_size + self._rank :: slots], steps, self.state_dict()
+                # Not copied: a state's lists are new for every step and never changed.
+                yield batch[j * world_size + self._rank :: slots], steps, dict(self._state)
             start, steps, micro = after, steps + 1, 0
 
 
@@ -325,8 +326,8 @@ class RankBatchPlan(BatchPlan):
         state["num_batches"] += 1
         state["num_drawn"] = drawn
         state["buckets"] = buckets.to_lists(len(state["buckets"]))
-        self._state = state
-        return batch, min(position for _, position in batch), self.state_dict()
+        self._state = dict(state)  # a snapshot: its buckets are new lists, never changed
+        return batch, min(position for _, position in batch), self._state
 
     def at_pass_start(self, state: dict[str, Any]) -> bool:
         """Return whether ``state`` is at the start of a pass (nothing drawn or waiting)."""

@@ -117,26 +117,6 @@ def _check_sampler_settings(loader: CfgNode) -> None:
         )
 
 
-def _check_sampler_settings(loader: CfgNode) -> None:
-    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
-    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
-        raise ConfigError(
-            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
-            f"{', '.join(TRAIN_SAMPLERS)}"
-        )
-    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
-        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
-            raise ConfigError(
-                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
-                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
-            )
-    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
-        raise ConfigError(
-            f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
-            "to repeat no record."
-        )
-
-
 def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
     """The sampler ``DATALOADER.SAMPLER_TRAIN`` names (checked before), with the shared seed.
 

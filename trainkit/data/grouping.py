@@ -103,11 +103,14 @@ class Buckets:
     @classmethod
     def from_lists(cls, batch_size: int, lists: Sequence[list[Any]]) -> Buckets:
         """Start from the waiting items of buckets ``0, 1, ...`` as a position stores them."""
-        return cls(batch_size, {i: [list(item) for item in items] for i, items in enumerate(lists)})
+        return cls(batch_size, {i: list(items) for i, items in enumerate(lists)})
 
     def to_lists(self, num_buckets: int) -> list[list[Any]]:
-        """Return (a copy of) the waiting items of buckets ``0 .. num_buckets - 1``."""
-        return [[list(item) for item in self.waiting.get(i, ())] for i in range(num_buckets)]
+        """Return new lists of the waiting items of buckets ``0 .. num_buckets - 1``.
+
+        The items themselves are shared, not copied: nothing changes an item once made.
+        """
+        return [list(self.waiting.get(i, ())) for i in range(num_buckets)]
 
     def add(self, bucket: Hashable, item: Any) -> list[Any] | None:
         """Put ``item`` into ``bucket``; return the bucket's batch if it is now full."""
