@@ -1,13 +1,24 @@
-"""One record's way from the config to a batch: the stages it passes, in a line.
+"""One record's way from the config to a batch: the stages it passes, in a line, forward only.
 
-The train loader's path is: catalog -> DatasetFromList (one copy per machine) -> record
-facts (aspect ratios, read once from the unmapped records) -> the sampler's global stream
--> StepBatchComposer (the step's batch, this rank's micro-batch) -> _PlannedBatches (the
-torch loader's batch sampler) -> _MappedRecords (a worker reads and maps the whole batch)
--> RecordMapper (the sample context, failures) -> the user's mapper -> collate ->
-TrainLoader. These tests record the call stack where a record is mapped and where the
-global stream is read, and assert exactly those trainkit frames: a new stage, or a stage
-that calls back up, makes them fail.
+The train loader's path (docs/architecture.md draws it):
+
+1. build.py          build_train_loader(cfg): the records, the mapper and the sampler go
+                     straight to the loader (no MapDataset built and taken apart)
+2. catalog.py        load_catalog_dataset -> DatasetCatalog.get: the records
+3. loader.py         TrainLoader, each step: _PlannedBatches (the torch loader's batch
+                     sampler), then _MappedRecords (a loader worker maps the whole batch)
+4. batch_plan.py     GlobalBatchPlan: step s's records (grouped by grouping.py's Buckets;
+                     each record's bucket is read once, while building), this rank's
+                     micro-batch
+5. samplers/         global_indices: the global stream
+6. mapping.py        RecordMapper: the sample context, failures, the user's mapper
+7. dataset_from_list.py  DatasetFromList: the machine's one copy of the records, read
+8. loader_workers.py     the collated batch packed in one buffer per dtype, then unpacked
+
+grouping.py and loader_state.py (the loader's position) are helpers of stages 3 and 4 that
+call nothing back. These tests record the call stacks where each stage is entered and assert
+exactly those trainkit frames: a new stage fails them, and so does a stage that calls back
+into one earlier on the path.
 """
 
 import traceback
@@ -16,30 +27,57 @@ import pytest
 
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
+from trainkit.data import loader_workers as loader_workers_module
+from trainkit.data.dataset_from_list import DatasetFromList
 from trainkit.data.samplers import TrainingSampler
 
+PATH = [
+    "build.py",
+    "catalog.py",
+    "loader.py",
+    "batch_plan.py",
+    "grouping.py",  # a helper of batch_plan.py, and of build.py for the record sizes
+    "samplers",
+    "mapping.py",
+    "dataset_from_list.py",
+    "loader_workers.py",
+]
 _STACKS = {}
 
 
+def _module(filename):
+    parts = filename.split("/trainkit/data/", 1)[1].split("/")
+    return "samplers" if parts[0] == "samplers" else parts[-1]
+
+
 def _trainkit_frames(stack):
-    """(module file name, function) of the frames inside trainkit/data, outermost first."""
+    """(module, function) of the frames inside trainkit/data, outermost first."""
     return [
-        (frame.filename.rsplit("/", 1)[-1], frame.name)
+        (_module(frame.filename), frame.name)
         for frame in stack
         if "/trainkit/data/" in frame.filename
     ]
 
 
+def _record(stage):
+    _STACKS.setdefault(stage, _trainkit_frames(traceback.extract_stack()[:-2]))
+
+
 def _mapper(record):
     if record["id"] == 5:
-        _STACKS["map"] = _trainkit_frames(traceback.extract_stack())
+        _record("map")
     return record["id"]
 
 
 @pytest.fixture
 def registered():
     records = [{"id": i, "width": 10 + i % 3, "height": 12} for i in range(24)]
-    DatasetCatalog.register("_path_records", lambda: records)
+
+    def load():
+        _record("catalog")
+        return records
+
+    DatasetCatalog.register("_path_records", load)
     try:
         yield
     finally:
@@ -47,13 +85,19 @@ def registered():
 
 
 def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
-    original = TrainingSampler.global_indices
+    def wrap(owner, name, stage):
+        original = getattr(owner, name)
 
-    def global_indices(self, start, count):
-        _STACKS.setdefault("stream", _trainkit_frames(traceback.extract_stack()))
-        return original(self, start, count)
+        def recorded(*args, **kwargs):
+            _record(stage)
+            return original(*args, **kwargs)
 
-    monkeypatch.setattr(TrainingSampler, "global_indices", global_indices)
+        monkeypatch.setattr(owner, name, recorded)
+
+    wrap(TrainingSampler, "global_indices", "stream")
+    wrap(DatasetFromList, "__getitem__", "read")
+    wrap(loader_workers_module, "pack_in_worker", "pack")
+    _STACKS.clear()
     cfg = get_cfg()
     cfg.DATASETS.TRAIN = ("_path_records",)
     cfg.DATALOADER.NUM_WORKERS = 0
@@ -62,24 +106,54 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     cfg.SOLVER.IMS_PER_BATCH = 4
     cfg.SEED = 0
     loader = build_train_loader(cfg, mapper=_mapper)
+    # Facts read once from the unmapped records (aspect ratios), while building.
+    assert _STACKS.pop("read") == [
+        ("build.py", "build_detection_train_loader"),
+        ("build.py", "build_batch_data_loader"),
+        ("grouping.py", "record_aspect_ratios"),
+        ("grouping.py", "<genexpr>"),
+    ]
     ids = {i for _, batch in zip(range(12), loader) for i in batch}
     assert 5 in ids
     # What the loader reads: one serialised copy of the unmapped records.
     assert type(loader.records).__name__ == "DatasetFromList"
-    # Batch composition, in the training process: loader -> batch sampler -> composer.
-    assert _STACKS["stream"] == [
+    # The config form reads the catalog (no other stage between).
+    assert _STACKS["catalog"] == [
+        ("build.py", "_train_loader_from_config"),
+        ("catalog.py", "load_catalog_dataset"),
+        ("catalog.py", "_named_datasets"),
+        ("catalog.py", "_catalog_part"),
+        ("catalog.py", "get"),
+    ]
+    # Batch composition, in the training process: loader -> batch sampler -> plan.
+    planned = [
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
         ("loader.py", "__iter__"),  # _PlannedBatches, driven by torch
         ("loader.py", "_from"),
-        ("composer.py", "__iter__"),
-        ("composer.py", "_compose"),
+    ]
+    assert _STACKS["stream"] == [
+        *planned,
+        ("batch_plan.py", "__iter__"),
+        ("batch_plan.py", "_global_records"),
     ]
     # Loading (a worker, here in-process): the mapped batch -> the record mapper -> user.
-    assert _STACKS["map"] == [
+    mapped = [
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
         ("loader.py", "__getitems__"),  # _MappedRecords: the whole batch at once
-        ("_map_dataset.py", "map_replacing"),
-        ("_map_dataset.py", "_try"),
+        ("mapping.py", "map_replacing"),
     ]
+    assert _STACKS["map"] == [*mapped, ("mapping.py", "_try")]
+    assert _STACKS["read"] == mapped  # the record is read by the mapper, from the copy
+    # The batch, collated, is packed for its trip from a worker to this process.
+    assert _STACKS["pack"] == [
+        ("loader.py", "__iter__"),
+        ("loader.py", "_iter_planned"),
+        ("loader_workers.py", "__call__"),  # PackedCollate: the user's collate, then pack
+    ]
+    # Forward only: in every stack each frame's stage is at or after its caller's.
+    for stage, frames in _STACKS.items():
+        order = [PATH.index(module) for module, _ in frames]
+        assert order == sorted(order), (stage, frames)
+    assert len([module for module in PATH if module != "grouping.py"]) <= 8

@@ -2,7 +2,7 @@
 
 Ranks (and any other processes of the user) that build ``DatasetFromList`` from identical
 records map one memfd segment, found through an abstract unix socket named after the
-records' digest; different records never meet. See trainkit/data/_segment_share.py.
+records' digest; different records never meet. See trainkit/data/segment_sharing.py.
 """
 
 import gc
@@ -20,8 +20,9 @@ from torch.utils.data import DataLoader
 
 from tests.dist import RankFailure, run_on_ranks
 from trainkit.data import DatasetCatalog, DatasetFromList
-from trainkit.data import _segment_share as share_module
-from trainkit.data._shared_buffer import attach_segment
+from trainkit.data import segment_sharing as share_module
+from trainkit.data import shared_segments as segments_module
+from trainkit.data.segment_sharing import attach_segment
 
 _BLOB = bytes(range(256)) * 8  # 2 KiB per record: pickles are big, the list stays small
 
@@ -173,7 +174,7 @@ def test_small_datasets_stay_private_without_a_thread():
 def test_a_forked_child_does_not_keep_the_name_bound(monkeypatch, caplog):
     import multiprocessing as mp
 
-    monkeypatch.setattr(share_module, "_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(segments_module, "TIMEOUT_S", 1.0)
     ds = DatasetFromList(_records())
     ctx = mp.get_context("fork")
     child = ctx.Process(target=time.sleep, args=(3,))  # inherits the listening socket
@@ -182,7 +183,7 @@ def test_a_forked_child_does_not_keep_the_name_bound(monkeypatch, caplog):
         del ds
         gc.collect()
         began = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+        with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
             rebuilt = DatasetFromList(_records())
             again = DatasetFromList(_records())
         # Had the child kept the socket, the name would still be bound with nobody
@@ -220,21 +221,21 @@ def _fake_server(address, payload_fd, message, ready, uid=None):
 
 
 def test_a_server_offering_other_records_is_refused(caplog):
-    from trainkit.data._dataset_from_list import _serialize_records
+    from trainkit.data.dataset_from_list import _serialize_records
 
     impostor = _serialize_records(_records(tag="x"))  # same size, other records
     wanted = _serialize_records(_records(tag="y"))  # what the dataset below will build
     assert impostor.nbytes == wanted.nbytes
     # Claims to serve the "y" records (right size and digest) but sends the "x" segment.
-    lie = share_module._MESSAGE.pack(share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
+    lie = segments_module.MESSAGE.pack(segments_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
     ready = threading.Event()
     server = threading.Thread(
         target=_fake_server,
-        args=(share_module._address(wanted.digest), impostor.fileno(), lie, ready),
+        args=(segments_module.segment_address(wanted.digest), impostor.fileno(), lie, ready),
     )
     server.start()
     ready.wait(5)
-    with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
         ds = DatasetFromList(_records(tag="y"))
     server.join(5)
     assert ds[4]["tag"] == "y" and ds.segment_identity != impostor.identity
@@ -245,20 +246,28 @@ def test_a_server_offering_other_records_is_refused(caplog):
 def test_a_server_of_another_user_is_refused(caplog):
     import multiprocessing as mp
 
-    from trainkit.data._dataset_from_list import _serialize_records
+    from trainkit.data.dataset_from_list import _serialize_records
 
     wanted = _serialize_records(_records(tag="z"))
-    message = share_module._MESSAGE.pack(share_module._MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
+    message = segments_module.MESSAGE.pack(
+        segments_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest
+    )
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     squatter = ctx.Process(
         target=_fake_server,
-        args=(share_module._address(wanted.digest), wanted.fileno(), message, ready, 65534),
+        args=(
+            segments_module.segment_address(wanted.digest),
+            wanted.fileno(),
+            message,
+            ready,
+            65534,
+        ),
     )
     squatter.start()
     try:
         assert ready.wait(5)
-        with caplog.at_level(logging.WARNING, logger="trainkit.data._segment_share"):
+        with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
             ds = DatasetFromList(_records(tag="z"))
         assert ds.segment_identity != wanted.identity and ds[1]["tag"] == "z"
         assert "another user" in caplog.text
@@ -322,7 +331,8 @@ def _catalog_job(tmp_dir):
     def load():
         with open(os.path.join(tmp_dir, f"called.{comm.get_rank()}"), "w"):
             pass
-        return (r for r in _small_records(40))  # a generator: streamed, never a list
+        # A generator (streamed, never a list) of 1.3 MiB: large enough to be shared.
+        return (dict(r, blob=_BLOB * 16) for r in _small_records(40))
 
     DatasetCatalog.register("shared_catalog", load)
     cfg = get_cfg()
@@ -343,12 +353,13 @@ def _catalog_job(tmp_dir):
 
 
 @pytest.mark.distributed
-def test_the_catalog_loads_once_per_machine_and_every_local_rank_attaches(tmp_path):
+def test_the_catalog_keeps_one_copy_per_machine_without_a_collective(tmp_path):
     before = set(os.listdir("/dev/shm"))
     results = run_on_ranks(_catalog_job, 2, args=(str(tmp_path),), timeout_s=90)
     assert results[0]["identity"] == results[1]["identity"] is not None
     assert all(r["mapped"] and r["len"] == 40 for r in results)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["called.0"]  # only local rank 0
+    # Every rank loads for itself (no rank waits for another), and they share one copy.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["called.0", "called.1"]
     assert not set(results[0]["ids"]) & set(results[1]["ids"])
     # Nothing named, so nothing to leak (other jobs' semaphores may come and go meanwhile).
     assert not [n for n in set(os.listdir("/dev/shm")) - before if "trainkit" in n]

@@ -16,7 +16,7 @@ from trainkit.data import (
     build_test_loader,
     build_train_loader,
 )
-from trainkit.data.batching import BatchIndexStream
+from trainkit.data.batch_plan import RankBatchPlan
 from trainkit.data.build import check_train_loader_config
 from trainkit.data.mappers import ClassificationDatasetMapper
 from trainkit.data.samplers import RandomSubsetTrainingSampler, TrainingSampler
@@ -124,12 +124,12 @@ def test_test_batch_size_below_one_is_a_config_error(registered):
 
 def test_resuming_with_another_batch_size_is_a_config_error_but_another_rank_is_a_bug():
     sampler = TrainingSampler(8, seed=0, rank=0, world_size=1)
-    saved = BatchIndexStream(sampler, 2).state_dict()
+    saved = RankBatchPlan(sampler, 2).state_dict()
     with pytest.raises(ConfigError, match=r"SOLVER\.IMS_PER_BATCH"):
-        BatchIndexStream(sampler, 4).load_state_dict(saved)
+        RankBatchPlan(sampler, 4).load_state_dict(saved)
     other_rank = {**saved, "rank": 1}
     with pytest.raises(ValueError, match="its own loader") as info:
-        BatchIndexStream(sampler, 2).load_state_dict(other_rank)
+        RankBatchPlan(sampler, 2).load_state_dict(other_rank)
     assert not isinstance(info.value, UsageError)
 
 

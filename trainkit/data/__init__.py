@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from trainkit.data._sample_context import batch_rng, sample_rng, sample_seed
 from trainkit.data.build import (
     build_batch_data_loader,
     build_detection_test_loader,
@@ -15,9 +14,9 @@ from trainkit.data.build import (
 )
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
+from trainkit.data.mapping import batch_rng, sample_rng, sample_seed
 from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.rank_dataset import RankDataset
-from trainkit.data.rank_stream import RankDataLoader, RankStream
+from trainkit.data.rank_dataset import RankDataLoader, RankDataset, RankStream
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,

@@ -1,6 +1,11 @@
-"""Build train and test loaders from plain arguments or from a config (detectron2's builders).
+"""Build train loaders from plain arguments or from a config (detectron2's builders).
 
-``build_detection_train_loader`` and ``build_detection_test_loader`` are
+The config forms check what they read (:func:`check_train_loader_config`, before any data
+is loaded), load the named datasets and hand the records, the mapper, the sampler named by
+``DATALOADER.SAMPLER_TRAIN`` and the settings straight to the loader.
+
+``build_detection_train_loader`` and ``build_detection_test_loader`` (in
+:mod:`trainkit.data.inference_loader`, exported here: detectron2's import path) are
 :func:`~trainkit.config.configurable`: called with a config first they read it, called with
 a dataset they take explicit arguments, with detectron2's signatures in both forms.
 ``build_train_loader`` / ``build_test_loader`` are the same functions.
@@ -9,27 +14,36 @@ a dataset they take explicit arguments, with detectron2's signatures in both for
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+import numpy as np
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data._catalog_loading import get_detection_dataset_dicts, load_catalog_dataset
-from trainkit.data._loader_config import (
-    RecordView,
-    build_train_sampler,
-    check_train_loader_config,
+from trainkit.data.batch_plan import make_batch_plan, micro_batch_size, split_batch
+from trainkit.data.catalog import (
+    get_detection_dataset_dicts,
+    joined_names,
+    load_catalog_dataset,
 )
-from trainkit.data.batch_loader import build_batch_data_loader, records_and_mapper
-from trainkit.data.common import DatasetFromList, MapDataset
-from trainkit.data.inference_loader import InferenceLoader
-from trainkit.data.loader import (
+from trainkit.data.common import DatasetFromList, records_and_mapper
+from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.inference_loader import build_detection_test_loader, build_test_loader
+from trainkit.data.loader import TrainLoader
+from trainkit.data.loader_workers import (
+    check_num_workers,
     trivial_batch_collator,
-    worker_context_kwargs,
     worker_init_reset_seed,
 )
-from trainkit.data.samplers import InferenceSampler, TrainingSampler
+from trainkit.data.mapping import as_record_mapper
+from trainkit.data.samplers import (
+    RandomSubsetTrainingSampler,
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+)
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
+from trainkit.data.stream_batches import StreamBatches
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
@@ -50,8 +64,76 @@ __all__ = [
 Mapper = Callable[[Any], Any]
 
 
-def _name_of(names: str | Sequence[str]) -> str:
-    return names if isinstance(names, str) else ",".join(names)
+TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
+
+
+def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> None:
+    """Check the ``DATALOADER`` and batch settings the train loader uses, without data.
+
+    Args:
+        cfg: the config.
+        world_size: the job's process count; ``None`` means the current job's.
+
+    Raises:
+        ConfigError: A ``ValueError`` naming the first setting that is out of range and its
+            valid range.
+    """
+    world_size = comm.get_world_size() if world_size is None else world_size
+    split_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)
+    check_num_workers(cfg, "the training process")
+    loader = cfg.DATALOADER
+    if loader.NUM_WORKERS > 0 and loader.PREFETCH_FACTOR < 1:
+        raise ConfigError(
+            f"DATALOADER.PREFETCH_FACTOR must be >= 1 with loader workers (DATALOADER.NUM_WORKERS "
+            f"> 0), got {loader.PREFETCH_FACTOR}"
+        )
+    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+        raise ConfigError(
+            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
+            f"{loader.MAX_CONSECUTIVE_FAILURES}"
+        )
+    _check_sampler_settings(loader)
+    if loader.ASPECT_RATIO_GROUPING:
+        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
+
+
+def _check_sampler_settings(loader: CfgNode) -> None:
+    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
+    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
+        raise ConfigError(
+            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"{', '.join(TRAIN_SAMPLERS)}"
+        )
+    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
+        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+            raise ConfigError(
+                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+            )
+    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+        raise ConfigError(
+            f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
+            "to repeat no record."
+        )
+
+
+def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
+    """The sampler ``DATALOADER.SAMPLER_TRAIN`` names (checked before), with the shared seed.
+
+    ``records`` are the unmapped records, read by ``RepeatFactorTrainingSampler`` only.
+    """
+    name = cfg.DATALOADER.SAMPLER_TRAIN
+    logger.info("Using training sampler %s with seed %d", name, seed)
+    if name == "RandomSubsetTrainingSampler":
+        return RandomSubsetTrainingSampler(
+            size, cfg.DATALOADER.RANDOM_SUBSET_RATIO, seed_shuffle=seed, seed_subset=seed
+        )
+    if name == "RepeatFactorTrainingSampler":
+        factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+            records, cfg.DATALOADER.REPEAT_THRESHOLD
+        )
+        return RepeatFactorTrainingSampler(factors, seed=seed)
+    return TrainingSampler(size, seed=seed)
 
 
 def _train_loader_from_config(
@@ -64,31 +146,31 @@ def _train_loader_from_config(
     check_train_loader_config(cfg)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
     if dataset is None:
-        # Records are loaded on local rank 0 only, into one shared copy per machine.
+        # Every rank loads; a machine keeps one shared copy of the records (by content).
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
         )
-    records = dataset if isinstance(dataset, list) else None
-    if records is not None:
-        dataset = DatasetFromList(records, copy=False)
-    if mapper is not None:
-        # Wrapped here, not by the explicit form, to name the dataset and apply the config's
-        # failure limit; the explicit form then gets mapper=None.
-        dataset = MapDataset(
-            dataset,
-            mapper,
-            name=_name_of(cfg.DATASETS.TRAIN) or None,
-            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
-        )
+    as_stream = getattr(dataset, "as_stream", None)
+    if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
+        dataset = as_stream()
+    records = dataset if isinstance(dataset, list) else records_and_mapper(dataset)[0]
+    if isinstance(dataset, list):
+        dataset = DatasetFromList(dataset, copy=False)
+    # The loader gets the records and this mapper as they are: named after the datasets,
+    # with the config's failure limit.
+    mapper = as_record_mapper(
+        mapper,
+        name=joined_names(cfg.DATASETS.TRAIN) or type(dataset).__name__,
+        max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+    )
     if sampler is None and not isinstance(dataset, IterableDataset):
-        # Unmapped records, read one at a time when they are not a list (repeat factors).
-        raw_records = records if records is not None else RecordView(dataset)
-        sampler = build_train_sampler(cfg, raw_records, len(dataset), seed)
+        # The unmapped records (read by RepeatFactorTrainingSampler only).
+        sampler = _train_sampler(cfg, records, len(dataset), seed)
     elif sampler is None:
         logger.info("No sampler: the train dataset is an IterableDataset")
     return {
         "dataset": dataset,
-        "mapper": None,
+        "mapper": mapper,
         "sampler": sampler,
         # IMS_PER_BATCH is per optimizer step; the loader's batches are its micro-batches.
         "total_batch_size": cfg.SOLVER.IMS_PER_BATCH,
@@ -118,7 +200,8 @@ def build_detection_train_loader(
     """Build this rank's train loader; callable with a config or with explicit arguments.
 
     Config form: ``build_detection_train_loader(cfg, mapper=None, *, dataset=None,
-    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given),
+    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a
+    ``RankDataset`` is read as its stream of shares, ``RankDataset.as_stream()``),
     ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``; the shared seed is ``cfg.SEED``
     if >= 0, else one drawn once here on every rank. Further keyword arguments of the
     explicit form (e.g. ``aspect_ratio_grouping=False``) override what the config says.
@@ -154,24 +237,19 @@ def build_detection_train_loader(
         UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
     Collective:
-        Config form: ``comm.shared_random_seed()`` when ``cfg.SEED < 0`` and
-        :func:`load_catalog_dataset` when ``dataset`` is None. Explicit form without a
-        sampler and without ``seed``: ``TrainingSampler``'s shared random seed. Every rank
-        calls it.
+        Config form: ``comm.shared_random_seed()`` when ``cfg.SEED < 0``. Explicit form
+        without a sampler and without ``seed``: ``TrainingSampler``'s shared random seed.
+        Every rank calls it. Loading the catalog's records involves no collective.
     """
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
-    if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
-    if isinstance(dataset, IterableDataset):
-        if sampler is not None:
-            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
-    elif sampler is None:
+    if sampler is None and not isinstance(dataset, IterableDataset):
         sampler = TrainingSampler(len(dataset), seed=kwargs.get("seed"))
     return build_batch_data_loader(
         dataset,
         sampler,
         total_batch_size,
+        mapper=mapper,
         aspect_ratio_grouping=aspect_ratio_grouping,
         num_workers=num_workers,
         collate_fn=collate_fn,
@@ -179,110 +257,119 @@ def build_detection_train_loader(
     )
 
 
-def _check_test_loader_config(cfg: CfgNode) -> None:
-    # torch's own errors for these ("batch_size should be a positive integer value") do not
-    # name the config keys.
-    if cfg.TEST.IMS_PER_BATCH < 1:
-        raise ConfigError(
-            f"TEST.IMS_PER_BATCH must be >= 1, got {cfg.TEST.IMS_PER_BATCH}; set it to the "
-            "images per test batch on each rank."
-        )
-    if cfg.DATALOADER.NUM_WORKERS < 0:
-        raise ConfigError(
-            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
-            "load in the evaluating process."
-        )
-
-
-def _test_loader_from_config(
-    cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Mapper | None = None
-) -> dict[str, Any]:
-    _check_test_loader_config(cfg)  # fail before loading any data
-    # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
-    dataset = load_catalog_dataset(dataset_name)
-    if mapper is not None:
-        dataset = MapDataset(
-            dataset,
-            mapper,
-            name=_name_of(dataset_name),
-            max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
-        )
-    iterable = isinstance(dataset, IterableDataset)
-    return {
-        "dataset": dataset,
-        "mapper": None,
-        "sampler": None if iterable else InferenceSampler(len(dataset)),
-        "batch_size": cfg.TEST.IMS_PER_BATCH,
-        "num_workers": cfg.DATALOADER.NUM_WORKERS,
-    }
-
-
-@configurable(from_config=_test_loader_from_config)
-def build_detection_test_loader(
+def build_batch_data_loader(
     dataset: Dataset | Sequence[Any],
+    sampler: Sampler | Iterable[int] | None,
+    total_batch_size: int | None,
     *,
-    mapper: Mapper | None,
-    sampler: Sampler | None = None,
-    batch_size: int = 1,
+    mapper: Callable[[Any], Any] | None = None,
+    aspect_ratio_grouping: bool = False,
     num_workers: int = 0,
     collate_fn: Callable[[list[Any]], Any] | None = None,
-) -> DataLoader:
-    """Build a loader that passes over this rank's share of a test set once per iteration.
+    drop_last: bool = True,
+    single_gpu_batch_size: int | None = None,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = False,
+    pin_memory: bool = False,
+    seed: int | None = None,
+    aspect_ratio_bins: Sequence[float] = (1.0,),
+    aspect_ratios: np.ndarray | Sequence[float] | None = None,
+    accumulate_steps: int = 1,
+    **kwargs: Any,
+) -> TrainLoader:
+    """Build this rank's resumable loader of ``total_batch_size / (world size x k)`` samples.
 
-    Config form: ``build_detection_test_loader(cfg, dataset_name, mapper=None)`` loads the
-    named dataset(s) from ``DatasetCatalog`` (one copy of the records per machine) with
-    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers.
-
-    The default :class:`InferenceSampler` gives each rank a contiguous shard: every record
-    is seen exactly once across ranks (no padding); the last batch may be smaller.
+    ``total_batch_size`` is the batch of one optimizer step over all ranks and
+    ``k = accumulate_steps`` micro-batches. A ``MapDataset`` is taken apart once into its
+    records and its mapper; the records' facts (aspect ratios) are read from the unmapped
+    records. Then, for a map-style dataset and a trainkit training sampler, each step's batch
+    is composed from the global stream and dealt to the ranks
+    (:class:`~trainkit.data.composer.StepBatchComposer`): the same records per step for any
+    world size, ``k`` and ``num_workers``. With any other sampler (or
+    ``single_gpu_batch_size``) batches are composed from this rank's draws. An
+    ``IterableDataset`` is a stream dataset: its loader workers read disjoint shares and form the
+    batches (:mod:`trainkit.data._stream_batches`).
 
     Args:
-        dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are.
-        sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
-            ``None`` for an ``IterableDataset``.
-        batch_size: samples per batch on this rank.
-        num_workers: loader worker processes.
+        dataset: records (list), a map-style dataset (``MapDataset`` for mapped records), or
+            an ``IterableDataset``.
+        sampler: a training sampler (or any sampler of this rank's indices); ``None`` only
+            for an ``IterableDataset``.
+        total_batch_size: samples of one optimizer step summed over ranks.
+        mapper: record -> sample, applied by the loader (a ``RecordMapper`` or any
+            callable); ``None`` maps nothing, or takes the mapper of a ``MapDataset``.
+        aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
+        num_workers: loader worker processes per rank.
         collate_fn: list of samples -> batch (default: the list itself).
+        drop_last: drop incomplete batches at the end of a finite sampler.
+        single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
+        prefetch_factor: batches each worker loads ahead.
+        persistent_workers: keep workers across iterations.
+        pin_memory: copy batches to page-locked memory.
+        seed: key of ``sample_rng()`` in mappers and of the workers' base seeds; default:
+            the sampler's seed, else 0.
+        aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is
+            detectron2's tall/wide split.
+        aspect_ratios: ``width / height`` per dataset index; default: read from the records,
+            which then need ``width`` and ``height``.
+        accumulate_steps: micro-batches per optimizer step (``SOLVER.ACCUMULATE_STEPS``).
+        **kwargs: further ``torch.utils.data.DataLoader`` arguments (e.g. ``timeout``).
 
     Returns:
-        An :class:`~trainkit.data.inference_loader.InferenceLoader` (a torch ``DataLoader``
-        with ``len()``) for a map-style dataset: a record whose mapper returns ``None`` or
-        raises is skipped and reported, never replaced, so every record counts once.
+        A :class:`~trainkit.data.loader.TrainLoader`.
 
     Raises:
-        ConfigError: A ``ValueError``: config form: for a TEST.IMS_PER_BATCH below 1, a
-            negative DATALOADER.NUM_WORKERS, or an empty dataset.
-        ValueError: If a sampler is given with an ``IterableDataset``.
-        UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
-
-    Collective:
-        Config form: :func:`load_catalog_dataset` (over the local process group); every
-        rank calls it.
+        ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
+            micro-batches, or grouping lacks record sizes.
+        ValueError: If a map-style dataset has no sampler or a stream has one.
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
-    if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
-    workers = {
+    if mapper is None:
+        records, mapper = records_and_mapper(dataset)
+    else:
+        records = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
+        mapper = as_record_mapper(mapper)
+    stream = isinstance(records, IterableDataset)
+    if stream and sampler is not None:
+        raise ValueError("an IterableDataset yields its own order: pass sampler=None")
+    if not stream and sampler is None:
+        raise ValueError(
+            "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
+        )
+    if seed is None:
+        seed = sampler.seed if isinstance(sampler, GlobalStreamSampler) else 0
+    loader_kwargs = {
         "num_workers": num_workers,
-        "worker_init_fn": worker_init_reset_seed,
-        **(worker_context_kwargs() if num_workers > 0 else {}),
+        "prefetch_factor": prefetch_factor,
+        "persistent_workers": persistent_workers and not stream,
+        "pin_memory": pin_memory,
+        **kwargs,  # the caller's DataLoader arguments win
     }
     collate = collate_fn or trivial_batch_collator
-    if isinstance(dataset, IterableDataset):
-        if sampler is not None:
-            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
-        # A mapped stream already skips the elements that fail (MapDataset's iterable form).
-        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
-    records, record_mapper = records_and_mapper(dataset)
-    if sampler is None:
-        sampler = InferenceSampler(len(records))
-    return InferenceLoader(
-        records, record_mapper, sampler=sampler, batch_size=batch_size, collate_fn=collate,
-        **workers,
-    )  # fmt: skip
+    if stream:
+        batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
+        bucket_of = BucketOf(aspect_ratio_bins) if aspect_ratio_grouping else None
+        batches = StreamBatches(
+            records,
+            mapper,
+            batch_size,
+            bucket_of=bucket_of,
+            collate_fn=collate,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        logger.info("Stream dataset: batches of %d formed in the loader workers", batch_size)
+        return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
+    bucket_ids = None
+    if aspect_ratio_grouping:
+        if aspect_ratios is None:
+            aspect_ratios = record_aspect_ratios(records)  # the unmapped records
+        bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
+    plan = make_batch_plan(
+        sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last
+    )
+    return TrainLoader(
+        records, mapper, plan, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
+    )
 
 
 build_train_loader = build_detection_train_loader
-build_test_loader = build_detection_test_loader

@@ -1,21 +1,34 @@
-"""``DatasetCatalog`` (name -> function returning records) and ``MetadataCatalog``.
+"""The catalogs (``DatasetCatalog``: name -> records, ``MetadataCatalog``) and loading names.
 
-Both are process-wide registries, the allowed globals of this package. Tests restore them
-with ``clear()`` (or remove what they registered).
+Both catalogs are process-wide registries, the allowed globals of this package. Tests
+restore them with ``clear()`` (or remove what they registered). :func:`load_catalog_dataset`
+and detectron2's :func:`get_detection_dataset_dicts` turn names (``DATASETS.TRAIN``,
+``DATASETS.TEST``) into a dataset (exported by :mod:`trainkit.data.build`, detectron2's path).
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
+
+from trainkit.config import ConfigError
+from trainkit.data.dataset_from_list import DatasetFromList
 from trainkit.utils.errors import UnknownNameError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog"]
+__all__ = [
+    "DatasetCatalog",
+    "Metadata",
+    "MetadataCatalog",
+    "get_detection_dataset_dicts",
+    "joined_names",
+    "load_catalog_dataset",
+]
 
 
 def _unknown_name_message(kind: str, name: str, known: list[str], how_to_add: str) -> str:
@@ -187,3 +200,222 @@ class _MetadataCatalog:
 
 DatasetCatalog = _DatasetCatalog()
 MetadataCatalog = _MetadataCatalog()
+
+
+def joined_names(names: str | Sequence[str]) -> str:
+    """One dataset name, or several joined by commas (a name for messages)."""
+    return names if isinstance(names, str) else ",".join(names)
+
+
+def _names(names: str | Sequence[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ConfigError(
+            "no dataset given: set DATASETS.TRAIN (or DATASETS.TEST) to registered dataset names"
+        )
+    return names
+
+
+def _is_lazy_dataset(obj: Any) -> bool:
+    # A dataset object (e.g. MetaFileDataset, or an IterableDataset) reads its records on
+    # demand; a list, tuple or generator is records to serialise.
+    return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
+
+
+def _catalog_part(name: str) -> Any:
+    """Call ``name``'s catalog function; a generator stays one (checked once it has run).
+
+    Raises:
+        ConfigError: If the dataset is empty (a generator: once it turns out empty).
+        UnknownNameError: If ``name`` is not registered.
+    """
+    part = DatasetCatalog.get(name)
+    if not _is_lazy_dataset(part) and not isinstance(part, (list, tuple)):
+        return _non_empty(name, part)
+    # An IterableDataset may have no length (or be infinite): it is not checked.
+    if not isinstance(part, IterableDataset) and hasattr(part, "__len__") and len(part) == 0:
+        raise _empty_dataset(name)
+    return part
+
+
+def _non_empty(name: str, records: Iterable[Any]) -> Iterator[Any]:
+    count = 0
+    for count, record in enumerate(records, 1):  # noqa: B007 - count is read afterwards
+        yield record
+    if count == 0:
+        raise _empty_dataset(name)
+
+
+def _empty_dataset(name: str) -> ConfigError:
+    return ConfigError(
+        f"dataset {name!r} is empty: its DatasetCatalog function returned no record; check "
+        "the files it reads, or remove it from DATASETS.TRAIN/DATASETS.TEST."
+    )
+
+
+def _join_datasets(names: list[str], parts: list[Any]) -> Dataset:
+    """One dataset from several dataset objects (map-style: concatenated; iterable: chained)."""
+    if not all(_is_lazy_dataset(part) for part in parts):
+        raise ConfigError(
+            f"datasets {names} mix dataset objects and record lists; register all of them one "
+            "way, or list them in separate runs."
+        )
+    if len(parts) == 1:
+        return parts[0]
+    iterable = [isinstance(part, IterableDataset) for part in parts]
+    if all(iterable):
+        return ChainDataset(parts)
+    if any(iterable):
+        raise ConfigError(
+            f"datasets {names} mix iterable and map-style datasets; list only one kind in "
+            "DATASETS.TRAIN/DATASETS.TEST."
+        )
+    return ConcatDataset(parts)
+
+
+def keep_record(record: Any, *, filter_empty: bool, min_keypoints: int = 0) -> bool:
+    """Return whether ``record`` survives detectron2's training-time filters.
+
+    Only records with an ``"annotations"`` list are filtered: ``filter_empty`` drops those
+    without a non-crowd annotation, ``min_keypoints`` those with fewer visible keypoints.
+    """
+    if not isinstance(record, dict) or "annotations" not in record:
+        return True
+    annotations = record["annotations"]
+    # detectron2's rule: an image is kept if one of its annotations is not a crowd region.
+    if filter_empty and all(ann.get("iscrowd", 0) for ann in annotations):
+        return False
+    # Keypoints are [x1, y1, v1, x2, y2, v2, ...]; visible means v > 0.
+    visible = sum(v > 0 for ann in annotations for v in ann.get("keypoints", [])[2::3])
+    return min_keypoints <= 0 or visible >= min_keypoints
+
+
+def _check_thing_classes(names: list[str]) -> None:
+    """Raise if the named datasets declare different ``thing_classes`` in their metadata."""
+    declared = {
+        name: MetadataCatalog.get(name).get("thing_classes")
+        for name in names
+        if MetadataCatalog.get(name).get("thing_classes") is not None
+    }
+    if len({tuple(classes) for classes in declared.values()}) > 1:
+        raise ConfigError(
+            f"datasets {names} have different MetadataCatalog thing_classes {declared}; train "
+            "on datasets with the same classes, or pass check_consistency=False."
+        )
+
+
+def get_detection_dataset_dicts(
+    names: str | Sequence[str],
+    filter_empty: bool = True,
+    min_keypoints: int = 0,
+    proposal_files: Sequence[str] | None = None,
+    check_consistency: bool = True,
+) -> list[dict[str, Any]] | Dataset:
+    """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
+
+    Record lists (and generators) are materialised in this process and concatenated; the
+    loaders write them one by one into one shared copy instead (:func:`load_catalog_dataset`).
+    When the
+    catalog functions return dataset objects (map-style or iterable), those are returned
+    as they are (several: concatenated, or chained for iterables), as in detectron2.
+
+    Args:
+        names: one dataset name or several.
+        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation.
+        min_keypoints: drop records with fewer visible keypoints (0: keep all).
+        proposal_files: precomputed proposals; not supported by trainkit (must be ``None``).
+        check_consistency: refuse datasets whose metadata ``thing_classes`` differ.
+
+    Returns:
+        The records, or a dataset object.
+
+    Raises:
+        ConfigError: A ``ValueError``: if no name is given, a dataset is empty (before or
+            after filtering), or the datasets' ``thing_classes`` differ.
+        UnknownNameError: A ``KeyError``: if a name is not registered (the message lists
+            the registered ones).
+        NotImplementedError: If ``proposal_files`` is given.
+    """
+    names = _names(names)
+    if proposal_files is not None:
+        raise NotImplementedError(
+            "trainkit does not load precomputed proposals: pass proposal_files=None (and keep "
+            "MODEL.LOAD_PROPOSALS off)."
+        )
+    found = _named_datasets(names, filter_empty, min_keypoints)
+    if isinstance(found, Dataset):
+        return found
+    records = list(found)
+    if check_consistency:
+        _check_thing_classes(names)
+    return records
+
+
+def _named_datasets(
+    names: list[str], filter_empty: bool, min_keypoints: int = 0
+) -> Dataset | Iterator[Any]:
+    """The named dataset objects joined, or their filtered records, one at a time."""
+    # The first function tells the kind; what it returned is used, not fetched twice.
+    first = _catalog_part(names[0])
+    if _is_lazy_dataset(first):
+        return _join_datasets(names, [first] + [_catalog_part(name) for name in names[1:]])
+    return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
+
+
+def _iter_dataset_dicts(
+    names: list[str], first: Any, filter_empty: bool, min_keypoints: int
+) -> Iterator[Any]:
+    # Reads one catalog function's records at a time, so that no rank holds the
+    # concatenation of all of them. ``first``: names[0]'s records, already fetched.
+    seen = kept = 0
+    for i, name in enumerate(names):
+        part = first if i == 0 else _catalog_part(name)
+        first = None
+        if _is_lazy_dataset(part):
+            raise ConfigError(
+                f"dataset {name!r} is a dataset object ({type(part).__name__}) while others in "
+                f"{names} are lists of records; register all of them one way."
+            )
+        for record in part:
+            seen += 1
+            if keep_record(record, filter_empty=filter_empty, min_keypoints=min_keypoints):
+                kept += 1
+                yield record
+        del part
+    if kept < seen:
+        logger.info("Filters removed %d records; %d left", seen - kept, kept)
+    if kept == 0:
+        raise _nothing_left(names)
+
+
+def _nothing_left(names: list[str]) -> ConfigError:
+    return ConfigError(
+        f"no valid records in {','.join(names)} after filtering: every record has no non-crowd "
+        "annotation (or too few keypoints); fix the annotations, or set "
+        "DATALOADER.FILTER_EMPTY_ANNOTATIONS False."
+    )
+
+
+def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
+    """Return the named catalog datasets as one dataset, one copy of the records per machine.
+
+    Every rank calls the catalog functions. Records (a list or a generator) are written one
+    by one into a :class:`DatasetFromList` (a generator is never held as a whole), and the ranks of
+    a machine share one copy of them, found by content (:mod:`trainkit.data.segment_sharing`:
+    no collective, so it works under any launcher). Functions that return a dataset object
+    (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) give it as it is:
+    such datasets read records on demand. Several names are concatenated (iterable
+    datasets: chained).
+
+    Args:
+        names: one dataset name or several.
+        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation
+            (``DATALOADER.FILTER_EMPTY_ANNOTATIONS``; records without the key are kept).
+
+    Raises:
+        ConfigError: A ``ValueError``: if no name is given, a dataset is empty, or record
+            lists and dataset objects are mixed.
+        UnknownNameError: A ``KeyError``: if a name is not registered.
+    """
+    found = _named_datasets(_names(names), filter_empty)
+    return found if isinstance(found, Dataset) else DatasetFromList(found, copy=False)

@@ -1,20 +1,27 @@
-"""Dataset wrappers: serialised record lists, failure-tolerant mapping, iterable adapters."""
+"""detectron2's dataset wrappers: record lists, failure-tolerant mapping, iterable adapters.
+
+``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`; the mapping itself in
+:mod:`trainkit.data.mapping` (``MapDataset`` is a dataset view over its ``RecordMapper``);
+``AspectRatioGroupedDataset`` groups with the one implementation of grouping,
+:class:`~trainkit.data.grouping.Buckets`.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from trainkit.data._dataset_from_list import (
+from trainkit.data.dataset_from_list import (
     DatasetFromList,
     set_default_dataset_from_list_serialize_method,
 )
-from trainkit.data._map_dataset import MapDataset
-from trainkit.data.samplers._base import StreamSampler
+from trainkit.data.grouping import Buckets
+from trainkit.data.mapping import RecordMapper, as_record_mapper
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +30,7 @@ __all__ = [
     "DatasetFromList",
     "MapDataset",
     "ToIterableDataset",
+    "records_and_mapper",
     "set_default_dataset_from_list_serialize_method",
 ]
 
@@ -46,7 +54,7 @@ class ToIterableDataset(IterableDataset):
     """Turn a map-style dataset and a sampler into an iterable dataset.
 
     With ``shard_sampler=True`` each loader worker yields only its chunks of the sampler's
-    stream (chunk ``j`` of ``shard_chunk_size`` indices goes to worker ``j % num_workers``),
+    indices (chunk ``j`` of ``shard_chunk_size`` indices goes to worker ``j % num_workers``),
     so all workers together yield every index once. trainkit's own samplers compute a
     worker's share directly; other samplers are drawn in full and filtered.
     """
@@ -63,7 +71,7 @@ class ToIterableDataset(IterableDataset):
         Args:
             dataset: a map-style dataset.
             sampler: yields indices of ``dataset`` (already sharded across ranks).
-            shard_sampler: split the stream across loader workers.
+            shard_sampler: split the sampler's indices across loader workers.
             shard_chunk_size: consecutive indices each worker takes at a time.
         """
         if isinstance(dataset, IterableDataset):
@@ -85,7 +93,7 @@ class ToIterableDataset(IterableDataset):
         info = get_worker_info()
         if not self.shard_sampler or info is None or info.num_workers == 1:
             return self.sampler
-        if isinstance(self.sampler, StreamSampler):
+        if isinstance(self.sampler, GlobalStreamSampler):
             return self.sampler.iter_worker_share(info.id, info.num_workers, self.shard_chunk_size)
         return _worker_share(self.sampler, self.shard_chunk_size)
 
@@ -114,13 +122,159 @@ class AspectRatioGroupedDataset(IterableDataset):
         """
         self.dataset = dataset
         self.batch_size = batch_size
-        self._buckets: list[list[Any]] = [[], []]
+        self._buckets = Buckets(batch_size, {0: [], 1: []})
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         for sample in self.dataset:
-            bucket = self._buckets[0 if sample["width"] > sample["height"] else 1]
-            bucket.append(sample)
-            if len(bucket) == self.batch_size:
-                batch = bucket[:]
-                del bucket[:]  # clear before yielding: the consumer may stop here
+            batch = self._buckets.add(0 if sample["width"] > sample["height"] else 1, sample)
+            if batch is not None:
                 yield batch
+
+
+class MapDataset(Dataset):
+    """Apply ``map_func`` to each record of a dataset, skipping records that fail.
+
+    A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
+    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
+    mistake in the config or the inputs that another record would hit as well (a setting out of
+    range, a missing metadata file), so it is raised at once. The failure is logged with the
+    index and a running count. For a map-style dataset a replacement index is tried, chosen
+    deterministically from (seed, sample, attempt); after ``max_consecutive_failures`` failures
+    in a row for one sample it raises ``RuntimeError`` naming the dataset and the last failing
+    record.
+
+    Given an ``IterableDataset``, the result is an iterable dataset too (an instance of a
+    private subclass of ``IterableDataset``, not of this class, as in detectron2) that maps
+    each element and skips the ones that fail.
+
+    Every ``map_func`` call on a map-style dataset runs inside a sample context, so
+    ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
+    global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
+    datasets have no global position, so their mappers cannot call it.
+
+    ``map_func`` is held in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda
+    works with loader workers started by "spawn".
+    """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # Unpickling calls cls.__new__(cls) without arguments: dataset is None then.
+        if isinstance(dataset, IterableDataset):
+            return _MapIterableDataset(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        dataset: Dataset | Sequence[Any],
+        map_func: Callable[[Any], Any],
+        *,
+        max_consecutive_failures: int = 20,
+        name: str | None = None,
+    ) -> None:
+        """Wrap ``dataset``.
+
+        Args:
+            dataset: a map-style dataset (or list) of records, or an ``IterableDataset``.
+            map_func: record -> mapped sample, or ``None`` to skip the record (a
+                ``RecordMapper`` is used as it is).
+            max_consecutive_failures: failures in a row before giving up
+                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            name: dataset name used in messages (default: the dataset's class name).
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
+        """
+        self.dataset = dataset
+        self.mapper = as_record_mapper(
+            map_func,
+            max_consecutive_failures=max_consecutive_failures,
+            name=name or type(dataset).__name__,
+        )
+
+    @property
+    def _map_func(self) -> Callable[[Any], Any]:
+        # detectron2's attribute name for the mapping function.
+        return self.mapper.map_func
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def num_failures(self) -> int:
+        """Records that failed in this process so far (each loader worker counts its own)."""
+        return self.mapper.num_failures
+
+    def __getitem__(self, idx: int) -> Any:
+        return self.map_at(idx, seed=0, position=idx)
+
+    def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
+        """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
+
+        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``. A failed
+        record is replaced (see :meth:`RecordMapper.map_replacing`).
+
+        Raises:
+            RuntimeError: After ``max_consecutive_failures`` failed records in a row.
+            UsageError: As soon as reading or mapping a record raises one.
+        """
+        element, _ = self.mapper.map_replacing(
+            self.dataset, idx, seed=seed, position=position, batch=batch
+        )
+        return element
+
+
+class _MapIterableDataset(IterableDataset):
+    """An iterable dataset that maps each element and skips those that fail to map.
+
+    Built by ``MapDataset(iterable_dataset, map_func)``. Like the map-style version it
+    treats ``None`` and exceptions as failures, logs each one, and raises after
+    ``max_consecutive_failures`` in a row; a ``UsageError`` is raised at once.
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        map_func: Callable[[Any], Any],
+        *,
+        max_consecutive_failures: int = 20,
+        name: str | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.mapper = as_record_mapper(
+            map_func,
+            max_consecutive_failures=max_consecutive_failures,
+            name=name or type(dataset).__name__,
+        )
+
+    def __len__(self) -> int:
+        # An upper bound when elements fail, as in detectron2; TypeError if unsized.
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    @property
+    def num_failures(self) -> int:
+        """Elements that failed in this process so far."""
+        return self.mapper.num_failures
+
+    def __iter__(self) -> Iterator[Any]:
+        failures_in_a_row = 0
+        for ordinal, element in enumerate(self.dataset):
+            result = self.mapper.map_or_skip(element, f"element {ordinal}")
+            if result is not None:
+                failures_in_a_row = 0
+                yield result
+                continue
+            failures_in_a_row += 1
+            self.mapper.check_in_a_row(failures_in_a_row, f"element {ordinal}", element)
+
+
+def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
+    """Take a mapped dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
+
+    A list becomes a :class:`DatasetFromList`; a ``MapDataset`` (or its iterable twin) gives
+    its records and mapper; anything else is records with no mapper.
+    """
+    if isinstance(dataset, list):
+        return DatasetFromList(dataset, copy=False), None
+    mapper = getattr(dataset, "mapper", None)
+    if isinstance(dataset, (MapDataset, IterableDataset)) and isinstance(mapper, RecordMapper):
+        return dataset.dataset, mapper  # MapDataset, or its iterable twin
+    return dataset, None

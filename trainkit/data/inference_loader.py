@@ -1,7 +1,10 @@
-"""``InferenceLoader``: one pass over a test set in which every record counts once.
+"""Test loaders: one pass over a test set in which every record counts once.
+
+``build_detection_test_loader`` (exported by :mod:`trainkit.data.build`, detectron2's path)
+builds an :class:`InferenceLoader`.
 
 In a training loader a record that fails to map is replaced by another (the batch keeps its
-size and the stream its length). In evaluation that would count a record twice, so here a
+size and the epoch its length). In evaluation that would count a record twice, so here a
 failed record is skipped: its batch is one element shorter, a warning names it, and the
 loader counts it (:attr:`InferenceLoader.num_skipped_records`, which ``inference_on_dataset``
 reports). A batch whose records all fail is left out.
@@ -9,17 +12,27 @@ reports). A batch whose records all fail is left out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from trainkit.data._batch_transfer import pack_in_worker, unpack_batch
-from trainkit.data._map_dataset import RecordMapper
-from trainkit.data._sample_context import sample_context
+from trainkit.config import CfgNode, ConfigError, configurable
+from trainkit.data.catalog import joined_names, load_catalog_dataset
+from trainkit.data.common import DatasetFromList, MapDataset, records_and_mapper
+from trainkit.data.loader_workers import (
+    PackedCollate,
+    check_num_workers,
+    loader_kwargs,
+    trivial_batch_collator,
+    unpack_batch,
+)
+from trainkit.data.mapping import RecordMapper, as_record_mapper, sample_context
+from trainkit.data.samplers import InferenceSampler
 
-__all__ = ["InferenceLoader"]
+__all__ = ["InferenceLoader", "build_detection_test_loader", "build_test_loader"]
+
+Mapper = Callable[[Any], Any]
 
 
 class _SkippingRecords(Dataset):
@@ -32,7 +45,7 @@ class _SkippingRecords(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitems__(self, indices: list[int]) -> tuple[list[Any], int]:
+    def __getitems__(self, indices: list[int]) -> tuple[list[Any], int, int]:
         elements, skipped = [], 0
         for index in indices:
             record = self.records[index]
@@ -47,17 +60,7 @@ class _SkippingRecords(Dataset):
                 skipped += 1
             else:
                 elements.append(element)
-        return elements, skipped
-
-
-class _CountingCollate:
-    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, mapped: tuple[list[Any], int]) -> tuple[Any, int, int]:
-        elements, skipped = mapped
-        # Packed in a worker for the trip to this process (trainkit.data._batch_transfer).
-        return pack_in_worker(self.collate_fn(elements)), skipped, len(elements)
+        return elements, skipped, len(elements)
 
 
 class InferenceLoader(DataLoader):
@@ -88,16 +91,14 @@ class InferenceLoader(DataLoader):
             collate_fn: list of mapped samples -> batch.
             **kwargs: other ``DataLoader`` arguments (``num_workers``, ...).
         """
-        # A private generator: otherwise every pass draws its workers' base seed from the
-        # global torch RNG, and evaluating during training would shift the training stream.
-        kwargs.setdefault("generator", torch.Generator().manual_seed(0))
         super().__init__(
             _SkippingRecords(records, mapper),
             batch_size=batch_size,
             sampler=sampler,
             drop_last=False,
-            collate_fn=_CountingCollate(collate_fn),
-            **kwargs,
+            collate_fn=PackedCollate(collate_fn),  # with the skip count and size
+            # Seed 0: a private generator for the loader workers (see loader_kwargs).
+            **loader_kwargs(kwargs, 0),
         )
         self.num_skipped_records = 0
 
@@ -107,3 +108,98 @@ class InferenceLoader(DataLoader):
             self.num_skipped_records += skipped
             if size:
                 yield unpack_batch(batch)
+
+
+def _check_test_loader_config(cfg: CfgNode) -> None:
+    if cfg.TEST.IMS_PER_BATCH < 1:
+        raise ConfigError(
+            f"TEST.IMS_PER_BATCH must be >= 1, got {cfg.TEST.IMS_PER_BATCH}; set it to the "
+            "images per test batch on each rank."
+        )
+    check_num_workers(cfg, "the evaluating process")
+
+
+def _test_loader_from_config(
+    cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Mapper | None = None
+) -> dict[str, Any]:
+    _check_test_loader_config(cfg)  # fail before loading any data
+    # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
+    dataset = load_catalog_dataset(dataset_name)
+    mapper = as_record_mapper(
+        mapper,
+        name=joined_names(dataset_name),
+        max_consecutive_failures=cfg.DATALOADER.MAX_CONSECUTIVE_FAILURES,
+    )
+    iterable = isinstance(dataset, IterableDataset)
+    return {
+        "dataset": dataset,
+        "mapper": mapper,
+        "sampler": None if iterable else InferenceSampler(len(dataset)),
+        "batch_size": cfg.TEST.IMS_PER_BATCH,
+        "num_workers": cfg.DATALOADER.NUM_WORKERS,
+    }
+
+
+@configurable(from_config=_test_loader_from_config)
+def build_detection_test_loader(
+    dataset: Dataset | Sequence[Any],
+    *,
+    mapper: Mapper | None,
+    sampler: Sampler | None = None,
+    batch_size: int = 1,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader:
+    """Build a loader that passes over this rank's share of a test set once per iteration.
+
+    Config form: ``build_detection_test_loader(cfg, dataset_name, mapper=None)`` loads the
+    named dataset(s) from ``DatasetCatalog`` (one copy of the records per machine) with
+    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers.
+
+    The default :class:`InferenceSampler` gives each rank a contiguous shard: every record
+    is seen exactly once across ranks (no padding); the last batch may be smaller.
+
+    Args:
+        dataset: records (list), a map-style dataset, or an ``IterableDataset``.
+        mapper: record -> sample, or ``None`` to use records as they are.
+        sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
+            ``None`` for an ``IterableDataset``.
+        batch_size: samples per batch on this rank.
+        num_workers: loader worker processes.
+        collate_fn: list of samples -> batch (default: the list itself).
+
+    Returns:
+        An :class:`~trainkit.data.inference_loader.InferenceLoader` (a torch ``DataLoader``
+        with ``len()``) for a map-style dataset: a record whose mapper returns ``None`` or
+        raises is skipped and reported, never replaced, so every record counts once.
+
+    Raises:
+        ConfigError: A ``ValueError``: config form: for a TEST.IMS_PER_BATCH below 1, a
+            negative DATALOADER.NUM_WORKERS, or an empty dataset.
+        ValueError: If a sampler is given with an ``IterableDataset``.
+        UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
+
+    """
+    if isinstance(dataset, list):
+        dataset = DatasetFromList(dataset, copy=False)
+    workers = loader_kwargs({"num_workers": num_workers}, 0)
+    collate = collate_fn or trivial_batch_collator
+    if isinstance(dataset, IterableDataset):
+        if sampler is not None:
+            raise ValueError("an IterableDataset yields its own order: pass sampler=None")
+        if mapper is not None:  # skips the elements that fail (MapDataset's iterable form)
+            dataset = MapDataset(dataset, as_record_mapper(mapper))
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
+    if mapper is None:
+        records, record_mapper = records_and_mapper(dataset)
+    else:
+        records, record_mapper = dataset, as_record_mapper(mapper)
+    if sampler is None:
+        sampler = InferenceSampler(len(records))
+    return InferenceLoader(
+        records, record_mapper, sampler=sampler, batch_size=batch_size, collate_fn=collate,
+        **workers,
+    )  # fmt: skip
+
+
+build_test_loader = build_detection_test_loader

@@ -2,99 +2,46 @@
 
 A record's way through a map-style train loader, in order (nothing calls back up):
 
-1. a **batch plan** — :class:`~trainkit.data.composer.StepBatchComposer` over the global
-   stream of a trainkit sampler, or a per-rank :class:`~trainkit.data.batching.BatchIndexStream`
-   over any other sampler — decides, in this process, which ``(index, position)`` pairs make
-   each batch, and records the position after it;
-2. the torch ``DataLoader`` hands each batch of pairs to a worker (:class:`_PlannedBatches` is
-   its batch sampler);
+1. a **batch plan** (:mod:`trainkit.data.batch_plan`) — over the global stream of a trainkit
+   sampler, or over this rank's draws from any other sampler — decides, in this process,
+   which ``(index, position)`` pairs make each batch, and records the position after it;
+2. the torch ``DataLoader`` hands each batch of pairs to a loader worker
+   (:class:`_PlannedBatches` is its batch sampler);
 3. the worker reads each record and maps it inside its sample context
-   (:class:`~trainkit.data._map_dataset.RecordMapper`), then collates the batch;
+   (:class:`~trainkit.data.mapping.RecordMapper`), then collates the batch;
 4. the loader returns batches in plan order and remembers the plan's position after each.
 
-A stream (``IterableDataset``) goes through :mod:`trainkit.data._stream_batches` instead:
-workers read disjoint shares of it and form, map and collate their batches themselves.
+A stream dataset (``IterableDataset``) goes through :mod:`trainkit.data.stream_batches`
+instead: loader workers read disjoint shares of it and form, map and collate their batches
+themselves. Either position is a state of :mod:`trainkit.data.loader_state`.
 """
 
 from __future__ import annotations
 
-import collections
-import gc
 import itertools
 import logging
-import multiprocessing as mp
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
-from trainkit.config import ConfigError
-from trainkit.data._batch_transfer import pack_in_worker, unpack_batch
-from trainkit.data._map_dataset import RecordMapper
-from trainkit.data._sample_context import sample_context
-from trainkit.data._stream_batches import StreamBatches, empty_worker_state
-from trainkit.utils.env import seed_all_rng
+from trainkit.data.batch_plan import BatchPlan
+from trainkit.data.loader_state import copy_state, load_state
+from trainkit.data.loader_workers import (
+    PackedCollate,
+    start_iterator,
+    trivial_batch_collator,
+    unpack_batch,
+    worker_init_reset_seed,
+)
+from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
+from trainkit.data.mapping import RecordMapper, sample_context
+from trainkit.data.stream_batches import StreamBatches, batches_in_turn
 from trainkit.utils.errors import UsageError, user_message
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
-
-
-def worker_context_kwargs() -> dict[str, Any]:
-    """Return the DataLoader arguments that make loader workers fork where possible.
-
-    Ranks started by ``launch()`` inherit "spawn" as their default start method; spawned
-    workers would re-import torch (over a second each), need picklable mappers, and could not
-    share ``DatasetFromList``'s buffers copy-on-write. Loader workers never touch CUDA, so
-    forking them is safe.
-    """
-    return {"multiprocessing_context": "fork"} if "fork" in mp.get_all_start_methods() else {}
-
-
-def trivial_batch_collator(batch: list[Any]) -> list[Any]:
-    """Return the batch unchanged: a list of mapped samples."""
-    return batch
-
-
-def worker_init_reset_seed(worker_id: int) -> None:
-    """Seed Python, numpy and torch in a loader worker from torch's per-worker seed.
-
-    Mappers should prefer :func:`trainkit.data.sample_rng`, which does not depend on the
-    worker; this only keeps code that uses the global generators from repeating itself.
-    """
-    seed_all_rng(torch.initial_seed() % 2**31 + worker_id)
-
-
-def start_iterator(loader: DataLoader) -> Iterator[Any]:
-    """Return ``iter(loader)``, with the objects alive now frozen while its workers fork.
-
-    A forked worker shares this process's memory copy-on-write, but the worker's first full
-    garbage collection walks every object it inherited, and so copies the pages of nearly
-    the whole heap into each worker (tens of MiB) and takes ~0.2 s. Frozen objects are
-    skipped by the workers' collector; this process unfreezes them as soon as the workers
-    exist, so its own collections are unchanged. Objects frozen by the caller (a non-zero
-    ``gc.get_freeze_count()``) are left as they are.
-    """
-    if gc.get_freeze_count():
-        return iter(loader)
-    gc.freeze()
-    try:
-        return iter(loader)
-    finally:
-        gc.unfreeze()
-
-
-class BatchPlan(Protocol):
-    """What decides a map-style loader's batches (a composer or a per-rank stream)."""
-
-    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-    def batches_per_pass(self) -> int: ...
-    def at_pass_start(self, state: dict[str, Any]) -> bool: ...
-    def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class _PlannedBatches:
@@ -157,29 +104,15 @@ class _MappedRecords(Dataset):
         return elements, number, skipped
 
 
-class _TaggedCollate:
-    """Collate a mapped batch and keep its number and skip count (a picklable callable).
-
-    In a worker the batch's tensors are packed into one buffer per dtype for the trip to the
-    training process (:mod:`trainkit.data._batch_transfer`).
-    """
-
-    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, mapped: tuple[list[Any], int, int]) -> tuple[Any, int, int]:
-        elements, number, skipped = mapped
-        return pack_in_worker(self.collate_fn(elements)), number, skipped
-
-
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
     Built by :func:`~trainkit.data.build.build_batch_data_loader`. For a map-style dataset the
     batches come from a batch plan (see the module docstring) and are loaded whole by the
-    workers: the batch stream is the same for any number of workers and, over a trainkit
-    sampler, composed from the global stream so that it does not depend on the world size
-    either. For a stream the workers form the batches (:mod:`~trainkit.data._stream_batches`).
+    loader workers: the batches are the same for any number of loader workers and, over a
+    trainkit sampler, composed from the global stream so that they do not depend on the world
+    size either. For a stream dataset the loader workers form the batches
+    (:mod:`~trainkit.data.stream_batches`).
 
     :meth:`state_dict` describes the batches *returned*, not those prefetched; a loader built
     the same way that loads it continues with the next batch. A new ``iter()`` continues
@@ -217,22 +150,13 @@ class TrainLoader:
         self.num_skipped_records = 0
         self.records = records
         self._last_items: list[list[int]] = []
-        kwargs = dict(loader_kwargs or {})
-        if kwargs.get("num_workers", 0) == 0:
-            kwargs.pop("prefetch_factor", None)  # torch refuses it without workers
-            kwargs["persistent_workers"] = False
-        else:
-            kwargs = {**worker_context_kwargs(), **kwargs}
-        # A private generator: otherwise every new iterator draws its workers' base seed
-        # from the global torch RNG, which would shift the training RNG stream on resume.
-        kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
-        kwargs.setdefault("worker_init_fn", worker_init_reset_seed)
+        kwargs = worker_kwargs(loader_kwargs or {}, seed)
         collate = collate_fn or trivial_batch_collator
         self._num_workers = int(kwargs.get("num_workers", 0))
         if isinstance(source, StreamBatches):
             self._stream: StreamBatches | None = source
             self._batches: _PlannedBatches | None = None
-            self._state: dict[str, Any] = _initial_stream_state(max(1, self._num_workers))
+            self._state: dict[str, Any] = source.initial_state(max(1, self._num_workers))
             self._make_loader = lambda: DataLoader(source, batch_size=None, **kwargs)
         else:
             self._stream, self._batches = None, _PlannedBatches(source)
@@ -240,7 +164,7 @@ class TrainLoader:
             torch_loader = DataLoader(
                 _MappedRecords(records, mapper, seed),
                 batch_sampler=self._batches,
-                collate_fn=_TaggedCollate(collate),
+                collate_fn=PackedCollate(collate),  # with the batch number and skip count
                 **kwargs,
             )
             self._make_loader = lambda: torch_loader
@@ -280,42 +204,10 @@ class TrainLoader:
         stream = self._stream
         assert stream is not None
         stream.start = self._state
-        num_workers = self._state["num_workers"]
-        # The torch loader asks its workers in turn from worker 0; the batch stream goes on
-        # from the worker whose turn it is, so batches that come early wait here.
-        waiting: list[collections.deque[tuple[Any, dict[str, Any]]]] = [
-            collections.deque() for _ in range(num_workers)
-        ]
-        ended: set[int] = set()
-        for batch, meta in start_iterator(self._make_loader()):
-            waiting[meta["worker"]].append((batch, meta))
-            yield from self._batches_in_turn(waiting, ended, num_workers)
-        yield from self._batches_in_turn(waiting, ended, num_workers, finished=True)
-
-    def _batches_in_turn(
-        self,
-        waiting: list[collections.deque[tuple[Any, dict[str, Any]]]],
-        ended: set[int],
-        num_workers: int,
-        *,
-        finished: bool = False,
-    ) -> Iterator[Any]:
-        while len(ended) < num_workers:
-            turn = self._state["next_worker"]
-            if turn in ended:
-                self._state = {**self._state, "next_worker": (turn + 1) % num_workers}
-                continue
-            if not waiting[turn]:
-                if finished:  # the torch loader is done: this worker will send nothing
-                    ended.add(turn)
-                    continue
-                return
-            batch, meta = waiting[turn].popleft()
-            if meta.get("end"):
-                ended.add(turn)
-                continue
-            self._state = _after_stream_batch(self._state, meta)
-            self.num_skipped_records += meta["skipped"]
+        batches = start_iterator(self._make_loader())
+        for batch, state, skipped in batches_in_turn(batches, self._state):
+            self._state = state
+            self.num_skipped_records += skipped
             yield unpack_batch(batch)
 
     @property
@@ -336,59 +228,25 @@ class TrainLoader:
         """Return the position after the last returned batch, as plain data.
 
         Map-style over a trainkit sampler: the global stream position and the records
-        waiting in aspect-ratio buckets (:class:`~trainkit.data.composer.StepBatchComposer`;
-        valid for any world size at a step boundary). Over another sampler: this rank's
-        stream (:class:`~trainkit.data.batching.BatchIndexStream`). A stream: each worker's
-        count of elements read and its waiting elements. It loads with
-        ``torch.load(weights_only=True)``.
+        waiting in aspect-ratio buckets (valid for any world size at a step boundary). Over
+        another sampler: this rank's draws. A stream dataset: each loader worker's count of
+        elements read and its waiting elements. The format is
+        :mod:`trainkit.data.loader_state`'s; it loads with ``torch.load(weights_only=True)``.
         """
-        return _plain_copy(self._state)
+        return copy_state(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
 
+        ``state`` may have been saved by any version of trainkit; a position in the global
+        stream may have been saved by any rank of any world size (at a step boundary).
+
         Raises:
             ConfigError: If the state was saved by a differently configured loader.
+            ValueError: For another rank's per-rank position.
         """
         if self._batches is not None:
             self._batches.plan.load_state_dict(state)  # validates
             self._state = self._batches.plan.state_dict()
             return
-        if state.get("kind") != "stream":
-            raise ConfigError(
-                "this data loader state was saved by a map-style loader, not a stream loader; "
-                "resume with the dataset of the saved run, or start in a new OUTPUT_DIR."
-            )
-        self._state = _plain_copy(state)
-
-
-def _initial_stream_state(num_workers: int) -> dict[str, Any]:
-    return {
-        "kind": "stream",
-        "num_workers": num_workers,
-        "workers": [empty_worker_state() for _ in range(num_workers)],
-        "next_worker": 0,
-    }
-
-
-def _after_stream_batch(state: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    workers = list(state["workers"])
-    workers[meta["worker"]] = meta["state"]
-    return {**state, "workers": workers, "next_worker": (meta["worker"] + 1) % len(workers)}
-
-
-def _plain_copy(state: dict[str, Any]) -> dict[str, Any]:
-    # A deep copy of nested lists and dicts of numbers (what every loader state is made of).
-    def copy(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: copy(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [copy(v) for v in value]
-        return value
-
-    return copy(state)
-
-
-def is_stream(dataset: Any) -> bool:
-    """Return whether ``dataset`` is read as a stream (an ``IterableDataset``)."""
-    return isinstance(dataset, IterableDataset)
+        self._state = load_state(state, self._state)

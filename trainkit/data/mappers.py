@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data._sample_context import batch_rng, sample_rng
 from trainkit.data.catalog import MetadataCatalog
+from trainkit.data.mapping import batch_rng, sample_rng
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class ClassificationDatasetMapper:
     ``trainkit.data.sample_rng()``, the generator of the sample being mapped, and (for the
     rescale, with ``scale_per_batch``) from ``trainkit.data.batch_rng()``, shared by the
     samples of a batch: the result depends only on the loader's seed and the sample's
-    stream position, not on the worker that maps it. The rescale factor multiplies the one
+    global position, not on the loader worker that maps it. The rescale factor multiplies the one
     that caps the longest side at ``max_size_train`` (0: no cap), and the image is
     resampled once with their product.
     Testing only caps the longest side at ``max_size_test`` (0: no cap). Capping both at
@@ -153,12 +153,12 @@ class ClassificationDatasetMapper:
             return _resize(image, cap)
         rng = sample_rng()
         # Draw both numbers every time, in a fixed order, so each has a fixed place in the
-        # sample's random stream whatever the other turned out to be.
+        # sample's random sequence whatever the other turned out to be.
         do_flip = rng.random() < self.flip_prob
         scale = rng.uniform(low, high)
         if self.scale_per_batch:
             # The per-image draw above is made anyway: a subclass drawing more from
-            # sample_rng() then gets the same stream in either mode.
+            # sample_rng() then gets the same numbers in either mode.
             scale = batch_rng().uniform(low, high)
         # One resample with the product: cheaper and sharper than capping, then rescaling.
         image = _resize(image, cap * scale)

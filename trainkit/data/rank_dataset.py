@@ -1,48 +1,100 @@
-"""RankDataset: each rank loads only its own share of a metadata file, epoch by epoch.
+"""RankDataset: each rank reads only its own share of a metadata file, epoch by epoch.
 
 For a metadata file of ``M`` records, (mini-)epoch ``e`` of ``mini_epochs`` per epoch is
 defined by a seeded permutation of ``range(M)`` for full epoch ``e // mini_epochs``, the
 same on every rank (a keyed bijection, never materialised): the permutation is cut into
 ``mini_epochs`` contiguous parts, part ``e % mini_epochs`` into ``world_size`` contiguous
-shares, and rank ``r`` loads the records of share ``r`` only. Every record is thus in
+shares, and rank ``r`` reads the records of share ``r`` only. Every record is thus in
 exactly one share per epoch, and a rank holds ``M / (world_size * mini_epochs)`` records.
+:class:`_Shares` is that arithmetic, written once; :class:`~trainkit.data.metafile.
+MetaFileDataset` is the one reader of the file. Three faces share them:
 
-Records are read through the metadata file's memory-mapped line index (see
-:mod:`trainkit.data.metafile`) in file order and kept as raw lines in one shared-memory
-segment (forked or spawned loader workers read the same pages); each access parses one.
-
-:class:`RankStream` reads the same shares as an endless stream for the train loader, epoch
-after epoch, shuffled within each share and read record by record from the file (O(1)
-memory); it shards itself across the loader's workers, so one loader serves every epoch.
-:class:`RankDataLoader` is that loader.
+* :class:`RankDataset`: the share of the current (mini-)epoch as a map-style dataset. It is
+  copied from the file in file order (through the line index, a block of records at a time)
+  into one shared-memory segment as raw lines (forked or spawned loader workers read the
+  same pages); each access parses one.
+* :class:`RankStream`: the shares as an endless stream dataset for the train loader, epoch
+  after epoch, shuffled within each share and read record by record from the file (O(1)
+  memory); it shards itself across the loader workers, so one loader serves every epoch.
+* :class:`RankDataLoader`: that loader. A ``RankDataset`` that a ``DatasetCatalog`` entry
+  returns reaches it from a config too: ``build_train_loader(cfg)`` reads it as its
+  ``RankStream`` (:meth:`RankDataset.as_stream`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
-from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
-from trainkit.data._shared_buffer import SegmentWriter, SharedSegment
-from trainkit.data.metafile import LineIndex
-from trainkit.data.samplers._permutation import STREAM_RANK_SHARES, permute, round_keys
+from trainkit.data.build import build_batch_data_loader
+from trainkit.data.mapping import RecordMapper
+from trainkit.data.metafile import MetaFileDataset
+from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
 from trainkit.data.samplers.positions import check_rank, shard_range
+from trainkit.data.shared_segments import SegmentWriter, SharedSegment
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankDataset", "rank_share"]
+__all__ = ["RankDataLoader", "RankDataset", "RankStream", "rank_share"]
 
 _PERMUTE_BLOCK = 1 << 20  # positions permuted per numpy call (bounds the temporaries)
-_GATHER_BLOCK = 1 << 14  # records copied per numpy gather (~16 B of temporaries per byte)
+_STREAM_BLOCK = 1 << 14  # a stream's records whose file positions are computed per call
+
+
+class _Shares:
+    """Which records rank ``rank`` reads in each (mini-)epoch, in which order (pure)."""
+
+    def __init__(
+        self, num_records: int, *, seed: int, mini_epochs: int, rank: int, world_size: int
+    ) -> None:
+        check_rank(rank, world_size)
+        if mini_epochs < 1:
+            raise ConfigError(
+                f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs."
+            )
+        self.num_records, self.seed, self.mini_epochs = num_records, seed, mini_epochs
+        self.rank, self.world_size = rank, world_size
+
+    def bounds(self, epoch: int) -> tuple[int, int]:
+        """(first position in the full epoch's permutation, length) of the share."""
+        part = shard_range(self.num_records, epoch % self.mini_epochs, self.mini_epochs)
+        mine = shard_range(len(part), self.rank, self.world_size)
+        return part.start + mine.start, len(mine)
+
+    def records(self, epoch: int, offsets: np.ndarray, *, shuffled: bool) -> np.ndarray:
+        """Record indices at ``offsets`` (int64) of the share, in file or shuffled order.
+
+        Shuffled, offset ``i`` is the ``i``-th record of the share in an order keyed by
+        (seed, epoch); in file order the caller sorts what it gets.
+        """
+        begin, length = self.bounds(epoch)
+        if shuffled:
+            # Keys the in-share shuffle of (mini-)epoch ``epoch``: distinct epochs must not
+            # replay the same order.
+            seq = np.random.SeedSequence([self.seed, epoch, PURPOSE_RANK_SHARES])
+            key = int(seq.generate_state(1)[0] & 0x7FFFFFFF)
+            offsets = permute(offsets, length, round_keys(key, PURPOSE_RANK_SHARES, np.zeros(1)))
+        full_epoch = np.array([epoch // self.mini_epochs], dtype=np.int64)
+        keys = round_keys(self.seed, PURPOSE_RANK_SHARES, full_epoch)
+        return permute(begin + offsets, self.num_records, keys)
+
+    def sorted_share(self, epoch: int) -> np.ndarray:
+        """The share's record indices in file order."""
+        length = self.bounds(epoch)[1]
+        out = np.empty(length, dtype=np.int64)
+        for lo in range(0, length, _PERMUTE_BLOCK):
+            offsets = np.arange(lo, min(lo + _PERMUTE_BLOCK, length), dtype=np.int64)
+            out[lo : lo + offsets.size] = self.records(epoch, offsets, shuffled=False)
+        out.sort()  # file order: reads move forward through the file
+        return out
 
 
 def rank_share(
@@ -65,20 +117,10 @@ def rank_share(
     Returns:
         Sorted int64 record indices.
     """
-    check_rank(rank, world_size)
-    if mini_epochs < 1:
-        raise ConfigError(f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs.")
-    full_epoch, part = divmod(epoch, mini_epochs)
-    part_range = shard_range(num_records, part, mini_epochs)
-    mine = shard_range(len(part_range), rank, world_size)
-    begin = part_range.start + mine.start
-    keys = round_keys(seed, STREAM_RANK_SHARES, np.array([full_epoch], dtype=np.int64))
-    out = np.empty(len(mine), dtype=np.int64)
-    for lo in range(0, len(mine), _PERMUTE_BLOCK):
-        positions = np.arange(begin + lo, begin + min(lo + _PERMUTE_BLOCK, len(mine)))
-        out[lo : lo + positions.size] = permute(positions, num_records, keys)
-    out.sort()  # file order: the reads below move forward through the file
-    return out
+    shares = _Shares(
+        num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
+    )
+    return shares.sorted_share(epoch)
 
 
 class RankDataset(Dataset):
@@ -121,19 +163,19 @@ class RankDataset(Dataset):
             ValueError: If ``rank`` or ``world_size`` is out of range.
         """
         self.meta_file = str(meta_file)
-        self._parse = parse
         self.seed = int(seed)
         self.mini_epochs = int(mini_epochs)
         self.world_size = comm.get_world_size() if world_size is None else int(world_size)
         self.rank = comm.get_rank() if rank is None else int(rank)
-        check_rank(self.rank, self.world_size)
-        if self.mini_epochs < 1:
-            raise ConfigError(
-                f"mini_epochs must be >= 1, got {mini_epochs}; use 1 for whole epochs."
-            )
-        self._index_dir = index_dir
-        self._index: LineIndex | None = LineIndex(self.meta_file, index_dir=index_dir)
-        self.num_records = len(self._index)
+        self.records = MetaFileDataset(meta_file, parse=parse, index_dir=index_dir)
+        self.num_records = len(self.records)
+        self.shares = _Shares(  # checks rank, world_size and mini_epochs
+            self.num_records,
+            seed=self.seed,
+            mini_epochs=self.mini_epochs,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         if self.num_records < self.world_size * self.mini_epochs:
             raise ConfigError(
                 f"{self.meta_file} has {self.num_records} records, fewer than world_size * "
@@ -163,46 +205,18 @@ class RankDataset(Dataset):
 
     def share_indices(self) -> np.ndarray:
         """Return the record indices (file line numbers) of the current share, sorted."""
-        return rank_share(
-            self.num_records,
-            seed=self.seed,
-            epoch=self._epoch,
-            mini_epochs=self.mini_epochs,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        return self.shares.sorted_share(self._epoch)
+
+    def as_stream(self, start_epoch: int = 0) -> RankStream:
+        """Return this dataset's shares, epoch after epoch, as a stream dataset (training)."""
+        return RankStream(self, start_epoch)
 
     def _load(self) -> SharedSegment:
         if self._segment is not None:
             return self._segment
-        if self._index is None:
-            self._index = LineIndex(self.meta_file, index_dir=self._index_dir, progress=False)
-        offsets = self._index.offsets
-        indices = self.share_indices()
         writer = SegmentWriter("trainkit-rank-share")
-        total = 0
         try:
-            ends = array("q")
-            with open(self.meta_file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                # The file's pages come from the page cache (shared, not private memory);
-                # the share is gathered block by block with numpy, never per record.
-                file_bytes = np.frombuffer(
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b"",
-                    dtype=np.uint8,
-                )
-            for lo in range(0, indices.size, _GATHER_BLOCK):
-                block = indices[lo : lo + _GATHER_BLOCK]
-                starts, stops = offsets[block], offsets[block + 1]
-                lengths = stops - starts
-                block_ends = np.cumsum(lengths)
-                # Byte j of the block's output comes from file byte j + (start - dst_start)
-                # of its record: one repeat + one arange instead of a Python loop.
-                shift = np.repeat(starts - (block_ends - lengths), lengths)
-                writer.write(file_bytes[shift + np.arange(shift.size, dtype=np.int64)])
-                ends.extend((block_ends + total).tolist())
-                total += int(block_ends[-1]) if block_ends.size else 0
-            del file_bytes
+            ends = self.records.copy_lines(self.share_indices(), writer.write)
             self._segment = writer.finish(ends)
         except BaseException:
             writer.abort()
@@ -218,7 +232,7 @@ class RankDataset(Dataset):
             self.mini_epochs,
             len(ends),
             self.num_records,
-            total / 2**20,
+            (ends[-1] if ends else 0) / 2**20,
         )
         return self._segment
 
@@ -233,9 +247,117 @@ class RankDataset(Dataset):
         return segment.data[start : int(segment.ends[idx])].tobytes().rstrip(b"\r\n")
 
     def __getitem__(self, idx: int) -> Any:
-        return self._parse(self.line(idx).decode("utf-8"))
+        return self.records.parse(self.line(idx))
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_index"] = None  # a memmap would pickle by value; reopened when needed
-        return state
+
+class RankStream(IterableDataset):
+    """A :class:`RankDataset`'s shares as one endless stream, shuffled within each share.
+
+    (Mini-)epoch after (mini-)epoch from ``start_epoch``, it yields this rank's share of the
+    epoch (the same share :meth:`RankDataset.share_indices` holds) in an order shuffled by
+    (seed, epoch). Records are read on demand from the metadata file through its line index,
+    so nothing but the file's shared page cache grows with the data.
+
+    It shards itself across loader workers (``shards_across_workers = True``): worker ``w``
+    of ``n`` reads positions ``w, w + n, ...`` of each epoch's shuffled share, so together
+    they read every record of the share once. ``iter_from(position)`` starts a worker after
+    its first ``position`` records, in O(1): the train loader resumes it exactly.
+    """
+
+    shards_across_workers = True
+
+    def __init__(self, dataset: RankDataset, start_epoch: int = 0) -> None:
+        """Stream ``dataset``'s shares from (mini-)epoch ``start_epoch`` on."""
+        self.dataset = dataset
+        self.start_epoch = int(start_epoch)
+
+    def position_key(self) -> dict[str, Any]:
+        """What a saved position of this stream must match: the shares' seed and layout."""
+        ds = self.dataset
+        keys = {"seed": ds.seed, "rank": ds.rank, "world_size": ds.world_size}
+        return {"type": "RankStream", **keys, "mini_epochs": ds.mini_epochs}
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iter_from(0)
+
+    def iter_from(self, position: int) -> Iterator[Any]:
+        """Yield this loader worker's records after its first ``position`` ones."""
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        shares, records = self.dataset.shares, self.dataset.records
+        epoch, remaining = self.start_epoch, int(position)
+        while True:
+            mine = range(worker, shares.bounds(epoch)[1], num_workers)
+            for lo in range(remaining, len(mine), _STREAM_BLOCK):
+                offsets = np.asarray(mine[lo : lo + _STREAM_BLOCK], dtype=np.int64)
+                for index in shares.records(epoch, offsets, shuffled=True).tolist():
+                    yield records[index]
+            remaining = max(0, remaining - len(mine))
+            epoch += 1
+
+
+class RankDataLoader:
+    """The infinite, resumable train loader over a :class:`RankDataset`, built once.
+
+    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`: the loader's
+    workers read their own parts of each epoch's share, epoch after epoch, without the loader
+    being rebuilt. ``state_dict()`` / ``load_state_dict()`` are the loader's (each worker's
+    count of records read, and what waits in its batch): a loader over the same file with the
+    same ``num_workers`` that loads it continues with the next batch.
+    """
+
+    def __init__(
+        self,
+        dataset: RankDataset,
+        batch_size: int,
+        *,
+        mapper: Callable[[Any], Any] | None = None,
+        start_epoch: int = 0,
+        **loader_kwargs: Any,
+    ) -> None:
+        """Create the loader.
+
+        Args:
+            dataset: this rank's :class:`RankDataset`.
+            batch_size: samples per batch on this rank.
+            mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
+            start_epoch: the first (mini-)epoch.
+            loader_kwargs: ``num_workers``, ``collate_fn``, ``prefetch_factor``... for
+                :func:`~trainkit.data.build.build_batch_data_loader`.
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self._loader = build_batch_data_loader(
+            RankStream(dataset, start_epoch),
+            None,
+            None,
+            mapper=None if mapper is None else RecordMapper(mapper, name=dataset.meta_file),
+            single_gpu_batch_size=batch_size,
+            seed=dataset.seed,
+            **loader_kwargs,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._loader)
+
+    @property
+    def num_skipped_records(self) -> int:
+        """Records that failed to map in the batches returned so far."""
+        return self._loader.num_skipped_records
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the position after the last returned batch, as plain data."""
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the batches recorded in ``state`` (call before iterating).
+
+        Raises:
+            ConfigError: A ``ValueError``: if the state was saved with another seed, rank,
+                world size or ``mini_epochs`` (the shares would differ).
+        """
+        self._loader.load_state_dict(state)

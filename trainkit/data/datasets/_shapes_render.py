@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["RENDER_VERSION", "SHAPES_CLASSES", "render_shape_image"]
 
@@ -86,6 +89,8 @@ def _background(
     # Low-frequency colour blotches: a tiny random field upsampled to the image size.
     coarse = rng.normal(0.0, rng.uniform(5.0, 30.0), size=(4, 4, 3))
     field = np.clip(base + coarse, 0, 255).astype(np.uint8)
+    from PIL import Image  # imported here: only generating the dataset needs it
+
     image = Image.fromarray(field, "RGB").resize((width, height), Image.BILINEAR)
     return image, base.astype(np.float64)
 
@@ -104,6 +109,8 @@ def render_shape_image(seed: int, index: int, label: int) -> Image.Image:
     Returns:
         An RGB image whose width and height lie in [48, 192] pixels.
     """
+    from PIL import Image, ImageDraw  # imported here: only generating the dataset needs it
+
     rng = np.random.default_rng([seed, index])
     width, height = (int(v) for v in rng.integers(MIN_SIDE_PX, MAX_SIDE_PX + 1, size=2))
     image, background = _background(rng, width, height)

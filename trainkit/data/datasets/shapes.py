@@ -29,8 +29,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.datasets._shapes_render import (
     RENDER_VERSION,
@@ -166,6 +164,8 @@ def _render_all(
         (out_dir, seed, list(range(start, min(start + _CHUNK_SIZE, num_images))))
         for start in range(0, num_images, _CHUNK_SIZE)
     ]
+    from tqdm import tqdm  # imported here: only generating the dataset shows progress
+
     records: list[dict[str, Any]] = []
     with tqdm(total=num_images, desc=desc, unit="img", disable=not show_progress) as bar:
         if num_workers > 1 and num_images >= _MIN_IMAGES_FOR_POOL:

@@ -1,4 +1,4 @@
-"""Samplers: infinite resumable training streams, exact inference shards, grouped batches."""
+"""Samplers: training samplers (the global stream), exact inference shards, grouped batches."""
 
 from __future__ import annotations
 

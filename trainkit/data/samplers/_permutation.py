@@ -23,11 +23,11 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
-# Stream tags keep the keys of different uses of one seed independent.
-STREAM_SHUFFLE = 1
-STREAM_SUBSET = 2
-STREAM_REPEAT = 3
-STREAM_RANK_SHARES = 4
+# Purpose tags keep the keys of different uses of one seed independent.
+PURPOSE_SHUFFLE = 1
+PURPOSE_SUBSET = 2
+PURPOSE_REPEAT = 3
+PURPOSE_RANK_SHARES = 4
 
 
 def _mix64(values: np.ndarray) -> np.ndarray:
@@ -37,15 +37,15 @@ def _mix64(values: np.ndarray) -> np.ndarray:
     return z ^ (z >> _S31)
 
 
-def round_keys(seed: int, stream: int, epochs: np.ndarray) -> np.ndarray:
+def round_keys(seed: int, purpose: int, epochs: np.ndarray) -> np.ndarray:
     """Return the Feistel round keys for each epoch, shape ``(NUM_ROUNDS, len(epochs))``.
 
     Args:
         seed: the sampler's seed (any Python int; reduced to 64 bits).
-        stream: a ``STREAM_*`` tag so that, e.g., subset and shuffle keys differ.
+        purpose: a ``PURPOSE_*`` tag so that, e.g., subset and shuffle keys differ.
         epochs: int64 epoch numbers.
     """
-    base = _mix64(np.array([(seed & _MASK64) ^ ((stream << 56) & _MASK64)], dtype=np.uint64))
+    base = _mix64(np.array([(seed & _MASK64) ^ ((purpose << 56) & _MASK64)], dtype=np.uint64))
     k = _mix64(np.asarray(epochs, dtype=np.int64).astype(np.uint64) ^ base)
     keys = np.empty((NUM_ROUNDS, k.shape[0]), dtype=np.uint64)
     for i in range(NUM_ROUNDS):

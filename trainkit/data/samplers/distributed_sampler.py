@@ -15,14 +15,14 @@ import torch
 from torch.utils.data import Sampler
 
 from trainkit.config import ConfigError
-from trainkit.data.samplers._base import StreamSampler
 from trainkit.data.samplers._permutation import (
-    STREAM_REPEAT,
-    STREAM_SHUFFLE,
-    STREAM_SUBSET,
+    PURPOSE_REPEAT,
+    PURPOSE_SHUFFLE,
+    PURPOSE_SUBSET,
     permute,
     round_keys,
 )
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.samplers.positions import shard_range, split_positions
 from trainkit.utils import comm
 
@@ -37,13 +37,13 @@ __all__ = [
 
 
 def _epoch_permute(
-    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, stream: int
+    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, purpose: int
 ) -> np.ndarray:
     # Positions come sorted, so a block usually lies in one epoch: one key column then.
     if epochs[0] == epochs[-1]:
-        keys = round_keys(seed, stream, epochs[:1])
+        keys = round_keys(seed, purpose, epochs[:1])
     else:
-        keys = round_keys(seed, stream, epochs)
+        keys = round_keys(seed, purpose, epochs)
     return permute(offsets, n, keys)
 
 
@@ -60,12 +60,12 @@ def _checked_size(sampler_name: str, size: Any) -> int:
     return size
 
 
-class TrainingSampler(StreamSampler):
-    """Yield an infinite stream of indices of a dataset of ``size`` records.
+class TrainingSampler(GlobalStreamSampler):
+    """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
     Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
     a different one every epoch, computed by a keyed bijection instead of stored: memory is
-    O(1) in ``size`` (4e8 works) and any stream position is reached in O(1), so resume and
+    O(1) in ``size`` (4e8 works) and any position is reached in O(1), so resume and
     worker sharding cost nothing. The order differs from detectron2's ``torch.randperm``.
 
     Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``. This sampler does not
@@ -100,14 +100,14 @@ class TrainingSampler(StreamSampler):
         self._size = size
         self._shuffle = shuffle
 
-    def _stream_key(self) -> dict[str, Any]:
-        return {**super()._stream_key(), "size": self._size, "shuffle": self._shuffle}
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "size": self._size, "shuffle": self._shuffle}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
         epochs, offsets = split_positions(positions, self._size)
         if not self._shuffle:
             return offsets
-        return _epoch_permute(offsets, epochs, self._size, self._seed, STREAM_SHUFFLE)
+        return _epoch_permute(offsets, epochs, self._size, self._seed, PURPOSE_SHUFFLE)
 
 
 class RandomSubsetTrainingSampler(TrainingSampler):
@@ -163,9 +163,9 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         self._subset_size = subset_size
         logger.info("Training on a random subset of %d of %d records", subset_size, size)
 
-    def _stream_key(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, Any]:
         return {
-            **super()._stream_key(),
+            **super()._identity(),
             "subset_size": self._subset_size,
             "seed_subset": self._seed_subset,
         }
@@ -173,12 +173,14 @@ class RandomSubsetTrainingSampler(TrainingSampler):
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
         epochs, offsets = split_positions(positions, self._subset_size)
         if self._shuffle:
-            offsets = _epoch_permute(offsets, epochs, self._subset_size, self._seed, STREAM_SHUFFLE)
-        subset_keys = round_keys(self._seed_subset, STREAM_SUBSET, np.zeros(1, dtype=np.int64))
+            offsets = _epoch_permute(
+                offsets, epochs, self._subset_size, self._seed, PURPOSE_SHUFFLE
+            )
+        subset_keys = round_keys(self._seed_subset, PURPOSE_SUBSET, np.zeros(1, dtype=np.int64))
         return permute(offsets, self._size, subset_keys)
 
 
-class RepeatFactorTrainingSampler(StreamSampler):
+class RepeatFactorTrainingSampler(GlobalStreamSampler):
     """Yield each index ``repeat_factors[i]`` times per epoch on average (LVIS-style).
 
     Epoch ``e`` repeats index ``i`` ``floor(r_i)`` times plus once more with probability
@@ -224,7 +226,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
         self._int_part = np.floor(factors).astype(np.int64)
         self._frac_part = factors - self._int_part
         self._shuffle = shuffle
-        self._epoch_starts: list[int] = [0]  # O(epochs) ints, grown as the stream advances
+        self._epoch_starts: list[int] = [0]  # O(epochs) ints, grown as the positions advance
         self._cached_epoch: tuple[int, np.ndarray] | None = None
 
     @staticmethod
@@ -264,12 +266,12 @@ class RepeatFactorTrainingSampler(StreamSampler):
         ]
         return torch.tensor(factors, dtype=torch.float32)
 
-    def _stream_key(self) -> dict[str, Any]:
-        return {**super()._stream_key(), "size": int(self._int_part.size), "shuffle": self._shuffle}
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "size": int(self._int_part.size), "shuffle": self._shuffle}
 
     def _epoch_list(self, epoch: int) -> np.ndarray:
         if self._cached_epoch is None or self._cached_epoch[0] != epoch:
-            seq = np.random.SeedSequence([self._seed, STREAM_REPEAT, epoch])
+            seq = np.random.SeedSequence([self._seed, PURPOSE_REPEAT, epoch])
             draws = np.random.Generator(np.random.PCG64(seq)).random(self._frac_part.size)
             reps = self._int_part + (draws < self._frac_part)
             self._cached_epoch = (epoch, np.repeat(np.arange(reps.size, dtype=np.int64), reps))
@@ -296,7 +298,7 @@ class RepeatFactorTrainingSampler(StreamSampler):
             if end > done:
                 offsets = positions[done:end] - start
                 if self._shuffle:
-                    keys = round_keys(self._seed, STREAM_SHUFFLE, np.array([epoch]))
+                    keys = round_keys(self._seed, PURPOSE_SHUFFLE, np.array([epoch]))
                     offsets = permute(offsets, end_position - start, keys)
                 out[done:end] = self._epoch_list(epoch)[offsets]
                 done = end

@@ -1,4 +1,7 @@
-"""Batches of indices that never mix groups (detectron2's ``GroupedBatchSampler``)."""
+"""Batches of indices that never mix groups (detectron2's ``GroupedBatchSampler``).
+
+It groups with :class:`~trainkit.data.grouping.Buckets`, as the train loader does.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import BatchSampler, Sampler
+
+from trainkit.data.grouping import Buckets
 
 __all__ = ["GroupedBatchSampler"]
 
@@ -52,19 +57,13 @@ class GroupedBatchSampler(BatchSampler):
         self.group_ids = group_ids
         self.batch_size = batch_size
         self.drop_last = False
-        self.buffer_per_group: dict[Any, list[int]] = {
-            group: [] for group in np.unique(group_ids).tolist()
-        }
+        self._buckets = Buckets(batch_size, {group: [] for group in np.unique(group_ids).tolist()})
+        self.buffer_per_group: dict[Any, list[int]] = self._buckets.waiting
 
     def __iter__(self) -> Iterator[list[int]]:
         for idx in self.sampler:
-            buffer = self.buffer_per_group[self.group_ids[idx].item()]
-            buffer.append(idx)
-            if len(buffer) == self.batch_size:
-                batch = buffer[:]
-                # Empty the buffer before yielding: a consumer that stops here never
-                # resumes this generator, and a full buffer would never fire again.
-                buffer.clear()
+            batch = self._buckets.add(self.group_ids[idx].item(), idx)
+            if batch is not None:
                 yield batch
 
     def __len__(self) -> int:

@@ -1,11 +1,11 @@
-"""Pure position arithmetic of the sample stream: ranks, epochs, shards and worker shares.
+"""Pure position arithmetic of the global stream: ranks, epochs, shards and worker shares.
 
 Nothing here reads the process group. Every function takes ``rank`` / ``world_size`` (or a
 worker id) explicitly, so the arithmetic is tested for many world sizes without starting a
 process; the samplers read :mod:`trainkit.utils.comm` once and call these.
 
 Vocabulary:
-    * *global position* ``p``: index into the stream a world-size-1 sampler yields.
+    * *global position* ``p``: index into the global stream (what a world-size-1 sampler yields).
     * *local position* ``k``: how many indices this rank drew before (its k-th draw).
       Rank ``r`` of ``W`` draws global positions ``r, r + W, r + 2W, ...``.
 """
@@ -77,8 +77,9 @@ def worker_local_positions(
 ) -> np.ndarray:
     """Return the local positions a loader worker owns in rounds ``first_round ...``.
 
-    The local stream is cut into chunks of ``chunk_size`` consecutive positions and chunk
-    ``j`` belongs to worker ``j % num_workers``; a *round* is one chunk for every worker.
+    This rank's draws (its local positions) are cut into chunks of ``chunk_size`` consecutive
+    positions and chunk ``j`` belongs to worker ``j % num_workers``; a *round* is one chunk for
+    every worker.
     All workers together therefore own every local position exactly once.
 
     Args:

@@ -2,11 +2,11 @@
 
 The default method, :class:`_SharedSerializedList`, pickles the records into one flat
 byte buffer plus an int64 array of end offsets, held in a sealed anonymous shared-memory
-segment (:mod:`trainkit.data._shared_buffer`). Identical records built by several processes
-of one machine end up in one segment (:mod:`trainkit.data._segment_share`): every rank
-may call ``DatasetFromList(lst)`` itself, as detectron2 code does, and the machine still
-holds one copy. ``set_default_dataset_from_list_serialize_method`` swaps the default, as in
-detectron2.
+segment (:mod:`trainkit.data.shared_segments`). Identical records built by several processes
+of one machine end up in one segment (:mod:`trainkit.data.segment_sharing`, no collective):
+every rank may call ``DatasetFromList(lst)`` itself, as detectron2 code does and as the
+catalog path does, and the machine still holds one copy.
+``set_default_dataset_from_list_serialize_method`` swaps the default, as in detectron2.
 """
 
 from __future__ import annotations
@@ -20,14 +20,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from trainkit.data._segment_share import share_segment
-from trainkit.data._shared_buffer import (
-    SegmentHandle,
-    SegmentWriter,
-    SharedSegment,
-    attach_segment,
-)
-from trainkit.utils import comm
+from trainkit.data.segment_sharing import share_segment
+from trainkit.data.shared_segments import SegmentWriter, SharedSegment
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +106,9 @@ def set_default_dataset_from_list_serialize_method(
 
     Use it as a context manager (as in detectron2) to change the default only inside the
     ``with`` block; a plain call changes it for the rest of the process. ``new`` takes the
-    list and returns a list-like object (``len`` and indexing); the catalog path
-    (``DatasetFromList.from_local_leader``) then calls ``new`` on every rank instead of
-    sharing one copy per machine. Set it the same way on every rank.
+    list and returns a list-like object (``len`` and indexing); the catalog path then applies
+    ``new`` on every rank instead of sharing one copy per machine. Set it the same way on
+    every rank.
 
     Args:
         new: the serialisation method or class.
@@ -141,8 +135,7 @@ class DatasetFromList(Dataset):
     With ``serialize=True`` the records go through the default serialisation method:
     trainkit's keeps them pickled in shared memory, one copy per machine however many
     ranks build the same list, shared with every loader worker (forked or spawned); every
-    ``__getitem__`` returns a fresh copy. :meth:`from_local_leader` builds the same without
-    loading the records on more than one rank per machine.
+    ``__getitem__`` returns a fresh copy.
     """
 
     def __init__(
@@ -184,43 +177,26 @@ class DatasetFromList(Dataset):
     def from_local_leader(
         cls, load_fn: Callable[[], Iterable[Any]], *, copy: bool = True
     ) -> DatasetFromList:
-        """Build one serialised copy per machine: only local rank 0 calls ``load_fn``.
+        """Build the machine's one serialised copy from what ``load_fn`` returns.
 
-        Local rank 0 streams the records returned by ``load_fn`` into a shared-memory
-        segment; the other local ranks attach to that segment (same pages) and never
-        materialise the records. With one process per machine, without a process group,
-        or without a local process group (logged), every rank calls ``load_fn`` and the
-        ranks of a machine still share one copy by content (as the constructor does). A
-        rank that cannot attach (e.g. ``/proc`` is hidden) logs why and loads its own copy.
-        With a custom default serialisation method, every rank calls ``load_fn`` and the
-        method.
+        Kept for code written against earlier trainkit versions, where only local rank 0
+        called ``load_fn`` and two ``all_gather`` calls over the local process group handed
+        its segment to the other ranks. Now every rank calls ``load_fn``; its records are
+        written one by one into a segment (a generator is never held as a whole) and the
+        ranks of a machine share one copy by content (:mod:`trainkit.data.segment_sharing`),
+        under any launcher and with no collective. The cost: each rank loads and serialises
+        the records itself, and while ranks build at the same time the machine briefly holds
+        one copy per building rank. With a custom default serialisation method every rank
+        applies the method.
 
         Args:
-            load_fn: returns the records (a list or any iterable, e.g. a generator, which
-                is never materialised as a whole).
+            load_fn: returns the records (a list or any iterable, e.g. a generator).
             copy: passed to the constructor (serialised records are fresh copies anyway).
 
         Returns:
-            The dataset on every rank.
-
-        Raises:
-            RuntimeError: On every local rank when ``load_fn`` failed on local rank 0 (that
-                rank re-raises the original error).
-
-        Collective:
-            Two ``all_gather`` calls over the local process group, made by every rank of
-            the job (none when sharing is off). Every rank must call this together.
+            The dataset.
         """
-        group, reason = _local_group()
-        if group is None or _default_method is not _SharedSerializedList:
-            if reason:
-                logger.warning("Each rank loads the records itself: %s", reason)
-            return cls(load_fn(), copy=copy)
-        segment = _leader_segment(group, load_fn)
-        dataset = cls.__new__(cls)
-        dataset._copy, dataset._serialize = copy, True
-        dataset._lst = _SharedSerializedList.from_segment(share_segment(segment))
-        return dataset
+        return cls(load_fn(), copy=copy)
 
     @property
     def segment_identity(self) -> tuple[int, int] | None:
@@ -242,54 +218,14 @@ class DatasetFromList(Dataset):
         return self._lst[idx]
 
 
-def _leader_segment(group: Any, load_fn: Callable[[], Iterable[Any]]) -> SharedSegment:
-    """Local rank 0 serialises and offers its segment; the others attach (2 all_gathers)."""
-    is_leader = comm.get_local_rank() == 0
-    segment: SharedSegment | None = None
-    offer: dict[str, Any] | None = None
-    error: BaseException | None = None
-    if is_leader:
-        try:
-            segment = _serialize_records(load_fn())
-            offer = {"handle": segment.handle(), "error": None}
-        except Exception as e:  # reported to the other ranks so that nobody hangs
-            error = e
-            offer = {"handle": None, "error": f"{type(e).__name__}: {e}"}
-    leader_offer = comm.all_gather(offer, group=group)[0]
-    if leader_offer["error"] is not None:
-        if error is not None:
-            raise error
-        raise RuntimeError(
-            f"local rank 0 failed to load the dataset ({leader_offer['error']}); see its log"
-        )
-    fallback: str | None = None
-    if not is_leader:
-        try:
-            segment, fallback = _attach_or_load(leader_offer["handle"], load_fn)
-        except Exception as e:
-            error = e
-            fallback = f"failed: {type(e).__name__}: {e}"
-    outcomes = comm.all_gather(fallback, group=group)
-    if error is not None:
-        raise error
-    assert segment is not None
-    if is_leader:
-        private = {rank: why for rank, why in enumerate(outcomes) if why is not None}
-        logger.info(
-            "Serialised %d records into %.2f MiB of shared memory for %d local ranks%s",
-            int(segment.ends.size),
-            segment.nbytes / 2**20,
-            len(outcomes) - len(private),
-            f" (private copies on local ranks {private})" if private else "",
-        )
-    return segment
-
-
-_WRITE_CHUNK_BYTES = 1 << 20  # pickles are written to the segment in chunks of this size
+# Pickles are written to the segment in chunks of this size. Small: every rank serialises
+# the records it loads, and the allocator keeps what the small pickles of a chunk used (with
+# 1 MiB chunks the catalog path held ~1.5 MiB more per machine than it shares).
+_WRITE_CHUNK_BYTES = 1 << 18
 
 
 def _serialize_records(records: Iterable[Any]) -> SharedSegment:
-    # Streams: at any time only one chunk of pickles is held privately, plus 8 bytes per
+    # One record at a time: only one chunk of pickles is held privately, plus 8 bytes per
     # record for the ends; the pickles land directly in the segment's pages.
     writer = SegmentWriter("trainkit-dataset")
     try:
@@ -313,31 +249,3 @@ def _serialize_records(records: Iterable[Any]) -> SharedSegment:
         raise
     logger.info("Serialised %d records into %.2f MiB", len(ends), segment.data.nbytes / 2**20)
     return segment
-
-
-def _local_group() -> tuple[Any, str | None]:
-    """Return (local process group, None), or (None, why records cannot be shared)."""
-    if comm.get_world_size() == 1:
-        return None, None
-    try:
-        local_size = comm.get_local_size()
-    except RuntimeError as e:
-        return None, str(e)
-    if local_size == 1:
-        return None, None  # one rank per machine: nothing to share between ranks
-    return comm.get_local_process_group(), None
-
-
-def _attach_or_load(
-    handle: SegmentHandle | None, load_fn: Callable[[], Iterable[Any]]
-) -> tuple[SharedSegment, str | None]:
-    """Attach to the leader's segment; if impossible, load privately and say why."""
-    if handle is None:
-        reason = "local rank 0 could not create shared memory"
-    else:
-        try:
-            return attach_segment(handle), None
-        except (OSError, ValueError) as e:
-            reason = f"cannot attach to local rank 0's segment ({type(e).__name__}: {e})"
-    logger.warning("%s; loading a private copy of the records on this rank", reason)
-    return _serialize_records(load_fn()), reason

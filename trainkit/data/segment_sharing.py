@@ -1,8 +1,13 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
+This is trainkit's one mechanism for one copy of the records per machine. No collective and
+no process group is involved, so it works under any launcher (``launch()``, torchrun,
+SLURM, processes started by hand) and no rank ever waits for another.
+
 Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
-detectron2 code does) first serialises it into its own sealed memfd, hashing the bytes on
-the way (:class:`~trainkit.data._shared_buffer.SegmentWriter`). Then it calls
+detectron2 code does, and the catalog path on every rank) first serialises it into its own
+sealed memfd, hashing the bytes on the way
+(:class:`~trainkit.data.shared_segments.SegmentWriter`). Then it calls
 :func:`share_segment`, which meets the other processes of the machine that hold the same
 records at a Linux *abstract* unix socket named after the digest and the user id::
 
@@ -25,17 +30,22 @@ records at a Linux *abstract* unix socket named after the digest and the user id
   still finds the copy instead of adding a second one.
 * Forked loader workers inherit the mapping; an at-fork handler closes the inherited
   sockets in the child so that only the parent serves. Spawned workers attach through the
-  pickled handle (``/proc/<pid>/fd/<fd>``) or, where that fails, ask for the digest here.
+  pickled handle (``/proc/<pid>/fd/<fd>``, :func:`attach_segment`) or, where that fails,
+  ask for the digest (:func:`~trainkit.data.shared_segments.fetch_segment`).
 * Where memfd sealing or abstract unix sockets are unavailable (another OS, a sandbox),
   or a connection times out, the process keeps its private copy and logs one line.
   Segments under :data:`MIN_SHARED_BYTES` are not shared: the saving would be smaller than
   the thread and sockets it costs.
 
-Peak memory: each process that builds the records holds its own copy until the
-rendezvous, so while ranks build at the same time the machine briefly holds one copy per
-building rank (on top of the lists the callers already hold); the extra copies are freed
-as soon as each rank attaches. Same-user processes are trusted (they could read this
-process's memory anyway); other users can neither be served nor serve (``SO_PEERCRED``).
+What it costs: every rank that needs the records loads and serialises them itself (the
+catalog function runs on every rank: its CPU time and file reads once per rank, not once
+per machine). Peak memory: each process that builds the records holds its own copy until
+the rendezvous, so while ranks build at the same time the machine briefly holds one copy
+per building rank (on top of the lists the callers already hold); the extra copies are
+freed as soon as each rank attaches, and the steady state is one copy per machine for any
+number of ranks and loader workers. Each shared segment keeps one daemon thread and a few
+sockets per process. Same-user processes are trusted (they could read this process's memory
+anyway); other users can neither be served nor serve (``SO_PEERCRED``).
 
 This module keeps a per-process set of live shares for the at-fork handler; tests stop
 them with :func:`stop_all`.
@@ -48,98 +58,74 @@ import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 import weakref
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
-from trainkit.data._shared_buffer import SharedSegment, is_sealed, segment_from_fd
+from trainkit.data.shared_segments import (
+    MESSAGE,
+    MESSAGE_MAGIC,
+    TIMEOUT_S,
+    SegmentHandle,
+    SharedSegment,
+    fetch_segment,
+    map_received,
+    peer_credentials,
+    receive_segment,
+    segment_address,
+    segment_from_fd,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MIN_SHARED_BYTES", "fetch_segment", "share_segment", "stop_all"]
+__all__ = ["MIN_SHARED_BYTES", "attach_segment", "share_segment", "stop_all"]
 
 MIN_SHARED_BYTES = 1 << 20
-_TIMEOUT_S = 10.0  # for connect + receive: a live server answers in milliseconds
 _CLAIM_ATTEMPTS = 8  # with a growing pause: about 0.5 s for a stopping server to close
-_MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
-_MESSAGE_MAGIC = b"TKSHARE1"
 
 _LIVE: weakref.WeakSet[_Share] = weakref.WeakSet()
 
 
-def _address(digest: bytes) -> bytes:
-    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
+def attach_segment(handle: SegmentHandle) -> SharedSegment:
+    """Map the segment described by ``handle`` read-only (the same pages, not a copy).
 
-
-def _peer(sock: socket.socket) -> tuple[int, int]:
-    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return pid, uid
-
-
-def _receive(digest: bytes, size: int) -> tuple[socket.socket, int]:
-    """Connect to the holder of ``digest``; return the open connection and the received fd.
+    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
+    the pid or fd reused) it asks the machine's holder of the same digest for the segment
+    (:func:`fetch_segment`).
 
     Raises:
-        ConnectionRefusedError: If nobody serves ``digest`` right now.
-        OSError: If the holder is not trustworthy or does not answer as expected.
+        OSError: If the holding process is gone or its descriptor cannot be opened (another
+            machine, another user) and no holder of the digest answers.
+        ValueError: If the descriptor now refers to another file than the handle describes.
     """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = -1
+    path = f"/proc/{handle.pid}/fd/{handle.fd}"
     try:
-        sock.settimeout(_TIMEOUT_S)
-        sock.connect(_address(digest))
-        if _peer(sock)[1] != os.getuid():
-            raise PermissionError("the socket for these records belongs to another user")
-        message, fds, _, _ = socket.recv_fds(sock, _MESSAGE.size, 1)
-        fd = fds[0] if fds else -1
-        for extra in fds[1:]:
-            os.close(extra)
-        if len(message) != _MESSAGE.size or fd < 0:
-            raise ConnectionError("the holder closed the connection without an answer")
-        if _MESSAGE.unpack(message) != (_MESSAGE_MAGIC, size, digest):
-            raise ConnectionError("the holder offered other records than asked for")
-        if os.fstat(fd).st_size != size or not is_sealed(fd):
-            raise ConnectionError("the offered memory file is not sealed or has another size")
-        sock.settimeout(None)
-        return sock, fd
-    except BaseException:
-        sock.close()
-        if fd >= 0:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
             os.close(fd)
-        raise
+            raise ValueError(
+                f"{path} is not the record segment it was shared as (pid or fd reused?)"
+            )
+        return segment_from_fd(fd, handle.size)
+    except (OSError, ValueError):
+        segment = fetch_segment(handle.digest, handle.size) if handle.digest else None
+        if segment is None:
+            raise
+        return segment
 
 
-def _map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
-    try:
-        segment = segment_from_fd(fd, size)
-    except ValueError as e:
-        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
-    if segment.digest != digest:
-        raise ConnectionError("the offered segment's header names other records")
-    return segment
+def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
+    handle = segment.handle()
+    if handle is None:
+        return segment.__reduce__()
+    return attach_segment, (handle,)
 
 
-def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` that a process on this machine serves, if any.
-
-    Returns:
-        The segment (same pages as the server's), or ``None`` if nobody serves it or the
-        answer failed a check (logged at debug level).
-    """
-    try:
-        sock, fd = _receive(digest, size)
-    except OSError as e:
-        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
-        return None
-    sock.close()
-    try:
-        return _map_received(fd, digest, size)
-    except OSError as e:
-        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
-        return None
+# Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
+ForkingPickler.register(SharedSegment, _reduce_for_processes)
 
 
 def share_segment(segment: SharedSegment) -> SharedSegment:
@@ -148,7 +134,7 @@ def share_segment(segment: SharedSegment) -> SharedSegment:
     If another process of this user serves a segment with the same digest, that segment
     is returned (the caller drops its own, freeing it); otherwise ``segment`` is returned
     and served until it is garbage-collected. Never waits for other processes beyond one
-    connection attempt (at most ``_TIMEOUT_S`` if a holder hangs).
+    connection attempt (at most ``TIMEOUT_S`` if a holder hangs).
 
     Returns:
         A segment with the same records as ``segment``.
@@ -222,35 +208,44 @@ class _Share:
             OSError: If neither worked (the caller keeps ``own``).
         """
         result = own
-        for attempt in range(_CLAIM_ATTEMPTS):
-            if self._try_bind():
-                break
+        found = self._bind_or_connect()
+        if found is not None:
+            conn, fd = found
             try:
-                conn, fd = _receive(self._digest, self._size)
-            except ConnectionRefusedError:
-                time.sleep(0.02 * attempt)  # the server left between bind and connect
-                continue
-            try:
-                result = _map_received(fd, self._digest, self._size)
+                result = map_received(fd, self._digest, self._size)
             except BaseException:
                 conn.close()
                 raise
-            self._conn = conn
-            self.server_pid = _peer(conn)[0]
+            self._conn, self.server_pid = conn, peer_credentials(conn)[0]
             os.close(self._fd)
             self._fd = os.dup(result.fileno())  # serve the same file if we take over
-            break
-        else:
-            raise OSError(f"no stable holder after {_CLAIM_ATTEMPTS} attempts")
         name = f"trainkit-share-{self._digest.hex()[:8]}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         return result
 
+    def _bind_or_connect(self) -> tuple[socket.socket, int] | None:
+        """Serve the name (``None``), or connect to whoever does (the connection, the fd).
+
+        Raises:
+            OSError: If stopped, or if neither worked after a few attempts.
+        """
+        for attempt in range(_CLAIM_ATTEMPTS):
+            with self._lock:
+                if self._stopped.is_set():
+                    raise OSError("sharing was stopped")
+                if self._try_bind():
+                    return None
+            try:
+                return receive_segment(self._digest, self._size)
+            except ConnectionRefusedError:
+                time.sleep(0.02 * attempt)  # the server left between bind and connect
+        raise OSError(f"no stable holder after {_CLAIM_ATTEMPTS} attempts")
+
     def _try_bind(self) -> bool:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(_address(self._digest))
+            listener.bind(segment_address(self._digest))
             listener.listen(64)
         except OSError as e:
             listener.close()
@@ -283,7 +278,7 @@ class _Share:
                 return
             self._selector = selector
         selector.register(self._listener, selectors.EVENT_READ)
-        message = _MESSAGE.pack(_MESSAGE_MAGIC, self._size, self._digest)
+        message = MESSAGE.pack(MESSAGE_MAGIC, self._size, self._digest)
         while not self._stopped.is_set():
             for key, _ in selector.select():
                 sock = key.fileobj
@@ -302,9 +297,9 @@ class _Share:
         except OSError:
             return False
         try:
-            if _peer(conn)[1] != os.getuid():
+            if peer_credentials(conn)[1] != os.getuid():
                 raise PermissionError("another user asked for the records")
-            conn.settimeout(_TIMEOUT_S)
+            conn.settimeout(TIMEOUT_S)
             socket.send_fds(conn, [message], [self._fd])
         except OSError as e:
             logger.debug("Not serving segment %s to a client: %s", self._digest.hex()[:12], e)
@@ -328,24 +323,16 @@ class _Share:
 
     def _claim(self) -> bool:
         # The server is gone: serve our mapping (the same file) or watch the new server.
-        for attempt in range(_CLAIM_ATTEMPTS):
-            with self._lock:
-                if self._stopped.is_set():
-                    return False
-                if self._try_bind():
-                    return True
-            try:
-                conn, fd = _receive(self._digest, self._size)
-            except ConnectionRefusedError:
-                time.sleep(0.02 * attempt)
-                continue
+        try:
+            found = self._bind_or_connect()
+        except OSError:
+            return False
+        if found is not None:
+            conn, fd = found
             os.close(fd)  # we keep our mapping of the same records
             with self._lock:
                 self._conn = conn
-                if self._stopped.is_set():
-                    return False
-            return True
-        return False
+        return not self._stopped.is_set()
 
     def stop(self) -> None:
         """Stop serving or watching (wakes the thread, which closes everything)."""

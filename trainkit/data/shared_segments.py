@@ -23,9 +23,11 @@ Where none of this is possible (no fd can be created) a segment falls back to pr
 memory and says so; sending such a segment copies its bytes, as a numpy array would.
 
 The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
-while they are written. It names the contents: :mod:`trainkit.data._segment_share` uses it
-to find an identical segment that another process on the machine already holds, and a
-spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by digest.
+while they are written. It names the contents: :mod:`trainkit.data.segment_sharing` uses it
+to find an identical segment that another process on the machine already holds and serves,
+and a spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by
+digest. Asking a holder (:func:`fetch_segment`, :func:`receive_segment`) is here; holding
+and serving is :mod:`trainkit.data.segment_sharing`'s.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import hashlib
 import logging
 import mmap
 import os
+import socket
+import struct
 import tempfile
 import weakref
 from array import array
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,8 +52,11 @@ __all__ = [
     "SegmentHandle",
     "SegmentWriter",
     "SharedSegment",
-    "attach_segment",
+    "fetch_segment",
     "is_sealed",
+    "map_received",
+    "receive_segment",
+    "segment_address",
     "segment_from_fd",
 ]
 
@@ -62,6 +68,9 @@ _HEADER_BYTES = 64  # int64 magic, version, num_records, data_bytes; then the di
 _IMMUTABLE_SEALS = 0
 for _flag in ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"):
     _IMMUTABLE_SEALS |= getattr(fcntl, _flag, 0)
+TIMEOUT_S = 10.0  # for connect + receive: a live holder answers in milliseconds
+MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
+MESSAGE_MAGIC = b"TKSHARE1"
 
 
 class SegmentHandle(NamedTuple):
@@ -118,12 +127,13 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Create one with :class:`SegmentWriter`, :func:`attach_segment` or
-    :func:`segment_from_fd`. Sent to another process through multiprocessing, a segment
-    travels as a handle (this process's pid and fd, and the digest), so the receiver maps
-    the same pages; it must run on the same machine while this process still holds the
-    segment, which is the case for a loader worker spawned by this process. Plain
-    ``pickle`` stores the bytes.
+    Create one with :class:`SegmentWriter`, :func:`segment_from_fd` or
+    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent to another process through
+    multiprocessing, a segment travels as a handle (this process's pid and fd, and the
+    digest; :mod:`trainkit.data.segment_sharing` registers that), so the receiver maps the
+    same pages; it must run on the same machine while this process still holds the segment,
+    which is the case for a loader worker spawned by this process. Plain ``pickle`` stores
+    the bytes.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
@@ -194,17 +204,6 @@ class SharedSegment:
         return _segment_from_bytes, (bytes(self._buffer),)
 
 
-def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
-    handle = segment.handle()
-    if handle is None:
-        return segment.__reduce__()
-    return attach_segment, (handle,)
-
-
-# Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
-ForkingPickler.register(SharedSegment, _reduce_for_processes)
-
-
 def _aligned(nbytes: int) -> int:
     return (nbytes + 7) // 8 * 8
 
@@ -250,38 +249,6 @@ def segment_from_fd(fd: int, size: int) -> SharedSegment:
     except BaseException:
         os.close(fd)
         raise
-
-
-def attach_segment(handle: SegmentHandle) -> SharedSegment:
-    """Map the segment described by ``handle`` read-only (the same pages, not a copy).
-
-    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
-    the pid or fd reused) it asks the machine's holder of the same digest for the segment
-    (see :mod:`trainkit.data._segment_share`).
-
-    Raises:
-        OSError: If the holding process is gone or its descriptor cannot be opened (another
-            machine, another user) and no holder of the digest answers.
-        ValueError: If the descriptor now refers to another file than the handle describes.
-    """
-    path = f"/proc/{handle.pid}/fd/{handle.fd}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (handle.dev, handle.ino):
-            os.close(fd)
-            raise ValueError(
-                f"{path} is not the record segment it was shared as (pid or fd reused?)"
-            )
-        return segment_from_fd(fd, handle.size)
-    except (OSError, ValueError):
-        # Imported here: _segment_share builds on this module.
-        from trainkit.data._segment_share import fetch_segment
-
-        segment = fetch_segment(handle.digest, handle.size) if handle.digest else None
-        if segment is None:
-            raise
-        return segment
 
 
 class SegmentWriter:
@@ -358,3 +325,83 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = None
         self._chunks = None
+
+
+def segment_address(digest: bytes) -> bytes:
+    """The abstract unix socket where this user's holder of ``digest`` serves it."""
+    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
+    """Connect to the holder of ``digest``; return the open connection and the received fd.
+
+    Raises:
+        ConnectionRefusedError: If nobody serves ``digest`` right now.
+        OSError: If the holder is not trustworthy or does not answer as expected.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = -1
+    try:
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(segment_address(digest))
+        if peer_credentials(sock)[1] != os.getuid():
+            raise PermissionError("the socket for these records belongs to another user")
+        message, fds, _, _ = socket.recv_fds(sock, MESSAGE.size, 1)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if len(message) != MESSAGE.size or fd < 0:
+            raise ConnectionError("the holder closed the connection without an answer")
+        if MESSAGE.unpack(message) != (MESSAGE_MAGIC, size, digest):
+            raise ConnectionError("the holder offered other records than asked for")
+        if os.fstat(fd).st_size != size or not is_sealed(fd):
+            raise ConnectionError("the offered memory file is not sealed or has another size")
+        sock.settimeout(None)
+        return sock, fd
+    except BaseException:
+        sock.close()
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
+    """Map the memory file ``fd`` that a holder sent, checking it holds ``digest``'s records.
+
+    Raises:
+        ConnectionError: If it is not a record segment, or not the one asked for.
+    """
+    try:
+        segment = segment_from_fd(fd, size)
+    except ValueError as e:
+        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
+    if segment.digest != digest:
+        raise ConnectionError("the offered segment's header names other records")
+    return segment
+
+
+def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
+    """Map the segment with ``digest`` that a process on this machine serves, if any.
+
+    Returns:
+        The segment (same pages as the server's), or ``None`` if nobody serves it or the
+        answer failed a check (logged at debug level).
+    """
+    try:
+        sock, fd = receive_segment(digest, size)
+    except OSError as e:
+        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
+        return None
+    sock.close()
+    try:
+        return map_received(fd, digest, size)
+    except OSError as e:
+        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
+        return None

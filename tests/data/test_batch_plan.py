@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from trainkit.config import ConfigError
-from trainkit.data.batching import aspect_ratio_bucket_ids
-from trainkit.data.composer import StepBatchComposer
+from trainkit.data.batch_plan import GlobalBatchPlan
+from trainkit.data.grouping import aspect_ratio_bucket_ids
 from trainkit.data.samplers import TrainingSampler
 
 SIZE = 50
@@ -21,7 +21,7 @@ def _steps(world_size, accumulate, num_steps, bucket_ids=None, batch=8, state=No
     steps = {}
     for rank in range(world_size):
         sampler = TrainingSampler(SIZE, seed=3, rank=rank, world_size=world_size)
-        composer = StepBatchComposer(
+        composer = GlobalBatchPlan(
             sampler,
             batch,
             rank=rank,
@@ -50,7 +50,7 @@ def test_without_grouping_one_micro_batch_per_rank_is_the_rank_strided_stream():
     # k = 1 keeps detectron2's split: rank r gets global positions r, r + W, r + 2W, ...
     for rank in range(2):
         sampler = TrainingSampler(SIZE, seed=3, rank=rank, world_size=2)
-        composer = StepBatchComposer(sampler, 8, rank=rank, world_size=2)
+        composer = GlobalBatchPlan(sampler, 8, rank=rank, world_size=2)
         drawn = [i for items, _, _ in itertools.islice(composer, 5) for i, _ in items]
         assert drawn == list(itertools.islice(iter(sampler), 20))
 
@@ -67,7 +67,7 @@ def test_grouped_steps_hold_one_bucket_and_leftovers_wait():
 def test_a_state_at_a_step_boundary_resumes_on_another_topology(bucket_ids):
     reference = _steps(1, 1, 10, bucket_ids)
     sampler = TrainingSampler(SIZE, seed=3, rank=0, world_size=2)
-    composer = StepBatchComposer(
+    composer = GlobalBatchPlan(
         sampler, 8, rank=0, world_size=2, accumulate_steps=2, bucket_ids=bucket_ids
     )
     *_, (_, _, state) = itertools.islice(composer, 4 * 2)  # 4 steps of 2 micro-batches
@@ -78,10 +78,10 @@ def test_a_state_at_a_step_boundary_resumes_on_another_topology(bucket_ids):
 
 def test_a_mid_step_state_resumes_only_on_the_same_split():
     sampler = TrainingSampler(SIZE, seed=3, rank=0, world_size=1)
-    composer = StepBatchComposer(sampler, 8, rank=0, world_size=1, accumulate_steps=2)
+    composer = GlobalBatchPlan(sampler, 8, rank=0, world_size=1, accumulate_steps=2)
     _, _, state = next(iter(composer))
     assert state["micro"] == 1
-    other = StepBatchComposer(
+    other = GlobalBatchPlan(
         TrainingSampler(SIZE, seed=3, rank=0, world_size=2),
         8,
         rank=0,
@@ -90,18 +90,18 @@ def test_a_mid_step_state_resumes_only_on_the_same_split():
     )
     with pytest.raises(ConfigError, match="middle of an optimizer step"):
         other.load_state_dict(state)
-    same = StepBatchComposer(sampler, 8, rank=0, world_size=1, accumulate_steps=2)
+    same = GlobalBatchPlan(sampler, 8, rank=0, world_size=1, accumulate_steps=2)
     same.load_state_dict(state)
     assert next(iter(same))[1] == 0  # the second micro-batch of step 0
 
 
 def test_a_state_of_another_stream_or_batch_is_refused():
     sampler = TrainingSampler(SIZE, seed=3, rank=0, world_size=1)
-    state = StepBatchComposer(sampler, 8, rank=0, world_size=1).state_dict()
+    state = GlobalBatchPlan(sampler, 8, rank=0, world_size=1).state_dict()
     for other in (
-        StepBatchComposer(TrainingSampler(SIZE, seed=4), 8, rank=0, world_size=1),
-        StepBatchComposer(sampler, 16, rank=0, world_size=1),
-        StepBatchComposer(sampler, 8, rank=0, world_size=1, bucket_ids=BUCKETS),
+        GlobalBatchPlan(TrainingSampler(SIZE, seed=4), 8, rank=0, world_size=1),
+        GlobalBatchPlan(sampler, 16, rank=0, world_size=1),
+        GlobalBatchPlan(sampler, 8, rank=0, world_size=1, bucket_ids=BUCKETS),
     ):
         with pytest.raises(ConfigError, match="does not match"):
             other.load_state_dict(state)
@@ -109,6 +109,4 @@ def test_a_state_of_another_stream_or_batch_is_refused():
 
 def test_a_batch_that_does_not_split_over_ranks_and_micro_batches_is_refused():
     with pytest.raises(ConfigError, match="world size x SOLVER.ACCUMULATE_STEPS"):
-        StepBatchComposer(
-            TrainingSampler(SIZE, seed=0), 6, rank=0, world_size=2, accumulate_steps=2
-        )
+        GlobalBatchPlan(TrainingSampler(SIZE, seed=0), 6, rank=0, world_size=2, accumulate_steps=2)

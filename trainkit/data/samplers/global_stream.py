@@ -1,4 +1,4 @@
-"""The infinite, rank-strided, resumable stream that every training sampler is built on."""
+"""The base of every training sampler: the global stream, read rank-strided and resumably."""
 
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ from trainkit.config import ConfigError
 from trainkit.data.samplers.positions import check_rank, global_positions, worker_local_positions
 from trainkit.utils import comm
 
-__all__ = ["StreamSampler"]
+__all__ = ["GlobalStreamSampler"]
 
 _FIRST_BLOCK = 256  # small first block: a resumed or re-created iterator starts fast
 _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call overhead
 
 
-class StreamSampler(Sampler[int]):
-    """Base of the training samplers: an infinite stream of dataset indices.
+class GlobalStreamSampler(Sampler[int]):
+    """Base of the training samplers: an infinite sequence of dataset indices.
 
     A subclass defines the *global* stream (what a world-size-1 sampler yields) by
     implementing :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global
     positions ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws, which is
     the whole resumable state.
 
-    As in detectron2, every ``iter()`` starts the stream afresh: from the beginning, or
+    As in detectron2, every ``iter()`` starts the sequence afresh: from the beginning, or
     from the position given to :meth:`load_state_dict` (which is how a resumed run skips
     what it already saw). :meth:`state_dict` describes the iterator advanced most recently;
     use one iterator at a time when you save states.
@@ -77,7 +77,7 @@ class StreamSampler(Sampler[int]):
         """Return the dataset indices at sorted, non-negative global ``positions``."""
         raise NotImplementedError
 
-    def _stream_key(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, Any]:
         """Plain-data identity of the stream, checked when a state is loaded."""
         return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
 
@@ -99,7 +99,7 @@ class StreamSampler(Sampler[int]):
 
     def global_stream_key(self) -> dict[str, Any]:
         """Plain-data identity of the global stream (independent of rank and world size)."""
-        key = self._stream_key()
+        key = self._identity()
         key.pop("world_size", None)
         return key
 
@@ -131,7 +131,7 @@ class StreamSampler(Sampler[int]):
     def iter_worker_share(
         self, worker_id: int, num_workers: int, chunk_size: int = 1
     ) -> Iterator[int]:
-        """Yield only a loader worker's chunks of this rank's stream, from its start.
+        """Yield only a loader worker's chunks of this rank's draws, from their start.
 
         The stream starts where ``iter()`` would (:attr:`start_position`).
 
@@ -152,7 +152,7 @@ class StreamSampler(Sampler[int]):
         Returns:
             ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
         """
-        return {"num_drawn": self._num_drawn, **self._stream_key()}
+        return {"num_drawn": self._num_drawn, **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make new iterators continue after the ``state["num_drawn"]`` indices already drawn.
@@ -161,7 +161,7 @@ class StreamSampler(Sampler[int]):
             ConfigError: A ``ValueError``: if the state belongs to another stream (sampler
                 type, seed, world size or dataset size).
         """
-        expected = self._stream_key()
+        expected = self._identity()
         found = {key: state.get(key) for key in expected}
         if found != expected:
             raise ConfigError(

@@ -1,0 +1,411 @@
+"""Batch plans: which records make each batch, decided from indices before anything is loaded.
+
+A plan runs in the training process. It reads dataset indices from a sampler, groups them by
+aspect-ratio bucket when asked (:class:`~trainkit.data.grouping.Buckets`, the one
+implementation of grouping) and
+yields each batch as ``[dataset index, global position]`` pairs, with the loader's position
+after it (:mod:`trainkit.data.loader_state`). Loader workers then load whole batches, so
+grouping costs no throughput and the batches are the same for any ``NUM_WORKERS``.
+
+:class:`GlobalBatchPlan` is the rule for a trainkit training sampler. Every rank computes it by
+itself, and it does not depend on the number of processes ``W`` or on the micro-batches per
+step ``k`` (``SOLVER.ACCUMULATE_STEPS``):
+
+1. The *global stream* is what a world-size-1 training sampler yields: global positions
+   0, 1, 2, ... and the dataset index at each (an O(1) keyed permutation per epoch).
+2. Optimizer step ``s`` owns the next ``B = SOLVER.IMS_PER_BATCH`` records of it. Without
+   aspect-ratio grouping those are positions ``[s*B, (s+1)*B)``. With grouping each record
+   goes, in stream order, to the bucket of its aspect ratio, and the first bucket to reach
+   ``B`` records is step ``s``'s batch; records left in the other buckets wait for a later
+   step.
+3. Step ``s``'s batch is dealt to ``W x k`` slots: micro-batch ``j`` of rank ``r`` is slot
+   ``q = j*W + r`` and takes elements ``q, q + W*k, q + 2*W*k, ...`` of the batch. With
+   ``k = 1`` and no grouping this is exactly the rank-strided split of detectron2's samplers
+   (rank ``r`` gets positions ``r, r + W, ...``).
+
+So the records of a step, and the order of steps, are the same for every ``W`` and ``k``; the
+loader's position after a step is one global position plus what waits in the buckets, valid
+for any topology. Each rank computes the whole global stream (indices, and bucket ids when
+grouping): ``W`` times the per-rank work, a few microseconds per record.
+
+:class:`RankBatchPlan` cuts this rank's own draws from any other sampler (or batches of a
+per-rank size) into batches, grouped per rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from trainkit.config import ConfigError
+from trainkit.data.grouping import Buckets
+from trainkit.data.loader_state import copy_state, load_state, new_state
+from trainkit.data.samplers.global_stream import GlobalStreamSampler
+from trainkit.data.samplers.positions import global_position
+from trainkit.utils import comm
+
+__all__ = [
+    "BatchPlan",
+    "GlobalBatchPlan",
+    "RankBatchPlan",
+    "make_batch_plan",
+    "micro_batch_size",
+    "split_batch",
+]
+
+# Indices are read from the sampler in blocks that grow from the first (a resumed loader
+# starts fast) to the largest: each read is a few dozen numpy calls whatever its length,
+# which per batch cost ~15-25 us per record; a block of thousands costs ~0.3 us per record.
+_FIRST_BLOCK = 256
+_MAX_BLOCK = 4096
+
+
+def split_batch(
+    total: int | None, world_size: int, accumulate_steps: int = 1, *, key: str = ""
+) -> int:
+    """Return the records of one micro-batch of one rank: ``total / (world_size x k)``.
+
+    Args:
+        total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
+        world_size: the number of ranks it is split over.
+        accumulate_steps: micro-batches per step, ``k`` (``SOLVER.ACCUMULATE_STEPS``).
+        key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
+
+    Raises:
+        ConfigError: A ``ValueError`` naming ``SOLVER.IMS_PER_BATCH`` (or ``key``) and
+            ``SOLVER.ACCUMULATE_STEPS``, the divisor and the fix, unless ``total`` splits
+            evenly.
+    """
+    if accumulate_steps < 1:
+        raise ConfigError(
+            f"SOLVER.ACCUMULATE_STEPS must be >= 1, got {accumulate_steps}; use 1 for no "
+            "gradient accumulation."
+        )
+    parts = world_size * accumulate_steps
+    if not total or total < 1 or total % parts:
+        split = (
+            f"the world size ({world_size})"
+            if accumulate_steps == 1
+            else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
+        )
+        raise ConfigError(
+            f"{key or 'SOLVER.IMS_PER_BATCH'}={total} is not a positive multiple of {split}; "
+            f"pick a positive multiple of {parts} or change --num-gpus."
+        )
+    return total // parts
+
+
+class BatchPlan:
+    """What decides a map-style loader's batches; its position is a loader state.
+
+    Iterating yields ``(items, batch_key, state_after)`` per batch: ``items`` are
+    ``[dataset index, global position]`` pairs, ``batch_key`` keys ``trainkit.data.batch_rng()``
+    (the same for any number of workers and after a resume), and ``state_after`` the plain-data
+    position after that batch. A plan loads and maps nothing.
+    """
+
+    def __init__(
+        self, sampler: Any, batch_size: int, bucket_ids: np.ndarray | None, state: dict[str, Any]
+    ) -> None:
+        self._sampler = sampler
+        self._batch_size = batch_size
+        self._bucket_ids = bucket_ids
+        self._state = state
+
+    @staticmethod
+    def _num_buckets(bucket_ids: np.ndarray | None) -> int:
+        return 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
+
+    def _indices_and_buckets(self, indices: np.ndarray) -> Iterator[tuple[int, int]]:
+        """``(index, bucket)`` of a block of indices (one numpy gather per block)."""
+        if self._bucket_ids is None:
+            return zip(indices.tolist(), itertools.repeat(0))
+        return zip(indices.tolist(), self._bucket_ids[indices].tolist())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the position after the batches emitted so far, as plain data."""
+        return copy_state(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the batches recorded in ``state`` (any version of the format).
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``state`` was saved by a differently configured
+                loader (see :func:`~trainkit.data.loader_state.load_state`).
+            ValueError: For another rank's per-rank position.
+        """
+        self._state = load_state(state, self._state)
+
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        raise NotImplementedError
+
+    def batches_per_pass(self) -> int:
+        """A training sampler has no end.
+
+        Raises:
+            TypeError: Always, for an infinite sampler.
+        """
+        raise TypeError(
+            f"an infinite loader ({type(self._sampler).__name__}) has no len(); use a finite "
+            "sampler such as InferenceSampler for a loader with a length"
+        )
+
+    def at_pass_start(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` starts a pass (always, for an infinite sampler)."""
+        del state
+        return True
+
+    def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state that starts the next pass after ``state`` (an infinite one has none)."""
+        return state
+
+
+class GlobalBatchPlan(BatchPlan):
+    """Compose each step's batch from the global stream and yield this rank's micro-batches.
+
+    The rule is in the module docstring. Batches come in order: step 0's ``k`` micro-batches,
+    then step 1's, ...; a batch's key is its optimizer step, the same on every rank and
+    topology. It is infinite (training samplers are).
+    """
+
+    def __init__(
+        self,
+        sampler: GlobalStreamSampler,
+        global_batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        accumulate_steps: int = 1,
+        bucket_ids: np.ndarray | None = None,
+    ) -> None:
+        """Create the plan.
+
+        Args:
+            sampler: a trainkit training sampler; only its global stream is read.
+            global_batch_size: records per optimizer step over all ranks (``IMS_PER_BATCH``).
+            rank: this rank.
+            world_size: number of ranks.
+            accumulate_steps: micro-batches per optimizer step on each rank.
+            bucket_ids: aspect-ratio bucket of each dataset index (grouping), or None.
+
+        Raises:
+            ConfigError: If the global batch does not split into ``world_size x
+                accumulate_steps`` equal micro-batches (:func:`split_batch`).
+        """
+        split_batch(global_batch_size, world_size, accumulate_steps)
+        state = new_state(
+            "global",
+            source=sampler.global_stream_key(),
+            batch_size=global_batch_size,
+            num_buckets=self._num_buckets(bucket_ids),
+            split=[world_size, accumulate_steps],
+        )
+        super().__init__(sampler, global_batch_size, bucket_ids, state)
+        self._rank, self._world_size, self._accumulate = rank, world_size, accumulate_steps
+
+    def _global_records(self, position: int) -> Iterator[tuple[int, int, int]]:
+        """``(index, bucket, global position)`` of the global stream from ``position`` on."""
+        block = _FIRST_BLOCK
+        while True:
+            indices = self._sampler.global_indices(position, block)
+            for index, bucket in self._indices_and_buckets(indices):
+                yield index, bucket, position
+                position += 1
+            block = min(2 * block, _MAX_BLOCK)
+
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        state = self.state_dict()
+        world_size, accumulate = self._world_size, self._accumulate
+        slots, num_buckets = world_size * accumulate, len(state["buckets"])
+        buckets = Buckets.from_lists(self._batch_size, state["buckets"])
+        # Where the current step's batch starts: kept until its last micro-batch is returned.
+        start = {"position": state["position"], "buckets": state["buckets"]}
+        steps, micro = state["steps"], state["micro"]
+        for index, bucket, position in self._global_records(state["position"]):
+            batch = buckets.add(bucket, [index, position])
+            if batch is None:
+                continue
+            after = {"position": position + 1, "buckets": buckets.to_lists(num_buckets)}
+            for j in range(micro, accumulate):
+                last = j + 1 == accumulate
+                moved = after if last else start
+                self._state = {
+                    **state,
+                    **moved,
+                    "steps": steps + last,
+                    "micro": (j + 1) % accumulate,
+                }
+                # Not copied: a state's lists are new for every step and never changed.
+                yield batch[j * world_size + self._rank :: slots], steps, dict(self._state)
+            start, steps, micro = after, steps + 1, 0
+
+
+class RankBatchPlan(BatchPlan):
+    """Cut this rank's draws from its sampler into batches of ``(index, global position)``.
+
+    Without ``bucket_ids`` a batch is the next ``batch_size`` draws; with them, each draw
+    joins its bucket and a full bucket is the next batch. Loading the position makes the plan
+    continue with exactly the next batch.
+
+    Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
+    ``r, r + W, ...``), which every trainkit training sampler is. A sampler that is not a
+    trainkit sampler is restarted and fast-forwarded by drawing, not jumped. A finite
+    sampler is drawn in passes (:meth:`next_pass_state`); positions keep growing from one
+    pass to the next, so no two returned samples share one. A batch's key is its smallest
+    position.
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        batch_size: int,
+        *,
+        bucket_ids: np.ndarray | None = None,
+        drop_last: bool = True,
+    ) -> None:
+        """Create the plan.
+
+        Args:
+            sampler: yields this rank's dataset indices.
+            batch_size: indices per batch on this rank.
+            bucket_ids: bucket of each dataset index
+                (:func:`~trainkit.data.grouping.aspect_ratio_bucket_ids`).
+            drop_last: at the end of a finite sampler, drop incomplete batches.
+        """
+        trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
+        self._rank = sampler.rank if trainkit_sampler else comm.get_rank()
+        self._world_size = sampler.world_size if trainkit_sampler else comm.get_world_size()
+        state = new_state(
+            "rank",
+            # The sampler's identity, world size included: its state without the draws.
+            source={k: v for k, v in sampler.state_dict().items() if k != "num_drawn"}
+            if trainkit_sampler
+            else None,
+            batch_size=batch_size,
+            num_buckets=self._num_buckets(bucket_ids),
+            rank=self._rank,
+            world_size=self._world_size,
+            # Where iter(sampler) would start: 0, or the position its load_state_dict set.
+            num_drawn=sampler.start_position if trainkit_sampler else 0,
+        )
+        super().__init__(sampler, batch_size, bucket_ids, state)
+        self._drop_last = drop_last
+
+    def _draws(self, num_drawn: int) -> Iterator[tuple[int, int]]:
+        """``(index, bucket)`` of this rank's draws after the first ``num_drawn``."""
+        if isinstance(self._sampler, GlobalStreamSampler):  # jump, then read in blocks
+            block = _FIRST_BLOCK
+            while True:
+                local = np.arange(num_drawn, num_drawn + block, dtype=np.int64)
+                yield from self._indices_and_buckets(self._sampler.indices_at_local(local))
+                num_drawn, block = num_drawn + block, min(2 * block, _MAX_BLOCK)
+        for index in itertools.islice(iter(self._sampler), num_drawn, None):
+            bucket = 0 if self._bucket_ids is None else int(self._bucket_ids[index])
+            yield int(index), bucket
+
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        state = self.state_dict()  # work on a copy: yielded states must not change later
+        buckets = Buckets.from_lists(self._batch_size, state["buckets"])
+        drawn = state["num_drawn"]
+        for index, bucket in self._draws(drawn):
+            position = global_position(state["pass_offset"] + drawn, self._rank, self._world_size)
+            drawn += 1
+            batch = buckets.add(bucket, [index, position])
+            if batch is not None:
+                yield self._emit(state, batch, buckets, drawn)
+        if not self._drop_last:
+            for batch in buckets.rest():
+                yield self._emit(state, batch, buckets, drawn)
+
+    def _emit(
+        self, state: dict[str, Any], batch: list[list[int]], buckets: Buckets, drawn: int
+    ) -> tuple[list[list[int]], int, dict[str, Any]]:
+        state["num_batches"] += 1
+        state["num_drawn"] = drawn
+        state["buckets"] = buckets.to_lists(len(state["buckets"]))
+        self._state = dict(state)  # a snapshot: its buckets are new lists, never changed
+        return batch, min(position for _, position in batch), self._state
+
+    def at_pass_start(self, state: dict[str, Any]) -> bool:
+        """Return whether ``state`` is at the start of a pass (nothing drawn or waiting)."""
+        return state["num_drawn"] == 0 and not any(state["buckets"])
+
+    def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Return the state that starts a finite sampler's next pass after ``state``.
+
+        Elements still waiting in buckets are dropped, like the tail of a pass with
+        ``drop_last``; the batch count and the global positions carry on.
+        """
+        return {
+            **copy_state(state),
+            "pass_offset": state["pass_offset"] + state["num_drawn"],
+            "num_drawn": 0,
+            "buckets": [[] for _ in state["buckets"]],
+        }
+
+    def batches_per_pass(self) -> int:
+        """Return the number of batches in one pass over a finite, ungrouped sampler.
+
+        Raises:
+            TypeError: If the sampler is infinite or has no ``len()``, or when grouping
+                (the count then depends on the order of the indices).
+        """
+        if isinstance(self._sampler, GlobalStreamSampler):
+            return super().batches_per_pass()
+        if self._bucket_ids is not None:
+            raise TypeError("len() of an aspect-ratio-grouped loader depends on the order")
+        num_indices = len(self._sampler)  # type: ignore[arg-type]  # TypeError if unsized
+        if self._drop_last:
+            return num_indices // self._batch_size
+        return -(-num_indices // self._batch_size)
+
+
+def micro_batch_size(
+    total_batch_size: int | None, single_gpu_batch_size: int | None, accumulate_steps: int
+) -> int:
+    """Records of one micro-batch of this rank, from the total or the per-rank batch size.
+
+    Raises:
+        ConfigError: A ``ValueError``: if it does not split evenly (:func:`split_batch`).
+        ValueError: If both sizes are given.
+    """
+    if not single_gpu_batch_size:
+        return split_batch(total_batch_size, comm.get_world_size(), accumulate_steps)
+    if total_batch_size:
+        raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
+    return split_batch(single_gpu_batch_size, 1, accumulate_steps, key="single_gpu_batch_size")
+
+
+def make_batch_plan(
+    sampler: Any,
+    total_batch_size: int | None,
+    single_gpu_batch_size: int | None,
+    accumulate_steps: int,
+    bucket_ids: np.ndarray | None,
+    drop_last: bool,
+) -> BatchPlan:
+    """Return the plan of a map-style train loader over ``sampler``.
+
+    A trainkit training sampler gets the global stream's plan, unless batches have a per-rank
+    size (``single_gpu_batch_size``); any other sampler the per-rank plan.
+
+    Raises:
+        ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
+            micro-batches (:func:`split_batch`).
+        ValueError: If both batch sizes are given.
+    """
+    if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:
+        # The sampler's own rank and world size: tests and custom sharding set them.
+        return GlobalBatchPlan(
+            sampler,
+            total_batch_size or 0,
+            rank=sampler.rank,
+            world_size=sampler.world_size,
+            accumulate_steps=accumulate_steps,
+            bucket_ids=bucket_ids,
+        )
+    batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
+    return RankBatchPlan(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)

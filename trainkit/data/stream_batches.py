@@ -1,0 +1,230 @@
+"""Batches of a stream dataset (an ``IterableDataset``), formed and mapped in the loader workers.
+
+The rule for a stream read by ``n`` loader workers (``n = 1`` without workers):
+
+* worker ``w`` reads the elements ``w, w + n, w + 2n, ...`` of the stream — or, for a stream
+  that shards itself (``shards_across_workers = True``), whatever the stream gives that
+  worker — so each element is read by one worker only;
+* each worker forms whole batches from its own elements (by aspect-ratio bucket with
+  grouping, read from the raw element's ``width``/``height``, with
+  :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one
+  sample context per element, one ``batch_rng()`` key per batch) and collates it;
+* the loader returns the workers' batches in turn: worker 0's first batch, worker 1's
+  first, ..., worker 0's second, ... (after a resume it goes on with the worker whose turn
+  it was, holding back the batches that arrive early; a worker whose stream ended loses its
+  turns).
+
+The batch stream therefore depends on ``NUM_WORKERS`` (the same elements, grouped
+differently), unlike the map-style path. An element's ``sample_rng()`` position is
+``c * n + w`` for the ``c``-th element worker ``w`` reads: unique, and the stream position
+itself when the loader shards.
+
+A worker's position is its count of elements read plus the elements waiting in its buckets;
+the loader keeps the latest of each worker's (it comes back with every batch,
+:func:`batches_in_turn`), so a stream that can be read again from the start (or from a
+position: ``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``. A stream
+with a ``position_key()`` method (``RankStream``) names what its positions mean; a saved
+position is checked against it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from trainkit.config import ConfigError
+from trainkit.data.grouping import BucketOf, Buckets
+from trainkit.data.loader_state import new_state
+from trainkit.data.loader_workers import pack_in_worker
+from trainkit.data.mapping import RecordMapper, sample_context
+
+__all__ = ["StreamBatches", "batches_in_turn"]
+
+logger = logging.getLogger(__name__)
+
+
+class StreamBatches(IterableDataset):
+    """The batches one loader worker (or the training process) forms from a stream dataset.
+
+    Args:
+        stream: the user's ``IterableDataset`` of raw elements.
+        mapper: maps one raw element (``None``: elements are used as they are).
+        batch_size: elements per batch.
+        bucket_of: raw element -> aspect-ratio bucket (grouping), or None.
+        collate_fn: list of mapped elements -> batch.
+        seed: keys ``sample_rng()`` / ``batch_rng()``.
+        drop_last: at the end of a finite stream, drop what is left in a worker's buckets
+            (else each bucket becomes one last, smaller batch).
+        start: the loader's position to resume from (``None``: the start).
+    """
+
+    def __init__(
+        self,
+        stream: IterableDataset,
+        mapper: RecordMapper | None,
+        batch_size: int,
+        *,
+        bucket_of: BucketOf | None,
+        collate_fn: Callable[[list[Any]], Any],
+        seed: int,
+        drop_last: bool = True,
+        start: dict[str, Any] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.drop_last = drop_last
+        self.mapper = mapper
+        self.batch_size = batch_size
+        self.bucket_of = bucket_of
+        self.num_buckets = 1 if bucket_of is None else bucket_of.num_buckets
+        self.collate_fn = collate_fn
+        self.seed = seed
+        self.start = start
+
+    def initial_state(self, num_workers: int) -> dict[str, Any]:
+        """The loader's position before any batch, read by ``num_workers`` loader workers."""
+        key = getattr(self.stream, "position_key", None)
+        return new_state(
+            "stream",
+            source=key() if callable(key) else None,
+            batch_size=self.batch_size,
+            num_buckets=self.num_buckets,
+            num_workers=num_workers,
+        )
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        start = self.start or self.initial_state(num_workers)
+        if start["num_workers"] != num_workers:
+            raise ConfigError(
+                f"the stream loader's state was saved with {start['num_workers']} loader workers, "
+                f"this loader has {num_workers}; resume a stream with the same "
+                "DATALOADER.NUM_WORKERS (its batches depend on it)."
+            )
+        yield from self._batches(worker, num_workers, start["workers"][worker])
+        # Tells the loader this worker has no more batches (a finite stream), so that it
+        # stops waiting for this worker's turn.
+        yield None, {"worker": worker, "end": True}
+
+    def _worker_elements(self, worker: int, num_workers: int, first: int) -> Iterator[Any]:
+        """This worker's elements, from its ``first``-th one."""
+        self_sharding = getattr(self.stream, "shards_across_workers", False)
+        if self_sharding or num_workers == 1:
+            if hasattr(self.stream, "iter_from"):
+                return self.stream.iter_from(first)
+            return itertools.islice(iter(self.stream), first, None)
+        if hasattr(self.stream, "iter_from"):
+            elements = self.stream.iter_from(first * num_workers + worker)
+            return itertools.islice(elements, 0, None, num_workers)
+        start = first * num_workers + worker
+        return itertools.islice(iter(self.stream), start, None, num_workers)
+
+    def _batches(
+        self, worker: int, num_workers: int, state: dict[str, Any]
+    ) -> Iterator[tuple[Any, dict[str, Any]]]:
+        # Elements waiting in a bucket at the saved position are read again: count -> bucket.
+        pending = {c: b for b, waiting in enumerate(state["buckets"]) for c, _ in waiting}
+        first = min(pending, default=state["read"])
+        buckets = Buckets(self.batch_size)
+        self._failures_in_a_row = 0
+        read = first
+        for count, element in enumerate(self._worker_elements(worker, num_workers, first), first):
+            read = count + 1
+            if count < state["read"] and count not in pending:
+                continue  # returned in a batch before the resume
+            bucket = pending.pop(count, None)
+            if bucket is None:
+                bucket = self.bucket_of(element) if self.bucket_of is not None else 0
+            items = buckets.add(bucket, (count, element))
+            if items is not None:
+                yield from self._mapped(items, buckets, read, worker, num_workers)
+        if not self.drop_last:
+            for items in buckets.rest():
+                yield from self._mapped(items, buckets, read, worker, num_workers)
+
+    def _mapped(
+        self,
+        items: list[tuple[int, Any]],
+        buckets: Buckets,
+        read: int,
+        worker: int,
+        num_workers: int,
+    ) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Map and collate a batch (if an element survives); send it with the worker's position."""
+        positions = [count * num_workers + worker for count, _ in items]
+        batch, skipped = [], 0
+        for position, (_, element) in zip(positions, items):
+            if self.mapper is None:
+                batch.append(element)
+                continue
+            with sample_context(self.seed, position, min(positions)):
+                result = self.mapper.map_or_skip(element, f"element at position {position}")
+            if result is None:
+                skipped += 1
+                self._failures_in_a_row += 1
+                self.mapper.check_in_a_row(self._failures_in_a_row, f"position {position}", element)
+            else:
+                self._failures_in_a_row = 0
+                batch.append(result)
+        waiting = [
+            [[c, c * num_workers + worker] for c, _ in buckets.waiting.get(b, ())]
+            for b in range(self.num_buckets)
+        ]
+        meta = {
+            "worker": worker,
+            "state": {"read": read, "buckets": waiting},
+            "skipped": skipped,
+            "size": len(batch),
+        }
+        if batch:
+            yield pack_in_worker(self.collate_fn(batch)), meta
+
+
+def batches_in_turn(
+    batches: Iterable[tuple[Any, dict[str, Any]]], state: dict[str, Any]
+) -> Iterator[tuple[Any, dict[str, Any], int]]:
+    """Return the workers' batches in turn, from the worker whose turn ``state`` says.
+
+    The torch loader asks its workers in turn from worker 0; the batches go on from the
+    worker whose turn it is, so batches that come early wait here, and a worker whose stream
+    ended loses its turns.
+
+    Args:
+        batches: what the torch loader over :class:`StreamBatches` yields.
+        state: the loader's position before the first of them.
+
+    Yields:
+        ``(batch, position after it, records skipped in it)``.
+    """
+    num_workers = state["num_workers"]
+    waiting: list[collections.deque[tuple[Any, dict[str, Any]]]] = [
+        collections.deque() for _ in range(num_workers)
+    ]
+    ended: set[int] = set()
+    for batch, meta in itertools.chain(batches, [(None, None)]):
+        finished = meta is None  # the torch loader is done: the waiting workers send nothing
+        if not finished:
+            waiting[meta["worker"]].append((batch, meta))
+        while len(ended) < num_workers:
+            turn = state["next_worker"]
+            if turn in ended:
+                state = {**state, "next_worker": (turn + 1) % num_workers}
+                continue
+            if not waiting[turn]:
+                if not finished:
+                    break
+                ended.add(turn)
+                continue
+            ready, meta = waiting[turn].popleft()
+            if meta.get("end"):
+                ended.add(turn)
+                continue
+            workers = list(state["workers"])
+            workers[turn] = meta["state"]
+            state = {**state, "workers": workers, "next_worker": (turn + 1) % num_workers}
+            yield ready, state, meta["skipped"]
