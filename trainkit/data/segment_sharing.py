@@ -1,54 +1,43 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
-This is trainkit's one mechanism for one copy of the records per machine. No collective and
-no process group is involved, so it works under any launcher (``launch()``, torchrun,
+This is trainkit's one mechanism for one copy of the records per machine. It involves no
+collective and no process group, so it works under any launcher (``launch()``, torchrun,
 SLURM, processes started by hand) and no rank ever waits for another.
 
 Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
-detectron2 code does, and the catalog path on every rank) first serialises it into its own
-sealed memfd, hashing the bytes on the way
-(:class:`~trainkit.data.shared_segments.SegmentWriter`). Then it calls
-:func:`share_segment`, which meets the other processes of the machine that hold the same
-records at a Linux *abstract* unix socket named after the digest and the user id::
+detectron2 code does, and the catalog path) serialises it into its own sealed memfd, hashing
+it on the way (:class:`~trainkit.data.shared_segments.SegmentWriter`), then calls
+:func:`share_segment`. That meets the machine's other holders of the same records at a Linux
+*abstract* unix socket named after the digest and the user id::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
-* The first process to ``bind`` that name serves its segment: a daemon thread accepts
-  connections and sends the memfd itself over the socket (``SCM_RIGHTS``), so no ``/proc``
-  access is needed and nothing but the kernel's fd table is involved.
-* A later process connects instead, receives the descriptor, checks it (the peer runs as
-  the same user, the file is sealed immutable, its size and the digest in its header match
-  the segment just built), maps it and drops its own copy: one copy per machine in steady
-  state. Two processes that finish at the same time race for ``bind``; the loser connects.
-* Different records give different digests, hence different names: a process is never
-  given another list's records. Abstract names vanish with their last socket, so nothing
-  is left behind after a crash, and no process waits for another one: a process that
-  builds a dataset alone simply serves it to nobody.
-* Holders keep their connection open to *watch* the server. When the server exits or
-  drops the dataset, the connection closes; the watchers race to ``bind`` and the winner
-  serves its mapping (the same file), so a process that builds the same records later
-  still finds the copy instead of adding a second one.
-* Forked loader workers inherit the mapping; an at-fork handler closes the inherited
-  sockets in the child so that only the parent serves. Spawned workers attach through the
-  pickled handle (``/proc/<pid>/fd/<fd>``, :func:`attach_segment`) or, where that fails,
-  ask for the digest (:func:`~trainkit.data.shared_segments.fetch_segment`).
-* Where memfd sealing or abstract unix sockets are unavailable (another OS, a sandbox),
-  or a connection times out, the process keeps its private copy and logs one line.
-  Segments under :data:`MIN_SHARED_BYTES` are not shared: the saving would be smaller than
-  the thread and sockets it costs.
+* The first process to ``bind`` the name serves its segment: a daemon thread sends the memfd
+  itself over the socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later process
+  connects, checks what it receives (the peer runs as the same user, the file is sealed, its
+  size and digest match the segment just built), maps it and drops its own copy. Two that
+  finish at the same time race for ``bind``; the loser connects.
+* Different records have different names: a process is never given another list's records.
+  Abstract names vanish with their last socket, so a crash leaves nothing behind, and a
+  process that builds a dataset alone serves it to nobody and waits for no one.
+* Holders keep their connection open to *watch* the server: when it exits or drops the
+  dataset, they race to ``bind`` and the winner serves its mapping (the same file), so a
+  process that builds the same records later still finds the copy.
+* Forked loader workers inherit the mapping (an at-fork handler closes the inherited sockets,
+  so only the parent serves); spawned ones attach through the pickled handle
+  (:func:`attach_segment`) or, where that fails, by digest.
+* Without memfd sealing or abstract unix sockets (another OS, a sandbox), or when a
+  connection times out, the process keeps its private copy and logs one line. Segments under
+  :data:`MIN_SHARED_BYTES` are not shared: the saving would not pay for a thread and sockets.
 
 What it costs: every rank that needs the records loads and serialises them itself (the
-catalog function runs on every rank: its CPU time and file reads once per rank, not once
-per machine). Peak memory: each process that builds the records holds its own copy until
-the rendezvous, so while ranks build at the same time the machine briefly holds one copy
-per building rank (on top of the lists the callers already hold); the extra copies are
-freed as soon as each rank attaches, and the steady state is one copy per machine for any
-number of ranks and loader workers. Each shared segment keeps one daemon thread and a few
-sockets per process. Same-user processes are trusted (they could read this process's memory
-anyway); other users can neither be served nor serve (``SO_PEERCRED``).
-
-This module keeps a per-process set of live shares for the at-fork handler; tests stop
-them with :func:`stop_all`.
+catalog function's CPU time and file reads once per rank, not once per machine). While ranks
+build at the same time the machine briefly holds one copy per building rank (on top of the
+lists the callers hold), freed as each rank attaches: the steady state is one copy per
+machine for any number of ranks and loader workers. Each shared segment keeps one daemon
+thread and a few sockets per process. Same-user processes are trusted (they could read this
+process's memory anyway); other users can neither be served nor serve (``SO_PEERCRED``).
+Tests stop every share of this process with :func:`stop_all`.
 """
 
 from __future__ import annotations

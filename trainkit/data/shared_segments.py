@@ -1,33 +1,23 @@
 """Read-only record segments in anonymous shared memory that other local processes can attach to.
 
-A *segment* holds serialised records: a 64-byte header, the concatenated record bytes, and
+A *segment* holds serialised records: a 64-byte header (with a BLAKE2b digest of the record
+bytes, ends and counts, computed while they are written), the concatenated record bytes, and
 the int64 end offset of every record. It lives in an **anonymous** memory file
 (``memfd_create``, or an unlinked temporary file in ``/dev/shm`` where memfd is missing),
-so it has no name anywhere in the file system:
-
-* nothing can leak: the kernel frees the pages when the last descriptor and mapping go
-  away, which also happens when every process holding it crashes or is killed;
-* another process on the machine attaches by opening ``/proc/<pid>/fd/<fd>`` of a process
-  that holds it (the same file, not a copy) and maps it read-only. Ranks attach through the
-  leader's handle; a spawned loader worker attaches through its parent's handle, which is
-  what sending a segment to another process sends (multiprocessing's ``ForkingPickler``,
-  which spawn, forkserver and queues use). Forked workers simply inherit the mapping.
-* plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as it does for
-  a torch tensor, so the pickle stays loadable after this process is gone; loading puts
-  them into a new anonymous memory file.
-
+which has no name in the file system, so nothing can leak: the kernel frees the pages with
+the last descriptor and mapping, also when every process holding it crashes or is killed.
 The writer seals a memfd against writes, growth and shrinking once it is complete, so no
 process can change the bytes under another one's feet.
 
-Where none of this is possible (no fd can be created) a segment falls back to private
-memory and says so; sending such a segment copies its bytes, as a numpy array would.
-
-The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
-while they are written. It names the contents: :mod:`trainkit.data.segment_sharing` uses it
-to find an identical segment that another process on the machine already holds and serves,
-and a spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by
-digest. Asking a holder (:func:`fetch_segment`, :func:`receive_segment`) is here; holding
-and serving is :mod:`trainkit.data.segment_sharing`'s.
+Another process of the machine maps the same file read-only: by opening
+``/proc/<pid>/fd/<fd>`` of a holder (what sending a segment through multiprocessing's
+``ForkingPickler`` sends, as spawn, forkserver and queues do; forked workers simply inherit
+the mapping), or by asking the machine's holder of its digest (:func:`fetch_segment`,
+:func:`receive_segment`; holding and serving is :mod:`trainkit.data.segment_sharing`'s).
+Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
+tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
+no memory file can be created a segment lives in private memory and says so; sending it
+copies its bytes, as for a numpy array.
 """
 
 from __future__ import annotations
@@ -76,14 +66,10 @@ MESSAGE_MAGIC = b"TKSHARE1"
 class SegmentHandle(NamedTuple):
     """Plain data that lets a process on the same machine attach to a segment.
 
-    Attributes:
-        pid: a process that holds the segment open.
-        fd: the descriptor number in that process.
-        dev: ``st_dev`` of the memory file (checked on attach, so a recycled pid or fd
-            number is detected instead of mapping an unrelated file).
-        ino: ``st_ino`` of the memory file.
-        size: the segment's size in bytes.
-        digest: the digest of its records (to ask for it by content if ``/proc`` fails).
+    Process ``pid`` holds the segment (``size`` bytes) open as descriptor ``fd``; ``dev`` and
+    ``ino`` (the memory file's ``st_dev``/``st_ino``) are checked on attach, so a recycled pid
+    or fd number is detected instead of mapping an unrelated file; ``digest`` names the
+    records, to ask for them by content if ``/proc`` fails.
     """
 
     pid: int
@@ -127,13 +113,11 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Create one with :class:`SegmentWriter`, :func:`segment_from_fd` or
-    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent to another process through
-    multiprocessing, a segment travels as a handle (this process's pid and fd, and the
-    digest; :mod:`trainkit.data.segment_sharing` registers that), so the receiver maps the
-    same pages; it must run on the same machine while this process still holds the segment,
-    which is the case for a loader worker spawned by this process. Plain ``pickle`` stores
-    the bytes.
+    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or
+    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent through multiprocessing it
+    travels as its handle (registered by :mod:`trainkit.data.segment_sharing`), so the
+    receiver, on this machine while this process holds the segment (a loader worker it
+    spawned), maps the same pages.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
@@ -142,15 +126,13 @@ class SharedSegment:
         Raises:
             ValueError: If ``buffer`` does not start with a segment header.
         """
-        self._fd = fd
-        self._buffer = buffer
+        self._fd, self._buffer = fd, buffer
+        self._identity: tuple[int, int] | None = None
         if fd is not None:
             # Close our descriptor when this object goes; the mapping lives on in the views.
             self._finalizer = weakref.finalize(self, os.close, fd)
             st = os.fstat(fd)
-            self._identity: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        else:
-            self._identity = None
+            self._identity = (st.st_dev, st.st_ino)
         if len(buffer) < _HEADER_BYTES:
             raise ValueError("not a trainkit record segment (too short for a header)")
         header = np.frombuffer(buffer, dtype=np.int64, count=4)
@@ -396,12 +378,8 @@ def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
     """
     try:
         sock, fd = receive_segment(digest, size)
-    except OSError as e:
-        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
-        return None
-    sock.close()
-    try:
+        sock.close()
         return map_received(fd, digest, size)
     except OSError as e:
-        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
+        logger.debug("No holder of segment %s answered with it: %s", digest.hex()[:12], e)
         return None
