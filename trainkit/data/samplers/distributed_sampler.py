@@ -40,10 +40,7 @@ def _epoch_permute(
     offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, purpose: int
 ) -> np.ndarray:
     # Positions come sorted, so a block usually lies in one epoch: one key column then.
-    if epochs[0] == epochs[-1]:
-        keys = round_keys(seed, purpose, epochs[:1])
-    else:
-        keys = round_keys(seed, purpose, epochs)
+    keys = round_keys(seed, purpose, epochs[:1] if epochs[0] == epochs[-1] else epochs)
     return permute(offsets, n, keys)
 
 
@@ -253,10 +250,10 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
             for cat_id in {ann["category_id"] for ann in record.get("annotations", [])}:
                 category_freq[cat_id] += 1
         num_records = max(1, len(dataset_dicts))
-        category_rep = {
-            cat: max(1.0, _ratio_root(repeat_thresh / (count / num_records), sqrt))
-            for cat, count in category_freq.items()
-        }
+        category_rep = {}
+        for cat, count in category_freq.items():
+            ratio = repeat_thresh / (count / num_records)
+            category_rep[cat] = max(1.0, math.sqrt(ratio) if sqrt else ratio)
         factors = [
             max(
                 (category_rep[ann["category_id"]] for ann in record.get("annotations", [])),
@@ -304,10 +301,6 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
                 done = end
             epoch += 1
         return out
-
-
-def _ratio_root(ratio: float, sqrt: bool) -> float:
-    return math.sqrt(ratio) if sqrt else ratio
 
 
 class InferenceSampler(Sampler[int]):
