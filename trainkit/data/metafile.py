@@ -1,20 +1,13 @@
 """One-record-per-line metadata files read on demand through a memory-mapped line index.
 
 The index of ``data.jsonl`` is a small binary file: a 64-byte header (magic, version, the
-metadata file's size and ``st_mtime_ns`` it was built from, the number of records) followed
-by ``num_records + 1`` int64 byte offsets (the start of every non-blank line, then the file
+metadata file's size and ``st_mtime_ns`` it was built from, the number of records), then
+``num_records + 1`` int64 byte offsets (the start of every non-blank line, then the file
 size). It is built once by a vectorised newline scan over ``mmap`` chunks, written to a
-temporary file and ``os.replace``-d into place (readers never see half an index; concurrent
-builders on several ranks just race to write the same bytes, and a lock file makes them
-wait for one another instead), and rebuilt when the metadata file's size or mtime changes.
-
-:class:`LineIndex` memory-maps the index. :class:`MetaFileDataset` is the one reader of a
-metadata file: it reads one record with two ``pread`` calls (its index entry, then its
-bytes) from the kernel's page cache, which every process on the machine shares, so a
-process's private memory does not grow with the number of records or with how many of them
-it has read; and it copies many records' lines at once (:meth:`MetaFileDataset.copy_lines`,
-vectorised), which is how a ``RankDataset`` loads its share.
-:mod:`trainkit.data.rank_dataset` splits a file into each rank's shares over this reader.
+temporary file and ``os.replace``-d into place (readers never see half an index; a lock file
+makes builders on several ranks wait for one another), and rebuilt when the metadata file's
+size or mtime changes. :class:`MetaFileDataset` is the one reader of a metadata file;
+:mod:`trainkit.data.rank_dataset` splits a file into each rank's shares over it.
 """
 
 from __future__ import annotations
@@ -51,11 +44,6 @@ _SCAN_CHUNK = 64 << 20  # bytes per vectorised newline scan
 _GATHER_BLOCK = 1 << 14  # records copied per numpy gather (~16 B of temporaries per byte)
 _NEWLINE, _CR = 10, 13
 _TWO_INT64 = struct.Struct("<qq") if sys.byteorder == "little" else struct.Struct(">qq")
-
-
-def _close_all(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 def _file_key(path: str) -> tuple[int, int]:
@@ -154,15 +142,11 @@ def build_line_index(
     finally:
         if tmp.exists():
             tmp.unlink()
-    seconds = time.perf_counter() - began
+    seconds, mib = time.perf_counter() - began, size / 2**20
+    speed = mib / max(seconds, 1e-9)
     logger.info(
         "Indexed %d records of %s (%.1f MiB) in %.2f s (%.0f MiB/s) into %s",
-        num_records,
-        meta_file,
-        size / 2**20,
-        seconds,
-        size / 2**20 / max(seconds, 1e-9),
-        index_path,
+        *(num_records, meta_file, mib, seconds, speed, index_path),
     )
 
 
@@ -232,11 +216,13 @@ class LineIndex:
 class MetaFileDataset(Dataset):
     """A map-style dataset over a one-record-per-line file (JSON lines by default).
 
-    Record ``i`` is read on demand through the line index (see :class:`LineIndex`), so
-    private memory per process is O(1) in the number of records and any index costs the
-    same: use it with
-    :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle. Blank lines
-    are skipped. Each access parses a fresh record.
+    Record ``i`` is read on demand with two ``pread`` calls (its :class:`LineIndex` entry,
+    then its bytes) from the kernel's page cache, which every process on the machine shares:
+    private memory per process is O(1) in the number of records and however many were read,
+    and any index costs the same, so use it with
+    :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle.
+    :meth:`copy_lines` copies many records' lines at once (how a ``RankDataset`` loads its
+    share). Blank lines are skipped; each access parses a fresh record.
 
     Register it like a list-returning function; the train loader then opens it on every
     rank instead of serialising records (``DatasetCatalog.get`` returns the dataset)::
@@ -271,14 +257,14 @@ class MetaFileDataset(Dataset):
     def _open(self, index: LineIndex) -> None:
         self._index = index
         self._num_records = len(index)
-        # Records are read with pread (two per record: its index entry, then its bytes),
-        # not through a mapping: pages of a file that only this process maps count as its
+        # pread, not a mapping: pages of a file that only this process maps count as its
         # private memory (USS/RSS grow to the file size under random access, though the
-        # kernel may drop them), while pread reads the same shared page cache and leaves
-        # the process's memory flat. A syscall costs ~1 us, far below parsing a record.
+        # kernel may drop them); pread reads the shared page cache and leaves the process's
+        # memory flat. A syscall costs ~1 us, far below parsing a record.
         self._index_fd = os.open(index.path, os.O_RDONLY | os.O_CLOEXEC)
         self._meta_fd = os.open(index.meta_file, os.O_RDONLY | os.O_CLOEXEC)
-        self._closer = weakref.finalize(self, _close_all, self._index_fd, self._meta_fd)
+        for fd in (self._index_fd, self._meta_fd):
+            weakref.finalize(self, os.close, fd)
 
     @property
     def meta_file(self) -> str:
