@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ from trainkit.data.grouping import Buckets
 from trainkit.data.mapping import RecordMapper, as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
-logger = logging.getLogger(__name__)
-
 __all__ = [
     "AspectRatioGroupedDataset",
     "DatasetFromList",
@@ -33,21 +30,6 @@ __all__ = [
     "records_and_mapper",
     "set_default_dataset_from_list_serialize_method",
 ]
-
-
-def _worker_share(iterable: Iterable[Any], chunk_size: int) -> Iterator[Any]:
-    info = get_worker_info()
-    if info is None or info.num_workers == 1:
-        yield from iterable
-        return
-    # Chunk j goes to worker j % num_workers: together the workers yield each item once.
-    it = iter(iterable)
-    for chunk_idx in itertools.count():
-        chunk = list(itertools.islice(it, chunk_size))
-        if not chunk:
-            return
-        if chunk_idx % info.num_workers == info.id:
-            yield from chunk
 
 
 class ToIterableDataset(IterableDataset):
@@ -93,9 +75,13 @@ class ToIterableDataset(IterableDataset):
         info = get_worker_info()
         if not self.shard_sampler or info is None or info.num_workers == 1:
             return self.sampler
+        worker, num_workers, size = info.id, info.num_workers, self.shard_chunk_size
         if isinstance(self.sampler, GlobalStreamSampler):
-            return self.sampler.iter_worker_share(info.id, info.num_workers, self.shard_chunk_size)
-        return _worker_share(self.sampler, self.shard_chunk_size)
+            return self.sampler.iter_worker_share(worker, num_workers, size)
+        # Chunk j goes to worker j % num_workers: together the workers yield each index once.
+        indices = iter(self.sampler)
+        chunks = iter(lambda: list(itertools.islice(indices, size)), [])
+        return (i for j, chunk in enumerate(chunks) if j % num_workers == worker for i in chunk)
 
     def __iter__(self) -> Iterator[Any]:
         for idx in self._indices():
@@ -131,36 +117,8 @@ class AspectRatioGroupedDataset(IterableDataset):
                 yield batch
 
 
-class MapDataset(Dataset):
-    """Apply ``map_func`` to each record of a dataset, skipping records that fail.
-
-    A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
-    mistake in the config or the inputs that another record would hit as well (a setting out of
-    range, a missing metadata file), so it is raised at once. The failure is logged with the
-    index and a running count. For a map-style dataset a replacement index is tried, chosen
-    deterministically from (seed, sample, attempt); after ``max_consecutive_failures`` failures
-    in a row for one sample it raises ``RuntimeError`` naming the dataset and the last failing
-    record.
-
-    Given an ``IterableDataset``, the result is an iterable dataset too (an instance of a
-    private subclass of ``IterableDataset``, not of this class, as in detectron2) that maps
-    each element and skips the ones that fail.
-
-    Every ``map_func`` call on a map-style dataset runs inside a sample context, so
-    ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
-    global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
-    datasets have no global position, so their mappers cannot call it.
-
-    ``map_func`` is held in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda
-    works with loader workers started by "spawn".
-    """
-
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # Unpickling calls cls.__new__(cls) without arguments: dataset is None then.
-        if isinstance(dataset, IterableDataset):
-            return _MapIterableDataset(dataset, *args, **kwargs)
-        return super().__new__(cls)
+class _Mapped:
+    """What ``MapDataset`` and its iterable twin share: the records and their ``RecordMapper``."""
 
     def __init__(
         self,
@@ -190,18 +148,45 @@ class MapDataset(Dataset):
             name=name or type(dataset).__name__,
         )
 
-    @property
-    def _map_func(self) -> Callable[[Any], Any]:
-        # detectron2's attribute name for the mapping function.
-        return self.mapper.map_func
-
     def __len__(self) -> int:
-        return len(self.dataset)
+        # Of an iterable: an upper bound when elements fail, as in detectron2 (TypeError if
+        # unsized).
+        return len(self.dataset)  # type: ignore[arg-type]
 
     @property
     def num_failures(self) -> int:
         """Records that failed in this process so far (each loader worker counts its own)."""
         return self.mapper.num_failures
+
+
+class MapDataset(_Mapped, Dataset):
+    """Apply ``map_func`` to each record of a dataset, skipping records that fail.
+
+    Failures are :class:`~trainkit.data.mapping.RecordMapper`'s: ``None`` or an exception
+    (but a ``UsageError`` is raised at once), logged with a running count; a failed record is
+    replaced by an index drawn from (seed, sample, attempt), and ``max_consecutive_failures``
+    in a row raise ``RuntimeError``. Given an ``IterableDataset`` the result is an iterable
+    dataset (of a private subclass of ``IterableDataset``, not of this class, as in
+    detectron2) that maps each element and skips the ones that fail.
+
+    Every ``map_func`` call on a map-style dataset runs inside a sample context, so
+    ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
+    global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
+    datasets have no global position, so their mappers cannot call it. ``map_func`` is held
+    in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda works with loader
+    workers started by "spawn".
+    """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # Unpickling calls cls.__new__(cls) without arguments: dataset is None then.
+        if isinstance(dataset, IterableDataset):
+            return _MapIterableDataset(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
+    @property
+    def _map_func(self) -> Callable[[Any], Any]:
+        # detectron2's attribute name for the mapping function.
+        return self.mapper.map_func
 
     def __getitem__(self, idx: int) -> Any:
         return self.map_at(idx, seed=0, position=idx)
@@ -222,37 +207,8 @@ class MapDataset(Dataset):
         return element
 
 
-class _MapIterableDataset(IterableDataset):
-    """An iterable dataset that maps each element and skips those that fail to map.
-
-    Built by ``MapDataset(iterable_dataset, map_func)``. Like the map-style version it
-    treats ``None`` and exceptions as failures, logs each one, and raises after
-    ``max_consecutive_failures`` in a row; a ``UsageError`` is raised at once.
-    """
-
-    def __init__(
-        self,
-        dataset: IterableDataset,
-        map_func: Callable[[Any], Any],
-        *,
-        max_consecutive_failures: int = 20,
-        name: str | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.mapper = as_record_mapper(
-            map_func,
-            max_consecutive_failures=max_consecutive_failures,
-            name=name or type(dataset).__name__,
-        )
-
-    def __len__(self) -> int:
-        # An upper bound when elements fail, as in detectron2; TypeError if unsized.
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    @property
-    def num_failures(self) -> int:
-        """Elements that failed in this process so far."""
-        return self.mapper.num_failures
+class _MapIterableDataset(_Mapped, IterableDataset):
+    """What ``MapDataset(iterable_dataset, map_func)`` builds: maps elements, skips failures."""
 
     def __iter__(self) -> Iterator[Any]:
         failures_in_a_row = 0

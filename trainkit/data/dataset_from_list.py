@@ -1,21 +1,20 @@
 """``DatasetFromList`` and its serialisation methods (exported by ``trainkit.data.common``).
 
-The default method, :class:`_SharedSerializedList`, pickles the records into one flat
-byte buffer plus an int64 array of end offsets, held in a sealed anonymous shared-memory
-segment (:mod:`trainkit.data.shared_segments`). Identical records built by several processes
-of one machine end up in one segment (:mod:`trainkit.data.segment_sharing`, no collective):
-every rank may call ``DatasetFromList(lst)`` itself, as detectron2 code does and as the
-catalog path does, and the machine still holds one copy.
-``set_default_dataset_from_list_serialize_method`` swaps the default, as in detectron2.
+The default method, :class:`_SharedSerializedList`, pickles the records into one sealed,
+anonymous shared-memory segment (:mod:`trainkit.data.shared_segments`), and the processes of
+a machine that build identical records map one segment (:mod:`trainkit.data.segment_sharing`,
+no collective). ``set_default_dataset_from_list_serialize_method`` swaps the default, as in
+detectron2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
 import logging
 import pickle
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -44,13 +43,6 @@ class _SharedSerializedList:
     def __init__(self, lst: Iterable[Any]) -> None:
         """Serialise ``lst`` (any iterable: records are consumed one by one)."""
         self._set_segment(share_segment(_serialize_records(lst)))
-
-    @classmethod
-    def from_segment(cls, segment: SharedSegment) -> _SharedSerializedList:
-        """Wrap an existing segment of records."""
-        obj = cls.__new__(cls)
-        obj._set_segment(segment)
-        return obj
 
     def _set_segment(self, segment: SharedSegment) -> None:
         self._segment = segment
@@ -85,23 +77,18 @@ class _SharedSerializedList:
 _default_method: SerializeMethod = _SharedSerializedList
 
 
-class _RestoreDefaultMethod:
-    """Returned by the setter: as a context manager, restores the previous default on exit."""
-
-    def __init__(self, previous: SerializeMethod) -> None:
-        self._previous = previous
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        global _default_method
-        _default_method = self._previous
+@contextlib.contextmanager
+def _restoring(previous: SerializeMethod) -> Iterator[None]:
+    global _default_method
+    try:
+        yield
+    finally:
+        _default_method = previous
 
 
 def set_default_dataset_from_list_serialize_method(
     new: SerializeMethod,
-) -> _RestoreDefaultMethod:
+) -> contextlib.AbstractContextManager[None]:
     """Make ``new`` what ``DatasetFromList(lst, serialize=True)`` applies to ``lst``.
 
     Use it as a context manager (as in detectron2) to change the default only inside the
@@ -126,7 +113,7 @@ def set_default_dataset_from_list_serialize_method(
             f"list of records, got {new!r} ({type(new).__name__})"
         )
     previous, _default_method = _default_method, new
-    return _RestoreDefaultMethod(previous)
+    return _restoring(previous)
 
 
 class DatasetFromList(Dataset):
@@ -180,14 +167,11 @@ class DatasetFromList(Dataset):
         """Build the machine's one serialised copy from what ``load_fn`` returns.
 
         Kept for code written against earlier trainkit versions, where only local rank 0
-        called ``load_fn`` and two ``all_gather`` calls over the local process group handed
-        its segment to the other ranks. Now every rank calls ``load_fn``; its records are
-        written one by one into a segment (a generator is never held as a whole) and the
-        ranks of a machine share one copy by content (:mod:`trainkit.data.segment_sharing`),
-        under any launcher and with no collective. The cost: each rank loads and serialises
-        the records itself, and while ranks build at the same time the machine briefly holds
-        one copy per building rank. With a custom default serialisation method every rank
-        applies the method.
+        called ``load_fn`` and ``all_gather`` over the local process group handed its segment
+        on. Now every rank calls ``load_fn`` and writes its records one by one (a generator is
+        never held as a whole), and the ranks of a machine share one copy by content, with no
+        collective (costs: :mod:`trainkit.data.segment_sharing`). With a custom default
+        serialisation method every rank applies the method.
 
         Args:
             load_fn: returns the records (a list or any iterable, e.g. a generator).
@@ -205,9 +189,7 @@ class DatasetFromList(Dataset):
         Equal on every process that maps the same copy; ``None`` for records that are not
         in a shared segment (``serialize=False``, a custom method, private memory).
         """
-        if isinstance(self._lst, _SharedSerializedList):
-            return self._lst.segment_identity
-        return None
+        return self._lst.segment_identity if isinstance(self._lst, _SharedSerializedList) else None
 
     def __len__(self) -> int:
         return len(self._lst)

@@ -19,7 +19,6 @@ themselves. Either position is a state of :mod:`trainkit.data.loader_state`.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,8 +37,6 @@ from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.mapping import RecordMapper, sample_context
 from trainkit.data.stream_batches import StreamBatches, batches_in_turn
 from trainkit.utils.errors import UsageError, user_message
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
 

@@ -1,18 +1,12 @@
 """Mapping one record: its sample context (per-sample randomness) and what happens when it fails.
 
-The loaders wrap every mapper call in :func:`sample_context`, a generator keyed by (seed,
-global stream position) of a sample; a mapper then calls :func:`sample_rng` /
-:func:`sample_seed`. Because the key is the sample's place in the global stream, not the
-loader worker or process that maps it, augmentation is the same for any ``NUM_WORKERS`` and
-after a resume. :func:`batch_rng` is keyed by the batch the sample belongs to instead, for
-draws every sample of a batch must share (one scale per batch).
-
-:class:`RecordMapper` is the one place a record is mapped: inside its sample context, with a
-failed record (``None`` or an exception) logged, counted, and either replaced by another one
-chosen from (seed, position, attempt) — training — or skipped — evaluation and stream
-datasets.
-:class:`~trainkit.data.common.MapDataset` (detectron2's name) is a dataset view over one; the
-loader builders hand the user's mapper to the loader as a ``RecordMapper`` directly.
+The loaders map every record inside :func:`sample_context`, keyed by (seed, global stream
+position) of its sample, where a mapper calls :func:`sample_rng` / :func:`sample_seed`: the
+key is the sample's place in the global stream, not the loader worker or process that maps
+it, so augmentation is the same for any ``NUM_WORKERS`` and after a resume. :func:`batch_rng`
+is keyed by the sample's batch, for draws all its samples share (one scale per batch).
+:class:`RecordMapper` is the one place a record is mapped; the loader builders hand the
+user's mapper to the loader as one (``MapDataset`` is a dataset view over one).
 """
 
 from __future__ import annotations
@@ -62,20 +56,15 @@ class _SampleKey:
     rng: np.random.Generator | None = field(default=None)
     batch_rng: np.random.Generator | None = field(default=None)
 
-    def digest(self) -> bytes:
-        """32 bytes that depend only on (seed, position): the sample's random material."""
-        return _digest(self.seed, self.position, _PERSONALIZATION)
-
-    def batch_digest(self) -> bytes:
-        """32 bytes that depend only on (seed, batch): the batch's random material."""
-        batch = self.position if self.batch is None else self.batch
-        return _digest(self.seed, batch, _BATCH_PERSONALIZATION)
-
-
-def _digest(seed: int, key: int, person: bytes) -> bytes:
-    # BLAKE2 rather than numpy's SeedSequence: the same quality of mixing at a fraction of
-    # the cost, which a loader pays for every sample (~10 us per sample saved).
-    return hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=32, person=person).digest()
+    def digest(self, batch: bool = False) -> bytes:
+        """32 bytes of random material that depend only on (seed, position or batch)."""
+        key = self.position if not batch or self.batch is None else self.batch
+        # BLAKE2 rather than numpy's SeedSequence: the same quality of mixing at a fraction
+        # of the cost, which a loader pays for every sample (~10 us per sample saved).
+        person = _BATCH_PERSONALIZATION if batch else _PERSONALIZATION
+        return hashlib.blake2b(
+            f"{self.seed}:{key}".encode(), digest_size=32, person=person
+        ).digest()
 
 
 # One generator object per thread, re-seeded for every sample: building a new numpy
@@ -174,7 +163,7 @@ def batch_rng() -> np.random.Generator:
     key = _current()
     if key.batch_rng is None:
         key.batch_rng = _seeded_generator(
-            key.batch_digest(), shared=None if key.nested else "batch"
+            key.digest(batch=True), shared=None if key.nested else "batch"
         )
     return key.batch_rng
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -44,8 +43,6 @@ from trainkit.data.loader_workers import pack_in_worker
 from trainkit.data.mapping import RecordMapper, sample_context
 
 __all__ = ["StreamBatches", "batches_in_turn"]
-
-logger = logging.getLogger(__name__)
 
 
 class StreamBatches(IterableDataset):
