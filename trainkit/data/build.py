@@ -1,14 +1,12 @@
 """Build train loaders from plain arguments or from a config (detectron2's builders).
 
-The config forms check what they read (:func:`check_train_loader_config`, before any data
-is loaded), load the named datasets and hand the records, the mapper, the sampler named by
-``DATALOADER.SAMPLER_TRAIN`` and the settings straight to the loader.
-
-``build_detection_train_loader`` and ``build_detection_test_loader`` (in
-:mod:`trainkit.data.inference_loader`, exported here: detectron2's import path) are
-:func:`~trainkit.config.configurable`: called with a config first they read it, called with
-a dataset they take explicit arguments, with detectron2's signatures in both forms.
-``build_train_loader`` / ``build_test_loader`` are the same functions.
+``build_detection_train_loader`` and ``build_detection_test_loader`` (from
+:mod:`trainkit.data.inference_loader`; detectron2's import path is this module) are
+:func:`~trainkit.config.configurable`, with detectron2's signatures: called with a config they
+check what they read (before any data is loaded), load the named datasets and hand the
+records, the mapper, the sampler and the settings straight to the loader; called with a
+dataset they take explicit arguments. ``build_train_loader`` / ``build_test_loader`` are the
+same functions.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from trainkit.data.loader_workers import (
     trivial_batch_collator,
     worker_init_reset_seed,
 )
-from trainkit.data.mapping import as_record_mapper
+from trainkit.data.mapping import as_record_mapper, check_max_failures
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
@@ -87,34 +85,25 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
             f"DATALOADER.PREFETCH_FACTOR must be >= 1 with loader workers (DATALOADER.NUM_WORKERS "
             f"> 0), got {loader.PREFETCH_FACTOR}"
         )
-    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+    check_max_failures(loader.MAX_CONSECUTIVE_FAILURES)
+    sampler = loader.SAMPLER_TRAIN
+    if sampler not in TRAIN_SAMPLERS:
         raise ConfigError(
-            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
-            f"{loader.MAX_CONSECUTIVE_FAILURES}"
-        )
-    _check_sampler_settings(loader)
-    if loader.ASPECT_RATIO_GROUPING:
-        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
-
-
-def _check_sampler_settings(loader: CfgNode) -> None:
-    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
-    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
-        raise ConfigError(
-            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"unknown DATALOADER.SAMPLER_TRAIN {sampler!r}; choose one of "
             f"{', '.join(TRAIN_SAMPLERS)}"
         )
-    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
-        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
-            raise ConfigError(
-                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
-                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
-            )
-    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+    if sampler == "RandomSubsetTrainingSampler" and not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+        raise ConfigError(
+            f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+            f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+        )
+    if sampler == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
         raise ConfigError(
             f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
             "to repeat no record."
         )
+    if loader.ASPECT_RATIO_GROUPING:
+        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
 
 
 def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
@@ -205,12 +194,7 @@ def build_detection_train_loader(
     ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``; the shared seed is ``cfg.SEED``
     if >= 0, else one drawn once here on every rank. Further keyword arguments of the
     explicit form (e.g. ``aspect_ratio_grouping=False``) override what the config says.
-    ``mapper=None`` uses the records as they are.
-
-    Over a map-style dataset the result is a resumable
-    :class:`~trainkit.data.loader.TrainLoader` (``state_dict()`` / ``load_state_dict()``,
-    the same batches for any ``num_workers``, ``trainkit.data.sample_rng()`` in mappers).
-    An ``IterableDataset`` gets a torch ``DataLoader``, which cannot resume.
+    The result is :func:`build_batch_data_loader`'s.
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
@@ -227,7 +211,8 @@ def build_detection_train_loader(
             ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
 
     Returns:
-        An iterable of batches, each a list of ``total_batch_size // world_size`` samples.
+        A :class:`~trainkit.data.loader.TrainLoader` of batches of
+        ``total_batch_size // world_size`` samples.
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
@@ -241,8 +226,6 @@ def build_detection_train_loader(
         without a sampler and without ``seed``: ``TrainingSampler``'s shared random seed.
         Every rank calls it. Loading the catalog's records involves no collective.
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
     if sampler is None and not isinstance(dataset, IterableDataset):
         sampler = TrainingSampler(len(dataset), seed=kwargs.get("seed"))
     return build_batch_data_loader(
@@ -281,14 +264,11 @@ def build_batch_data_loader(
 
     ``total_batch_size`` is the batch of one optimizer step over all ranks and
     ``k = accumulate_steps`` micro-batches. A ``MapDataset`` is taken apart once into its
-    records and its mapper; the records' facts (aspect ratios) are read from the unmapped
-    records. Then, for a map-style dataset and a trainkit training sampler, each step's batch
-    is composed from the global stream and dealt to the ranks
-    (:class:`~trainkit.data.composer.StepBatchComposer`): the same records per step for any
-    world size, ``k`` and ``num_workers``. With any other sampler (or
-    ``single_gpu_batch_size``) batches are composed from this rank's draws. An
-    ``IterableDataset`` is a stream dataset: its loader workers read disjoint shares and form the
-    batches (:mod:`trainkit.data._stream_batches`).
+    records and its mapper; aspect ratios are read from the unmapped records. A map-style
+    dataset gets a batch plan (:func:`~trainkit.data.batch_plan.make_batch_plan`: over a
+    trainkit training sampler the same records per step for any world size, ``k`` and
+    ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers form the
+    batches (:mod:`trainkit.data.stream_batches`; it resumes with the same ``num_workers``).
 
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records), or
@@ -304,7 +284,7 @@ def build_batch_data_loader(
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
         prefetch_factor: batches each worker loads ahead.
-        persistent_workers: keep workers across iterations.
+        persistent_workers: keep workers across iterations (not for a stream dataset).
         pin_memory: copy batches to page-locked memory.
         seed: key of ``sample_rng()`` in mappers and of the workers' base seeds; default:
             the sampler's seed, else 0.
@@ -340,7 +320,7 @@ def build_batch_data_loader(
     loader_kwargs = {
         "num_workers": num_workers,
         "prefetch_factor": prefetch_factor,
-        "persistent_workers": persistent_workers and not stream,
+        "persistent_workers": persistent_workers,
         "pin_memory": pin_memory,
         **kwargs,  # the caller's DataLoader arguments win
     }
