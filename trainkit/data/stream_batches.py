@@ -1,30 +1,21 @@
 """Batches of a stream dataset (an ``IterableDataset``), formed and mapped in the loader workers.
 
-The rule for a stream read by ``n`` loader workers (``n = 1`` without workers):
-
-* worker ``w`` reads the elements ``w, w + n, w + 2n, ...`` of the stream — or, for a stream
-  that shards itself (``shards_across_workers = True``), whatever the stream gives that
-  worker — so each element is read by one worker only;
-* each worker forms whole batches from its own elements (by aspect-ratio bucket with
-  grouping, read from the raw element's ``width``/``height``, with
-  :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one
-  sample context per element, one ``batch_rng()`` key per batch) and collates it;
-* the loader returns the workers' batches in turn: worker 0's first batch, worker 1's
-  first, ..., worker 0's second, ... (after a resume it goes on with the worker whose turn
-  it was, holding back the batches that arrive early; a worker whose stream ended loses its
-  turns).
-
-The batch stream therefore depends on ``NUM_WORKERS`` (the same elements, grouped
-differently), unlike the map-style path. An element's ``sample_rng()`` position is
-``c * n + w`` for the ``c``-th element worker ``w`` reads: unique, and the stream position
-itself when the loader shards.
+With ``n`` loader workers (``n = 1`` without workers), worker ``w`` reads elements
+``w, w + n, w + 2n, ...`` of the stream (or, for a stream that shards itself,
+``shards_across_workers = True``, what the stream gives that worker), so each element is read
+once. Each worker forms whole batches from its own elements (grouped by the raw element's
+``width``/``height`` with :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one
+sample context per element, one ``batch_rng()`` key per batch) and collates it. The loader
+returns the workers' batches in turn (:func:`batches_in_turn`), so the batches depend on
+``NUM_WORKERS``, unlike the map-style path. The ``c``-th element worker ``w`` reads has
+``sample_rng()`` position ``c * n + w``: unique, and the stream position itself when the
+loader shards.
 
 A worker's position is its count of elements read plus the elements waiting in its buckets;
-the loader keeps the latest of each worker's (it comes back with every batch,
-:func:`batches_in_turn`), so a stream that can be read again from the start (or from a
-position: ``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``. A stream
-with a ``position_key()`` method (``RankStream``) names what its positions mean; a saved
-position is checked against it.
+the loader keeps the latest of each worker's, so a stream that can be read again from the
+start (or from a position: ``iter_from(position)``) resumes exactly with the same
+``NUM_WORKERS``. A stream with a ``position_key()`` method (``RankStream``) names what its
+positions mean; a saved position is checked against it.
 """
 
 from __future__ import annotations
@@ -72,15 +63,10 @@ class StreamBatches(IterableDataset):
         drop_last: bool = True,
         start: dict[str, Any] | None = None,
     ) -> None:
-        self.stream = stream
-        self.drop_last = drop_last
-        self.mapper = mapper
-        self.batch_size = batch_size
-        self.bucket_of = bucket_of
+        self.stream, self.mapper, self.batch_size = stream, mapper, batch_size
+        self.bucket_of, self.collate_fn, self.seed = bucket_of, collate_fn, seed
+        self.drop_last, self.start = drop_last, start
         self.num_buckets = 1 if bucket_of is None else bucket_of.num_buckets
-        self.collate_fn = collate_fn
-        self.seed = seed
-        self.start = start
 
     def initial_state(self, num_workers: int) -> dict[str, Any]:
         """The loader's position before any batch, read by ``num_workers`` loader workers."""
@@ -110,16 +96,11 @@ class StreamBatches(IterableDataset):
 
     def _worker_elements(self, worker: int, num_workers: int, first: int) -> Iterator[Any]:
         """This worker's elements, from its ``first``-th one."""
-        self_sharding = getattr(self.stream, "shards_across_workers", False)
-        if self_sharding or num_workers == 1:
-            if hasattr(self.stream, "iter_from"):
-                return self.stream.iter_from(first)
-            return itertools.islice(iter(self.stream), first, None)
+        step = 1 if getattr(self.stream, "shards_across_workers", False) else num_workers
+        start = first if step == 1 else first * num_workers + worker
         if hasattr(self.stream, "iter_from"):
-            elements = self.stream.iter_from(first * num_workers + worker)
-            return itertools.islice(elements, 0, None, num_workers)
-        start = first * num_workers + worker
-        return itertools.islice(iter(self.stream), start, None, num_workers)
+            return itertools.islice(self.stream.iter_from(start), 0, None, step)
+        return itertools.islice(iter(self.stream), start, None, step)
 
     def _batches(
         self, worker: int, num_workers: int, state: dict[str, Any]
@@ -172,12 +153,7 @@ class StreamBatches(IterableDataset):
             [[c, c * num_workers + worker] for c, _ in buckets.waiting.get(b, ())]
             for b in range(self.num_buckets)
         ]
-        meta = {
-            "worker": worker,
-            "state": {"read": read, "buckets": waiting},
-            "skipped": skipped,
-            "size": len(batch),
-        }
+        meta = {"worker": worker, "state": {"read": read, "buckets": waiting}, "skipped": skipped}
         if batch:
             yield pack_in_worker(self.collate_fn(batch)), meta
 
@@ -185,18 +161,12 @@ class StreamBatches(IterableDataset):
 def batches_in_turn(
     batches: Iterable[tuple[Any, dict[str, Any]]], state: dict[str, Any]
 ) -> Iterator[tuple[Any, dict[str, Any], int]]:
-    """Return the workers' batches in turn, from the worker whose turn ``state`` says.
+    """Yield ``(batch, position after it, records skipped in it)`` in the workers' turns.
 
-    The torch loader asks its workers in turn from worker 0; the batches go on from the
-    worker whose turn it is, so batches that come early wait here, and a worker whose stream
-    ended loses its turns.
-
-    Args:
-        batches: what the torch loader over :class:`StreamBatches` yields.
-        state: the loader's position before the first of them.
-
-    Yields:
-        ``(batch, position after it, records skipped in it)``.
+    ``batches`` are what the torch loader over :class:`StreamBatches` yields, ``state`` the
+    loader's position before them. The torch loader asks its workers in turn from worker 0;
+    the batches go on from the worker whose turn ``state`` says, so batches that come early
+    wait here, and a worker whose stream ended loses its turns.
     """
     num_workers = state["num_workers"]
     waiting: list[collections.deque[tuple[Any, dict[str, Any]]]] = [
