@@ -1,24 +1,21 @@
 """The loader workers' side of a loader: how they start, and how a batch travels back.
 
-Loader workers are forked where possible (:func:`worker_context_kwargs`), seeded from
-torch's per-worker seed (:func:`worker_init_reset_seed`) and started with the training
-process's objects frozen (:func:`start_iterator`); :func:`loader_kwargs` puts these
-together for every trainkit loader.
+:func:`loader_kwargs` gives every trainkit loader its workers: forked where possible
+(:func:`worker_context_kwargs`), seeded from torch's per-worker seed
+(:func:`worker_init_reset_seed`) and started with the training process's objects frozen
+(:func:`start_iterator`).
 
-A batch travels from a loader worker to the training process in one buffer per dtype.
-torch sends each tensor of a worker's batch through a shared-memory segment of its own: with
-Linux's default ``file_descriptor`` strategy that is a new segment, a file descriptor passed
-over a socket and an ``mmap`` in the receiving process — about 270 µs of CPU per tensor
-measured on this project's machine, more than reading and resizing a small image. A
-detectron2-style batch is a list of dicts holding one image tensor each, so it pays that for
-every record. A worker therefore copies the batch's tensors into one buffer per dtype (one
-``torch.cat``, a few µs) and the training process rebuilds every tensor as a view of its
-buffer: same values, shapes, dtypes and structure, one segment per dtype.
-
-Only what can be rebuilt exactly is packed: plain contiguous CPU tensors without gradients
-that own their whole storage, inside lists, tuples and dicts. Anything else (other
-containers, tensor subclasses, views, tensors that share a storage with another leaf) travels
-the usual way.
+A batch travels from a loader worker in one buffer per dtype (:func:`pack_batch`). torch
+sends each tensor of a worker's batch through a shared-memory segment of its own: with
+Linux's default ``file_descriptor`` strategy a new segment, a file descriptor passed over a
+socket and an ``mmap`` in the receiver, about 270 µs of CPU per tensor measured on this
+project's machine, more than reading and resizing a small image. A detectron2-style batch
+holds one image tensor per record, so a worker copies the batch's tensors into one buffer
+per dtype (one ``torch.cat``, a few µs) and the training process rebuilds every tensor as a
+view of it: same values, shapes, dtypes and structure. Only plain contiguous CPU tensors
+without gradients that own their whole storage, inside lists, tuples and dicts, are packed;
+anything else (other containers, tensor subclasses, views, tensors sharing a storage)
+travels the usual way.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -128,16 +125,12 @@ def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     return kwargs
 
 
-class _Slot:
+class _Slot(NamedTuple):
     """Where a packed tensor lies: buffer ``index``, element ``offset``, ``shape``."""
 
-    __slots__ = ("index", "offset", "shape")
-
-    def __init__(self, index: int, offset: int, shape: torch.Size) -> None:
-        self.index, self.offset, self.shape = index, offset, shape
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _Slot, (self.index, self.offset, self.shape)
+    index: int
+    offset: int
+    shape: torch.Size
 
 
 class PackedBatch:
@@ -168,41 +161,23 @@ def _packable(value: Any) -> bool:
     )
 
 
-def _leaves(batch: Any, found: list[torch.Tensor]) -> None:
-    if type(batch) in (list, tuple):
-        for item in batch:
-            _leaves(item, found)
-    elif type(batch) is dict:
-        for item in batch.values():
-            _leaves(item, found)
-    elif _packable(batch):
-        found.append(batch)
-
-
-def _replace(batch: Any, slots: dict[int, _Slot]) -> Any:
-    if type(batch) in (list, tuple):
-        return type(batch)(_replace(item, slots) for item in batch)
-    if type(batch) is dict:
-        return {key: _replace(item, slots) for key, item in batch.items()}
-    if isinstance(batch, torch.Tensor):
-        return slots.get(id(batch), batch)
-    return batch
+def _map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` (lists, tuples and dicts, by exact type) with ``fn`` applied to each leaf."""
+    if type(tree) in (list, tuple):
+        return type(tree)(_map_leaves(fn, item) for item in tree)
+    if type(tree) is dict:
+        return {key: _map_leaves(fn, item) for key, item in tree.items()}
+    return fn(tree)
 
 
 def pack_batch(batch: Any) -> Any:
-    """Return ``batch`` with its packable tensors moved into one buffer per dtype.
+    """Return the collated ``batch`` as a :class:`PackedBatch` (one buffer per dtype).
 
-    Returns ``batch`` itself when fewer than two tensors could be packed (nothing to gain),
-    or when two of them share memory (packing would separate them).
-
-    Args:
-        batch: what the collate function returned.
-
-    Returns:
-        A :class:`PackedBatch`, or ``batch`` unchanged.
+    ``batch`` itself is returned when fewer than two tensors could be packed (nothing to
+    gain), or when two of them share memory (packing would separate them).
     """
     leaves: list[torch.Tensor] = []
-    _leaves(batch, leaves)
+    _map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)
     if len(leaves) < 2:
         return batch
     pointers = [t.untyped_storage().data_ptr() for t in leaves if t.numel()]
@@ -219,19 +194,15 @@ def pack_batch(batch: Any) -> Any:
             slots[id(tensor)] = _Slot(index, offset, tensor.shape)
             offset += tensor.numel()
         buffers.append(torch.cat([t.reshape(-1) for t in tensors]))
-    return PackedBatch(_replace(batch, slots), buffers)
+    # Each packed tensor becomes its slot (the ids of live tensors are unique).
+    return PackedBatch(_map_leaves(lambda leaf: slots.get(id(leaf), leaf), batch), buffers)
 
 
-def _rebuild(structure: Any, buffers: list[torch.Tensor]) -> Any:
-    if type(structure) is _Slot:
-        size = structure.shape.numel()
-        flat = buffers[structure.index]
-        return flat[structure.offset : structure.offset + size].view(structure.shape)
-    if type(structure) in (list, tuple):
-        return type(structure)(_rebuild(item, buffers) for item in structure)
-    if type(structure) is dict:
-        return {key: _rebuild(item, buffers) for key, item in structure.items()}
-    return structure
+def _rebuild(leaf: Any, buffers: list[torch.Tensor]) -> Any:
+    if type(leaf) is not _Slot:
+        return leaf
+    index, offset, shape = leaf
+    return buffers[index][offset : offset + shape.numel()].view(shape)
 
 
 class PackedCollate:
@@ -252,9 +223,9 @@ class PackedCollate:
 
 def unpack_batch(batch: Any) -> Any:
     """Return the batch :func:`pack_batch` packed (views of its buffers), or ``batch`` as is."""
-    if type(batch) is PackedBatch:
-        return _rebuild(batch.structure, batch.buffers)
-    return batch
+    if type(batch) is not PackedBatch:
+        return batch
+    return _map_leaves(lambda leaf: _rebuild(leaf, batch.buffers), batch.structure)
 
 
 def pack_in_worker(batch: Any) -> Any:
@@ -262,6 +233,4 @@ def pack_in_worker(batch: Any) -> Any:
 
     Packing costs a copy and only pays when the batch crosses processes.
     """
-    if torch.utils.data.get_worker_info() is None:
-        return batch
-    return pack_batch(batch)
+    return batch if torch.utils.data.get_worker_info() is None else pack_batch(batch)
