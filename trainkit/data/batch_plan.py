@@ -183,8 +183,7 @@ class GlobalBatchPlan(BatchPlan):
         Args:
             sampler: a trainkit training sampler; only its global stream is read.
             global_batch_size: records per optimizer step over all ranks (``IMS_PER_BATCH``).
-            rank: this rank.
-            world_size: number of ranks.
+            rank, world_size: this rank and the number of ranks.
             accumulate_steps: micro-batches per optimizer step on each rank.
             bucket_ids: aspect-ratio bucket of each dataset index (grouping), or None.
 

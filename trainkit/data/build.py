@@ -197,16 +197,13 @@ def build_detection_train_loader(
     The result is :func:`build_batch_data_loader`'s.
 
     Args:
-        dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are. It may return
-            ``None`` or raise to skip a record.
-        sampler: yields this rank's indices; default :class:`TrainingSampler` (with
-            ``kwargs["seed"]`` if given). Must be ``None`` for an ``IterableDataset``.
-        total_batch_size: batch size summed over ranks.
+        dataset, mapper, total_batch_size, num_workers, collate_fn: as in
+            :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
+            record).
+        sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
+            be ``None`` for an ``IterableDataset``.
         aspect_ratio_grouping: batch only samples of similar aspect ratio; the records need
             ``width`` and ``height``.
-        num_workers: loader worker processes per rank.
-        collate_fn: list of samples -> batch (default: the list itself).
         **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
             ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
 
@@ -283,9 +280,8 @@ def build_batch_data_loader(
         collate_fn: list of samples -> batch (default: the list itself).
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
-        prefetch_factor: batches each worker loads ahead.
-        persistent_workers: keep workers across iterations (not for a stream dataset).
-        pin_memory: copy batches to page-locked memory.
+        prefetch_factor, persistent_workers, pin_memory: the ``DataLoader``'s (workers
+            never persist for a stream dataset).
         seed: key of ``sample_rng()`` in mappers and of the workers' base seeds; default:
             the sampler's seed, else 0.
         aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is

@@ -101,8 +101,7 @@ def rank_share(
         seed: shared by all ranks.
         epoch: the (mini-)epoch, counting mini-epochs from 0.
         mini_epochs: mini-epochs per full epoch.
-        rank: this rank.
-        world_size: number of ranks.
+        rank, world_size: this rank and the number of ranks.
 
     Returns:
         Sorted int64 record indices.
@@ -142,8 +141,7 @@ class RankDataset(Dataset):
             parse: line (str, without the newline) -> record.
             seed: the shuffle seed, equal on every rank.
             mini_epochs: split each epoch into this many parts loaded one after another.
-            world_size: number of ranks (default ``comm.get_world_size()``).
-            rank: this rank (default ``comm.get_rank()``).
+            world_size, rank: the number of ranks and this rank (default: ``comm``'s).
             index_dir: folder for the line index (default: next to ``meta_file``).
 
         Raises:

@@ -36,14 +36,6 @@ __all__ = [
 ]
 
 
-def _epoch_permute(
-    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, purpose: int
-) -> np.ndarray:
-    # Positions come sorted, so a block usually lies in one epoch: one key column then.
-    keys = round_keys(seed, purpose, epochs[:1] if epochs[0] == epochs[-1] else epochs)
-    return permute(offsets, n, keys)
-
-
 def _checked_size(sampler_name: str, size: Any) -> int:
     try:
         size = operator.index(size)  # any integer, numpy's included; not 3.0
@@ -85,8 +77,8 @@ class TrainingSampler(GlobalStreamSampler):
             shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
             seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
                 (a collective: every rank must construct the sampler together).
-            rank: this rank (default ``comm.get_rank()``); for tests and custom sharding.
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            rank, world_size: this rank and the number of ranks (default: ``comm``'s); for
+                tests and custom sharding.
 
         Raises:
             TypeError: If ``size`` is not an integer.
@@ -94,17 +86,20 @@ class TrainingSampler(GlobalStreamSampler):
         """
         size = _checked_size(type(self).__name__, size)
         super().__init__(seed, rank=rank, world_size=world_size)
-        self._size = size
+        self._size = self._epoch_size = size
         self._shuffle = shuffle
 
     def _identity(self) -> dict[str, Any]:
         return {**super()._identity(), "size": self._size, "shuffle": self._shuffle}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = split_positions(positions, self._size)
+        epochs, offsets = split_positions(positions, self._epoch_size)
         if not self._shuffle:
             return offsets
-        return _epoch_permute(offsets, epochs, self._size, self._seed, PURPOSE_SHUFFLE)
+        # Positions come sorted, so a block usually lies in one epoch: one key column then.
+        one_epoch = epochs[0] == epochs[-1]
+        keys = round_keys(self._seed, PURPOSE_SHUFFLE, epochs[:1] if one_epoch else epochs)
+        return permute(offsets, self._epoch_size, keys)
 
 
 class RandomSubsetTrainingSampler(TrainingSampler):
@@ -134,8 +129,7 @@ class RandomSubsetTrainingSampler(TrainingSampler):
             shuffle: shuffle the subset every epoch.
             seed_shuffle: seed of the per-epoch shuffles (``None``: shared random seed).
             seed_subset: seed of the subset choice (``None``: shared random seed).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            rank, world_size: as in :class:`TrainingSampler`.
 
         Raises:
             TypeError: If ``size`` is not an integer.
@@ -157,24 +151,16 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         # The shuffle seed is drawn before the subset seed, in detectron2's order.
         super().__init__(size, shuffle, seed_shuffle, rank=rank, world_size=world_size)
         self._seed_subset = int(comm.shared_random_seed() if seed_subset is None else seed_subset)
-        self._subset_size = subset_size
+        self._epoch_size = subset_size  # epochs shuffle the subset, then map it into the dataset
         logger.info("Training on a random subset of %d of %d records", subset_size, size)
 
     def _identity(self) -> dict[str, Any]:
-        return {
-            **super()._identity(),
-            "subset_size": self._subset_size,
-            "seed_subset": self._seed_subset,
-        }
+        subset = {"subset_size": self._epoch_size, "seed_subset": self._seed_subset}
+        return {**super()._identity(), **subset}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = split_positions(positions, self._subset_size)
-        if self._shuffle:
-            offsets = _epoch_permute(
-                offsets, epochs, self._subset_size, self._seed, PURPOSE_SHUFFLE
-            )
         subset_keys = round_keys(self._seed_subset, PURPOSE_SUBSET, np.zeros(1, dtype=np.int64))
-        return permute(offsets, self._size, subset_keys)
+        return permute(super()._indices_at(positions), self._size, subset_keys)
 
 
 class RepeatFactorTrainingSampler(GlobalStreamSampler):
@@ -203,8 +189,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
                 :meth:`repeat_factors_from_category_frequency`.
             shuffle: shuffle every epoch.
             seed: shared seed (``None``: shared random seed).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            rank, world_size: as in :class:`TrainingSampler`.
 
         Raises:
             ValueError: If a factor is negative or every record would be repeated 0 times.
@@ -313,13 +298,7 @@ class InferenceSampler(Sampler[int]):
     def __init__(
         self, size: int, *, rank: int | None = None, world_size: int | None = None
     ) -> None:
-        """Create the sampler.
-
-        Args:
-            size: dataset size (>= 0).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
-        """
+        """Shard ``range(size)`` (``size >= 0``); ``rank``/``world_size`` default to ``comm``'s."""
         if size < 0:
             raise ValueError(f"InferenceSampler needs a dataset size >= 0, got {size}")
         self._size = size
@@ -329,10 +308,7 @@ class InferenceSampler(Sampler[int]):
 
     @staticmethod
     def _get_local_indices(total_size: int, world_size: int, rank: int) -> range:
-        """Return rank ``rank``'s shard of ``range(total_size)`` (detectron2's helper name).
-
-        The first ``total_size % world_size`` ranks hold one index more than the others.
-        """
+        """Return rank ``rank``'s shard (:func:`shard_range`; detectron2's helper name)."""
         return shard_range(total_size, rank, world_size)
 
     def __iter__(self) -> Iterator[int]:
