@@ -40,10 +40,8 @@ def _mix64(values: np.ndarray) -> np.ndarray:
 def round_keys(seed: int, purpose: int, epochs: np.ndarray) -> np.ndarray:
     """Return the Feistel round keys for each epoch, shape ``(NUM_ROUNDS, len(epochs))``.
 
-    Args:
-        seed: the sampler's seed (any Python int; reduced to 64 bits).
-        purpose: a ``PURPOSE_*`` tag so that, e.g., subset and shuffle keys differ.
-        epochs: int64 epoch numbers.
+    ``seed`` is any Python int (reduced to 64 bits), ``purpose`` a ``PURPOSE_*`` tag (so that,
+    e.g., subset and shuffle keys differ), ``epochs`` int64 epoch numbers.
     """
     base = _mix64(np.array([(seed & _MASK64) ^ ((purpose << 56) & _MASK64)], dtype=np.uint64))
     k = _mix64(np.asarray(epochs, dtype=np.int64).astype(np.uint64) ^ base)
@@ -67,16 +65,10 @@ def _feistel(x: np.ndarray, left_bits: int, right_bits: int, keys: np.ndarray) -
 
 
 def permute(offsets: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
-    """Map ``offsets`` (in ``range(n)``) through the permutation selected by ``keys``.
+    """Map int64 ``offsets`` (in ``range(n)``) through the permutation ``keys`` selects.
 
-    Args:
-        offsets: int64 offsets, each in ``[0, n)``.
-        n: size of the permuted range (>= 1).
-        keys: ``round_keys(...)`` output with one column (shared) or one column per offset.
-
-    Returns:
-        int64 array: the permuted offsets. For a fixed key, ``permute(arange(n))`` is a
-        permutation of ``range(n)``.
+    ``keys`` is :func:`round_keys`' output with one column (shared) or one per offset. For a
+    fixed key, ``permute(arange(n))`` is a permutation of ``range(n)``.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     if n <= 1:
