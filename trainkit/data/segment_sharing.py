@@ -80,9 +80,8 @@ _LIVE: weakref.WeakSet[_Share] = weakref.WeakSet()
 def attach_segment(handle: SegmentHandle) -> SharedSegment:
     """Map the segment described by ``handle`` read-only (the same pages, not a copy).
 
-    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
-    the pid or fd reused) it asks the machine's holder of the same digest for the segment
-    (:func:`fetch_segment`).
+    Opens ``/proc/<pid>/fd/<fd>``, or where that fails (``/proc`` mounted with ``hidepid``,
+    the pid or fd reused) asks the machine's holder of the same digest (:func:`fetch_segment`).
 
     Raises:
         OSError: If the holding process is gone or its descriptor cannot be opened (another
@@ -108,9 +107,7 @@ def attach_segment(handle: SegmentHandle) -> SharedSegment:
 
 def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
     handle = segment.handle()
-    if handle is None:
-        return segment.__reduce__()
-    return attach_segment, (handle,)
+    return segment.__reduce__() if handle is None else (attach_segment, (handle,))
 
 
 # Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
@@ -166,9 +163,11 @@ def stop_all() -> None:
 
 def _forget_in_child() -> None:
     # A forked child must not answer for its parent: close (never shut down, which would
-    # also break the parent's sockets) the inherited copies of every socket.
+    # also break the parent's sockets) the inherited copies of every socket. The thread
+    # that used a share's lock does not exist here.
     for share in list(_LIVE):
-        share.after_fork_in_child()
+        share._lock, share._thread = threading.Lock(), None
+        share.abandon()
     _LIVE.clear()
 
 
@@ -338,15 +337,8 @@ class _Share:
 
     def close(self) -> None:
         """Close every socket and the descriptor (from the thread, or if it never ran)."""
-        self._stopped.set()
         with self._lock:
             self.abandon()
-
-    def after_fork_in_child(self) -> None:
-        """Drop the inherited sockets; the thread that used the lock does not exist here."""
-        self._lock = threading.Lock()
-        self._thread = None
-        self.abandon()
 
     def abandon(self) -> None:
         """Close this process's sockets and descriptor without touching shared state."""
