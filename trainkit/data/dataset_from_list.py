@@ -9,12 +9,11 @@ detectron2.
 
 from __future__ import annotations
 
-import contextlib
 import copy as copy_module
 import logging
 import pickle
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -77,18 +76,23 @@ class _SharedSerializedList:
 _default_method: SerializeMethod = _SharedSerializedList
 
 
-@contextlib.contextmanager
-def _restoring(previous: SerializeMethod) -> Iterator[None]:
-    global _default_method
-    try:
-        yield
-    finally:
-        _default_method = previous
+class _RestoreDefaultMethod:
+    """Returned by the setter: as a context manager, restores the previous default on exit."""
+
+    def __init__(self, previous: SerializeMethod) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _default_method
+        _default_method = self._previous
 
 
 def set_default_dataset_from_list_serialize_method(
     new: SerializeMethod,
-) -> contextlib.AbstractContextManager[None]:
+) -> _RestoreDefaultMethod:
     """Make ``new`` what ``DatasetFromList(lst, serialize=True)`` applies to ``lst``.
 
     Use it as a context manager (as in detectron2) to change the default only inside the
@@ -113,7 +117,7 @@ def set_default_dataset_from_list_serialize_method(
             f"list of records, got {new!r} ({type(new).__name__})"
         )
     previous, _default_method = _default_method, new
-    return _restoring(previous)
+    return _RestoreDefaultMethod(previous)
 
 
 class DatasetFromList(Dataset):
