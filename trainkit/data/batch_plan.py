@@ -79,11 +79,9 @@ def split_batch(
         )
     parts = world_size * accumulate_steps
     if not total or total < 1 or total % parts:
-        split = (
-            f"the world size ({world_size})"
-            if accumulate_steps == 1
-            else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
-        )
+        split = f"the world size ({world_size})"
+        if accumulate_steps > 1:
+            split = f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
         raise ConfigError(
             f"{key or 'SOLVER.IMS_PER_BATCH'}={total} is not a positive multiple of {split}; "
             f"pick a positive multiple of {parts} or change --num-gpus."
@@ -103,10 +101,8 @@ class BatchPlan:
     def __init__(
         self, sampler: Any, batch_size: int, bucket_ids: np.ndarray | None, state: dict[str, Any]
     ) -> None:
-        self._sampler = sampler
-        self._batch_size = batch_size
-        self._bucket_ids = bucket_ids
-        self._state = state
+        self._sampler, self._batch_size = sampler, batch_size
+        self._bucket_ids, self._state = bucket_ids, state
 
     @staticmethod
     def _num_buckets(bucket_ids: np.ndarray | None) -> int:
@@ -141,11 +137,7 @@ class BatchPlan:
         raise NotImplementedError
 
     def batches_per_pass(self) -> int:
-        """A training sampler has no end.
-
-        Raises:
-            TypeError: Always, for an infinite sampler.
-        """
+        """Batches of one pass; a training sampler has none (``TypeError``: it never ends)."""
         raise TypeError(
             f"an infinite loader ({type(self._sampler).__name__}) has no len(); use a finite "
             "sampler such as InferenceSampler for a loader with a length"
@@ -178,18 +170,17 @@ class GlobalBatchPlan(BatchPlan):
         accumulate_steps: int = 1,
         bucket_ids: np.ndarray | None = None,
     ) -> None:
-        """Create the plan.
+        """Plan ``global_batch_size`` (``IMS_PER_BATCH``) records per optimizer step.
 
         Args:
             sampler: a trainkit training sampler; only its global stream is read.
-            global_batch_size: records per optimizer step over all ranks (``IMS_PER_BATCH``).
+            global_batch_size: records per optimizer step over all ranks.
             rank, world_size: this rank and the number of ranks.
             accumulate_steps: micro-batches per optimizer step on each rank.
             bucket_ids: aspect-ratio bucket of each dataset index (grouping), or None.
 
         Raises:
-            ConfigError: If the global batch does not split into ``world_size x
-                accumulate_steps`` equal micro-batches (:func:`split_batch`).
+            ConfigError: If the batch does not split into equal micro-batches (:func:`split_batch`).
         """
         split_batch(global_batch_size, world_size, accumulate_steps)
         state = new_state(
@@ -247,13 +238,12 @@ class RankBatchPlan(BatchPlan):
         bucket_ids: np.ndarray | None = None,
         drop_last: bool = True,
     ) -> None:
-        """Create the plan.
+        """Plan batches of ``batch_size`` of ``sampler``'s indices (this rank's).
 
         Args:
             sampler: yields this rank's dataset indices.
             batch_size: indices per batch on this rank.
-            bucket_ids: bucket of each dataset index
-                (:func:`~trainkit.data.grouping.aspect_ratio_bucket_ids`).
+            bucket_ids: bucket of each dataset index (grouping), or None.
             drop_last: at the end of a finite sampler, drop incomplete batches.
         """
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
@@ -373,8 +363,7 @@ def make_batch_plan(
     size (``single_gpu_batch_size``); any other sampler the per-rank plan.
 
     Raises:
-        ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
-            micro-batches (:func:`split_batch`).
+        ConfigError: A ``ValueError``: if the batch does not split evenly (:func:`split_batch`).
         ValueError: If both batch sizes are given.
     """
     if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:

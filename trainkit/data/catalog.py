@@ -68,8 +68,7 @@ class _Catalog:
 class _DatasetCatalog(_Catalog):
     """Map a dataset name to a function that returns its records (a list of dicts).
 
-    The function is called on every :meth:`get`, so registration is cheap and the records
-    are only loaded when used. Names are unique: registering one twice is an error.
+    The function is called on every :meth:`get`: registering is cheap, records load when used.
     """
 
     def register(self, name: str, func: Callable[[], Any]) -> None:
@@ -116,9 +115,8 @@ class _DatasetCatalog(_Catalog):
 class Metadata:
     """An attribute bag of a dataset's metadata (class names, evaluator type, ...).
 
-    An attribute is set once: setting it again to a *different* value raises, because two
-    pieces of code disagreeing about, e.g., class names is a bug. Setting the same value is
-    allowed.
+    An attribute is set once: setting it again to a *different* value raises (two pieces of
+    code disagreeing about, e.g., class names is a bug); setting the same value is allowed.
     """
 
     def __init__(self, name: str) -> None:
@@ -200,12 +198,7 @@ def _is_lazy_dataset(obj: Any) -> bool:
 
 
 def _catalog_part(name: str) -> Any:
-    """Call ``name``'s catalog function (record lists are checked for emptiness as read).
-
-    Raises:
-        ConfigError: If it returns an empty map-style dataset.
-        UnknownNameError: If ``name`` is not registered.
-    """
+    """Call ``name``'s catalog function; refuse an empty map-style dataset (``ConfigError``)."""
     part = DatasetCatalog.get(name)
     # An IterableDataset may have no length (or be infinite): it is not checked.
     lazy = _is_lazy_dataset(part) and not isinstance(part, IterableDataset)
@@ -254,9 +247,9 @@ def get_detection_dataset_dicts(
 ) -> list[dict[str, Any]] | Dataset:
     """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
 
-    Record lists (and generators) are concatenated in this process (the loaders instead
-    write them into one shared copy: :func:`load_catalog_dataset`). Dataset objects are
-    returned as they are (several: concatenated, iterable ones chained), as in detectron2.
+    Record lists (and generators) are concatenated in this process (the loaders write them
+    into one shared copy instead: :func:`load_catalog_dataset`); dataset objects are returned
+    as they are (several: concatenated, iterable ones chained), as in detectron2.
 
     Args:
         names: one dataset name or several.

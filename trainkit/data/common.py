@@ -48,27 +48,17 @@ class ToIterableDataset(IterableDataset):
         shard_sampler: bool = True,
         shard_chunk_size: int = 1,
     ) -> None:
-        """Wrap ``dataset``.
-
-        Args:
-            dataset: a map-style dataset.
-            sampler: yields indices of ``dataset`` (already sharded across ranks).
-            shard_sampler: split the sampler's indices across loader workers.
-            shard_chunk_size: consecutive indices each worker takes at a time.
-        """
+        """Wrap ``dataset`` (map-style) and ``sampler`` (its indices, sharded across ranks)."""
         if isinstance(dataset, IterableDataset):
             raise TypeError("ToIterableDataset needs a map-style dataset, got an IterableDataset")
         if shard_chunk_size < 1:
             raise ValueError(f"shard_chunk_size must be >= 1, got {shard_chunk_size}")
-        self.dataset = dataset
-        self.sampler = sampler
-        self.shard_sampler = shard_sampler
-        self.shard_chunk_size = shard_chunk_size
+        self.dataset, self.sampler = dataset, sampler
+        self.shard_sampler, self.shard_chunk_size = shard_sampler, shard_chunk_size
 
     @property
     def shards_across_workers(self) -> bool:
-        """Whether each loader worker reads only its own share (the train loader then does
-        not shard this stream again)."""
+        """Whether each loader worker reads only its share (the train loader then does not)."""
         return self.shard_sampler
 
     def _indices(self) -> Iterable[int]:
@@ -214,12 +204,10 @@ class _MapIterableDataset(_Mapped, IterableDataset):
         failures_in_a_row = 0
         for ordinal, element in enumerate(self.dataset):
             result = self.mapper.map_or_skip(element, f"element {ordinal}")
-            if result is not None:
-                failures_in_a_row = 0
-                yield result
-                continue
-            failures_in_a_row += 1
+            failures_in_a_row = 0 if result is not None else failures_in_a_row + 1
             self.mapper.check_in_a_row(failures_in_a_row, f"element {ordinal}", element)
+            if result is not None:
+                yield result
 
 
 def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:

@@ -197,20 +197,25 @@ def _segment_from_bytes(data: bytes) -> SharedSegment:
     except OSError as e:
         logger.warning("Cannot create a shared memory file (%s); records stay private", e)
         return SharedSegment(None, data)
+    return _seal_and_map(fd, data)
+
+
+def _seal_and_map(fd: int, *chunks: Any, header: bytes = b"") -> SharedSegment:
+    """Append ``chunks`` to memory file ``fd`` (``header`` over its start), seal and map it."""
     try:
-        _write_all(fd, data)
-        _seal(fd)
+        for chunk in chunks:
+            _write_all(fd, chunk)
+        if header:
+            os.pwrite(fd, header, 0)
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
+        except (OSError, AttributeError):
+            pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
+        size = os.fstat(fd).st_size
     except BaseException:
         os.close(fd)
         raise
-    return segment_from_fd(fd, len(data))
-
-
-def _seal(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
-    except (OSError, AttributeError):
-        pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
+    return segment_from_fd(fd, size)
 
 
 def segment_from_fd(fd: int, size: int) -> SharedSegment:
@@ -243,9 +248,10 @@ class SegmentWriter:
 
     def __init__(self, name: str = "trainkit-records") -> None:
         """Create the memory file (or fall back to private memory, logging why)."""
-        self._chunks: list[bytes] | None = None
+        self._private: bytearray | None = None
         self._fd: int | None = None
         self._hash = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+        self._data_bytes = 0
         try:
             self._fd = _create_anonymous_file(name)
             _write_all(self._fd, bytes(_HEADER_BYTES))  # patched by finish()
@@ -254,27 +260,16 @@ class SegmentWriter:
                 os.close(self._fd)
                 self._fd = None
             logger.warning("Cannot create a shared memory file (%s); records stay private", e)
-            self._chunks = [bytes(_HEADER_BYTES)]
-        self._data_bytes = 0
+            self._private = bytearray(_HEADER_BYTES)
 
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` to the record bytes."""
         self._data_bytes += len(data)
         self._hash.update(data)
-        if self._fd is not None:
-            _write_all(self._fd, data)
+        if self._private is not None:
+            self._private += data
         else:
-            assert self._chunks is not None
-            self._chunks.append(bytes(data))
-
-    def _header(self, ends: array) -> bytes:
-        # The digest covers the record bytes, the ends and both counts, so two segments
-        # with equal digests hold the same records with the same boundaries.
-        self._hash.update(memoryview(ends).cast("B"))
-        counts = np.array([len(ends), self._data_bytes], dtype=np.int64)
-        self._hash.update(counts.tobytes())
-        fields = np.array([_MAGIC, _VERSION, len(ends), self._data_bytes], dtype=np.int64)
-        return fields.tobytes() + self._hash.digest()
+            _write_all(self._fd, data)  # type: ignore[arg-type]
 
     def finish(self, ends: array) -> SharedSegment:
         """Write the header and the int64 record ends (``array("q")``), seal, and map.
@@ -283,30 +278,25 @@ class SegmentWriter:
             ends: end offset of every record within the record bytes, ascending.
         """
         pad = bytes(_aligned(self._data_bytes) - self._data_bytes)
-        header = self._header(ends)
-        if self._fd is None:
-            assert self._chunks is not None
-            self._chunks[0] = header
-            self._chunks += [pad, ends.tobytes()]
-            return SharedSegment(None, b"".join(self._chunks))
+        # The digest covers the record bytes, the ends and both counts, so two segments
+        # with equal digests hold the same records with the same boundaries.
+        self._hash.update(memoryview(ends).cast("B"))
+        counts = np.array([len(ends), self._data_bytes], dtype=np.int64)
+        self._hash.update(counts.tobytes())
+        fields = np.array([_MAGIC, _VERSION, len(ends), self._data_bytes], dtype=np.int64)
+        header = fields.tobytes() + self._hash.digest()
+        if self._private is not None:
+            self._private[:_HEADER_BYTES] = header
+            return SharedSegment(None, bytes(self._private + pad + ends.tobytes()))
         fd, self._fd = self._fd, None
-        try:
-            _write_all(fd, pad)
-            _write_all(fd, ends)
-            os.pwrite(fd, header, 0)
-            _seal(fd)
-            size = os.fstat(fd).st_size
-        except BaseException:
-            os.close(fd)
-            raise
-        return segment_from_fd(fd, size)
+        return _seal_and_map(fd, pad, ends, header=header)  # type: ignore[arg-type]
 
     def abort(self) -> None:
         """Discard a segment that will not be finished (frees the memory file)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._chunks = None
+        self._private = None
 
 
 def segment_address(digest: bytes) -> bytes:

@@ -135,25 +135,23 @@ class StreamBatches(IterableDataset):
     ) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Map and collate a batch (if an element survives); send it with the worker's position."""
         positions = [count * num_workers + worker for count, _ in items]
-        batch, skipped = [], 0
+        batch = []
         for position, (_, element) in zip(positions, items):
             if self.mapper is None:
                 batch.append(element)
                 continue
             with sample_context(self.seed, position, min(positions)):
                 result = self.mapper.map_or_skip(element, f"element at position {position}")
-            if result is None:
-                skipped += 1
-                self._failures_in_a_row += 1
-                self.mapper.check_in_a_row(self._failures_in_a_row, f"position {position}", element)
-            else:
-                self._failures_in_a_row = 0
+            self._failures_in_a_row = 0 if result is not None else self._failures_in_a_row + 1
+            self.mapper.check_in_a_row(self._failures_in_a_row, f"position {position}", element)
+            if result is not None:
                 batch.append(result)
         waiting = [
             [[c, c * num_workers + worker] for c, _ in buckets.waiting.get(b, ())]
             for b in range(self.num_buckets)
         ]
-        meta = {"worker": worker, "state": {"read": read, "buckets": waiting}, "skipped": skipped}
+        state = {"read": read, "buckets": waiting}
+        meta = {"worker": worker, "state": state, "skipped": len(items) - len(batch)}
         if batch:
             yield pack_in_worker(self.collate_fn(batch)), meta
 
