@@ -104,8 +104,7 @@ def sample_context(seed: int, position: int, batch: int | None = None) -> Iterat
     Args:
         seed: the loader's shared seed (>= 0).
         position: the sample's global stream position (>= 0).
-        batch: a key shared by the samples of one batch, for :func:`batch_rng`; ``None``
-            makes the sample a batch of its own.
+        batch: a key the samples of one batch share (:func:`batch_rng`); ``None``: their own.
     """
     if seed < 0 or position < 0:
         raise ValueError(
@@ -151,11 +150,10 @@ def sample_rng() -> np.random.Generator:
 def batch_rng() -> np.random.Generator:
     """Return a generator that starts alike for every sample of the batch being mapped.
 
-    Draws that must be equal across a batch come from it: e.g. one rescale factor per
-    batch, so that images grouped by aspect ratio also share their size and need no
-    padding. Like :func:`sample_rng`, successive calls within one mapper call continue one
-    another, and it depends only on the seed and the batch, not on workers or resumes. A
-    sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
+    Draws that must be equal across a batch come from it, e.g. one rescale factor per batch
+    (images grouped by aspect ratio then also share their size: no padding). Like
+    :func:`sample_rng` it continues within one mapper call and depends only on the seed and
+    the batch; a sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
 
     Raises:
         RuntimeError: If called outside a mapper call.
@@ -222,12 +220,11 @@ class RecordMapper:
     """Map records with a user function, handling the records that fail to map.
 
     A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
-    mistake in the config or the inputs that another record would hit as well, so it is
-    raised at once. Each failure is logged with the record and a running count; after
-    ``max_consecutive_failures`` in a row a ``RuntimeError`` names the dataset and the last
-    failing record. Picklable (the function is held in a ``PicklableWrapper``), so it goes
-    to spawned loader workers as it is.
+    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: a mistake in
+    the config or the inputs that other records would hit too, raised at once. Each failure
+    is logged with the record and a running count; ``max_consecutive_failures`` in a row
+    raise a ``RuntimeError`` naming the dataset and the last failing record. The function is
+    held in a ``PicklableWrapper``, so spawned loader workers get it as it is.
     """
 
     def __init__(
@@ -241,8 +238,7 @@ class RecordMapper:
 
         Args:
             map_func: record -> mapped element, or ``None`` to skip the record.
-            max_consecutive_failures: failures in a row before giving up
-                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
             name: the dataset's name in messages.
 
         Raises:
@@ -273,9 +269,8 @@ class RecordMapper:
         Args:
             records: a map-style dataset of unmapped records.
             index: the record to map.
-            seed: the loader's seed (keys ``sample_rng()`` and the replacements).
-            position: the sample's global stream position.
-            batch: the sample's batch key for ``batch_rng()``.
+            seed, position, batch: the sample's context (:func:`sample_context`); ``seed``
+                keys the replacements too.
 
         Returns:
             ``(element, number of records that failed before it)``.
@@ -321,11 +316,8 @@ class RecordMapper:
     def map_or_skip(self, record: Any, where: str) -> Any | None:
         """Map one record; return ``None`` (logged and counted) if it fails.
 
-        The caller runs it inside the sample's context and tracks failures in a row with
-        :meth:`check_in_a_row`.
-
-        Raises:
-            UsageError: As soon as mapping raises one.
+        The caller gives the sample's context and counts failures in a row
+        (:meth:`check_in_a_row`). Raises a ``UsageError`` as soon as mapping raises one.
         """
         result, error = self._try(record)
         if result is None:

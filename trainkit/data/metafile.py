@@ -73,38 +73,29 @@ def _scan_line_starts(meta_file: str, size: int, progress: bool) -> Iterator[np.
     """Yield the starts of non-blank lines, chunk by chunk (sorted, int64)."""
     if size == 0:
         return
-    with open(meta_file, "rb") as f:
+    from tqdm import tqdm  # imported here: only index builds need it
+
+    desc = f"indexing {meta_file}"
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=not progress)
+    with open(meta_file, "rb") as f, bar:
         # Not closed explicitly: numpy views of it may outlive this loop; GC unmaps it.
         data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
-        bar = None
-        if progress:
-            from tqdm import tqdm  # imported here: only index builds need it
-
-            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"indexing {meta_file}")
-        try:
-            prev_newline = True  # the file starts a line
-            for start in range(0, size, _SCAN_CHUNK):
-                chunk = data[start : start + _SCAN_CHUNK]
-                newlines = np.flatnonzero(chunk == _NEWLINE)
-                starts = newlines + (start + 1)
-                if prev_newline:
-                    starts = np.concatenate([[start], starts])
-                prev_newline = bool(chunk[-1] == _NEWLINE)
-                # A newline ending the chunk starts the next chunk's first line: count it there.
-                starts = starts[starts < start + chunk.size]
-                # Blank lines ("\n" or "\r\n") are no records: drop lines that start with them.
-                first = data[starts]
-                blank = first == _NEWLINE
-                cr = first == _CR
-                if cr.any():
-                    nxt = np.minimum(starts[cr] + 1, size - 1)
-                    blank[cr] = data[nxt] == _NEWLINE
-                yield starts[~blank].astype(np.int64)
-                if bar is not None:
-                    bar.update(chunk.size)
-        finally:
-            if bar is not None:
-                bar.close()
+        prev_newline = True  # the file starts a line
+        for start in range(0, size, _SCAN_CHUNK):
+            chunk = data[start : start + _SCAN_CHUNK]
+            starts = np.flatnonzero(chunk == _NEWLINE) + (start + 1)
+            if prev_newline:
+                starts = np.concatenate([[start], starts])
+            prev_newline = bool(chunk[-1] == _NEWLINE)
+            # A newline ending the chunk starts the next chunk's first line: count it there.
+            starts = starts[starts < start + chunk.size]
+            # Blank lines ("\n" or "\r\n") are no records: drop lines that start with them.
+            first = data[starts]
+            blank, cr = first == _NEWLINE, first == _CR
+            if cr.any():
+                blank[cr] = data[np.minimum(starts[cr] + 1, size - 1)] == _NEWLINE
+            yield starts[~blank].astype(np.int64)
+            bar.update(chunk.size)
 
 
 def build_line_index(

@@ -99,8 +99,7 @@ def rank_share(
     Args:
         num_records: records in the metadata file.
         seed: shared by all ranks.
-        epoch: the (mini-)epoch, counting mini-epochs from 0.
-        mini_epochs: mini-epochs per full epoch.
+        epoch, mini_epochs: the (mini-)epoch, counting from 0, and mini-epochs per full epoch.
         rank, world_size: this rank and the number of ranks.
 
     Returns:
@@ -137,12 +136,10 @@ class RankDataset(Dataset):
         """Open ``meta_file`` (building its line index if needed); no record is loaded yet.
 
         Args:
-            meta_file: one record per line (JSON lines by default).
-            parse: line (str, without the newline) -> record.
+            meta_file, parse, index_dir: as for :class:`MetaFileDataset`.
             seed: the shuffle seed, equal on every rank.
             mini_epochs: split each epoch into this many parts loaded one after another.
             world_size, rank: the number of ranks and this rank (default: ``comm``'s).
-            index_dir: folder for the line index (default: next to ``meta_file``).
 
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
@@ -296,15 +293,14 @@ class RankDataLoader:
         start_epoch: int = 0,
         **loader_kwargs: Any,
     ) -> None:
-        """Create the loader.
+        """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
 
         Args:
             dataset: this rank's :class:`RankDataset`.
             batch_size: samples per batch on this rank.
             mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
             start_epoch: the first (mini-)epoch.
-            loader_kwargs: ``num_workers``, ``collate_fn``, ``prefetch_factor``... for
-                :func:`~trainkit.data.build.build_batch_data_loader`.
+            loader_kwargs: for :func:`~trainkit.data.build.build_batch_data_loader`.
 
         Raises:
             ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
