@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from trainkit.data.segment_sharing import share_segment
@@ -41,32 +42,31 @@ class _SharedSerializedList:
 
     def __init__(self, lst: Iterable[Any]) -> None:
         """Serialise ``lst`` (any iterable: records are consumed one by one)."""
-        self._set_segment(share_segment(_serialize_records(lst)))
+        # The only attribute: pickled, the segment travels as a handle (numpy views of it
+        # would be pickled by value).
+        self._segment = share_segment(_serialize_records(lst))
 
-    def _set_segment(self, segment: SharedSegment) -> None:
-        self._segment = segment
-        self._buffer = segment.data
-        self._ends = segment.ends
+    @property
+    def _buffer(self) -> np.ndarray:
+        return self._segment.data
+
+    @property
+    def _ends(self) -> np.ndarray:
+        return self._segment.ends
 
     @property
     def segment_identity(self) -> tuple[int, int] | None:
         """``(st_dev, st_ino)`` of the memory file (``None`` if private memory)."""
         return self._segment.identity
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The numpy views would be pickled by value; the segment pickles as a handle.
-        return {"segment": self._segment}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._set_segment(state["segment"])
-
     def __len__(self) -> int:
-        return int(self._ends.size)
+        return int(self._segment.ends.size)
 
     def __getitem__(self, idx: int) -> Any:
-        idx = range(len(self))[idx]  # negative indices and bounds checks, like a list
-        start = int(self._ends[idx - 1]) if idx > 0 else 0
-        return pickle.loads(memoryview(self._buffer[start : int(self._ends[idx])]))
+        ends = self._segment.ends
+        idx = range(ends.size)[idx]  # negative indices and bounds checks, like a list
+        start = int(ends[idx - 1]) if idx > 0 else 0
+        return pickle.loads(memoryview(self._segment.data[start : int(ends[idx])]))
 
     def __repr__(self) -> str:
         mib = self._segment.nbytes / 2**20
