@@ -173,7 +173,6 @@ def build_detection_test_loader(
             negative DATALOADER.NUM_WORKERS, or an empty dataset.
         ValueError: If a sampler is given with an ``IterableDataset``.
         UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
-
     """
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)

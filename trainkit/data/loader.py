@@ -162,7 +162,7 @@ class TrainLoader:
             )
 
     def __len__(self) -> int:
-        """Return the number of batches of one pass over a finite sampler.
+        """Return the batches of one pass over a finite sampler.
 
         Raises:
             TypeError: For an infinite sampler, a stream, or when grouping by aspect ratio.
@@ -197,10 +197,9 @@ class TrainLoader:
 
     @property
     def last_batch_indices(self) -> list[int]:
-        """Dataset indices of the records of the batch just returned (map-style loaders).
+        """Dataset indices the batch plan chose for the batch just returned (map-style).
 
-        Replacements of records that failed to map are not shown: these are the records
-        the batch plan chose.
+        Replacements of records that failed to map are not shown.
         """
         return [index for index, _ in self._last_items]
 
@@ -210,11 +209,9 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch, as plain data.
+        """Return the position after the last returned batch (:mod:`~trainkit.data.loader_state`).
 
-        A state of :mod:`trainkit.data.loader_state` (a global stream position, this rank's
-        draws, or each loader worker's reads of a stream); it loads with
-        ``torch.load(weights_only=True)``.
+        Plain data: it loads with ``torch.load(weights_only=True)``.
         """
         return copy_state(self._state)
 

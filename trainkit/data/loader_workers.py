@@ -91,12 +91,9 @@ def start_iterator(loader: DataLoader) -> Iterator[Any]:
 
 
 def check_num_workers(cfg: CfgNode, where: str) -> None:
-    """Raise unless ``DATALOADER.NUM_WORKERS`` is >= 0 (``where``: what loads without them).
+    """Raise a ``ConfigError`` unless ``DATALOADER.NUM_WORKERS`` is >= 0.
 
-    torch's own error ("num_workers option should be non-negative") does not name the key.
-
-    Raises:
-        ConfigError: A ``ValueError`` naming ``DATALOADER.NUM_WORKERS``.
+    torch's own error does not name the key. ``where``: what loads without loader workers.
     """
     if cfg.DATALOADER.NUM_WORKERS < 0:
         raise ConfigError(
@@ -208,8 +205,8 @@ def _rebuild(leaf: Any, buffers: list[torch.Tensor]) -> Any:
 class PackedCollate:
     """Collate the samples a loader worker mapped, and pack them for the trip (picklable).
 
-    It takes ``(samples, *tags)`` and returns ``(batch, *tags)``: the tags (the batch's
-    number, the records skipped) travel beside the batch.
+    ``(samples, *tags)`` -> ``(batch, *tags)``: the tags (the batch's number, the records
+    skipped) travel beside the batch.
     """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:

@@ -84,8 +84,8 @@ def attach_segment(handle: SegmentHandle) -> SharedSegment:
     the pid or fd reused) asks the machine's holder of the same digest (:func:`fetch_segment`).
 
     Raises:
-        OSError: If the holding process is gone or its descriptor cannot be opened (another
-            machine, another user) and no holder of the digest answers.
+        OSError: If the holder is gone or its descriptor cannot be opened (another machine,
+            another user) and no holder of the digest answers.
         ValueError: If the descriptor now refers to another file than the handle describes.
     """
     path = f"/proc/{handle.pid}/fd/{handle.fd}"
@@ -117,13 +117,10 @@ ForkingPickler.register(SharedSegment, _reduce_for_processes)
 def share_segment(segment: SharedSegment) -> SharedSegment:
     """Return the machine's copy of ``segment``'s records, serving ``segment`` if first.
 
-    If another process of this user serves a segment with the same digest, that segment
-    is returned (the caller drops its own, freeing it); otherwise ``segment`` is returned
-    and served until it is garbage-collected. Never waits for other processes beyond one
-    connection attempt (at most ``TIMEOUT_S`` if a holder hangs).
-
-    Returns:
-        A segment with the same records as ``segment``.
+    If another process of this user serves a segment with the same digest, that segment is
+    returned (the caller drops its own, freeing it); otherwise ``segment``, served until it is
+    garbage-collected. Never waits beyond one connection attempt (at most ``TIMEOUT_S`` if a
+    holder hangs).
     """
     if not segment.shared or segment.nbytes < MIN_SHARED_BYTES:
         return segment
@@ -190,11 +187,7 @@ class _Share:
         self.server_pid: int | None = None  # who served the segment we mapped, if not us
 
     def join(self, own: SharedSegment) -> SharedSegment:
-        """Serve ``own`` or take the served copy; start the thread that keeps it going.
-
-        Raises:
-            OSError: If neither worked (the caller keeps ``own``).
-        """
+        """Serve ``own`` or take the served copy, and keep it going (``OSError``: neither)."""
         result = own
         found = self._bind_or_connect()
         if found is not None:
@@ -213,11 +206,7 @@ class _Share:
         return result
 
     def _bind_or_connect(self) -> tuple[socket.socket, int] | None:
-        """Serve the name (``None``), or connect to whoever does (the connection, the fd).
-
-        Raises:
-            OSError: If stopped, or if neither worked after a few attempts.
-        """
+        """Serve the name (``None``) or connect to who does (``OSError``: stopped, or neither)."""
         for attempt in range(_CLAIM_ATTEMPTS):
             with self._lock:
                 if self._stopped.is_set():

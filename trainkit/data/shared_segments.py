@@ -121,11 +121,7 @@ class SharedSegment:
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
-        """Wrap memory file ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None).
-
-        Raises:
-            ValueError: If ``buffer`` does not start with a segment header.
-        """
+        """Wrap ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None); check its header."""
         self._fd, self._buffer = fd, buffer
         self._identity: tuple[int, int] | None = None
         if fd is not None:
@@ -157,11 +153,7 @@ class SharedSegment:
         return self._fd is not None and is_sealed(self._fd)
 
     def fileno(self) -> int:
-        """Return this process's descriptor of the memory file.
-
-        Raises:
-            ValueError: If the segment lives in private memory.
-        """
+        """Return this process's descriptor of the memory file (``ValueError`` if private)."""
         if self._fd is None:
             raise ValueError("a private segment has no file descriptor")
         return self._fd
@@ -221,11 +213,8 @@ def _seal_and_map(fd: int, *chunks: Any, header: bytes = b"") -> SharedSegment:
 def segment_from_fd(fd: int, size: int) -> SharedSegment:
     """Map memory file ``fd`` (``size`` bytes) read-only; the segment takes over ``fd``.
 
-    ``fd`` is closed if mapping fails.
-
-    Raises:
-        OSError: If ``fd`` cannot be mapped.
-        ValueError: If its size is not ``size`` or it does not hold a segment.
+    ``fd`` is closed if that fails: ``OSError`` if it cannot be mapped, ``ValueError`` if its
+    size is not ``size`` or it holds no segment.
     """
     try:
         actual = os.fstat(fd).st_size
@@ -241,9 +230,8 @@ def segment_from_fd(fd: int, size: int) -> SharedSegment:
 class SegmentWriter:
     """Append record bytes into a new anonymous memory file, then seal and map it.
 
-    The bytes go straight into the file's pages, which become the shared copy, so building a
-    segment needs no second copy of the data (only the int64 ends, 8 bytes per record, are
-    kept privately until :meth:`finish`). They are hashed on the way.
+    The bytes are hashed on their way straight into the file's pages, which become the shared
+    copy: no second copy of the data (only the caller's int64 ends, 8 bytes per record).
     """
 
     def __init__(self, name: str = "trainkit-records") -> None:
@@ -272,11 +260,7 @@ class SegmentWriter:
             _write_all(self._fd, data)  # type: ignore[arg-type]
 
     def finish(self, ends: array) -> SharedSegment:
-        """Write the header and the int64 record ends (``array("q")``), seal, and map.
-
-        Args:
-            ends: end offset of every record within the record bytes, ascending.
-        """
+        """Write the header and ``ends`` (``array("q")``, each record's end offset), seal, map."""
         pad = bytes(_aligned(self._data_bytes) - self._data_bytes)
         # The digest covers the record bytes, the ends and both counts, so two segments
         # with equal digests hold the same records with the same boundaries.
@@ -314,9 +298,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int]:
 def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
     """Connect to the holder of ``digest``; return the open connection and the received fd.
 
-    Raises:
-        ConnectionRefusedError: If nobody serves ``digest`` right now.
-        OSError: If the holder is not trustworthy or does not answer as expected.
+    Raises ``ConnectionRefusedError`` if nobody serves ``digest`` right now, another
+    ``OSError`` if the holder is not trustworthy or does not answer as expected.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = -1
@@ -345,11 +328,7 @@ def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
 
 
 def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
-    """Map the memory file ``fd`` that a holder sent, checking it holds ``digest``'s records.
-
-    Raises:
-        ConnectionError: If it is not a record segment, or not the one asked for.
-    """
+    """Map the memory file ``fd`` a holder sent (``ConnectionError`` unless it has ``digest``)."""
     try:
         segment = segment_from_fd(fd, size)
     except ValueError as e:
@@ -360,11 +339,9 @@ def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
 
 
 def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` that a process on this machine serves, if any.
+    """Map the segment with ``digest`` a process on this machine serves (the same pages).
 
-    Returns:
-        The segment (same pages as the server's), or ``None`` if nobody serves it or the
-        answer failed a check (logged at debug level).
+    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
     """
     try:
         sock, fd = receive_segment(digest, size)
