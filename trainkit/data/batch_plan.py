@@ -64,13 +64,12 @@ def split_batch(
     Args:
         total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
         world_size: the number of ranks it is split over.
-        accumulate_steps: micro-batches per step, ``k`` (``SOLVER.ACCUMULATE_STEPS``).
+        accumulate_steps: ``k``, micro-batches per step (``SOLVER.ACCUMULATE_STEPS``).
         key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
 
     Raises:
-        ConfigError: A ``ValueError`` naming ``SOLVER.IMS_PER_BATCH`` (or ``key``) and
-            ``SOLVER.ACCUMULATE_STEPS``, the divisor and the fix, unless ``total`` splits
-            evenly.
+        ConfigError: A ``ValueError`` naming both keys, the divisor and the fix, unless
+            ``total`` splits evenly.
     """
     if accumulate_steps < 1:
         raise ConfigError(
@@ -127,8 +126,7 @@ class BatchPlan:
         """Continue after the batches recorded in ``state`` (any version of the format).
 
         Raises:
-            ConfigError: A ``ValueError``: if ``state`` was saved by a differently configured
-                loader (see :func:`~trainkit.data.loader_state.load_state`).
+            ConfigError: A ``ValueError``: for a differently configured loader's state.
             ValueError: For another rank's per-rank position.
         """
         self._state = load_state(state, self._state)
@@ -155,9 +153,8 @@ class BatchPlan:
 class GlobalBatchPlan(BatchPlan):
     """Compose each step's batch from the global stream and yield this rank's micro-batches.
 
-    The rule is in the module docstring. Batches come in order: step 0's ``k`` micro-batches,
-    then step 1's, ...; a batch's key is its optimizer step, the same on every rank and
-    topology. It is infinite (training samplers are).
+    The rule is the module docstring's. Batches come in order (step 0's ``k`` micro-batches,
+    then step 1's, ..., without end); a batch's key is its optimizer step, on every topology.
     """
 
     def __init__(
@@ -218,16 +215,12 @@ class GlobalBatchPlan(BatchPlan):
 class RankBatchPlan(BatchPlan):
     """Cut this rank's draws from its sampler into batches of ``(index, global position)``.
 
-    Without ``bucket_ids`` a batch is the next ``batch_size`` draws; with them, each draw
-    joins its bucket and a full bucket is the next batch. Loading the position makes the plan
-    continue with exactly the next batch.
-
+    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket.
     Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
-    ``r, r + W, ...``), which every trainkit training sampler is. A sampler that is not a
-    trainkit sampler is restarted and fast-forwarded by drawing, not jumped. A finite
-    sampler is drawn in passes (:meth:`next_pass_state`); positions keep growing from one
-    pass to the next, so no two returned samples share one. A batch's key is its smallest
-    position.
+    ``r, r + W, ...``), as every trainkit training sampler is; another sampler is restarted
+    and fast-forwarded by drawing, not jumped. A finite sampler is drawn in passes
+    (:meth:`next_pass_state`) whose positions keep growing, so no two samples share one. A
+    batch's key is its smallest position.
     """
 
     def __init__(
@@ -317,11 +310,11 @@ class RankBatchPlan(BatchPlan):
         }
 
     def batches_per_pass(self) -> int:
-        """Return the number of batches in one pass over a finite, ungrouped sampler.
+        """Return the batches of one pass over a finite, ungrouped sampler.
 
         Raises:
-            TypeError: If the sampler is infinite or has no ``len()``, or when grouping
-                (the count then depends on the order of the indices).
+            TypeError: For an infinite or unsized sampler, or when grouping (the count then
+                depends on the order).
         """
         if isinstance(self._sampler, GlobalStreamSampler):
             return super().batches_per_pass()

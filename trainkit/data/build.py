@@ -70,11 +70,10 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
 
     Args:
         cfg: the config.
-        world_size: the job's process count; ``None`` means the current job's.
+        world_size: the job's process count (``None``: the current job's).
 
     Raises:
-        ConfigError: A ``ValueError`` naming the first setting that is out of range and its
-            valid range.
+        ConfigError: A ``ValueError`` naming the first setting out of range and its range.
     """
     world_size = comm.get_world_size() if world_size is None else world_size
     split_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)

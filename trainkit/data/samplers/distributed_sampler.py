@@ -52,13 +52,12 @@ def _checked_size(sampler_name: str, size: Any) -> int:
 class TrainingSampler(GlobalStreamSampler):
     """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
-    Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
-    a different one every epoch, computed by a keyed bijection instead of stored: memory is
-    O(1) in ``size`` (4e8 works) and any position is reached in O(1), so resume and
-    worker sharding cost nothing. The order differs from detectron2's ``torch.randperm``.
-
-    Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``. This sampler does not
-    pad or stop: for one exact pass over a dataset use :class:`InferenceSampler`.
+    Each epoch (``size`` consecutive global positions) is another permutation of
+    ``range(size)``, computed by a keyed bijection instead of stored: O(1) memory in ``size``
+    (4e8 works) and O(1) jumps to any position, so resume and worker sharding cost nothing.
+    The order differs from detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global
+    positions ``r, r + W, ...``, without padding or end: for one exact pass over a dataset
+    use :class:`InferenceSampler`.
     """
 
     def __init__(
@@ -124,17 +123,14 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         """Create the sampler.
 
         Args:
-            size: dataset size (> 0).
+            size, shuffle, rank, world_size: as in :class:`TrainingSampler`.
             subset_ratio: fraction of the dataset to train on, in ``(0, 1]``.
-            shuffle: shuffle the subset every epoch.
-            seed_shuffle: seed of the per-epoch shuffles (``None``: shared random seed).
-            seed_subset: seed of the subset choice (``None``: shared random seed).
-            rank, world_size: as in :class:`TrainingSampler`.
+            seed_shuffle, seed_subset: seeds of the per-epoch shuffles and of the subset
+                choice (``None``: a shared random seed).
 
         Raises:
-            TypeError: If ``size`` is not an integer.
             ConfigError: A ``ValueError``: if ``subset_ratio`` is outside ``(0, 1]`` or
-                selects no index.
+                selects no index (``size`` is checked as by :class:`TrainingSampler`).
         """
         size = _checked_size(type(self).__name__, size)
         if not 0.0 < subset_ratio <= 1.0:
@@ -187,9 +183,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         Args:
             repeat_factors: per-record repeat factor (>= 0, not all 0), e.g. from
                 :meth:`repeat_factors_from_category_frequency`.
-            shuffle: shuffle every epoch.
-            seed: shared seed (``None``: shared random seed).
-            rank, world_size: as in :class:`TrainingSampler`.
+            shuffle, seed, rank, world_size: as in :class:`TrainingSampler`.
 
         Raises:
             ValueError: If a factor is negative or every record would be repeated 0 times.
