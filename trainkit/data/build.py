@@ -1,12 +1,10 @@
 """Build train loaders from plain arguments or from a config (detectron2's builders).
 
 ``build_detection_train_loader`` and ``build_detection_test_loader`` (from
-:mod:`trainkit.data.inference_loader`; detectron2's import path is this module) are
-:func:`~trainkit.config.configurable`, with detectron2's signatures: called with a config they
-check what they read (before any data is loaded), load the named datasets and hand the
-records, the mapper, the sampler and the settings straight to the loader; called with a
-dataset they take explicit arguments. ``build_train_loader`` / ``build_test_loader`` are the
-same functions.
+:mod:`trainkit.data.inference_loader`; detectron2 imports it from here) are
+:func:`~trainkit.config.configurable` with detectron2's signatures: given a config they check
+it before loading any data, then hand the records, the mapper, the sampler and the settings
+straight to the loader. ``build_train_loader`` / ``build_test_loader`` are the same functions.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """``TrainLoader``: the resumable train loader, for map-style datasets and for streams.
 
-A record's way through a map-style train loader, in order (nothing calls back up):
-
-1. a **batch plan** (:mod:`trainkit.data.batch_plan`) decides, in this process, which
-   ``(index, position)`` pairs make each batch, and the position after it;
-2. the torch ``DataLoader`` hands each batch of pairs to a loader worker
-   (:class:`_PlannedBatches` is its batch sampler);
-3. the worker reads and maps each record in its sample context
-   (:class:`~trainkit.data.mapping.RecordMapper`), then collates the batch;
-4. the loader returns batches in plan order and keeps the plan's position after each.
-
-So the batches are the same for any number of loader workers and, over a trainkit sampler,
-for any world size. A stream dataset (``IterableDataset``) goes through
-:mod:`trainkit.data.stream_batches` instead: loader workers read disjoint shares of it and
-form, map and collate their batches themselves. Either position is a state of
-:mod:`trainkit.data.loader_state`.
+A record's way through a map-style train loader, forward only: a **batch plan**
+(:mod:`trainkit.data.batch_plan`) decides in this process which ``(index, position)``
+pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
+to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
+each record in its sample context (:class:`~trainkit.data.mapping.RecordMapper`) and
+collates the batch; the loader returns batches in plan order and keeps the position after
+each. So the batches are the same for any number of loader workers and, over a trainkit
+sampler, for any world size. A stream dataset (``IterableDataset``) goes through
+:mod:`trainkit.data.stream_batches` instead. Either position is a
+:mod:`trainkit.data.loader_state` state.
 """
 
 from __future__ import annotations

@@ -2,20 +2,17 @@
 
 :func:`loader_kwargs` gives every trainkit loader its workers: forked where possible
 (:func:`worker_context_kwargs`), seeded from torch's per-worker seed
-(:func:`worker_init_reset_seed`) and started with the training process's objects frozen
+(:func:`worker_init_reset_seed`), started with the training process's objects frozen
 (:func:`start_iterator`).
 
-A batch travels from a loader worker in one buffer per dtype (:func:`pack_batch`). torch
-sends each tensor of a worker's batch through a shared-memory segment of its own: with
-Linux's default ``file_descriptor`` strategy a new segment, a file descriptor passed over a
-socket and an ``mmap`` in the receiver, about 270 µs of CPU per tensor measured on this
-project's machine, more than reading and resizing a small image. A detectron2-style batch
-holds one image tensor per record, so a worker copies the batch's tensors into one buffer
-per dtype (one ``torch.cat``, a few µs) and the training process rebuilds every tensor as a
-view of it: same values, shapes, dtypes and structure. Only plain contiguous CPU tensors
-without gradients that own their whole storage, inside lists, tuples and dicts, are packed;
-anything else (other containers, tensor subclasses, views, tensors sharing a storage)
-travels the usual way.
+torch sends each tensor of a worker's batch through a shared-memory segment of its own (with
+Linux's default ``file_descriptor`` strategy a new segment, a descriptor passed over a socket
+and an ``mmap``: ~270 µs of CPU per tensor on this project's machine, more than reading and
+resizing a small image), and a detectron2-style batch holds a tensor per record. So a worker
+copies the batch's tensors into one buffer per dtype (:func:`pack_batch`: one ``torch.cat``,
+a few µs) and the training process rebuilds each as a view of it, same values, shapes,
+dtypes and structure. Only plain contiguous CPU tensors without gradients that own their
+whole storage, in lists, tuples and dicts, are packed; anything else travels the usual way.
 """
 
 from __future__ import annotations

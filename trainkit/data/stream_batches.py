@@ -1,21 +1,16 @@
 """Batches of a stream dataset (an ``IterableDataset``), formed and mapped in the loader workers.
 
-With ``n`` loader workers (``n = 1`` without workers), worker ``w`` reads elements
-``w, w + n, w + 2n, ...`` of the stream (or, for a stream that shards itself,
-``shards_across_workers = True``, what the stream gives that worker), so each element is read
-once. Each worker forms whole batches from its own elements (grouped by the raw element's
-``width``/``height`` with :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one
-sample context per element, one ``batch_rng()`` key per batch) and collates it. The loader
-returns the workers' batches in turn (:func:`batches_in_turn`), so the batches depend on
-``NUM_WORKERS``, unlike the map-style path. The ``c``-th element worker ``w`` reads has
-``sample_rng()`` position ``c * n + w``: unique, and the stream position itself when the
-loader shards.
-
-A worker's position is its count of elements read plus the elements waiting in its buckets;
-the loader keeps the latest of each worker's, so a stream that can be read again from the
-start (or from a position: ``iter_from(position)``) resumes exactly with the same
-``NUM_WORKERS``. A stream with a ``position_key()`` method (``RankStream``) names what its
-positions mean; a saved position is checked against it.
+Of ``n`` loader workers (``n = 1`` without), worker ``w`` reads elements ``w, w + n, ...``
+of the stream (a stream with ``shards_across_workers = True`` gives each worker its own
+share), forms whole batches of them (grouped by the raw element's ``width``/``height`` in
+:class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
+batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``: unique, and the
+stream position itself when the loader shards) and collates it. The loader returns the workers' batches in
+turn (:func:`batches_in_turn`), so unlike the map-style path the batches depend on
+``NUM_WORKERS``. A worker's position is its count of elements read plus those waiting in its
+buckets, so a stream that can be read again (from the start, or ``iter_from(position)``)
+resumes exactly with the same ``NUM_WORKERS``; a stream's ``position_key()``
+(``RankStream``) names what its positions mean, and a saved position is checked against it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """A keyed pseudo-random permutation of ``range(n)`` that is computed, never stored.
 
-``permute(offsets, n, keys)`` maps each offset through a Feistel network over the smallest
-power of two >= n, re-applying it ("cycle walking") to values that land outside ``range(n)``.
-A Feistel network is a bijection whatever its round function, and cycle walking restricts a
-bijection of a superset to a bijection of ``range(n)``; so every epoch is an exact permutation
-while memory stays O(block) and any position is reached in O(1). The domain is less than
-``2n``, so on average fewer than two passes are needed.
-
-The round function is the splitmix64 finaliser, evaluated on numpy uint64 arrays (which wrap
-on overflow without warnings, unlike numpy scalars; so everything here stays an array).
+:func:`permute` maps each offset through a Feistel network over the smallest power of two
+>= n (a bijection whatever its round function), re-applying it to values outside
+``range(n)`` ("cycle walking", fewer than two passes on average: the domain is < 2n). So
+every epoch is an exact permutation, memory stays O(block) and any position is reached in
+O(1). The round function is the splitmix64 finaliser, on numpy uint64 arrays (which wrap
+on overflow without warnings, unlike numpy scalars: everything here stays an array).
 """
 
 from __future__ import annotations
