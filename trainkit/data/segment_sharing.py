@@ -1,43 +1,39 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
-This is trainkit's one mechanism for one copy of the records per machine. It involves no
+This is trainkit's one mechanism for one copy of the records per machine. It uses no
 collective and no process group, so it works under any launcher (``launch()``, torchrun,
-SLURM, processes started by hand) and no rank ever waits for another.
-
-Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
-detectron2 code does, and the catalog path) serialises it into its own sealed memfd, hashing
-it on the way (:class:`~trainkit.data.shared_segments.SegmentWriter`), then calls
-:func:`share_segment`. That meets the machine's other holders of the same records at a Linux
-*abstract* unix socket named after the digest and the user id::
+SLURM, processes started by hand) and no rank ever waits for another. Every process that
+builds a record segment (``DatasetFromList(lst)`` on each rank, as detectron2 code does, and
+the catalog path) serialises it into its own sealed memfd, hashing it on the way
+(:class:`~trainkit.data.shared_segments.SegmentWriter`); :func:`share_segment` then meets the
+machine's other holders of the same records at a Linux *abstract* unix socket::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
-* The first process to ``bind`` the name serves its segment: a daemon thread sends the memfd
-  itself over the socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later process
-  connects, checks what it receives (the peer runs as the same user, the file is sealed, its
-  size and digest match the segment just built), maps it and drops its own copy. Two that
-  finish at the same time race for ``bind``; the loser connects.
-* Different records have different names: a process is never given another list's records.
-  Abstract names vanish with their last socket, so a crash leaves nothing behind, and a
-  process that builds a dataset alone serves it to nobody and waits for no one.
+* The first process to ``bind`` it serves: a daemon thread sends the memfd itself over the
+  socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it
+  receives (same user, sealed, the size and digest of the segment it built), maps it and
+  drops its own copy. Of two that finish together, the loser of the race for ``bind``
+  connects.
+* Different records have different names, so no process is given another list's records;
+  abstract names vanish with their last socket, so a crash leaves nothing behind.
 * Holders keep their connection open to *watch* the server: when it exits or drops the
   dataset, they race to ``bind`` and the winner serves its mapping (the same file), so a
-  process that builds the same records later still finds the copy.
-* Forked loader workers inherit the mapping (an at-fork handler closes the inherited sockets,
-  so only the parent serves); spawned ones attach through the pickled handle
+  later builder of the same records still finds the copy.
+* Forked loader workers inherit the mapping (an at-fork handler closes the inherited
+  sockets: only the parent serves); spawned ones attach through the pickled handle
   (:func:`attach_segment`) or, where that fails, by digest.
 * Without memfd sealing or abstract unix sockets (another OS, a sandbox), or when a
-  connection times out, the process keeps its private copy and logs one line. Segments under
+  connection times out, a process keeps its private copy and logs one line. Segments under
   :data:`MIN_SHARED_BYTES` are not shared: the saving would not pay for a thread and sockets.
 
-What it costs: every rank that needs the records loads and serialises them itself (the
-catalog function's CPU time and file reads once per rank, not once per machine). While ranks
-build at the same time the machine briefly holds one copy per building rank (on top of the
-lists the callers hold), freed as each rank attaches: the steady state is one copy per
-machine for any number of ranks and loader workers. Each shared segment keeps one daemon
-thread and a few sockets per process. Same-user processes are trusted (they could read this
-process's memory anyway); other users can neither be served nor serve (``SO_PEERCRED``).
-Tests stop every share of this process with :func:`stop_all`.
+Costs: every rank that needs the records loads and serialises them itself (the catalog
+function's CPU time and file reads once per rank, not per machine); ranks that build at the
+same time briefly hold one copy each (on top of the callers' lists), freed as each attaches,
+so the steady state is one copy per machine for any number of ranks and loader workers. Each
+shared segment keeps a daemon thread and a few sockets per process. Same-user processes are
+trusted (they could read this process's memory anyway); other users can neither be served
+nor serve (``SO_PEERCRED``). Tests stop every share of a process with :func:`stop_all`.
 """
 
 from __future__ import annotations

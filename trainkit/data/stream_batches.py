@@ -5,12 +5,13 @@ of the stream (a stream with ``shards_across_workers = True`` gives each worker 
 share), forms whole batches of them (grouped by the raw element's ``width``/``height`` in
 :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
 batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``: unique, and the
-stream position itself when the loader shards) and collates it. The loader returns the workers' batches in
-turn (:func:`batches_in_turn`), so unlike the map-style path the batches depend on
-``NUM_WORKERS``. A worker's position is its count of elements read plus those waiting in its
-buckets, so a stream that can be read again (from the start, or ``iter_from(position)``)
-resumes exactly with the same ``NUM_WORKERS``; a stream's ``position_key()``
-(``RankStream``) names what its positions mean, and a saved position is checked against it.
+stream position itself when the loader shards) and collates it. The loader returns the
+workers' batches in turn (:func:`batches_in_turn`), so unlike the map-style path the batches
+depend on ``NUM_WORKERS``. A worker's position is its count of elements read plus those
+waiting in its buckets, so a stream that can be read again (from the start, or
+``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``; a stream's
+``position_key()`` (``RankStream``) names what its positions mean, and a saved position is
+checked against it.
 """
 
 from __future__ import annotations
