@@ -38,6 +38,7 @@ nor serve (``SO_PEERCRED``). Tests stop every share of a process with :func:`sto
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -285,11 +286,9 @@ class _Share:
     def _watch(self) -> None:
         conn = self._conn
         assert conn is not None
-        try:
+        with contextlib.suppress(OSError):
             while conn.recv(64):
                 pass  # the server never sends more; EOF means it stopped serving
-        except OSError:
-            pass
         with self._lock:
             self._conn = None
         conn.close()
@@ -313,10 +312,8 @@ class _Share:
         with self._lock:
             for sock in (self._listener, self._conn):
                 if sock is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
         if self._thread is None:
             self.close()
 

@@ -22,6 +22,7 @@ copies its bytes, as for a numpy array.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -199,10 +200,9 @@ def _seal_and_map(fd: int, *chunks: Any, header: bytes = b"") -> SharedSegment:
             _write_all(fd, chunk)
         if header:
             os.pwrite(fd, header, 0)
-        try:
+        # An unlinked tmpfs file cannot be sealed; it is still mapped read-only.
+        with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
-        except (OSError, AttributeError):
-            pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
         size = os.fstat(fd).st_size
     except BaseException:
         os.close(fd)
