@@ -1,9 +1,7 @@
 """detectron2's dataset wrappers: record lists, failure-tolerant mapping, iterable adapters.
 
-``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`; the mapping itself in
-:mod:`trainkit.data.mapping` (``MapDataset`` is a dataset view over its ``RecordMapper``);
-``AspectRatioGroupedDataset`` groups with the one implementation of grouping,
-:class:`~trainkit.data.grouping.Buckets`.
+``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`, the mapping itself in
+:mod:`trainkit.data.mapping`, grouping in :mod:`trainkit.data.grouping`.
 """
 
 from __future__ import annotations
@@ -90,12 +88,7 @@ class AspectRatioGroupedDataset(IterableDataset):
     """
 
     def __init__(self, dataset: Iterable[dict[str, Any]], batch_size: int) -> None:
-        """Wrap ``dataset``.
-
-        Args:
-            dataset: yields dicts with ``"width"`` and ``"height"``.
-            batch_size: samples per batch.
-        """
+        """Batch ``dataset``'s dicts (with ``"width"`` and ``"height"``) by ``batch_size``."""
         self.dataset = dataset
         self.batch_size = batch_size
         self._buckets = Buckets(batch_size, {0: [], 1: []})
@@ -152,19 +145,13 @@ class _Mapped:
 class MapDataset(_Mapped, Dataset):
     """Apply ``map_func`` to each record of a dataset, skipping records that fail.
 
-    Failures are :class:`~trainkit.data.mapping.RecordMapper`'s: ``None`` or an exception
-    (but a ``UsageError`` is raised at once), logged with a running count; a failed record is
-    replaced by an index drawn from (seed, sample, attempt), and ``max_consecutive_failures``
-    in a row raise ``RuntimeError``. Given an ``IterableDataset`` the result is an iterable
-    dataset (of a private subclass of ``IterableDataset``, not of this class, as in
-    detectron2) that maps each element and skips the ones that fail.
-
-    Every ``map_func`` call on a map-style dataset runs inside a sample context, so
-    ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
-    global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
-    datasets have no global position, so their mappers cannot call it. ``map_func`` is held
-    in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda works with loader
-    workers started by "spawn".
+    A dataset view over a :class:`~trainkit.data.mapping.RecordMapper` (what fails, how it
+    is logged and replaced). Given an ``IterableDataset`` the result is an iterable dataset
+    (of a private subclass of ``IterableDataset``, not of this class, as in detectron2) that
+    maps each element and skips those that fail. ``map_func`` on a map-style dataset runs in
+    a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed by the global
+    stream position in the train loader, by ``i`` (seed 0) in a plain ``dataset[i]``; an
+    iterable has no global position, so its mapper cannot.
     """
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -182,14 +169,10 @@ class MapDataset(_Mapped, Dataset):
         return self.map_at(idx, seed=0, position=idx)
 
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
-        """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
+        """Map record ``idx`` for the sample at global ``position`` of stream ``seed``.
 
-        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``. A failed
-        record is replaced (see :meth:`RecordMapper.map_replacing`).
-
-        Raises:
-            RuntimeError: After ``max_consecutive_failures`` failed records in a row.
-            UsageError: As soon as reading or mapping a record raises one.
+        ``batch`` keys ``trainkit.data.batch_rng()``. A failed record is replaced, as by
+        :meth:`RecordMapper.map_replacing` (which says what it raises).
         """
         element, _ = self.mapper.map_replacing(
             self.dataset, idx, seed=seed, position=position, batch=batch
@@ -213,8 +196,8 @@ class _MapIterableDataset(_Mapped, IterableDataset):
 def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
     """Take a mapped dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
 
-    A list becomes a :class:`DatasetFromList`; a ``MapDataset`` (or its iterable twin) gives
-    its records and mapper; anything else is records with no mapper.
+    A list becomes a :class:`DatasetFromList`; anything but a ``MapDataset`` (or its
+    iterable twin) is records with no mapper.
     """
     if isinstance(dataset, list):
         return DatasetFromList(dataset, copy=False), None

@@ -32,12 +32,10 @@ SerializeMethod = Callable[[Any], Any]
 class _SharedSerializedList:
     """trainkit's default serialisation method: a read-only list of pickled records.
 
-    Forked loader workers share the two buffers and never write to them, whereas reading
-    a list of millions of Python objects bumps their reference counts and gradually copies
-    every page into every worker ("copy-on-read"). Spawned workers map the same pages
-    (pickling sends a handle, not the bytes). Other processes on the machine that build the
-    same records map this segment too and free their own. Each item is a fresh unpickled
-    record, so callers may modify what they get.
+    Forked loader workers share its pages and never write to them (reading a list of
+    millions of Python objects bumps their reference counts and so copies every page into
+    every worker: "copy-on-read"); spawned workers and the machine's other builders of the
+    same records map the same pages. Each item is a fresh unpickled record, safe to modify.
     """
 
     def __init__(self, lst: Iterable[Any]) -> None:
@@ -124,9 +122,8 @@ class DatasetFromList(Dataset):
     """A map-style dataset over a list of records.
 
     With ``serialize=True`` the records go through the default serialisation method:
-    trainkit's keeps them pickled in shared memory, one copy per machine however many
-    ranks build the same list, shared with every loader worker (forked or spawned); every
-    ``__getitem__`` returns a fresh copy.
+    trainkit's keeps them pickled in shared memory, one copy per machine however many ranks
+    build the same list (see :class:`_SharedSerializedList`).
     """
 
     def __init__(
@@ -170,19 +167,15 @@ class DatasetFromList(Dataset):
     ) -> DatasetFromList:
         """Build the machine's one serialised copy from what ``load_fn`` returns.
 
-        Kept for code written against earlier trainkit versions, where only local rank 0
-        called ``load_fn`` and ``all_gather`` over the local process group handed its segment
-        on. Now every rank calls ``load_fn`` and writes its records one by one (a generator is
-        never held as a whole), and the ranks of a machine share one copy by content, with no
-        collective (costs: :mod:`trainkit.data.segment_sharing`). With a custom default
-        serialisation method every rank applies the method.
+        Kept for code written for earlier trainkit versions (only local rank 0 called
+        ``load_fn`` and ``all_gather`` handed its segment on): now every rank calls
+        ``load_fn`` and the constructor shares one copy per machine by content, with no
+        collective (costs: :mod:`trainkit.data.segment_sharing`; a custom default
+        serialisation method is applied by every rank instead).
 
         Args:
             load_fn: returns the records (a list or any iterable, e.g. a generator).
             copy: passed to the constructor (serialised records are fresh copies anyway).
-
-        Returns:
-            The dataset.
         """
         return cls(load_fn(), copy=copy)
 
@@ -190,8 +183,7 @@ class DatasetFromList(Dataset):
     def segment_identity(self) -> tuple[int, int] | None:
         """``(st_dev, st_ino)`` of the shared-memory segment holding the records.
 
-        Equal on every process that maps the same copy; ``None`` for records that are not
-        in a shared segment (``serialize=False``, a custom method, private memory).
+        Equal in every process that maps the same copy; ``None`` without a shared segment.
         """
         return self._lst.segment_identity if isinstance(self._lst, _SharedSerializedList) else None
 
