@@ -53,8 +53,8 @@ class _SampleKey:
     # Identifies the sample's batch (the loader uses its smallest global position); None
     # outside a batch, where a sample is a batch of its own.
     batch: int | None = None
-    rng: np.random.Generator | None = field(default=None)
-    batch_rng: np.random.Generator | None = field(default=None)
+    # "sample" / "batch" -> the generator of this mapper call.
+    generators: dict[str, np.random.Generator] = field(default_factory=dict)
 
     def digest(self, batch: bool = False) -> bytes:
         """32 bytes of random material that depend only on (seed, position or batch)."""
@@ -141,10 +141,7 @@ def sample_rng() -> np.random.Generator:
     Raises:
         RuntimeError: If called outside a mapper call.
     """
-    key = _current()
-    if key.rng is None:
-        key.rng = _seeded_generator(key.digest(), shared=None if key.nested else "sample")
-    return key.rng
+    return _generator("sample")
 
 
 def batch_rng() -> np.random.Generator:
@@ -158,12 +155,15 @@ def batch_rng() -> np.random.Generator:
     Raises:
         RuntimeError: If called outside a mapper call.
     """
+    return _generator("batch")
+
+
+def _generator(kind: str) -> np.random.Generator:
     key = _current()
-    if key.batch_rng is None:
-        key.batch_rng = _seeded_generator(
-            key.digest(batch=True), shared=None if key.nested else "batch"
-        )
-    return key.batch_rng
+    if kind not in key.generators:
+        digest = key.digest(batch=kind == "batch")
+        key.generators[kind] = _seeded_generator(digest, shared=None if key.nested else kind)
+    return key.generators[kind]
 
 
 def sample_seed() -> int:
