@@ -288,9 +288,6 @@ def build_batch_data_loader(
         accumulate_steps: micro-batches per optimizer step (``SOLVER.ACCUMULATE_STEPS``).
         **kwargs: further ``torch.utils.data.DataLoader`` arguments (e.g. ``timeout``).
 
-    Returns:
-        A :class:`~trainkit.data.loader.TrainLoader`.
-
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
             micro-batches, or grouping lacks record sizes.

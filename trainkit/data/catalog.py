@@ -258,9 +258,6 @@ def get_detection_dataset_dicts(
         proposal_files: precomputed proposals; not supported by trainkit (must be ``None``).
         check_consistency: refuse datasets whose metadata ``thing_classes`` differ.
 
-    Returns:
-        The records, or a dataset object.
-
     Raises:
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty (before or
             after filtering), or the datasets' ``thing_classes`` differ.

@@ -1,41 +1,35 @@
 """The train loader's position: one versioned plain-data format, its checks and its upgrades.
 
-``TrainLoader.state_dict()`` returns, and ``TrainLoader.load_state_dict()`` takes, a dict of
-this format; no other module reads or writes its keys (the engine asks
-:func:`is_global_position` only). It holds numbers, strings, lists and dicts, so it loads
-with ``torch.load(weights_only=True)``.
+``TrainLoader.state_dict()`` returns and ``load_state_dict()`` takes this format; no other
+module reads or writes its keys (the engine asks :func:`is_global_position` only). It holds
+numbers, strings, lists and dicts, so it loads with ``torch.load(weights_only=True)``.
 
-Version 3, written today. Every state has ``version`` (3), ``kind`` (what its position
-counts, below) and what a loader that continues it must match: ``source`` (the sampler's
-identity: type, seed, dataset size, ...; a ``RankStream``'s seed and shares; or ``None``),
-``batch_size`` (records per batch of the plan: ``SOLVER.IMS_PER_BATCH`` for ``"global"``,
-this rank's (micro-)batch otherwise) and ``num_buckets`` (aspect-ratio buckets, 1 without
-grouping).
+Version 3, written today. Every state has ``version``, ``kind`` and what a continuing loader
+must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
+``RankStream``'s seed and shares; or ``None``), ``batch_size`` (records per batch of the plan:
+``SOLVER.IMS_PER_BATCH`` for ``"global"``, this rank's (micro-)batch otherwise) and
+``num_buckets`` (aspect-ratio buckets, 1 without grouping). By ``kind``:
 
-* ``"global"``: a position in the global stream, the sequence of dataset indices a
-  world-size-1 sampler yields for the seed (:class:`~trainkit.data.batch_plan.
-  GlobalBatchPlan`, over a trainkit training sampler); taken at an optimizer-step boundary,
-  any world size and ``SOLVER.ACCUMULATE_STEPS`` continue it. It adds ``position`` (the next
-  global position of the step being composed), ``buckets`` (per bucket, the ``[index, global
-  position]`` pairs waiting), ``steps`` (optimizer steps whose micro-batches this rank
-  returned), ``micro`` (micro-batches of step ``steps`` returned) and ``split`` (``[world
-  size, ACCUMULATE_STEPS]`` of the job that wrote it).
-* ``"rank"``: this rank's draws from its own sampler (any other sampler, or a per-rank batch
-  size: :class:`~trainkit.data.batch_plan.RankBatchPlan`); only the same rank of the same
-  world size continues it. It adds ``rank``, ``world_size``, ``num_drawn`` (draws of the
-  current pass), ``pass_offset`` (draws of the finished passes of a finite sampler; positions
-  go on growing), ``buckets`` (as above; rank ``r`` of ``W`` draws global positions
-  ``r, r + W, ...``) and ``num_batches``.
-* ``"stream"``: what each loader worker read of a stream dataset (an ``IterableDataset``:
-  :mod:`trainkit.data.stream_batches`); only as many loader workers
-  (``DATALOADER.NUM_WORKERS``) continue it. It adds ``num_workers``, ``next_worker`` (whose
-  batch comes next) and ``workers``: per loader worker, ``read`` (the elements it read) and
-  ``buckets`` (per bucket, ``[count, position]`` of the elements waiting, ``count`` numbering
-  the worker's elements).
+* ``"global"`` (:class:`~trainkit.data.batch_plan.GlobalBatchPlan`): a position in the global
+  stream; taken at an optimizer-step boundary, any world size and ``SOLVER.ACCUMULATE_STEPS``
+  continue it. ``position`` (the next global position of the step being composed),
+  ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
+  (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
+  ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
+* ``"rank"`` (:class:`~trainkit.data.batch_plan.RankBatchPlan`): this rank's draws from its
+  own sampler; only the same rank of the same world size continues it. ``rank``,
+  ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
+  finite sampler's finished passes: positions go on growing), ``buckets`` (as above) and
+  ``num_batches``.
+* ``"stream"`` (:mod:`trainkit.data.stream_batches`): what each loader worker read of a
+  stream dataset; only as many loader workers (``DATALOADER.NUM_WORKERS``) continue it.
+  ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``: per worker,
+  ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count, position]`` of the
+  elements waiting, ``count`` numbering the worker's elements).
 
-:func:`upgrade` reads every format a checkpoint written before version 3 can hold: version 1
-(per rank; with or without ``kind``, ``pass_offset`` and ``last_batch``), version 2 (global),
-stream states (no version) and ``RankDataLoader``'s version-2 wrapper around a stream state.
+:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or
+without ``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no
+version) and ``RankDataLoader``'s version-2 wrapper around a stream state.
 """
 
 from __future__ import annotations

@@ -101,9 +101,6 @@ def rank_share(
         seed: shared by all ranks.
         epoch, mini_epochs: the (mini-)epoch, counting from 0, and mini-epochs per full epoch.
         rank, world_size: this rank and the number of ranks.
-
-    Returns:
-        Sorted int64 record indices.
     """
     shares = _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
@@ -251,9 +248,8 @@ class RankStream(IterableDataset):
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this stream must match: the shares' seed and layout."""
-        ds = self.dataset
-        keys = {"seed": ds.seed, "rank": ds.rank, "world_size": ds.world_size}
-        return {"type": "RankStream", **keys, "mini_epochs": ds.mini_epochs}
+        keys = ("seed", "rank", "world_size", "mini_epochs")
+        return {"type": "RankStream", **{k: getattr(self.dataset, k) for k in keys}}
 
     def __iter__(self) -> Iterator[Any]:
         return self.iter_from(0)

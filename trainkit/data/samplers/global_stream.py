@@ -21,18 +21,13 @@ _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call over
 class GlobalStreamSampler(Sampler[int]):
     """Base of the training samplers: an infinite sequence of dataset indices.
 
-    A subclass defines the *global* stream (what a world-size-1 sampler yields) by
-    implementing :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global
-    positions ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws, which is
-    the whole resumable state.
-
-    As in detectron2, every ``iter()`` starts the sequence afresh: from the beginning, or
-    from the position given to :meth:`load_state_dict` (which is how a resumed run skips
-    what it already saw). :meth:`state_dict` describes the iterator advanced most recently;
-    use one iterator at a time when you save states.
-
-    It does not shuffle data itself and holds no per-index state; subclasses that need O(N)
-    memory (repeat factors) say so.
+    A subclass defines the *global* stream (what a world-size-1 sampler yields) in
+    :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global positions
+    ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws: the whole resumable
+    state, with no per-index state (subclasses that need O(N) memory say so). As in
+    detectron2 every ``iter()`` starts afresh, here from the position given to
+    :meth:`load_state_dict` (0 if none); :meth:`state_dict` describes the iterator advanced
+    most recently, so save states with one iterator at a time.
     """
 
     def __init__(
