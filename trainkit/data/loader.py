@@ -27,14 +27,13 @@ from trainkit.data.loader_workers import (
     start_iterator,
     trivial_batch_collator,
     unpack_batch,
-    worker_init_reset_seed,
 )
 from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.mapping import RecordMapper, sample_context
 from trainkit.data.stream_batches import StreamBatches, batches_in_turn
 from trainkit.utils.errors import UsageError, user_message
 
-__all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
+__all__ = ["TrainLoader"]
 
 
 class _PlannedBatches:

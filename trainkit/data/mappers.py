@@ -167,11 +167,7 @@ class ClassificationDatasetMapper:
 
 
 def _check_num_classes(cfg: CfgNode, dataset_names: Sequence[str]) -> None:
-    """Raise unless ``MODEL.NUM_CLASSES`` covers each named dataset's ``thing_classes`` (if any).
-
-    Raises:
-        ConfigError: A ``ValueError`` naming the dataset, its class count and the setting.
-    """
+    """Raise a ``ConfigError`` unless ``MODEL.NUM_CLASSES`` covers each one's ``thing_classes``."""
     num_classes = int(cfg.MODEL.NUM_CLASSES)
     for name in [dataset_names] if isinstance(dataset_names, str) else dataset_names:
         classes = MetadataCatalog.get(name).get("thing_classes", None)

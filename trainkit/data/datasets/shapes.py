@@ -261,7 +261,6 @@ def register_shapes(
     """Register the ``shapes`` splits in ``DatasetCatalog`` and set their metadata.
 
     Registration is cheap: images are generated on the first ``DatasetCatalog.get``.
-    ``import trainkit.data`` registers ``shapes_train`` and ``shapes_val`` this way.
 
     Args:
         root: datasets root; ``None`` resolves :func:`get_datasets_root` at each ``get``.
