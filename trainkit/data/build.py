@@ -17,7 +17,7 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data.batch_plan import make_batch_plan, micro_batch_size, split_batch
+from trainkit.data.batch_plan import BatchPlan, make_batch_plan, micro_batch_size, split_batch
 from trainkit.data.catalog import (
     get_detection_dataset_dicts,
     joined_names,
@@ -318,7 +318,7 @@ def build_batch_data_loader(
     if stream:
         batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
         bucket_of = BucketOf(aspect_ratio_bins) if aspect_ratio_grouping else None
-        batches = StreamBatches(
+        source: BatchPlan | StreamBatches = StreamBatches(
             records,
             mapper,
             batch_size,
@@ -328,17 +328,21 @@ def build_batch_data_loader(
             drop_last=drop_last,
         )
         logger.info("Stream dataset: batches of %d formed in the loader workers", batch_size)
-        return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
-    bucket_ids = None
-    if aspect_ratio_grouping:
-        if aspect_ratios is None:
-            aspect_ratios = record_aspect_ratios(records)  # the unmapped records
-        bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
-    plan = make_batch_plan(
-        sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last
-    )
+    else:
+        bucket_ids = None
+        if aspect_ratio_grouping:
+            ratios = record_aspect_ratios(records) if aspect_ratios is None else aspect_ratios
+            bucket_ids = aspect_ratio_bucket_ids(np.asarray(ratios), aspect_ratio_bins)
+        source = make_batch_plan(
+            sampler,
+            total_batch_size,
+            single_gpu_batch_size,
+            accumulate_steps,
+            bucket_ids,
+            drop_last,
+        )
     return TrainLoader(
-        records, mapper, plan, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
+        records, mapper, source, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
     )
 
 
