@@ -347,11 +347,10 @@ def _iter_dataset_dicts(
 def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
     """Return the named catalog datasets as one dataset, one copy of the records per machine.
 
-    Every rank calls the catalog functions. Records (a list or a generator, never held as a
-    whole) are written one by one into a :class:`DatasetFromList`, whose ranks of a machine
-    share one copy found by content (:mod:`trainkit.data.segment_sharing`: no collective, so
-    any launcher works). A dataset object (e.g. ``lambda: MetaFileDataset(path)``, or an
-    ``IterableDataset``) reads records on demand and is used as it is. Several names are
+    Every rank calls the catalog functions and writes the records (a list or a generator,
+    never held whole) one by one into a :class:`DatasetFromList`, which the ranks of a machine
+    share by content, with no collective. A dataset object (e.g. ``MetaFileDataset(path)``, or
+    an ``IterableDataset``) reads records on demand and is used as it is. Several names are
     concatenated (iterable datasets: chained).
 
     Args:

@@ -93,14 +93,12 @@ def set_default_dataset_from_list_serialize_method(
 ) -> _RestoreDefaultMethod:
     """Make ``new`` what ``DatasetFromList(lst, serialize=True)`` applies to ``lst``.
 
-    Use it as a context manager (as in detectron2) to change the default only inside the
-    ``with`` block; a plain call changes it for the rest of the process. ``new`` takes the
-    list and returns a list-like object (``len`` and indexing); the catalog path then applies
-    ``new`` on every rank instead of sharing one copy per machine. Set it the same way on
-    every rank.
+    As a context manager (as in detectron2) it changes the default inside the ``with`` block
+    only; a plain call changes it for the rest of the process. Set it the same way on every
+    rank: the catalog path then applies ``new`` on every rank instead of sharing one copy.
 
     Args:
-        new: the serialisation method or class.
+        new: the serialisation method or class: list -> list-like object (``len``, indexing).
 
     Returns:
         A context manager that restores the previous default on exit.
@@ -135,13 +133,12 @@ class DatasetFromList(Dataset):
         """Wrap ``lst``.
 
         Args:
-            lst: the records (with the default serialisation any iterable: records are
-                consumed one by one).
+            lst: the records (with the default serialisation, any iterable, consumed one by
+                one).
             copy: without serialisation, return a deep copy of a record on each access.
-            serialize: ``True`` applies the default serialisation method (see
-                :func:`set_default_dataset_from_list_serialize_method`), ``False`` keeps
-                the list as is, and a callable is the method applied to ``lst`` (items are
-                then returned as the method's result gives them).
+            serialize: ``True`` applies the default serialisation method, ``False`` keeps the
+                list as is, a callable is the method applied to ``lst`` (items are then as
+                its result gives them).
 
         Raises:
             TypeError: If ``serialize`` is neither a bool nor callable.

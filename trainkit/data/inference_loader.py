@@ -150,10 +150,8 @@ def build_detection_test_loader(
 
     Config form: ``build_detection_test_loader(cfg, dataset_name, mapper=None)`` loads the
     named dataset(s) from ``DatasetCatalog`` (one copy of the records per machine) with
-    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers.
-
-    The default :class:`InferenceSampler` gives each rank a contiguous shard: every record
-    is seen exactly once across ranks (no padding); the last batch may be smaller.
+    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers. Each
+    record is seen once across ranks (:class:`InferenceSampler`); the last batch may be smaller.
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.

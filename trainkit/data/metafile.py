@@ -215,13 +215,11 @@ class MetaFileDataset(Dataset):
     :meth:`copy_lines` copies many records' lines at once (how a ``RankDataset`` loads its
     share). Blank lines are skipped; each access parses a fresh record.
 
-    Register it like a list-returning function; the train loader then opens it on every
-    rank instead of serialising records (``DatasetCatalog.get`` returns the dataset)::
+    Register it like a list-returning function; the train loader then opens it on every rank
+    instead of serialising records. Pickling (spawned loader workers) sends the paths; the
+    receiver reopens both files and checks that the metadata file is unchanged::
 
         DatasetCatalog.register("big_train", lambda: MetaFileDataset("/data/train.jsonl"))
-
-    Pickling (spawned loader workers) sends the paths; the receiver reopens both files and
-    checks that the metadata file is unchanged.
     """
 
     def __init__(
@@ -287,8 +285,7 @@ class MetaFileDataset(Dataset):
     def copy_lines(self, indices: np.ndarray, write: Callable[[np.ndarray], Any]) -> array:
         """Pass the raw lines of records ``indices`` to ``write``, block by block, in order.
 
-        The file's pages come from the page cache (shared, not private memory); lines are
-        gathered with numpy, a block of records at a time, never per record.
+        Lines are gathered with numpy, a block of records at a time, from the page cache.
 
         Args:
             indices: record indices (int64), best sorted: the reads then move forward.

@@ -211,9 +211,9 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
     ) -> torch.Tensor:
         """Compute per-record repeat factors from category frequencies (LVIS rule).
 
-        ``f(c)`` is the fraction of records with an annotation of category ``c``; category
-        factor ``r(c) = max(1, sqrt(repeat_thresh / f(c)))``; a record's factor is the max over
-        its categories (1 for records without annotations).
+        ``f(c)`` is the fraction of records with an annotation of category ``c``, ``r(c) =
+        max(1, sqrt(repeat_thresh / f(c)))``, and a record's factor the max over its categories
+        (1 without annotations).
 
         Args:
             dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
