@@ -191,18 +191,14 @@ def _names(names: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _is_lazy_dataset(obj: Any) -> bool:
-    # A dataset object (e.g. MetaFileDataset, or an IterableDataset) reads its records on
-    # demand; a list, tuple or generator is records to serialise.
-    return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
-
-
 def _catalog_part(name: str) -> Any:
     """Call ``name``'s catalog function; refuse an empty map-style dataset (``ConfigError``)."""
     part = DatasetCatalog.get(name)
-    # An IterableDataset may have no length (or be infinite): it is not checked.
-    lazy = _is_lazy_dataset(part) and not isinstance(part, IterableDataset)
-    if lazy and hasattr(part, "__len__") and len(part) == 0:
+    # A dataset object (e.g. MetaFileDataset) reads its records on demand; a list or a
+    # generator is records to serialise. An IterableDataset may have no length (or be
+    # infinite): it is not checked.
+    sized = isinstance(part, Dataset) and not isinstance(part, IterableDataset)
+    if sized and hasattr(part, "__len__") and len(part) == 0:
         raise _empty_dataset(name)
     return part
 
@@ -295,11 +291,11 @@ def _named_datasets(
     """The named dataset objects joined, or their filtered records, one at a time."""
     # The first function tells the kind; what it returned is used, not fetched twice.
     first = _catalog_part(names[0])
-    if not _is_lazy_dataset(first):
+    if not isinstance(first, Dataset):
         return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
     parts = [first] + [_catalog_part(name) for name in names[1:]]
     for name, part in zip(names, parts):
-        if not _is_lazy_dataset(part):
+        if not isinstance(part, Dataset):
             raise _mixed(names, name, part)
     iterable = [isinstance(part, IterableDataset) for part in parts]
     if len(parts) == 1:
@@ -323,7 +319,7 @@ def _iter_dataset_dicts(
     for i, name in enumerate(names):
         part = first if i == 0 else _catalog_part(name)
         first = None
-        if _is_lazy_dataset(part):
+        if isinstance(part, Dataset):
             raise _mixed(names, name, part)
         before = seen
         for record in part:
