@@ -186,12 +186,11 @@ def build_detection_train_loader(
     """Build this rank's train loader; callable with a config or with explicit arguments.
 
     Config form: ``build_detection_train_loader(cfg, mapper=None, *, dataset=None,
-    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a
-    ``RankDataset`` is read as its stream of shares, ``RankDataset.as_stream()``),
-    ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``; the shared seed is ``cfg.SEED``
-    if >= 0, else one drawn once here on every rank. Further keyword arguments of the
-    explicit form (e.g. ``aspect_ratio_grouping=False``) override what the config says.
-    The result is :func:`build_batch_data_loader`'s.
+    sampler=None)`` reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a ``RankDataset``
+    is read as its stream of shares), ``SOLVER.IMS_PER_BATCH``, ``SEED`` (if < 0, a shared
+    seed is drawn here on every rank) and ``DATALOADER.*``; explicit keyword arguments (e.g.
+    ``aspect_ratio_grouping=False``) override it. The result is
+    :func:`build_batch_data_loader`'s.
 
     Args:
         dataset, mapper, total_batch_size, num_workers, collate_fn: as in
@@ -203,10 +202,6 @@ def build_detection_train_loader(
             ``width`` and ``height``.
         **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
             ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
-
-    Returns:
-        A :class:`~trainkit.data.loader.TrainLoader` of batches of
-        ``total_batch_size // world_size`` samples.
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
@@ -267,24 +262,22 @@ def build_batch_data_loader(
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records), or
             an ``IterableDataset``.
-        sampler: a training sampler (or any sampler of this rank's indices); ``None`` only
-            for an ``IterableDataset``.
+        sampler: this rank's indices (a training sampler or any other); ``None`` only for an
+            ``IterableDataset``.
         total_batch_size: samples of one optimizer step summed over ranks.
         mapper: record -> sample, applied by the loader (a ``RecordMapper`` or any
             callable); ``None`` maps nothing, or takes the mapper of a ``MapDataset``.
-        aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
-        num_workers: loader worker processes per rank.
+        aspect_ratio_grouping, aspect_ratio_bins, aspect_ratios: batch only samples of one
+            bucket of ``width / height`` (per dataset index; default: read from the records,
+            which then need both) between ``bins`` (``DATALOADER.ASPECT_RATIO_BINS``;
+            ``(1.0,)`` is detectron2's tall/wide split).
+        num_workers, prefetch_factor, persistent_workers, pin_memory: the ``DataLoader``'s,
+            per rank (workers never persist for a stream dataset).
         collate_fn: list of samples -> batch (default: the list itself).
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
-        prefetch_factor, persistent_workers, pin_memory: the ``DataLoader``'s (workers
-            never persist for a stream dataset).
-        seed: key of ``sample_rng()`` in mappers and of the workers' base seeds; default:
-            the sampler's seed, else 0.
-        aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is
-            detectron2's tall/wide split.
-        aspect_ratios: ``width / height`` per dataset index; default: read from the records,
-            which then need ``width`` and ``height``.
+        seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
+            seed, else 0).
         accumulate_steps: micro-batches per optimizer step (``SOLVER.ACCUMULATE_STEPS``).
         **kwargs: further ``torch.utils.data.DataLoader`` arguments (e.g. ``timeout``).
 
