@@ -249,16 +249,15 @@ def get_detection_dataset_dicts(
 
     Args:
         names: one dataset name or several.
-        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation.
-        min_keypoints: drop records with fewer visible keypoints (0: keep all).
+        filter_empty, min_keypoints: drop records whose ``"annotations"`` hold no non-crowd
+            annotation, or fewer visible keypoints than ``min_keypoints`` (0: keep all).
         proposal_files: precomputed proposals; not supported by trainkit (must be ``None``).
         check_consistency: refuse datasets whose metadata ``thing_classes`` differ.
 
     Raises:
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty (before or
             after filtering), or the datasets' ``thing_classes`` differ.
-        UnknownNameError: A ``KeyError``: if a name is not registered (the message lists
-            the registered ones).
+        UnknownNameError: A ``KeyError`` listing the registered names, for an unknown one.
         NotImplementedError: If ``proposal_files`` is given.
     """
     names = _names(names)
@@ -351,8 +350,7 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
 
     Args:
         names: one dataset name or several.
-        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation
-            (``DATALOADER.FILTER_EMPTY_ANNOTATIONS``; records without the key are kept).
+        filter_empty: ``DATALOADER.FILTER_EMPTY_ANNOTATIONS`` (see :func:`keep_record`).
 
     Raises:
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty, or record

@@ -267,8 +267,7 @@ class RecordMapper:
         same whichever worker maps it, and after a resume.
 
         Args:
-            records: a map-style dataset of unmapped records.
-            index: the record to map.
+            records, index: a map-style dataset of unmapped records, and the one to map.
             seed, position, batch: the sample's context (:func:`sample_context`); ``seed``
                 keys the replacements too.
 

@@ -215,8 +215,7 @@ def load_shapes(
 
     Args:
         split: directory name of the split under ``<root>/shapes`` (e.g. ``"train"``).
-        num_images: number of images in the split.
-        seed: seed of the split; image ``i`` depends only on ``(seed, i)``.
+        num_images, seed: the split's size and seed (image ``i`` depends only on ``(seed, i)``).
         root: datasets root; ``None`` means :func:`get_datasets_root`.
         num_workers: processes that render images (1 renders in this process).
         show_progress: show a tqdm progress bar while generating.
