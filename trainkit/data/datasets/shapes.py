@@ -76,17 +76,6 @@ def get_datasets_root() -> str:
     return os.path.join(os.path.expanduser("~"), ".trainkit", "datasets")
 
 
-def _expected_manifest_header(split: str, num_images: int, seed: int) -> dict[str, Any]:
-    return {
-        "dataset": "shapes",
-        "split": split,
-        "num_images": num_images,
-        "seed": seed,
-        "render_version": RENDER_VERSION,
-        "thing_classes": list(SHAPES_CLASSES),
-    }
-
-
 def _read_manifest(split_dir: str, expected: Mapping[str, Any]) -> list[dict] | None:
     """Return the stored records if ``split_dir`` is complete and matches ``expected``."""
     path = os.path.join(split_dir, MANIFEST_NAME)
@@ -233,7 +222,8 @@ def load_shapes(
         raise ValueError(f"shapes/{split}: num_images must be >= 1, got {num_images}")
     shapes_dir = os.path.join(root if root is not None else get_datasets_root(), "shapes")
     split_dir = os.path.join(shapes_dir, split)
-    header = _expected_manifest_header(split, num_images, seed)
+    header = {"dataset": "shapes", "split": split, "num_images": num_images, "seed": seed}
+    header.update(render_version=RENDER_VERSION, thing_classes=list(SHAPES_CLASSES))
     records = _read_manifest(split_dir, header)  # fast path: no lock once generated
     if records is None:
         try:
