@@ -130,8 +130,7 @@ class TrainLoader:
             source: the batch plan (map-style) or the workers' stream batches.
             seed: the shared seed that keys ``sample_rng()`` and the workers' base seeds.
             collate_fn: turns the list of mapped samples into a batch (default: the list).
-            loader_kwargs: ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
-                ``pin_memory`` and other ``torch.utils.data.DataLoader`` arguments.
+            loader_kwargs: ``torch.utils.data.DataLoader`` arguments (``num_workers``, ...).
         """
         self.num_skipped_records = 0
         self.records = records

@@ -71,12 +71,11 @@ def worker_init_reset_seed(worker_id: int) -> None:
 def start_iterator(loader: DataLoader) -> Iterator[Any]:
     """Return ``iter(loader)``, with the objects alive now frozen while its workers fork.
 
-    A forked worker shares this process's memory copy-on-write, but the worker's first full
-    garbage collection walks every object it inherited, and so copies the pages of nearly
-    the whole heap into each worker (tens of MiB) and takes ~0.2 s. Frozen objects are
-    skipped by the workers' collector; this process unfreezes them as soon as the workers
-    exist, so its own collections are unchanged. Objects frozen by the caller (a non-zero
-    ``gc.get_freeze_count()``) are left as they are.
+    A forked worker shares this process's memory copy-on-write, but its first full garbage
+    collection walks every object it inherited, copying the pages of nearly the whole heap
+    into each worker (tens of MiB, ~0.2 s). The workers' collector skips frozen objects; this
+    process unfreezes them as soon as the workers exist, so its own collections are
+    unchanged. Objects the caller froze (``gc.get_freeze_count()``) stay as they are.
     """
     if gc.get_freeze_count():
         return iter(loader)
@@ -102,8 +101,7 @@ def check_num_workers(cfg: CfgNode, where: str) -> None:
 def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     """Return the ``DataLoader`` arguments of a trainkit loader, ``kwargs`` winning.
 
-    Loader workers are forked (where possible) and seeded by :func:`worker_init_reset_seed`;
-    without workers the arguments torch refuses then are dropped. The workers' base seed
+    Without workers, the arguments torch then refuses are dropped. The workers' base seed
     comes from a private generator seeded with ``seed``: otherwise every new iterator draws
     it from the global torch RNG, which would shift the training process's random numbers on
     resume (and evaluating during training would shift them too).

@@ -42,8 +42,8 @@ class StreamBatches(IterableDataset):
         bucket_of: raw element -> aspect-ratio bucket (grouping), or None.
         collate_fn: list of mapped elements -> batch.
         seed: keys ``sample_rng()`` / ``batch_rng()``.
-        drop_last: at the end of a finite stream, drop what is left in a worker's buckets
-            (else each bucket becomes one last, smaller batch).
+        drop_last: at the end of a finite stream, drop what waits in a worker's buckets
+            (else each bucket is one last, smaller batch).
         start: the loader's position to resume from (``None``: the start).
     """
 
