@@ -6,14 +6,14 @@ from trainkit.data import DatasetCatalog, MetadataCatalog
 @pytest.fixture(autouse=True)
 def clean_catalogs():
     # Start empty, and give the built-in registrations back afterwards: other tests use them.
-    saved_funcs, saved_meta = dict(DatasetCatalog._funcs), dict(MetadataCatalog._metadata)
+    saved_funcs, saved_meta = dict(DatasetCatalog._entries), dict(MetadataCatalog._entries)
     DatasetCatalog.clear()
     MetadataCatalog.clear()
     yield
     DatasetCatalog.clear()
     MetadataCatalog.clear()
-    DatasetCatalog._funcs.update(saved_funcs)
-    MetadataCatalog._metadata.update(saved_meta)
+    DatasetCatalog._entries.update(saved_funcs)
+    MetadataCatalog._entries.update(saved_meta)
 
 
 def test_register_get_list_remove():

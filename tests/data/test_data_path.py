@@ -135,7 +135,7 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     assert _STACKS["stream"] == [
         *planned,
         ("batch_plan.py", "__iter__"),
-        ("batch_plan.py", "_global_records"),
+        ("batch_plan.py", "_read"),
     ]
     # Loading (a worker, here in-process): the mapped batch -> the record mapper -> user.
     mapped = [

@@ -1,41 +1,34 @@
 """Batch plans: which records make each batch, decided from indices before anything is loaded.
 
-A plan runs in the training process. It reads dataset indices from a sampler, groups them by
-aspect-ratio bucket when asked (:class:`~trainkit.data.grouping.Buckets`, the one
-implementation of grouping) and
-yields each batch as ``[dataset index, global position]`` pairs, with the loader's position
-after it (:mod:`trainkit.data.loader_state`). Loader workers then load whole batches, so
-grouping costs no throughput and the batches are the same for any ``NUM_WORKERS``.
+A plan runs in the training process: it reads dataset indices from a sampler, groups them by
+aspect-ratio bucket when asked (:class:`~trainkit.data.grouping.Buckets`) and yields each
+batch as ``[dataset index, global position]`` pairs with the loader's position after it
+(:mod:`trainkit.data.loader_state`). Loader workers load whole batches, so grouping costs no
+throughput and the batches are the same for any ``NUM_WORKERS``.
 
-:class:`GlobalBatchPlan` is the rule for a trainkit training sampler. Every rank computes it by
-itself, and it does not depend on the number of processes ``W`` or on the micro-batches per
-step ``k`` (``SOLVER.ACCUMULATE_STEPS``):
+:class:`GlobalBatchPlan`, over a trainkit training sampler, is computed by every rank alone
+and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULATE_STEPS``:
 
-1. The *global stream* is what a world-size-1 training sampler yields: global positions
-   0, 1, 2, ... and the dataset index at each (an O(1) keyed permutation per epoch).
-2. Optimizer step ``s`` owns the next ``B = SOLVER.IMS_PER_BATCH`` records of it. Without
-   aspect-ratio grouping those are positions ``[s*B, (s+1)*B)``. With grouping each record
-   goes, in stream order, to the bucket of its aspect ratio, and the first bucket to reach
-   ``B`` records is step ``s``'s batch; records left in the other buckets wait for a later
-   step.
-3. Step ``s``'s batch is dealt to ``W x k`` slots: micro-batch ``j`` of rank ``r`` is slot
-   ``q = j*W + r`` and takes elements ``q, q + W*k, q + 2*W*k, ...`` of the batch. With
-   ``k = 1`` and no grouping this is exactly the rank-strided split of detectron2's samplers
-   (rank ``r`` gets positions ``r, r + W, ...``).
+1. The *global stream* is what a world-size-1 sampler yields: positions 0, 1, 2, ... and the
+   dataset index at each (an O(1) keyed permutation per epoch).
+2. Optimizer step ``s`` owns the next ``B = SOLVER.IMS_PER_BATCH`` records of it: positions
+   ``[s*B, (s+1)*B)``, or, with grouping, the first bucket to reach ``B`` records (each record
+   joins its bucket in stream order; the others wait for a later step).
+3. The batch is dealt to ``W x k`` slots: micro-batch ``j`` of rank ``r`` is slot
+   ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no grouping
+   this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
 
-So the records of a step, and the order of steps, are the same for every ``W`` and ``k``; the
-loader's position after a step is one global position plus what waits in the buckets, valid
-for any topology. Each rank computes the whole global stream (indices, and bucket ids when
-grouping): ``W`` times the per-rank work, a few microseconds per record.
-
-:class:`RankBatchPlan` cuts this rank's own draws from any other sampler (or batches of a
-per-rank size) into batches, grouped per rank.
+So a step's records and the order of steps are the same for every ``W`` and ``k``, and the
+position after a step (a global position plus what waits in the buckets) is valid for any
+topology. Each rank computes the whole global stream: ``W`` times the per-rank work, a few
+microseconds per record. :class:`RankBatchPlan` cuts this rank's draws from any other sampler
+(or batches of a per-rank size) into batches, grouped per rank.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -71,13 +64,12 @@ def split_batch(
     Args:
         total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
         world_size: the number of ranks it is split over.
-        accumulate_steps: micro-batches per step, ``k`` (``SOLVER.ACCUMULATE_STEPS``).
+        accumulate_steps: ``k``, micro-batches per step (``SOLVER.ACCUMULATE_STEPS``).
         key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
 
     Raises:
-        ConfigError: A ``ValueError`` naming ``SOLVER.IMS_PER_BATCH`` (or ``key``) and
-            ``SOLVER.ACCUMULATE_STEPS``, the divisor and the fix, unless ``total`` splits
-            evenly.
+        ConfigError: A ``ValueError`` naming both keys, the divisor and the fix, unless
+            ``total`` splits evenly.
     """
     if accumulate_steps < 1:
         raise ConfigError(
@@ -86,11 +78,9 @@ def split_batch(
         )
     parts = world_size * accumulate_steps
     if not total or total < 1 or total % parts:
-        split = (
-            f"the world size ({world_size})"
-            if accumulate_steps == 1
-            else f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
-        )
+        split = f"the world size ({world_size})"
+        if accumulate_steps > 1:
+            split = f"world size x SOLVER.ACCUMULATE_STEPS ({world_size} x {accumulate_steps})"
         raise ConfigError(
             f"{key or 'SOLVER.IMS_PER_BATCH'}={total} is not a positive multiple of {split}; "
             f"pick a positive multiple of {parts} or change --num-gpus."
@@ -110,20 +100,23 @@ class BatchPlan:
     def __init__(
         self, sampler: Any, batch_size: int, bucket_ids: np.ndarray | None, state: dict[str, Any]
     ) -> None:
-        self._sampler = sampler
-        self._batch_size = batch_size
-        self._bucket_ids = bucket_ids
-        self._state = state
+        self._sampler, self._batch_size = sampler, batch_size
+        self._bucket_ids, self._state = bucket_ids, state
 
     @staticmethod
     def _num_buckets(bucket_ids: np.ndarray | None) -> int:
         return 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
 
-    def _indices_and_buckets(self, indices: np.ndarray) -> Iterator[tuple[int, int]]:
-        """``(index, bucket)`` of a block of indices (one numpy gather per block)."""
-        if self._bucket_ids is None:
-            return zip(indices.tolist(), itertools.repeat(0))
-        return zip(indices.tolist(), self._bucket_ids[indices].tolist())
+    def _read(
+        self, read: Callable[[int, int], np.ndarray], start: int
+    ) -> Iterator[tuple[int, int]]:
+        """``(index, bucket)`` of ``read(start, count)``, in growing blocks from ``start`` on."""
+        block = _FIRST_BLOCK
+        while True:
+            indices, ids = read(start, block), self._bucket_ids
+            buckets = itertools.repeat(0) if ids is None else ids[indices].tolist()
+            yield from zip(indices.tolist(), buckets)
+            start, block = start + block, min(2 * block, _MAX_BLOCK)
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the batches emitted so far, as plain data."""
@@ -133,8 +126,7 @@ class BatchPlan:
         """Continue after the batches recorded in ``state`` (any version of the format).
 
         Raises:
-            ConfigError: A ``ValueError``: if ``state`` was saved by a differently configured
-                loader (see :func:`~trainkit.data.loader_state.load_state`).
+            ConfigError: A ``ValueError``: for a differently configured loader's state.
             ValueError: For another rank's per-rank position.
         """
         self._state = load_state(state, self._state)
@@ -143,11 +135,7 @@ class BatchPlan:
         raise NotImplementedError
 
     def batches_per_pass(self) -> int:
-        """A training sampler has no end.
-
-        Raises:
-            TypeError: Always, for an infinite sampler.
-        """
+        """Batches of one pass; a training sampler has none (``TypeError``: it never ends)."""
         raise TypeError(
             f"an infinite loader ({type(self._sampler).__name__}) has no len(); use a finite "
             "sampler such as InferenceSampler for a loader with a length"
@@ -155,7 +143,6 @@ class BatchPlan:
 
     def at_pass_start(self, state: dict[str, Any]) -> bool:
         """Whether ``state`` starts a pass (always, for an infinite sampler)."""
-        del state
         return True
 
     def next_pass_state(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -166,9 +153,8 @@ class BatchPlan:
 class GlobalBatchPlan(BatchPlan):
     """Compose each step's batch from the global stream and yield this rank's micro-batches.
 
-    The rule is in the module docstring. Batches come in order: step 0's ``k`` micro-batches,
-    then step 1's, ...; a batch's key is its optimizer step, the same on every rank and
-    topology. It is infinite (training samplers are).
+    The rule is the module docstring's. Batches come in order (step 0's ``k`` micro-batches,
+    then step 1's, ..., without end); a batch's key is its optimizer step, on every topology.
     """
 
     def __init__(
@@ -181,19 +167,17 @@ class GlobalBatchPlan(BatchPlan):
         accumulate_steps: int = 1,
         bucket_ids: np.ndarray | None = None,
     ) -> None:
-        """Create the plan.
+        """Plan ``global_batch_size`` (``IMS_PER_BATCH``) records per optimizer step.
 
         Args:
             sampler: a trainkit training sampler; only its global stream is read.
-            global_batch_size: records per optimizer step over all ranks (``IMS_PER_BATCH``).
-            rank: this rank.
-            world_size: number of ranks.
+            global_batch_size: records per optimizer step over all ranks.
+            rank, world_size: this rank and the number of ranks.
             accumulate_steps: micro-batches per optimizer step on each rank.
             bucket_ids: aspect-ratio bucket of each dataset index (grouping), or None.
 
         Raises:
-            ConfigError: If the global batch does not split into ``world_size x
-                accumulate_steps`` equal micro-batches (:func:`split_batch`).
+            ConfigError: If the batch does not split into equal micro-batches (:func:`split_batch`).
         """
         split_batch(global_batch_size, world_size, accumulate_steps)
         state = new_state(
@@ -206,56 +190,37 @@ class GlobalBatchPlan(BatchPlan):
         super().__init__(sampler, global_batch_size, bucket_ids, state)
         self._rank, self._world_size, self._accumulate = rank, world_size, accumulate_steps
 
-    def _global_records(self, position: int) -> Iterator[tuple[int, int, int]]:
-        """``(index, bucket, global position)`` of the global stream from ``position`` on."""
-        block = _FIRST_BLOCK
-        while True:
-            indices = self._sampler.global_indices(position, block)
-            for index, bucket in self._indices_and_buckets(indices):
-                yield index, bucket, position
-                position += 1
-            block = min(2 * block, _MAX_BLOCK)
-
     def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
         state = self.state_dict()
-        world_size, accumulate = self._world_size, self._accumulate
-        slots, num_buckets = world_size * accumulate, len(state["buckets"])
+        w, k, num_buckets = self._world_size, self._accumulate, len(state["buckets"])
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
         # Where the current step's batch starts: kept until its last micro-batch is returned.
         start = {"position": state["position"], "buckets": state["buckets"]}
         steps, micro = state["steps"], state["micro"]
-        for index, bucket, position in self._global_records(state["position"]):
+        records = self._read(self._sampler.global_indices, state["position"])
+        for position, (index, bucket) in enumerate(records, state["position"]):
             batch = buckets.add(bucket, [index, position])
             if batch is None:
                 continue
             after = {"position": position + 1, "buckets": buckets.to_lists(num_buckets)}
-            for j in range(micro, accumulate):
-                last = j + 1 == accumulate
+            for j in range(micro, k):
+                last = j + 1 == k
                 moved = after if last else start
-                self._state = {
-                    **state,
-                    **moved,
-                    "steps": steps + last,
-                    "micro": (j + 1) % accumulate,
-                }
+                self._state = {**state, **moved, "steps": steps + last, "micro": (j + 1) % k}
                 # Not copied: a state's lists are new for every step and never changed.
-                yield batch[j * world_size + self._rank :: slots], steps, dict(self._state)
+                yield batch[j * w + self._rank :: w * k], steps, dict(self._state)
             start, steps, micro = after, steps + 1, 0
 
 
 class RankBatchPlan(BatchPlan):
     """Cut this rank's draws from its sampler into batches of ``(index, global position)``.
 
-    Without ``bucket_ids`` a batch is the next ``batch_size`` draws; with them, each draw
-    joins its bucket and a full bucket is the next batch. Loading the position makes the plan
-    continue with exactly the next batch.
-
+    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket.
     Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
-    ``r, r + W, ...``), which every trainkit training sampler is. A sampler that is not a
-    trainkit sampler is restarted and fast-forwarded by drawing, not jumped. A finite
-    sampler is drawn in passes (:meth:`next_pass_state`); positions keep growing from one
-    pass to the next, so no two returned samples share one. A batch's key is its smallest
-    position.
+    ``r, r + W, ...``), as every trainkit training sampler is; another sampler is restarted
+    and fast-forwarded by drawing, not jumped. A finite sampler is drawn in passes
+    (:meth:`next_pass_state`) whose positions keep growing, so no two samples share one. A
+    batch's key is its smallest position.
     """
 
     def __init__(
@@ -266,13 +231,12 @@ class RankBatchPlan(BatchPlan):
         bucket_ids: np.ndarray | None = None,
         drop_last: bool = True,
     ) -> None:
-        """Create the plan.
+        """Plan batches of ``batch_size`` of ``sampler``'s indices (this rank's).
 
         Args:
             sampler: yields this rank's dataset indices.
             batch_size: indices per batch on this rank.
-            bucket_ids: bucket of each dataset index
-                (:func:`~trainkit.data.grouping.aspect_ratio_bucket_ids`).
+            bucket_ids: bucket of each dataset index (grouping), or None.
             drop_last: at the end of a finite sampler, drop incomplete batches.
         """
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
@@ -297,14 +261,13 @@ class RankBatchPlan(BatchPlan):
     def _draws(self, num_drawn: int) -> Iterator[tuple[int, int]]:
         """``(index, bucket)`` of this rank's draws after the first ``num_drawn``."""
         if isinstance(self._sampler, GlobalStreamSampler):  # jump, then read in blocks
-            block = _FIRST_BLOCK
-            while True:
-                local = np.arange(num_drawn, num_drawn + block, dtype=np.int64)
-                yield from self._indices_and_buckets(self._sampler.indices_at_local(local))
-                num_drawn, block = num_drawn + block, min(2 * block, _MAX_BLOCK)
-        for index in itertools.islice(iter(self._sampler), num_drawn, None):
-            bucket = 0 if self._bucket_ids is None else int(self._bucket_ids[index])
-            yield int(index), bucket
+            return self._read(self._local_indices, num_drawn)
+        ids = self._bucket_ids
+        draws = itertools.islice(iter(self._sampler), num_drawn, None)
+        return ((int(i), 0 if ids is None else int(ids[i])) for i in draws)
+
+    def _local_indices(self, start: int, count: int) -> np.ndarray:
+        return self._sampler.indices_at_local(np.arange(start, start + count, dtype=np.int64))
 
     def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
         state = self.state_dict()  # work on a copy: yielded states must not change later
@@ -347,11 +310,11 @@ class RankBatchPlan(BatchPlan):
         }
 
     def batches_per_pass(self) -> int:
-        """Return the number of batches in one pass over a finite, ungrouped sampler.
+        """Return the batches of one pass over a finite, ungrouped sampler.
 
         Raises:
-            TypeError: If the sampler is infinite or has no ``len()``, or when grouping
-                (the count then depends on the order of the indices).
+            TypeError: For an infinite or unsized sampler, or when grouping (the count then
+                depends on the order).
         """
         if isinstance(self._sampler, GlobalStreamSampler):
             return super().batches_per_pass()
@@ -393,8 +356,7 @@ def make_batch_plan(
     size (``single_gpu_batch_size``); any other sampler the per-rank plan.
 
     Raises:
-        ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
-            micro-batches (:func:`split_batch`).
+        ConfigError: A ``ValueError``: if the batch does not split evenly (:func:`split_batch`).
         ValueError: If both batch sizes are given.
     """
     if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:

@@ -1,14 +1,10 @@
 """Build train loaders from plain arguments or from a config (detectron2's builders).
 
-The config forms check what they read (:func:`check_train_loader_config`, before any data
-is loaded), load the named datasets and hand the records, the mapper, the sampler named by
-``DATALOADER.SAMPLER_TRAIN`` and the settings straight to the loader.
-
-``build_detection_train_loader`` and ``build_detection_test_loader`` (in
-:mod:`trainkit.data.inference_loader`, exported here: detectron2's import path) are
-:func:`~trainkit.config.configurable`: called with a config first they read it, called with
-a dataset they take explicit arguments, with detectron2's signatures in both forms.
-``build_train_loader`` / ``build_test_loader`` are the same functions.
+``build_detection_train_loader`` and ``build_detection_test_loader`` (from
+:mod:`trainkit.data.inference_loader`; detectron2 imports it from here) are
+:func:`~trainkit.config.configurable` with detectron2's signatures: given a config they check
+it before loading any data, then hand the records, the mapper, the sampler and the settings
+straight to the loader. ``build_train_loader`` / ``build_test_loader`` are the same functions.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data.batch_plan import make_batch_plan, micro_batch_size, split_batch
+from trainkit.data.batch_plan import BatchPlan, make_batch_plan, micro_batch_size, split_batch
 from trainkit.data.catalog import (
     get_detection_dataset_dicts,
     joined_names,
@@ -36,7 +32,7 @@ from trainkit.data.loader_workers import (
     trivial_batch_collator,
     worker_init_reset_seed,
 )
-from trainkit.data.mapping import as_record_mapper
+from trainkit.data.mapping import as_record_mapper, check_max_failures
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
@@ -72,11 +68,10 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
 
     Args:
         cfg: the config.
-        world_size: the job's process count; ``None`` means the current job's.
+        world_size: the job's process count (``None``: the current job's).
 
     Raises:
-        ConfigError: A ``ValueError`` naming the first setting that is out of range and its
-            valid range.
+        ConfigError: A ``ValueError`` naming the first setting out of range and its range.
     """
     world_size = comm.get_world_size() if world_size is None else world_size
     split_batch(cfg.SOLVER.IMS_PER_BATCH, world_size, cfg.SOLVER.ACCUMULATE_STEPS)
@@ -87,34 +82,25 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
             f"DATALOADER.PREFETCH_FACTOR must be >= 1 with loader workers (DATALOADER.NUM_WORKERS "
             f"> 0), got {loader.PREFETCH_FACTOR}"
         )
-    if loader.MAX_CONSECUTIVE_FAILURES < 1:
+    check_max_failures(loader.MAX_CONSECUTIVE_FAILURES)
+    sampler = loader.SAMPLER_TRAIN
+    if sampler not in TRAIN_SAMPLERS:
         raise ConfigError(
-            "DATALOADER.MAX_CONSECUTIVE_FAILURES must be >= 1, got "
-            f"{loader.MAX_CONSECUTIVE_FAILURES}"
-        )
-    _check_sampler_settings(loader)
-    if loader.ASPECT_RATIO_GROUPING:
-        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
-
-
-def _check_sampler_settings(loader: CfgNode) -> None:
-    """Check DATALOADER.SAMPLER_TRAIN and the settings of the sampler it names."""
-    if loader.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
-        raise ConfigError(
-            f"unknown DATALOADER.SAMPLER_TRAIN {loader.SAMPLER_TRAIN!r}; choose one of "
+            f"unknown DATALOADER.SAMPLER_TRAIN {sampler!r}; choose one of "
             f"{', '.join(TRAIN_SAMPLERS)}"
         )
-    if loader.SAMPLER_TRAIN == "RandomSubsetTrainingSampler":
-        if not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
-            raise ConfigError(
-                f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
-                f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
-            )
-    if loader.SAMPLER_TRAIN == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
+    if sampler == "RandomSubsetTrainingSampler" and not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
+        raise ConfigError(
+            f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
+            f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
+        )
+    if sampler == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
         raise ConfigError(
             f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
             "to repeat no record."
         )
+    if loader.ASPECT_RATIO_GROUPING:
+        BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
 
 
 def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
@@ -200,34 +186,22 @@ def build_detection_train_loader(
     """Build this rank's train loader; callable with a config or with explicit arguments.
 
     Config form: ``build_detection_train_loader(cfg, mapper=None, *, dataset=None,
-    sampler=None)``. It reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a
-    ``RankDataset`` is read as its stream of shares, ``RankDataset.as_stream()``),
-    ``SOLVER.IMS_PER_BATCH``, ``SEED`` and ``DATALOADER.*``; the shared seed is ``cfg.SEED``
-    if >= 0, else one drawn once here on every rank. Further keyword arguments of the
-    explicit form (e.g. ``aspect_ratio_grouping=False``) override what the config says.
-    ``mapper=None`` uses the records as they are.
-
-    Over a map-style dataset the result is a resumable
-    :class:`~trainkit.data.loader.TrainLoader` (``state_dict()`` / ``load_state_dict()``,
-    the same batches for any ``num_workers``, ``trainkit.data.sample_rng()`` in mappers).
-    An ``IterableDataset`` gets a torch ``DataLoader``, which cannot resume.
+    sampler=None)`` reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a ``RankDataset``
+    is read as its stream of shares), ``SOLVER.IMS_PER_BATCH``, ``SEED`` (if < 0, a shared
+    seed is drawn here on every rank) and ``DATALOADER.*``; explicit keyword arguments (e.g.
+    ``aspect_ratio_grouping=False``) override it. The result is
+    :func:`build_batch_data_loader`'s.
 
     Args:
-        dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are. It may return
-            ``None`` or raise to skip a record.
-        sampler: yields this rank's indices; default :class:`TrainingSampler` (with
-            ``kwargs["seed"]`` if given). Must be ``None`` for an ``IterableDataset``.
-        total_batch_size: batch size summed over ranks.
+        dataset, mapper, total_batch_size, num_workers, collate_fn: as in
+            :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
+            record).
+        sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
+            be ``None`` for an ``IterableDataset``.
         aspect_ratio_grouping: batch only samples of similar aspect ratio; the records need
             ``width`` and ``height``.
-        num_workers: loader worker processes per rank.
-        collate_fn: list of samples -> batch (default: the list itself).
         **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
             ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
-
-    Returns:
-        An iterable of batches, each a list of ``total_batch_size // world_size`` samples.
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
@@ -241,8 +215,6 @@ def build_detection_train_loader(
         without a sampler and without ``seed``: ``TrainingSampler``'s shared random seed.
         Every rank calls it. Loading the catalog's records involves no collective.
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
     if sampler is None and not isinstance(dataset, IterableDataset):
         sampler = TrainingSampler(len(dataset), seed=kwargs.get("seed"))
     return build_batch_data_loader(
@@ -281,42 +253,33 @@ def build_batch_data_loader(
 
     ``total_batch_size`` is the batch of one optimizer step over all ranks and
     ``k = accumulate_steps`` micro-batches. A ``MapDataset`` is taken apart once into its
-    records and its mapper; the records' facts (aspect ratios) are read from the unmapped
-    records. Then, for a map-style dataset and a trainkit training sampler, each step's batch
-    is composed from the global stream and dealt to the ranks
-    (:class:`~trainkit.data.composer.StepBatchComposer`): the same records per step for any
-    world size, ``k`` and ``num_workers``. With any other sampler (or
-    ``single_gpu_batch_size``) batches are composed from this rank's draws. An
-    ``IterableDataset`` is a stream dataset: its loader workers read disjoint shares and form the
-    batches (:mod:`trainkit.data._stream_batches`).
+    records and its mapper; aspect ratios are read from the unmapped records. A map-style
+    dataset gets a batch plan (:func:`~trainkit.data.batch_plan.make_batch_plan`: over a
+    trainkit training sampler the same records per step for any world size, ``k`` and
+    ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers form the
+    batches (:mod:`trainkit.data.stream_batches`; it resumes with the same ``num_workers``).
 
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records), or
             an ``IterableDataset``.
-        sampler: a training sampler (or any sampler of this rank's indices); ``None`` only
-            for an ``IterableDataset``.
+        sampler: this rank's indices (a training sampler or any other); ``None`` only for an
+            ``IterableDataset``.
         total_batch_size: samples of one optimizer step summed over ranks.
         mapper: record -> sample, applied by the loader (a ``RecordMapper`` or any
             callable); ``None`` maps nothing, or takes the mapper of a ``MapDataset``.
-        aspect_ratio_grouping: batch only samples of the same aspect-ratio bucket.
-        num_workers: loader worker processes per rank.
+        aspect_ratio_grouping, aspect_ratio_bins, aspect_ratios: batch only samples of one
+            bucket of ``width / height`` (per dataset index; default: read from the records,
+            which then need both) between ``bins`` (``DATALOADER.ASPECT_RATIO_BINS``;
+            ``(1.0,)`` is detectron2's tall/wide split).
+        num_workers, prefetch_factor, persistent_workers, pin_memory: the ``DataLoader``'s,
+            per rank (workers never persist for a stream dataset).
         collate_fn: list of samples -> batch (default: the list itself).
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
-        prefetch_factor: batches each worker loads ahead.
-        persistent_workers: keep workers across iterations.
-        pin_memory: copy batches to page-locked memory.
-        seed: key of ``sample_rng()`` in mappers and of the workers' base seeds; default:
-            the sampler's seed, else 0.
-        aspect_ratio_bins: bucket boundaries (``DATALOADER.ASPECT_RATIO_BINS``); ``(1.0,)`` is
-            detectron2's tall/wide split.
-        aspect_ratios: ``width / height`` per dataset index; default: read from the records,
-            which then need ``width`` and ``height``.
+        seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
+            seed, else 0).
         accumulate_steps: micro-batches per optimizer step (``SOLVER.ACCUMULATE_STEPS``).
         **kwargs: further ``torch.utils.data.DataLoader`` arguments (e.g. ``timeout``).
-
-    Returns:
-        A :class:`~trainkit.data.loader.TrainLoader`.
 
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
@@ -340,7 +303,7 @@ def build_batch_data_loader(
     loader_kwargs = {
         "num_workers": num_workers,
         "prefetch_factor": prefetch_factor,
-        "persistent_workers": persistent_workers and not stream,
+        "persistent_workers": persistent_workers,
         "pin_memory": pin_memory,
         **kwargs,  # the caller's DataLoader arguments win
     }
@@ -348,7 +311,7 @@ def build_batch_data_loader(
     if stream:
         batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
         bucket_of = BucketOf(aspect_ratio_bins) if aspect_ratio_grouping else None
-        batches = StreamBatches(
+        source: BatchPlan | StreamBatches = StreamBatches(
             records,
             mapper,
             batch_size,
@@ -358,17 +321,21 @@ def build_batch_data_loader(
             drop_last=drop_last,
         )
         logger.info("Stream dataset: batches of %d formed in the loader workers", batch_size)
-        return TrainLoader(records, mapper, batches, seed=seed, loader_kwargs=loader_kwargs)
-    bucket_ids = None
-    if aspect_ratio_grouping:
-        if aspect_ratios is None:
-            aspect_ratios = record_aspect_ratios(records)  # the unmapped records
-        bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
-    plan = make_batch_plan(
-        sampler, total_batch_size, single_gpu_batch_size, accumulate_steps, bucket_ids, drop_last
-    )
+    else:
+        bucket_ids = None
+        if aspect_ratio_grouping:
+            ratios = record_aspect_ratios(records) if aspect_ratios is None else aspect_ratios
+            bucket_ids = aspect_ratio_bucket_ids(np.asarray(ratios), aspect_ratio_bins)
+        source = make_batch_plan(
+            sampler,
+            total_batch_size,
+            single_gpu_batch_size,
+            accumulate_steps,
+            bucket_ids,
+            drop_last,
+        )
     return TrainLoader(
-        records, mapper, plan, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
+        records, mapper, source, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
     )
 
 

@@ -1,16 +1,16 @@
-"""The catalogs (``DatasetCatalog``: name -> records, ``MetadataCatalog``) and loading names.
+"""The catalogs (``DatasetCatalog``: name -> records, ``MetadataCatalog``) and loading by name.
 
-Both catalogs are process-wide registries, the allowed globals of this package. Tests
-restore them with ``clear()`` (or remove what they registered). :func:`load_catalog_dataset`
-and detectron2's :func:`get_detection_dataset_dicts` turn names (``DATASETS.TRAIN``,
-``DATASETS.TEST``) into a dataset (exported by :mod:`trainkit.data.build`, detectron2's path).
+Both catalogs are process-wide registries, the allowed globals of this package; tests reset
+them with ``clear()``. :func:`load_catalog_dataset` and detectron2's
+:func:`get_detection_dataset_dicts` turn ``DATASETS.TRAIN``/``DATASETS.TEST`` names into a
+dataset (both exported by :mod:`trainkit.data.build`, detectron2's path).
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
@@ -38,15 +38,38 @@ def _unknown_name_message(kind: str, name: str, known: list[str], how_to_add: st
     return f"{kind} {name!r} is not registered.{hint} Registered: {listed}. {how_to_add}"
 
 
-class _DatasetCatalog:
-    """Map a dataset name to a function that returns its records (a list of dicts).
+class _Catalog:
+    """What both catalogs share: entries by name, in the order they were added."""
 
-    The function is called on every :meth:`get`, so registration is cheap and the records
-    are only loaded when used. Names are unique: registering one twice is an error.
-    """
+    _kind = "Dataset"  # what a name is called in messages
 
     def __init__(self) -> None:
-        self._funcs: dict[str, Callable[[], Any]] = {}
+        self._entries: dict[str, Any] = {}
+
+    def list(self) -> list[str]:
+        """Return the names, in the order they were added."""
+        return list(self._entries)
+
+    def remove(self, name: str) -> None:
+        """Forget ``name``.
+
+        Raises:
+            KeyError: If ``name`` is not in the catalog.
+        """
+        if name not in self._entries:
+            raise KeyError(_unknown_name_message(self._kind, name, self.list(), ""))
+        del self._entries[name]
+
+    def clear(self) -> None:
+        """Forget every entry (tests use this to reset the global catalog)."""
+        self._entries.clear()
+
+
+class _DatasetCatalog(_Catalog):
+    """Map a dataset name to a function that returns its records (a list of dicts).
+
+    The function is called on every :meth:`get`: registering is cheap, records load when used.
+    """
 
     def register(self, name: str, func: Callable[[], Any]) -> None:
         """Register ``func`` (no arguments, returns the records) under ``name``.
@@ -59,12 +82,12 @@ class _DatasetCatalog:
             raise TypeError(
                 f"DatasetCatalog.register({name!r}, ...) needs a callable, got {func!r}"
             )
-        if name in self._funcs:
+        if name in self._entries:
             raise ValueError(
                 f"Dataset {name!r} is already registered; pick another name or call "
                 f"DatasetCatalog.remove({name!r}) first."
             )
-        self._funcs[name] = func
+        self._entries[name] = func
 
     def get(self, name: str) -> Any:
         """Call the function registered as ``name`` and return its records.
@@ -73,55 +96,27 @@ class _DatasetCatalog:
             UnknownNameError: A ``KeyError``: if ``name`` is unknown; the message lists the
                 registered names.
         """
-        try:
-            func = self._funcs[name]
-        except KeyError:
-            raise UnknownNameError(
-                _unknown_name_message(
-                    "Dataset",
-                    name,
-                    list(self._funcs),
-                    "Register it with DatasetCatalog.register(name, func) or fix "
-                    "DATASETS.TRAIN/TEST.",
-                )
-            ) from None
-        return func()
-
-    def list(self) -> list[str]:
-        """Return the registered names, in registration order."""
-        return list(self._funcs)
+        if name not in self._entries:
+            how = "Register it with DatasetCatalog.register(name, func) or fix DATASETS.TRAIN/TEST."
+            raise UnknownNameError(_unknown_name_message("Dataset", name, self.list(), how))
+        return self._entries[name]()
 
     def keys(self) -> set[str]:
         """Return the registered names as a set (detectron2's ``DatasetCatalog.keys()``)."""
-        return set(self._funcs)
-
-    def remove(self, name: str) -> None:
-        """Forget ``name``.
-
-        Raises:
-            KeyError: If ``name`` is not registered.
-        """
-        if name not in self._funcs:
-            raise KeyError(_unknown_name_message("Dataset", name, list(self._funcs), ""))
-        del self._funcs[name]
-
-    def clear(self) -> None:
-        """Forget every registration (tests use this to reset the global catalog)."""
-        self._funcs.clear()
+        return set(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._funcs
+        return name in self._entries
 
     def __repr__(self) -> str:
-        return f"DatasetCatalog(registered: {', '.join(self._funcs) or '(none)'})"
+        return f"DatasetCatalog(registered: {', '.join(self._entries) or '(none)'})"
 
 
 class Metadata:
     """An attribute bag of a dataset's metadata (class names, evaluator type, ...).
 
-    An attribute is set once: setting it again to a *different* value raises, because two
-    pieces of code disagreeing about, e.g., class names is a bug. Setting the same value is
-    allowed.
+    An attribute is set once: setting it again to a *different* value raises (two pieces of
+    code disagreeing about, e.g., class names is a bug); setting the same value is allowed.
     """
 
     def __init__(self, name: str) -> None:
@@ -133,8 +128,7 @@ class Metadata:
             raise AttributeError(key)
         raise AttributeError(
             f"Metadata of dataset {self.__dict__.get('name')!r} has no attribute {key!r}; "
-            "available: "
-            f"{', '.join(sorted(self.as_dict())) or '(none)'}."
+            f"available: {', '.join(sorted(self.as_dict())) or '(none)'}."
         )
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -167,35 +161,16 @@ class Metadata:
 _MISSING = object()
 
 
-class _MetadataCatalog:
+class _MetadataCatalog(_Catalog):
     """Map a dataset name to its :class:`Metadata`, created empty on first :meth:`get`."""
 
-    def __init__(self) -> None:
-        self._metadata: dict[str, Metadata] = {}
+    _kind = "Metadata of"
 
     def get(self, name: str) -> Metadata:
         """Return the metadata of ``name``, creating an empty one if needed."""
-        if name not in self._metadata:
-            self._metadata[name] = Metadata(name)
-        return self._metadata[name]
-
-    def list(self) -> list[str]:
-        """Return the names that have metadata."""
-        return list(self._metadata)
-
-    def remove(self, name: str) -> None:
-        """Forget the metadata of ``name``.
-
-        Raises:
-            KeyError: If ``name`` has no metadata.
-        """
-        if name not in self._metadata:
-            raise KeyError(_unknown_name_message("Metadata of", name, list(self._metadata), ""))
-        del self._metadata[name]
-
-    def clear(self) -> None:
-        """Forget all metadata (tests use this to reset the global catalog)."""
-        self._metadata.clear()
+        if name not in self._entries:
+            self._entries[name] = Metadata(name)
+        return self._entries[name]
 
 
 DatasetCatalog = _DatasetCatalog()
@@ -216,34 +191,16 @@ def _names(names: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _is_lazy_dataset(obj: Any) -> bool:
-    # A dataset object (e.g. MetaFileDataset, or an IterableDataset) reads its records on
-    # demand; a list, tuple or generator is records to serialise.
-    return isinstance(obj, Dataset) and not isinstance(obj, (list, tuple))
-
-
 def _catalog_part(name: str) -> Any:
-    """Call ``name``'s catalog function; a generator stays one (checked once it has run).
-
-    Raises:
-        ConfigError: If the dataset is empty (a generator: once it turns out empty).
-        UnknownNameError: If ``name`` is not registered.
-    """
+    """Call ``name``'s catalog function; refuse an empty map-style dataset (``ConfigError``)."""
     part = DatasetCatalog.get(name)
-    if not _is_lazy_dataset(part) and not isinstance(part, (list, tuple)):
-        return _non_empty(name, part)
-    # An IterableDataset may have no length (or be infinite): it is not checked.
-    if not isinstance(part, IterableDataset) and hasattr(part, "__len__") and len(part) == 0:
+    # A dataset object (e.g. MetaFileDataset) reads its records on demand; a list or a
+    # generator is records to serialise. An IterableDataset may have no length (or be
+    # infinite): it is not checked.
+    sized = isinstance(part, Dataset) and not isinstance(part, IterableDataset)
+    if sized and hasattr(part, "__len__") and len(part) == 0:
         raise _empty_dataset(name)
     return part
-
-
-def _non_empty(name: str, records: Iterable[Any]) -> Iterator[Any]:
-    count = 0
-    for count, record in enumerate(records, 1):  # noqa: B007 - count is read afterwards
-        yield record
-    if count == 0:
-        raise _empty_dataset(name)
 
 
 def _empty_dataset(name: str) -> ConfigError:
@@ -253,24 +210,11 @@ def _empty_dataset(name: str) -> ConfigError:
     )
 
 
-def _join_datasets(names: list[str], parts: list[Any]) -> Dataset:
-    """One dataset from several dataset objects (map-style: concatenated; iterable: chained)."""
-    if not all(_is_lazy_dataset(part) for part in parts):
-        raise ConfigError(
-            f"datasets {names} mix dataset objects and record lists; register all of them one "
-            "way, or list them in separate runs."
-        )
-    if len(parts) == 1:
-        return parts[0]
-    iterable = [isinstance(part, IterableDataset) for part in parts]
-    if all(iterable):
-        return ChainDataset(parts)
-    if any(iterable):
-        raise ConfigError(
-            f"datasets {names} mix iterable and map-style datasets; list only one kind in "
-            "DATASETS.TRAIN/DATASETS.TEST."
-        )
-    return ConcatDataset(parts)
+def _mixed(names: list[str], name: str, part: Any) -> ConfigError:
+    return ConfigError(
+        f"datasets {names} mix dataset objects and record lists ({name!r} gives a "
+        f"{type(part).__name__}); register all of them one way, or list them in separate runs."
+    )
 
 
 def keep_record(record: Any, *, filter_empty: bool, min_keypoints: int = 0) -> bool:
@@ -290,20 +234,6 @@ def keep_record(record: Any, *, filter_empty: bool, min_keypoints: int = 0) -> b
     return min_keypoints <= 0 or visible >= min_keypoints
 
 
-def _check_thing_classes(names: list[str]) -> None:
-    """Raise if the named datasets declare different ``thing_classes`` in their metadata."""
-    declared = {
-        name: MetadataCatalog.get(name).get("thing_classes")
-        for name in names
-        if MetadataCatalog.get(name).get("thing_classes") is not None
-    }
-    if len({tuple(classes) for classes in declared.values()}) > 1:
-        raise ConfigError(
-            f"datasets {names} have different MetadataCatalog thing_classes {declared}; train "
-            "on datasets with the same classes, or pass check_consistency=False."
-        )
-
-
 def get_detection_dataset_dicts(
     names: str | Sequence[str],
     filter_empty: bool = True,
@@ -313,27 +243,21 @@ def get_detection_dataset_dicts(
 ) -> list[dict[str, Any]] | Dataset:
     """Fetch the named datasets from ``DatasetCatalog`` and concatenate them.
 
-    Record lists (and generators) are materialised in this process and concatenated; the
-    loaders write them one by one into one shared copy instead (:func:`load_catalog_dataset`).
-    When the
-    catalog functions return dataset objects (map-style or iterable), those are returned
-    as they are (several: concatenated, or chained for iterables), as in detectron2.
+    Record lists (and generators) are concatenated in this process (the loaders write them
+    into one shared copy instead: :func:`load_catalog_dataset`); dataset objects are returned
+    as they are (several: concatenated, iterable ones chained), as in detectron2.
 
     Args:
         names: one dataset name or several.
-        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation.
-        min_keypoints: drop records with fewer visible keypoints (0: keep all).
+        filter_empty, min_keypoints: drop records whose ``"annotations"`` hold no non-crowd
+            annotation, or fewer visible keypoints than ``min_keypoints`` (0: keep all).
         proposal_files: precomputed proposals; not supported by trainkit (must be ``None``).
         check_consistency: refuse datasets whose metadata ``thing_classes`` differ.
-
-    Returns:
-        The records, or a dataset object.
 
     Raises:
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty (before or
             after filtering), or the datasets' ``thing_classes`` differ.
-        UnknownNameError: A ``KeyError``: if a name is not registered (the message lists
-            the registered ones).
+        UnknownNameError: A ``KeyError`` listing the registered names, for an unknown one.
         NotImplementedError: If ``proposal_files`` is given.
     """
     names = _names(names)
@@ -347,7 +271,16 @@ def get_detection_dataset_dicts(
         return found
     records = list(found)
     if check_consistency:
-        _check_thing_classes(names)
+        declared = {
+            name: classes
+            for name in names
+            if (classes := MetadataCatalog.get(name).get("thing_classes")) is not None
+        }
+        if len({tuple(classes) for classes in declared.values()}) > 1:
+            raise ConfigError(
+                f"datasets {names} have different MetadataCatalog thing_classes {declared}; "
+                "train on datasets with the same classes, or pass check_consistency=False."
+            )
     return records
 
 
@@ -357,9 +290,23 @@ def _named_datasets(
     """The named dataset objects joined, or their filtered records, one at a time."""
     # The first function tells the kind; what it returned is used, not fetched twice.
     first = _catalog_part(names[0])
-    if _is_lazy_dataset(first):
-        return _join_datasets(names, [first] + [_catalog_part(name) for name in names[1:]])
-    return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
+    if not isinstance(first, Dataset):
+        return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
+    parts = [first] + [_catalog_part(name) for name in names[1:]]
+    for name, part in zip(names, parts):
+        if not isinstance(part, Dataset):
+            raise _mixed(names, name, part)
+    iterable = [isinstance(part, IterableDataset) for part in parts]
+    if len(parts) == 1:
+        return first
+    if all(iterable):
+        return ChainDataset(parts)
+    if any(iterable):
+        raise ConfigError(
+            f"datasets {names} mix iterable and map-style datasets; list only one kind in "
+            "DATASETS.TRAIN/DATASETS.TEST."
+        )
+    return ConcatDataset(parts)
 
 
 def _iter_dataset_dicts(
@@ -371,46 +318,39 @@ def _iter_dataset_dicts(
     for i, name in enumerate(names):
         part = first if i == 0 else _catalog_part(name)
         first = None
-        if _is_lazy_dataset(part):
-            raise ConfigError(
-                f"dataset {name!r} is a dataset object ({type(part).__name__}) while others in "
-                f"{names} are lists of records; register all of them one way."
-            )
+        if isinstance(part, Dataset):
+            raise _mixed(names, name, part)
+        before = seen
         for record in part:
             seen += 1
             if keep_record(record, filter_empty=filter_empty, min_keypoints=min_keypoints):
                 kept += 1
                 yield record
+        if seen == before:
+            raise _empty_dataset(name)
         del part
     if kept < seen:
         logger.info("Filters removed %d records; %d left", seen - kept, kept)
     if kept == 0:
-        raise _nothing_left(names)
-
-
-def _nothing_left(names: list[str]) -> ConfigError:
-    return ConfigError(
-        f"no valid records in {','.join(names)} after filtering: every record has no non-crowd "
-        "annotation (or too few keypoints); fix the annotations, or set "
-        "DATALOADER.FILTER_EMPTY_ANNOTATIONS False."
-    )
+        raise ConfigError(
+            f"no valid records in {','.join(names)} after filtering: every record has no "
+            "non-crowd annotation (or too few keypoints); fix the annotations, or set "
+            "DATALOADER.FILTER_EMPTY_ANNOTATIONS False."
+        )
 
 
 def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = False) -> Dataset:
     """Return the named catalog datasets as one dataset, one copy of the records per machine.
 
-    Every rank calls the catalog functions. Records (a list or a generator) are written one
-    by one into a :class:`DatasetFromList` (a generator is never held as a whole), and the ranks of
-    a machine share one copy of them, found by content (:mod:`trainkit.data.segment_sharing`:
-    no collective, so it works under any launcher). Functions that return a dataset object
-    (e.g. ``lambda: MetaFileDataset(path)``, or an ``IterableDataset``) give it as it is:
-    such datasets read records on demand. Several names are concatenated (iterable
-    datasets: chained).
+    Every rank calls the catalog functions and writes the records (a list or a generator,
+    never held whole) one by one into a :class:`DatasetFromList`, which the ranks of a machine
+    share by content, with no collective. A dataset object (e.g. ``MetaFileDataset(path)``, or
+    an ``IterableDataset``) reads records on demand and is used as it is. Several names are
+    concatenated (iterable datasets: chained).
 
     Args:
         names: one dataset name or several.
-        filter_empty: drop records whose ``"annotations"`` hold no non-crowd annotation
-            (``DATALOADER.FILTER_EMPTY_ANNOTATIONS``; records without the key are kept).
+        filter_empty: ``DATALOADER.FILTER_EMPTY_ANNOTATIONS`` (see :func:`keep_record`).
 
     Raises:
         ConfigError: A ``ValueError``: if no name is given, a dataset is empty, or record

@@ -1,15 +1,12 @@
 """detectron2's dataset wrappers: record lists, failure-tolerant mapping, iterable adapters.
 
-``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`; the mapping itself in
-:mod:`trainkit.data.mapping` (``MapDataset`` is a dataset view over its ``RecordMapper``);
-``AspectRatioGroupedDataset`` groups with the one implementation of grouping,
-:class:`~trainkit.data.grouping.Buckets`.
+``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`, the mapping itself in
+:mod:`trainkit.data.mapping`, grouping in :mod:`trainkit.data.grouping`.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,8 +20,6 @@ from trainkit.data.grouping import Buckets
 from trainkit.data.mapping import RecordMapper, as_record_mapper
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
-logger = logging.getLogger(__name__)
-
 __all__ = [
     "AspectRatioGroupedDataset",
     "DatasetFromList",
@@ -33,21 +28,6 @@ __all__ = [
     "records_and_mapper",
     "set_default_dataset_from_list_serialize_method",
 ]
-
-
-def _worker_share(iterable: Iterable[Any], chunk_size: int) -> Iterator[Any]:
-    info = get_worker_info()
-    if info is None or info.num_workers == 1:
-        yield from iterable
-        return
-    # Chunk j goes to worker j % num_workers: together the workers yield each item once.
-    it = iter(iterable)
-    for chunk_idx in itertools.count():
-        chunk = list(itertools.islice(it, chunk_size))
-        if not chunk:
-            return
-        if chunk_idx % info.num_workers == info.id:
-            yield from chunk
 
 
 class ToIterableDataset(IterableDataset):
@@ -66,36 +46,30 @@ class ToIterableDataset(IterableDataset):
         shard_sampler: bool = True,
         shard_chunk_size: int = 1,
     ) -> None:
-        """Wrap ``dataset``.
-
-        Args:
-            dataset: a map-style dataset.
-            sampler: yields indices of ``dataset`` (already sharded across ranks).
-            shard_sampler: split the sampler's indices across loader workers.
-            shard_chunk_size: consecutive indices each worker takes at a time.
-        """
+        """Wrap ``dataset`` (map-style) and ``sampler`` (its indices, sharded across ranks)."""
         if isinstance(dataset, IterableDataset):
             raise TypeError("ToIterableDataset needs a map-style dataset, got an IterableDataset")
         if shard_chunk_size < 1:
             raise ValueError(f"shard_chunk_size must be >= 1, got {shard_chunk_size}")
-        self.dataset = dataset
-        self.sampler = sampler
-        self.shard_sampler = shard_sampler
-        self.shard_chunk_size = shard_chunk_size
+        self.dataset, self.sampler = dataset, sampler
+        self.shard_sampler, self.shard_chunk_size = shard_sampler, shard_chunk_size
 
     @property
     def shards_across_workers(self) -> bool:
-        """Whether each loader worker reads only its own share (the train loader then does
-        not shard this stream again)."""
+        """Whether each loader worker reads only its share (the train loader then does not)."""
         return self.shard_sampler
 
     def _indices(self) -> Iterable[int]:
         info = get_worker_info()
         if not self.shard_sampler or info is None or info.num_workers == 1:
             return self.sampler
+        worker, num_workers, size = info.id, info.num_workers, self.shard_chunk_size
         if isinstance(self.sampler, GlobalStreamSampler):
-            return self.sampler.iter_worker_share(info.id, info.num_workers, self.shard_chunk_size)
-        return _worker_share(self.sampler, self.shard_chunk_size)
+            return self.sampler.iter_worker_share(worker, num_workers, size)
+        # Chunk j goes to worker j % num_workers: together the workers yield each index once.
+        indices = iter(self.sampler)
+        chunks = iter(lambda: list(itertools.islice(indices, size)), [])
+        return (i for j, chunk in enumerate(chunks) if j % num_workers == worker for i in chunk)
 
     def __iter__(self) -> Iterator[Any]:
         for idx in self._indices():
@@ -114,12 +88,7 @@ class AspectRatioGroupedDataset(IterableDataset):
     """
 
     def __init__(self, dataset: Iterable[dict[str, Any]], batch_size: int) -> None:
-        """Wrap ``dataset``.
-
-        Args:
-            dataset: yields dicts with ``"width"`` and ``"height"``.
-            batch_size: samples per batch.
-        """
+        """Batch ``dataset``'s dicts (with ``"width"`` and ``"height"``) by ``batch_size``."""
         self.dataset = dataset
         self.batch_size = batch_size
         self._buckets = Buckets(batch_size, {0: [], 1: []})
@@ -131,36 +100,8 @@ class AspectRatioGroupedDataset(IterableDataset):
                 yield batch
 
 
-class MapDataset(Dataset):
-    """Apply ``map_func`` to each record of a dataset, skipping records that fail.
-
-    A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
-    mistake in the config or the inputs that another record would hit as well (a setting out of
-    range, a missing metadata file), so it is raised at once. The failure is logged with the
-    index and a running count. For a map-style dataset a replacement index is tried, chosen
-    deterministically from (seed, sample, attempt); after ``max_consecutive_failures`` failures
-    in a row for one sample it raises ``RuntimeError`` naming the dataset and the last failing
-    record.
-
-    Given an ``IterableDataset``, the result is an iterable dataset too (an instance of a
-    private subclass of ``IterableDataset``, not of this class, as in detectron2) that maps
-    each element and skips the ones that fail.
-
-    Every ``map_func`` call on a map-style dataset runs inside a sample context, so
-    ``trainkit.data.sample_rng()`` works in the mapper: the train loader keys it by the
-    global stream position; a plain ``dataset[i]`` keys it by ``i`` (seed 0). Iterable
-    datasets have no global position, so their mappers cannot call it.
-
-    ``map_func`` is held in a :class:`~trainkit.utils.serialize.PicklableWrapper`: a lambda
-    works with loader workers started by "spawn".
-    """
-
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # Unpickling calls cls.__new__(cls) without arguments: dataset is None then.
-        if isinstance(dataset, IterableDataset):
-            return _MapIterableDataset(dataset, *args, **kwargs)
-        return super().__new__(cls)
+class _Mapped:
+    """What ``MapDataset`` and its iterable twin share: the records and their ``RecordMapper``."""
 
     def __init__(
         self,
@@ -190,31 +131,48 @@ class MapDataset(Dataset):
             name=name or type(dataset).__name__,
         )
 
-    @property
-    def _map_func(self) -> Callable[[Any], Any]:
-        # detectron2's attribute name for the mapping function.
-        return self.mapper.map_func
-
     def __len__(self) -> int:
-        return len(self.dataset)
+        # Of an iterable: an upper bound when elements fail, as in detectron2 (TypeError if
+        # unsized).
+        return len(self.dataset)  # type: ignore[arg-type]
 
     @property
     def num_failures(self) -> int:
         """Records that failed in this process so far (each loader worker counts its own)."""
         return self.mapper.num_failures
 
+
+class MapDataset(_Mapped, Dataset):
+    """Apply ``map_func`` to each record of a dataset, skipping records that fail.
+
+    A dataset view over a :class:`~trainkit.data.mapping.RecordMapper` (what fails, how it
+    is logged and replaced). Given an ``IterableDataset`` the result is an iterable dataset
+    (of a private subclass of ``IterableDataset``, not of this class, as in detectron2) that
+    maps each element and skips those that fail. ``map_func`` on a map-style dataset runs in
+    a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed by the global
+    stream position in the train loader, by ``i`` (seed 0) in a plain ``dataset[i]``; an
+    iterable has no global position, so its mapper cannot.
+    """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # Unpickling calls cls.__new__(cls) without arguments: dataset is None then.
+        if isinstance(dataset, IterableDataset):
+            return _MapIterableDataset(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
+    @property
+    def _map_func(self) -> Callable[[Any], Any]:
+        # detectron2's attribute name for the mapping function.
+        return self.mapper.map_func
+
     def __getitem__(self, idx: int) -> Any:
         return self.map_at(idx, seed=0, position=idx)
 
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
-        """Map record ``idx`` for the sample at global stream ``position`` of stream ``seed``.
+        """Map record ``idx`` for the sample at global ``position`` of stream ``seed``.
 
-        ``batch`` identifies the sample's batch for ``trainkit.data.batch_rng()``. A failed
-        record is replaced (see :meth:`RecordMapper.map_replacing`).
-
-        Raises:
-            RuntimeError: After ``max_consecutive_failures`` failed records in a row.
-            UsageError: As soon as reading or mapping a record raises one.
+        ``batch`` keys ``trainkit.data.batch_rng()``. A failed record is replaced, as by
+        :meth:`RecordMapper.map_replacing` (which says what it raises).
         """
         element, _ = self.mapper.map_replacing(
             self.dataset, idx, seed=seed, position=position, batch=batch
@@ -222,55 +180,24 @@ class MapDataset(Dataset):
         return element
 
 
-class _MapIterableDataset(IterableDataset):
-    """An iterable dataset that maps each element and skips those that fail to map.
-
-    Built by ``MapDataset(iterable_dataset, map_func)``. Like the map-style version it
-    treats ``None`` and exceptions as failures, logs each one, and raises after
-    ``max_consecutive_failures`` in a row; a ``UsageError`` is raised at once.
-    """
-
-    def __init__(
-        self,
-        dataset: IterableDataset,
-        map_func: Callable[[Any], Any],
-        *,
-        max_consecutive_failures: int = 20,
-        name: str | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.mapper = as_record_mapper(
-            map_func,
-            max_consecutive_failures=max_consecutive_failures,
-            name=name or type(dataset).__name__,
-        )
-
-    def __len__(self) -> int:
-        # An upper bound when elements fail, as in detectron2; TypeError if unsized.
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    @property
-    def num_failures(self) -> int:
-        """Elements that failed in this process so far."""
-        return self.mapper.num_failures
+class _MapIterableDataset(_Mapped, IterableDataset):
+    """What ``MapDataset(iterable_dataset, map_func)`` builds: maps elements, skips failures."""
 
     def __iter__(self) -> Iterator[Any]:
         failures_in_a_row = 0
         for ordinal, element in enumerate(self.dataset):
             result = self.mapper.map_or_skip(element, f"element {ordinal}")
-            if result is not None:
-                failures_in_a_row = 0
-                yield result
-                continue
-            failures_in_a_row += 1
+            failures_in_a_row = 0 if result is not None else failures_in_a_row + 1
             self.mapper.check_in_a_row(failures_in_a_row, f"element {ordinal}", element)
+            if result is not None:
+                yield result
 
 
 def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
     """Take a mapped dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
 
-    A list becomes a :class:`DatasetFromList`; a ``MapDataset`` (or its iterable twin) gives
-    its records and mapper; anything else is records with no mapper.
+    A list becomes a :class:`DatasetFromList`; anything but a ``MapDataset`` (or its
+    iterable twin) is records with no mapper.
     """
     if isinstance(dataset, list):
         return DatasetFromList(dataset, copy=False), None

@@ -1,12 +1,10 @@
 """``DatasetFromList`` and its serialisation methods (exported by ``trainkit.data.common``).
 
-The default method, :class:`_SharedSerializedList`, pickles the records into one flat
-byte buffer plus an int64 array of end offsets, held in a sealed anonymous shared-memory
-segment (:mod:`trainkit.data.shared_segments`). Identical records built by several processes
-of one machine end up in one segment (:mod:`trainkit.data.segment_sharing`, no collective):
-every rank may call ``DatasetFromList(lst)`` itself, as detectron2 code does and as the
-catalog path does, and the machine still holds one copy.
-``set_default_dataset_from_list_serialize_method`` swaps the default, as in detectron2.
+The default method, :class:`_SharedSerializedList`, pickles the records into one sealed,
+anonymous shared-memory segment (:mod:`trainkit.data.shared_segments`), and the processes of
+a machine that build identical records map one segment (:mod:`trainkit.data.segment_sharing`,
+no collective). ``set_default_dataset_from_list_serialize_method`` swaps the default, as in
+detectron2.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from trainkit.data.segment_sharing import share_segment
@@ -33,49 +32,39 @@ SerializeMethod = Callable[[Any], Any]
 class _SharedSerializedList:
     """trainkit's default serialisation method: a read-only list of pickled records.
 
-    Forked loader workers share the two buffers and never write to them, whereas reading
-    a list of millions of Python objects bumps their reference counts and gradually copies
-    every page into every worker ("copy-on-read"). Spawned workers map the same pages
-    (pickling sends a handle, not the bytes). Other processes on the machine that build the
-    same records map this segment too and free their own. Each item is a fresh unpickled
-    record, so callers may modify what they get.
+    Forked loader workers share its pages and never write to them (reading a list of
+    millions of Python objects bumps their reference counts and so copies every page into
+    every worker: "copy-on-read"); spawned workers and the machine's other builders of the
+    same records map the same pages. Each item is a fresh unpickled record, safe to modify.
     """
 
     def __init__(self, lst: Iterable[Any]) -> None:
         """Serialise ``lst`` (any iterable: records are consumed one by one)."""
-        self._set_segment(share_segment(_serialize_records(lst)))
+        # The only attribute: pickled, the segment travels as a handle (numpy views of it
+        # would be pickled by value).
+        self._segment = share_segment(_serialize_records(lst))
 
-    @classmethod
-    def from_segment(cls, segment: SharedSegment) -> _SharedSerializedList:
-        """Wrap an existing segment of records."""
-        obj = cls.__new__(cls)
-        obj._set_segment(segment)
-        return obj
+    @property
+    def _buffer(self) -> np.ndarray:
+        return self._segment.data
 
-    def _set_segment(self, segment: SharedSegment) -> None:
-        self._segment = segment
-        self._buffer = segment.data
-        self._ends = segment.ends
+    @property
+    def _ends(self) -> np.ndarray:
+        return self._segment.ends
 
     @property
     def segment_identity(self) -> tuple[int, int] | None:
         """``(st_dev, st_ino)`` of the memory file (``None`` if private memory)."""
         return self._segment.identity
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The numpy views would be pickled by value; the segment pickles as a handle.
-        return {"segment": self._segment}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._set_segment(state["segment"])
-
     def __len__(self) -> int:
-        return int(self._ends.size)
+        return int(self._segment.ends.size)
 
     def __getitem__(self, idx: int) -> Any:
-        idx = range(len(self))[idx]  # negative indices and bounds checks, like a list
-        start = int(self._ends[idx - 1]) if idx > 0 else 0
-        return pickle.loads(memoryview(self._buffer[start : int(self._ends[idx])]))
+        ends = self._segment.ends
+        idx = range(ends.size)[idx]  # negative indices and bounds checks, like a list
+        start = int(ends[idx - 1]) if idx > 0 else 0
+        return pickle.loads(memoryview(self._segment.data[start : int(ends[idx])]))
 
     def __repr__(self) -> str:
         mib = self._segment.nbytes / 2**20
@@ -104,14 +93,12 @@ def set_default_dataset_from_list_serialize_method(
 ) -> _RestoreDefaultMethod:
     """Make ``new`` what ``DatasetFromList(lst, serialize=True)`` applies to ``lst``.
 
-    Use it as a context manager (as in detectron2) to change the default only inside the
-    ``with`` block; a plain call changes it for the rest of the process. ``new`` takes the
-    list and returns a list-like object (``len`` and indexing); the catalog path then applies
-    ``new`` on every rank instead of sharing one copy per machine. Set it the same way on
-    every rank.
+    As a context manager (as in detectron2) it changes the default inside the ``with`` block
+    only; a plain call changes it for the rest of the process. Set it the same way on every
+    rank: the catalog path then applies ``new`` on every rank instead of sharing one copy.
 
     Args:
-        new: the serialisation method or class.
+        new: the serialisation method or class: list -> list-like object (``len``, indexing).
 
     Returns:
         A context manager that restores the previous default on exit.
@@ -133,9 +120,8 @@ class DatasetFromList(Dataset):
     """A map-style dataset over a list of records.
 
     With ``serialize=True`` the records go through the default serialisation method:
-    trainkit's keeps them pickled in shared memory, one copy per machine however many
-    ranks build the same list, shared with every loader worker (forked or spawned); every
-    ``__getitem__`` returns a fresh copy.
+    trainkit's keeps them pickled in shared memory, one copy per machine however many ranks
+    build the same list (see :class:`_SharedSerializedList`).
     """
 
     def __init__(
@@ -147,13 +133,12 @@ class DatasetFromList(Dataset):
         """Wrap ``lst``.
 
         Args:
-            lst: the records (with the default serialisation any iterable: records are
-                consumed one by one).
+            lst: the records (with the default serialisation, any iterable, consumed one by
+                one).
             copy: without serialisation, return a deep copy of a record on each access.
-            serialize: ``True`` applies the default serialisation method (see
-                :func:`set_default_dataset_from_list_serialize_method`), ``False`` keeps
-                the list as is, and a callable is the method applied to ``lst`` (items are
-                then returned as the method's result gives them).
+            serialize: ``True`` applies the default serialisation method, ``False`` keeps the
+                list as is, a callable is the method applied to ``lst`` (items are then as
+                its result gives them).
 
         Raises:
             TypeError: If ``serialize`` is neither a bool nor callable.
@@ -179,22 +164,15 @@ class DatasetFromList(Dataset):
     ) -> DatasetFromList:
         """Build the machine's one serialised copy from what ``load_fn`` returns.
 
-        Kept for code written against earlier trainkit versions, where only local rank 0
-        called ``load_fn`` and two ``all_gather`` calls over the local process group handed
-        its segment to the other ranks. Now every rank calls ``load_fn``; its records are
-        written one by one into a segment (a generator is never held as a whole) and the
-        ranks of a machine share one copy by content (:mod:`trainkit.data.segment_sharing`),
-        under any launcher and with no collective. The cost: each rank loads and serialises
-        the records itself, and while ranks build at the same time the machine briefly holds
-        one copy per building rank. With a custom default serialisation method every rank
-        applies the method.
+        Kept for code written for earlier trainkit versions (only local rank 0 called
+        ``load_fn`` and ``all_gather`` handed its segment on): now every rank calls
+        ``load_fn`` and the constructor shares one copy per machine by content, with no
+        collective (costs: :mod:`trainkit.data.segment_sharing`; a custom default
+        serialisation method is applied by every rank instead).
 
         Args:
             load_fn: returns the records (a list or any iterable, e.g. a generator).
             copy: passed to the constructor (serialised records are fresh copies anyway).
-
-        Returns:
-            The dataset.
         """
         return cls(load_fn(), copy=copy)
 
@@ -202,12 +180,9 @@ class DatasetFromList(Dataset):
     def segment_identity(self) -> tuple[int, int] | None:
         """``(st_dev, st_ino)`` of the shared-memory segment holding the records.
 
-        Equal on every process that maps the same copy; ``None`` for records that are not
-        in a shared segment (``serialize=False``, a custom method, private memory).
+        Equal in every process that maps the same copy; ``None`` without a shared segment.
         """
-        if isinstance(self._lst, _SharedSerializedList):
-            return self._lst.segment_identity
-        return None
+        return self._lst.segment_identity if isinstance(self._lst, _SharedSerializedList) else None
 
     def __len__(self) -> int:
         return len(self._lst)

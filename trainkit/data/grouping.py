@@ -1,8 +1,7 @@
 """Aspect-ratio grouping: each record's bucket, and the one implementation of grouping.
 
-The batch plans (map-style loaders), the loader workers of a stream dataset,
-``AspectRatioGroupedDataset``
-and ``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
+The batch plans, the loader workers of a stream dataset, ``AspectRatioGroupedDataset`` and
+``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
 the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``.
 """
 
@@ -89,10 +88,8 @@ class Buckets:
 
     Each item joins its bucket; a bucket that reaches ``batch_size`` is emptied and returned
     as a batch, so a batch never mixes buckets and follows the order of the items as closely
-    as grouping allows. The waiting items are the whole state.
-
-    Attributes:
-        waiting: bucket -> the items waiting in it, in arrival order.
+    as grouping allows. The waiting items (``waiting``: bucket -> items in arrival order) are
+    the whole state.
     """
 
     def __init__(self, batch_size: int, waiting: dict[Hashable, list[Any]] | None = None) -> None:
@@ -118,15 +115,13 @@ class Buckets:
         items.append(item)
         if len(items) < self.batch_size:
             return None
-        batch = items[:]
         # Emptied before returning: a consumer that stops here never comes back for it.
-        items.clear()
-        return batch
+        self.waiting[bucket] = []
+        return items
 
     def rest(self) -> Iterator[list[Any]]:
         """Empty the buckets in bucket order, each non-empty one as a last, smaller batch."""
         for bucket in sorted(self.waiting):
-            if self.waiting[bucket]:
-                batch = self.waiting[bucket][:]
-                self.waiting[bucket].clear()
+            batch, self.waiting[bucket] = self.waiting[bucket], []
+            if batch:
                 yield batch

@@ -2,12 +2,6 @@
 
 ``build_detection_test_loader`` (exported by :mod:`trainkit.data.build`, detectron2's path)
 builds an :class:`InferenceLoader`.
-
-In a training loader a record that fails to map is replaced by another (the batch keeps its
-size and the epoch its length). In evaluation that would count a record twice, so here a
-failed record is skipped: its batch is one element shorter, a warning names it, and the
-loader counts it (:attr:`InferenceLoader.num_skipped_records`, which ``inference_on_dataset``
-reports). A batch whose records all fail is left out.
 """
 
 from __future__ import annotations
@@ -66,6 +60,11 @@ class _SkippingRecords(Dataset):
 class InferenceLoader(DataLoader):
     """A torch ``DataLoader`` over a sampler's indices that skips (never replaces) failures.
 
+    A training loader replaces a record that fails to map (its batch keeps its size, the
+    epoch its length); in evaluation that would count a record twice, so here its batch is
+    one element shorter, a warning names it and the loader counts it (which
+    ``inference_on_dataset`` reports). A batch whose records all fail is left out.
+
     Attributes:
         num_skipped_records: records that failed to map in the current pass (reset by each
             new iteration).
@@ -110,19 +109,16 @@ class InferenceLoader(DataLoader):
                 yield unpack_batch(batch)
 
 
-def _check_test_loader_config(cfg: CfgNode) -> None:
+def _test_loader_from_config(
+    cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Mapper | None = None
+) -> dict[str, Any]:
+    # Fail before loading any data.
     if cfg.TEST.IMS_PER_BATCH < 1:
         raise ConfigError(
             f"TEST.IMS_PER_BATCH must be >= 1, got {cfg.TEST.IMS_PER_BATCH}; set it to the "
             "images per test batch on each rank."
         )
     check_num_workers(cfg, "the evaluating process")
-
-
-def _test_loader_from_config(
-    cfg: CfgNode, dataset_name: str | Sequence[str], mapper: Mapper | None = None
-) -> dict[str, Any]:
-    _check_test_loader_config(cfg)  # fail before loading any data
     # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
     dataset = load_catalog_dataset(dataset_name)
     mapper = as_record_mapper(
@@ -154,10 +150,8 @@ def build_detection_test_loader(
 
     Config form: ``build_detection_test_loader(cfg, dataset_name, mapper=None)`` loads the
     named dataset(s) from ``DatasetCatalog`` (one copy of the records per machine) with
-    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers.
-
-    The default :class:`InferenceSampler` gives each rank a contiguous shard: every record
-    is seen exactly once across ranks (no padding); the last batch may be smaller.
+    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers. Each
+    record is seen once across ranks (:class:`InferenceSampler`); the last batch may be smaller.
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
@@ -169,16 +163,14 @@ def build_detection_test_loader(
         collate_fn: list of samples -> batch (default: the list itself).
 
     Returns:
-        An :class:`~trainkit.data.inference_loader.InferenceLoader` (a torch ``DataLoader``
-        with ``len()``) for a map-style dataset: a record whose mapper returns ``None`` or
-        raises is skipped and reported, never replaced, so every record counts once.
+        For a map-style dataset an :class:`InferenceLoader` (a torch ``DataLoader`` with
+        ``len()``): a record that fails to map is skipped and reported, never replaced.
 
     Raises:
         ConfigError: A ``ValueError``: config form: for a TEST.IMS_PER_BATCH below 1, a
             negative DATALOADER.NUM_WORKERS, or an empty dataset.
         ValueError: If a sampler is given with an ``IterableDataset``.
         UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
-
     """
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)

@@ -1,25 +1,20 @@
 """``TrainLoader``: the resumable train loader, for map-style datasets and for streams.
 
-A record's way through a map-style train loader, in order (nothing calls back up):
-
-1. a **batch plan** (:mod:`trainkit.data.batch_plan`) — over the global stream of a trainkit
-   sampler, or over this rank's draws from any other sampler — decides, in this process,
-   which ``(index, position)`` pairs make each batch, and records the position after it;
-2. the torch ``DataLoader`` hands each batch of pairs to a loader worker
-   (:class:`_PlannedBatches` is its batch sampler);
-3. the worker reads each record and maps it inside its sample context
-   (:class:`~trainkit.data.mapping.RecordMapper`), then collates the batch;
-4. the loader returns batches in plan order and remembers the plan's position after each.
-
-A stream dataset (``IterableDataset``) goes through :mod:`trainkit.data.stream_batches`
-instead: loader workers read disjoint shares of it and form, map and collate their batches
-themselves. Either position is a state of :mod:`trainkit.data.loader_state`.
+A record's way through a map-style train loader, forward only: a **batch plan**
+(:mod:`trainkit.data.batch_plan`) decides in this process which ``(index, position)``
+pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
+to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
+each record in its sample context (:class:`~trainkit.data.mapping.RecordMapper`) and
+collates the batch; the loader returns batches in plan order and keeps the position after
+each. So the batches are the same for any number of loader workers and, over a trainkit
+sampler, for any world size. A stream dataset (``IterableDataset``) goes through
+:mod:`trainkit.data.stream_batches` instead. Either position is a
+:mod:`trainkit.data.loader_state` state.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,16 +27,13 @@ from trainkit.data.loader_workers import (
     start_iterator,
     trivial_batch_collator,
     unpack_batch,
-    worker_init_reset_seed,
 )
 from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.mapping import RecordMapper, sample_context
 from trainkit.data.stream_batches import StreamBatches, batches_in_turn
 from trainkit.utils.errors import UsageError, user_message
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["TrainLoader", "trivial_batch_collator", "worker_init_reset_seed"]
+__all__ = ["TrainLoader"]
 
 
 class _PlannedBatches:
@@ -107,18 +99,12 @@ class _MappedRecords(Dataset):
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
-    Built by :func:`~trainkit.data.build.build_batch_data_loader`. For a map-style dataset the
-    batches come from a batch plan (see the module docstring) and are loaded whole by the
-    loader workers: the batches are the same for any number of loader workers and, over a
-    trainkit sampler, composed from the global stream so that they do not depend on the world
-    size either. For a stream dataset the loader workers form the batches
-    (:mod:`~trainkit.data.stream_batches`).
-
-    :meth:`state_dict` describes the batches *returned*, not those prefetched; a loader built
-    the same way that loads it continues with the next batch. A new ``iter()`` continues
-    after the last returned batch too, unlike a torch ``DataLoader``. Over a finite sampler,
-    an iteration that would yield nothing from there starts the next pass, and ``len()`` is
-    the number of batches of one pass. Use one iterator at a time.
+    Built by :func:`~trainkit.data.build.build_batch_data_loader` (the path is in the module
+    docstring). :meth:`state_dict` describes the batches *returned*, not those prefetched: a
+    loader built the same way that loads it continues with the next batch, and so does a new
+    ``iter()`` (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would
+    yield nothing from there starts the next pass, and ``len()`` is the number of batches of
+    one pass. Use one iterator at a time.
 
     Attributes:
         records: the unmapped records (or the stream) the loader reads.
@@ -144,33 +130,32 @@ class TrainLoader:
             source: the batch plan (map-style) or the workers' stream batches.
             seed: the shared seed that keys ``sample_rng()`` and the workers' base seeds.
             collate_fn: turns the list of mapped samples into a batch (default: the list).
-            loader_kwargs: ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
-                ``pin_memory`` and other ``torch.utils.data.DataLoader`` arguments.
+            loader_kwargs: ``torch.utils.data.DataLoader`` arguments (``num_workers``, ...).
         """
         self.num_skipped_records = 0
         self.records = records
         self._last_items: list[list[int]] = []
         kwargs = worker_kwargs(loader_kwargs or {}, seed)
-        collate = collate_fn or trivial_batch_collator
-        self._num_workers = int(kwargs.get("num_workers", 0))
         if isinstance(source, StreamBatches):
-            self._stream: StreamBatches | None = source
-            self._batches: _PlannedBatches | None = None
-            self._state: dict[str, Any] = source.initial_state(max(1, self._num_workers))
-            self._make_loader = lambda: DataLoader(source, batch_size=None, **kwargs)
+            self._stream, self._batches = source, None
+            self._state = source.initial_state(max(1, int(kwargs.get("num_workers", 0))))
+            # Workers that outlive an iterator would keep the position they started from.
+            self._loader = DataLoader(
+                source, batch_size=None, **{**kwargs, "persistent_workers": False}
+            )
         else:
             self._stream, self._batches = None, _PlannedBatches(source)
             self._state = source.state_dict()
-            torch_loader = DataLoader(
+            self._loader = DataLoader(
                 _MappedRecords(records, mapper, seed),
                 batch_sampler=self._batches,
-                collate_fn=PackedCollate(collate),  # with the batch number and skip count
+                # With the batch number and skip count.
+                collate_fn=PackedCollate(collate_fn or trivial_batch_collator),
                 **kwargs,
             )
-            self._make_loader = lambda: torch_loader
 
     def __len__(self) -> int:
-        """Return the number of batches of one pass over a finite sampler.
+        """Return the batches of one pass over a finite sampler.
 
         Raises:
             TypeError: For an infinite sampler, a stream, or when grouping by aspect ratio.
@@ -181,10 +166,7 @@ class TrainLoader:
 
     def __iter__(self) -> Iterator[Any]:
         try:
-            if self._batches is not None:
-                yield from self._iter_planned()
-            else:
-                yield from self._iter_stream()
+            yield from self._iter_planned() if self._stream is None else self._iter_stream()
         except UsageError as e:
             # torch re-raises a worker's error with its traceback in the message; a user
             # error keeps its one line.
@@ -192,30 +174,25 @@ class TrainLoader:
             raise (type(e)(message) if message != str(e) else e) from e
 
     def _iter_planned(self) -> Iterator[Any]:
-        batches = self._batches
-        assert batches is not None
+        batches: _PlannedBatches = self._batches  # type: ignore[assignment]
         batches.start = self._state
-        for batch, number, skipped in start_iterator(self._make_loader()):
+        for batch, number, skipped in start_iterator(self._loader):
             self._state, self._last_items = batches.states.pop(number)
             self.num_skipped_records += skipped
             yield unpack_batch(batch)
 
     def _iter_stream(self) -> Iterator[Any]:
-        stream = self._stream
-        assert stream is not None
-        stream.start = self._state
-        batches = start_iterator(self._make_loader())
-        for batch, state, skipped in batches_in_turn(batches, self._state):
+        self._stream.start = self._state  # type: ignore[union-attr]
+        for batch, state, skipped in batches_in_turn(start_iterator(self._loader), self._state):
             self._state = state
             self.num_skipped_records += skipped
             yield unpack_batch(batch)
 
     @property
     def last_batch_indices(self) -> list[int]:
-        """Dataset indices of the records of the batch just returned (map-style loaders).
+        """Dataset indices the batch plan chose for the batch just returned (map-style).
 
-        Replacements of records that failed to map are not shown: these are the records
-        the batch plan chose.
+        Replacements of records that failed to map are not shown.
         """
         return [index for index, _ in self._last_items]
 
@@ -225,13 +202,9 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch, as plain data.
+        """Return the position after the last returned batch (:mod:`~trainkit.data.loader_state`).
 
-        Map-style over a trainkit sampler: the global stream position and the records
-        waiting in aspect-ratio buckets (valid for any world size at a step boundary). Over
-        another sampler: this rank's draws. A stream dataset: each loader worker's count of
-        elements read and its waiting elements. The format is
-        :mod:`trainkit.data.loader_state`'s; it loads with ``torch.load(weights_only=True)``.
+        Plain data: it loads with ``torch.load(weights_only=True)``.
         """
         return copy_state(self._state)
 
@@ -245,8 +218,4 @@ class TrainLoader:
             ConfigError: If the state was saved by a differently configured loader.
             ValueError: For another rank's per-rank position.
         """
-        if self._batches is not None:
-            self._batches.plan.load_state_dict(state)  # validates
-            self._state = self._batches.plan.state_dict()
-            return
         self._state = load_state(state, self._state)

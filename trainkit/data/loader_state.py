@@ -1,48 +1,35 @@
 """The train loader's position: one versioned plain-data format, its checks and its upgrades.
 
-``TrainLoader.state_dict()`` returns, and ``TrainLoader.load_state_dict()`` takes, a dict of
-this format; no other module reads or writes its keys (the engine asks
-:func:`is_global_position` only). It holds numbers, strings, lists and dicts, so it loads
-with ``torch.load(weights_only=True)``.
+``TrainLoader.state_dict()`` returns and ``load_state_dict()`` takes this format; no other
+module reads or writes its keys (the engine asks :func:`is_global_position` only). It holds
+numbers, strings, lists and dicts, so it loads with ``torch.load(weights_only=True)``.
 
-Version 3, written today. Every state has:
+Version 3, written today. Every state has ``version``, ``kind`` and what a continuing loader
+must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
+``RankStream``'s seed and shares; or ``None``), ``batch_size`` (records per batch of the plan:
+``SOLVER.IMS_PER_BATCH`` for ``"global"``, this rank's (micro-)batch otherwise) and
+``num_buckets`` (aspect-ratio buckets, 1 without grouping). By ``kind``:
 
-* ``version`` (3) and ``kind``, what its position counts:
+* ``"global"`` (:class:`~trainkit.data.batch_plan.GlobalBatchPlan`): a position in the global
+  stream; taken at an optimizer-step boundary, any world size and ``SOLVER.ACCUMULATE_STEPS``
+  continue it. ``position`` (the next global position of the step being composed),
+  ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
+  (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
+  ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
+* ``"rank"`` (:class:`~trainkit.data.batch_plan.RankBatchPlan`): this rank's draws from its
+  own sampler; only the same rank of the same world size continues it. ``rank``,
+  ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
+  finite sampler's finished passes: positions go on growing), ``buckets`` (as above) and
+  ``num_batches``.
+* ``"stream"`` (:mod:`trainkit.data.stream_batches`): what each loader worker read of a
+  stream dataset; only as many loader workers (``DATALOADER.NUM_WORKERS``) continue it.
+  ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``: per worker,
+  ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count, position]`` of the
+  elements waiting, ``count`` numbering the worker's elements).
 
-  - ``"global"``: a position in the global stream, the sequence of dataset indices that a
-    world-size-1 sampler yields for the seed (:class:`~trainkit.data.batch_plan.
-    GlobalBatchPlan`, over a trainkit training sampler). Taken at an optimizer-step
-    boundary, any world size and ``SOLVER.ACCUMULATE_STEPS`` can continue it.
-  - ``"rank"``: this rank's draws from its own sampler (any other sampler, or a per-rank
-    batch size: :class:`~trainkit.data.batch_plan.RankBatchPlan`); only the same rank of the
-    same world size continues it.
-  - ``"stream"``: what each loader worker read of a stream dataset (an ``IterableDataset``:
-    :mod:`trainkit.data.stream_batches`); only a loader with as many loader workers
-    (``DATALOADER.NUM_WORKERS``) continues it.
-* ``source``: what must be equal for the positions to name the same records: the sampler's
-  identity (type, seed, dataset size, ...), a ``RankStream``'s (seed, shares), or ``None``.
-* ``batch_size``: records per batch of the plan: ``SOLVER.IMS_PER_BATCH`` for ``"global"``
-  (one optimizer step over all ranks), this rank's (micro-)batch otherwise.
-* ``num_buckets``: aspect-ratio buckets (1 without grouping).
-
-``"global"`` adds ``position`` (the next global position of the step being composed),
-``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
-(optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
-``steps`` returned) and ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
-
-``"rank"`` adds ``rank``, ``world_size``, ``num_drawn`` (draws of the current pass over the
-sampler), ``pass_offset`` (draws of the finished passes of a finite sampler; positions go on
-growing), ``buckets`` (as above; rank ``r`` of ``W`` draws global positions ``r, r + W, ...``)
-and ``num_batches``.
-
-``"stream"`` adds ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``:
-per loader worker, ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count,
-position]`` of the elements waiting, ``count`` numbering the worker's elements).
-
-Older states, every format a checkpoint written before version 3 can hold, are upgraded when
-loaded (:func:`upgrade`): version 1 (per rank; with or without ``kind``, ``pass_offset`` and
-``last_batch``), version 2 (global), stream states (no version) and ``RankDataLoader``'s
-version-2 wrapper around a stream state.
+:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or
+without ``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no
+version) and ``RankDataLoader``'s version-2 wrapper around a stream state.
 """
 
 from __future__ import annotations
@@ -208,17 +195,15 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
     for key in ("batch_size", "num_buckets", "source"):
         state[key] = current[key]  # fills what an old state did not record
     if kind == "stream":
+        num_buckets = current["num_buckets"]
         for part in state["workers"]:
-            part["buckets"] = _resized(part["buckets"], current["num_buckets"])
+            # An upgraded stream state holds as many buckets as it had elements waiting in.
+            buckets = part["buckets"]
+            if any(buckets[num_buckets:]):
+                raise ConfigError(
+                    f"the data loader state has elements waiting in {len(buckets)} aspect-ratio "
+                    f"buckets, this loader has {num_buckets}; resume with the saved run's "
+                    "DATALOADER.ASPECT_RATIO_GROUPING and DATALOADER.ASPECT_RATIO_BINS."
+                )
+            part["buckets"] = (buckets + [[] for _ in range(num_buckets)])[:num_buckets]
     return state
-
-
-def _resized(buckets: list[list[Any]], num_buckets: int) -> list[list[Any]]:
-    # An upgraded stream state holds as many buckets as it had elements waiting in.
-    if len(buckets) > num_buckets and any(buckets[num_buckets:]):
-        raise ConfigError(
-            f"the data loader state has elements waiting in {len(buckets)} aspect-ratio "
-            f"buckets, this loader has {num_buckets}; resume with the saved run's "
-            "DATALOADER.ASPECT_RATIO_GROUPING and DATALOADER.ASPECT_RATIO_BINS."
-        )
-    return (buckets + [[] for _ in range(num_buckets)])[:num_buckets]

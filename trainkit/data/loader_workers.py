@@ -1,24 +1,18 @@
 """The loader workers' side of a loader: how they start, and how a batch travels back.
 
-Loader workers are forked where possible (:func:`worker_context_kwargs`), seeded from
-torch's per-worker seed (:func:`worker_init_reset_seed`) and started with the training
-process's objects frozen (:func:`start_iterator`); :func:`loader_kwargs` puts these
-together for every trainkit loader.
+:func:`loader_kwargs` gives every trainkit loader its workers: forked where possible
+(:func:`worker_context_kwargs`), seeded from torch's per-worker seed
+(:func:`worker_init_reset_seed`), started with the training process's objects frozen
+(:func:`start_iterator`).
 
-A batch travels from a loader worker to the training process in one buffer per dtype.
-torch sends each tensor of a worker's batch through a shared-memory segment of its own: with
-Linux's default ``file_descriptor`` strategy that is a new segment, a file descriptor passed
-over a socket and an ``mmap`` in the receiving process — about 270 µs of CPU per tensor
-measured on this project's machine, more than reading and resizing a small image. A
-detectron2-style batch is a list of dicts holding one image tensor each, so it pays that for
-every record. A worker therefore copies the batch's tensors into one buffer per dtype (one
-``torch.cat``, a few µs) and the training process rebuilds every tensor as a view of its
-buffer: same values, shapes, dtypes and structure, one segment per dtype.
-
-Only what can be rebuilt exactly is packed: plain contiguous CPU tensors without gradients
-that own their whole storage, inside lists, tuples and dicts. Anything else (other
-containers, tensor subclasses, views, tensors that share a storage with another leaf) travels
-the usual way.
+torch sends each tensor of a worker's batch through a shared-memory segment of its own (with
+Linux's default ``file_descriptor`` strategy a new segment, a descriptor passed over a socket
+and an ``mmap``: ~270 µs of CPU per tensor on this project's machine, more than reading and
+resizing a small image), and a detectron2-style batch holds a tensor per record. So a worker
+copies the batch's tensors into one buffer per dtype (:func:`pack_batch`: one ``torch.cat``,
+a few µs) and the training process rebuilds each as a view of it, same values, shapes,
+dtypes and structure. Only plain contiguous CPU tensors without gradients that own their
+whole storage, in lists, tuples and dicts, are packed; anything else travels the usual way.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -77,12 +71,11 @@ def worker_init_reset_seed(worker_id: int) -> None:
 def start_iterator(loader: DataLoader) -> Iterator[Any]:
     """Return ``iter(loader)``, with the objects alive now frozen while its workers fork.
 
-    A forked worker shares this process's memory copy-on-write, but the worker's first full
-    garbage collection walks every object it inherited, and so copies the pages of nearly
-    the whole heap into each worker (tens of MiB) and takes ~0.2 s. Frozen objects are
-    skipped by the workers' collector; this process unfreezes them as soon as the workers
-    exist, so its own collections are unchanged. Objects frozen by the caller (a non-zero
-    ``gc.get_freeze_count()``) are left as they are.
+    A forked worker shares this process's memory copy-on-write, but its first full garbage
+    collection walks every object it inherited, copying the pages of nearly the whole heap
+    into each worker (tens of MiB, ~0.2 s). The workers' collector skips frozen objects; this
+    process unfreezes them as soon as the workers exist, so its own collections are
+    unchanged. Objects the caller froze (``gc.get_freeze_count()``) stay as they are.
     """
     if gc.get_freeze_count():
         return iter(loader)
@@ -94,12 +87,9 @@ def start_iterator(loader: DataLoader) -> Iterator[Any]:
 
 
 def check_num_workers(cfg: CfgNode, where: str) -> None:
-    """Raise unless ``DATALOADER.NUM_WORKERS`` is >= 0 (``where``: what loads without them).
+    """Raise a ``ConfigError`` unless ``DATALOADER.NUM_WORKERS`` is >= 0.
 
-    torch's own error ("num_workers option should be non-negative") does not name the key.
-
-    Raises:
-        ConfigError: A ``ValueError`` naming ``DATALOADER.NUM_WORKERS``.
+    torch's own error does not name the key. ``where``: what loads without loader workers.
     """
     if cfg.DATALOADER.NUM_WORKERS < 0:
         raise ConfigError(
@@ -111,8 +101,7 @@ def check_num_workers(cfg: CfgNode, where: str) -> None:
 def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     """Return the ``DataLoader`` arguments of a trainkit loader, ``kwargs`` winning.
 
-    Loader workers are forked (where possible) and seeded by :func:`worker_init_reset_seed`;
-    without workers the arguments torch refuses then are dropped. The workers' base seed
+    Without workers, the arguments torch then refuses are dropped. The workers' base seed
     comes from a private generator seeded with ``seed``: otherwise every new iterator draws
     it from the global torch RNG, which would shift the training process's random numbers on
     resume (and evaluating during training would shift them too).
@@ -128,16 +117,12 @@ def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     return kwargs
 
 
-class _Slot:
+class _Slot(NamedTuple):
     """Where a packed tensor lies: buffer ``index``, element ``offset``, ``shape``."""
 
-    __slots__ = ("index", "offset", "shape")
-
-    def __init__(self, index: int, offset: int, shape: torch.Size) -> None:
-        self.index, self.offset, self.shape = index, offset, shape
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _Slot, (self.index, self.offset, self.shape)
+    index: int
+    offset: int
+    shape: torch.Size
 
 
 class PackedBatch:
@@ -168,41 +153,23 @@ def _packable(value: Any) -> bool:
     )
 
 
-def _leaves(batch: Any, found: list[torch.Tensor]) -> None:
-    if type(batch) in (list, tuple):
-        for item in batch:
-            _leaves(item, found)
-    elif type(batch) is dict:
-        for item in batch.values():
-            _leaves(item, found)
-    elif _packable(batch):
-        found.append(batch)
-
-
-def _replace(batch: Any, slots: dict[int, _Slot]) -> Any:
-    if type(batch) in (list, tuple):
-        return type(batch)(_replace(item, slots) for item in batch)
-    if type(batch) is dict:
-        return {key: _replace(item, slots) for key, item in batch.items()}
-    if isinstance(batch, torch.Tensor):
-        return slots.get(id(batch), batch)
-    return batch
+def _map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` (lists, tuples and dicts, by exact type) with ``fn`` applied to each leaf."""
+    if type(tree) in (list, tuple):
+        return type(tree)(_map_leaves(fn, item) for item in tree)
+    if type(tree) is dict:
+        return {key: _map_leaves(fn, item) for key, item in tree.items()}
+    return fn(tree)
 
 
 def pack_batch(batch: Any) -> Any:
-    """Return ``batch`` with its packable tensors moved into one buffer per dtype.
+    """Return the collated ``batch`` as a :class:`PackedBatch` (one buffer per dtype).
 
-    Returns ``batch`` itself when fewer than two tensors could be packed (nothing to gain),
-    or when two of them share memory (packing would separate them).
-
-    Args:
-        batch: what the collate function returned.
-
-    Returns:
-        A :class:`PackedBatch`, or ``batch`` unchanged.
+    ``batch`` itself is returned when fewer than two tensors could be packed (nothing to
+    gain), or when two of them share memory (packing would separate them).
     """
     leaves: list[torch.Tensor] = []
-    _leaves(batch, leaves)
+    _map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)
     if len(leaves) < 2:
         return batch
     pointers = [t.untyped_storage().data_ptr() for t in leaves if t.numel()]
@@ -219,26 +186,22 @@ def pack_batch(batch: Any) -> Any:
             slots[id(tensor)] = _Slot(index, offset, tensor.shape)
             offset += tensor.numel()
         buffers.append(torch.cat([t.reshape(-1) for t in tensors]))
-    return PackedBatch(_replace(batch, slots), buffers)
+    # Each packed tensor becomes its slot (the ids of live tensors are unique).
+    return PackedBatch(_map_leaves(lambda leaf: slots.get(id(leaf), leaf), batch), buffers)
 
 
-def _rebuild(structure: Any, buffers: list[torch.Tensor]) -> Any:
-    if type(structure) is _Slot:
-        size = structure.shape.numel()
-        flat = buffers[structure.index]
-        return flat[structure.offset : structure.offset + size].view(structure.shape)
-    if type(structure) in (list, tuple):
-        return type(structure)(_rebuild(item, buffers) for item in structure)
-    if type(structure) is dict:
-        return {key: _rebuild(item, buffers) for key, item in structure.items()}
-    return structure
+def _rebuild(leaf: Any, buffers: list[torch.Tensor]) -> Any:
+    if type(leaf) is not _Slot:
+        return leaf
+    index, offset, shape = leaf
+    return buffers[index][offset : offset + shape.numel()].view(shape)
 
 
 class PackedCollate:
     """Collate the samples a loader worker mapped, and pack them for the trip (picklable).
 
-    It takes ``(samples, *tags)`` and returns ``(batch, *tags)``: the tags (the batch's
-    number, the records skipped) travel beside the batch.
+    ``(samples, *tags)`` -> ``(batch, *tags)``: the tags (the batch's number, the records
+    skipped) travel beside the batch.
     """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
@@ -252,9 +215,9 @@ class PackedCollate:
 
 def unpack_batch(batch: Any) -> Any:
     """Return the batch :func:`pack_batch` packed (views of its buffers), or ``batch`` as is."""
-    if type(batch) is PackedBatch:
-        return _rebuild(batch.structure, batch.buffers)
-    return batch
+    if type(batch) is not PackedBatch:
+        return batch
+    return _map_leaves(lambda leaf: _rebuild(leaf, batch.buffers), batch.structure)
 
 
 def pack_in_worker(batch: Any) -> Any:
@@ -262,6 +225,4 @@ def pack_in_worker(batch: Any) -> Any:
 
     Packing costs a copy and only pays when the batch crosses processes.
     """
-    if torch.utils.data.get_worker_info() is None:
-        return batch
-    return pack_batch(batch)
+    return batch if torch.utils.data.get_worker_info() is None else pack_batch(batch)

@@ -22,28 +22,18 @@ __all__ = ["ClassificationDatasetMapper"]
 class ClassificationDatasetMapper:
     """Read a classification record's image and, for training, augment it.
 
-    Input records hold ``file_name``, ``height``, ``width``, ``label`` and ``image_id``
-    (the ``shapes`` datasets' format). The output is::
-
-        {"image": uint8 tensor [3, H, W] (RGB, after augmentation), "label": int,
-         "height": int, "width": int,  # of the original image, as in the record
-         "file_name": str, "image_id": ...}
-
-    Training applies a random horizontal flip and a random rescale, drawn from
-    ``trainkit.data.sample_rng()``, the generator of the sample being mapped, and (for the
-    rescale, with ``scale_per_batch``) from ``trainkit.data.batch_rng()``, shared by the
-    samples of a batch: the result depends only on the loader's seed and the sample's
-    global position, not on the loader worker that maps it. The rescale factor multiplies the one
-    that caps the longest side at ``max_size_train`` (0: no cap), and the image is
-    resampled once with their product.
-    Testing only caps the longest side at ``max_size_test`` (0: no cap). Capping both at
-    the same size lets training see test-sized images, and small inputs keep a CNN on a CPU
-    fast: the work per image grows with its area.
-
-    It does not crop, pad or normalise: the model pads a batch and normalises it.
-
-    An unreadable or missing image is logged (with its file name) and ``None`` is
-    returned, so that ``MapDataset`` tries another record.
+    Records hold ``file_name``, ``height``, ``width``, ``label`` and ``image_id`` (the
+    ``shapes`` datasets' format); the output is ``{"image": uint8 tensor [3, H, W] (RGB,
+    augmented), "label", "height", "width" (ints; the sizes of the original image, as in the
+    record), "file_name", "image_id"}``. Training flips horizontally and rescales at random,
+    from ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from
+    ``batch_rng()``, shared by a batch): the result depends only on the loader's seed and
+    the sample's global position. The rescale multiplies the factor that caps the longest
+    side at ``max_size_train``, and the image is resampled once with their product; testing
+    only caps it at ``max_size_test`` (0: no cap). One cap for both lets training see
+    test-sized images, and small inputs keep a CNN on a CPU fast (its work grows with the
+    area). It does not crop, pad or normalise (the model does). An unreadable image is
+    logged with its file name and ``None`` returned, so another record is tried.
     """
 
     def __init__(
@@ -58,25 +48,21 @@ class ClassificationDatasetMapper:
         scale_per_batch: bool | None = None,
         dataset_names: Sequence[str] | None = None,
     ):
-        """Create the mapper from ``cfg`` and/or explicit arguments.
+        """Create the mapper from ``cfg`` and/or explicit arguments (which override ``cfg``).
 
         Args:
-            cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE``,
-                ``INPUT.MAX_SIZE_TRAIN`` and ``INPUT.MAX_SIZE_TEST``; ``None`` uses the
-                arguments (or no augmentation and no cap).
+            cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE(_PER_BATCH)`` and
+                ``INPUT.MAX_SIZE_TRAIN/TEST``; ``None`` uses the arguments (or no
+                augmentation and no cap).
             is_train: augment (training) or only cap the size (testing).
-            flip_prob: probability of a horizontal flip; overrides ``cfg``.
-            scale_range: ``[min, max]`` of the uniform rescale factor; overrides ``cfg``.
-            max_size_train: longest side of a training image (before the random rescale)
-                in pixels, 0 for no cap; overrides ``cfg``.
-            max_size_test: longest side of a test image in pixels, 0 for no cap;
-                overrides ``cfg``.
-            scale_per_batch: one rescale factor per batch instead of per image
-                (``INPUT.RANDOM_SCALE_PER_BATCH``); overrides ``cfg``.
-            dataset_names: datasets whose records this mapper will see (e.g.
-                ``cfg.DATASETS.TRAIN``); with ``cfg``, checks that ``MODEL.NUM_CLASSES``
-                covers the ``thing_classes`` of each one's ``MetadataCatalog`` entry, so a
-                label out of range fails here and not in the middle of training.
+            flip_prob: probability of a horizontal flip.
+            scale_range: ``[min, max]`` of the uniform rescale factor.
+            max_size_train, max_size_test: longest side of a training image (before the
+                random rescale) and of a test image, in pixels; 0 for no cap.
+            scale_per_batch: one rescale factor per batch instead of per image.
+            dataset_names: datasets this mapper will see (e.g. ``cfg.DATASETS.TRAIN``): with
+                ``cfg``, a dataset whose ``MetadataCatalog`` ``thing_classes`` outnumber
+                ``MODEL.NUM_CLASSES`` fails here, not in the middle of training.
 
         Raises:
             ConfigError: A ``ValueError``: if a value is out of range, or a dataset has more
@@ -110,14 +96,11 @@ class ClassificationDatasetMapper:
                 f"INPUT.RANDOM_SCALE must be [min, max] with 0 < min <= max, got "
                 f"{list(self.scale_range)}; use [1.0, 1.0] to disable rescaling."
             )
-        if self.max_size_train < 0:
-            raise ConfigError(
-                f"INPUT.MAX_SIZE_TRAIN must be >= 0, got {self.max_size_train}; use 0 for no cap."
-            )
-        if self.max_size_test < 0:
-            raise ConfigError(
-                f"INPUT.MAX_SIZE_TEST must be >= 0, got {self.max_size_test}; use 0 for no cap."
-            )
+        for key, size in (("TRAIN", self.max_size_train), ("TEST", self.max_size_test)):
+            if size < 0:
+                raise ConfigError(
+                    f"INPUT.MAX_SIZE_{key} must be >= 0, got {size}; use 0 for no cap."
+                )
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """Map one record; return ``None`` if its image cannot be read."""
@@ -176,17 +159,7 @@ class ClassificationDatasetMapper:
 
 
 def _check_num_classes(cfg: CfgNode, dataset_names: Sequence[str]) -> None:
-    """Raise unless ``cfg.MODEL.NUM_CLASSES`` covers every named dataset's ``thing_classes``.
-
-    Datasets without ``thing_classes`` in their ``MetadataCatalog`` entry are not checked.
-
-    Args:
-        cfg: the config (``MODEL.NUM_CLASSES``).
-        dataset_names: dataset names, as in ``DATASETS.TRAIN``/``DATASETS.TEST``.
-
-    Raises:
-        ConfigError: A ``ValueError`` naming the dataset, its class count and the setting.
-    """
+    """Raise a ``ConfigError`` unless ``MODEL.NUM_CLASSES`` covers each one's ``thing_classes``."""
     num_classes = int(cfg.MODEL.NUM_CLASSES)
     for name in [dataset_names] if isinstance(dataset_names, str) else dataset_names:
         classes = MetadataCatalog.get(name).get("thing_classes", None)

@@ -1,18 +1,12 @@
 """Mapping one record: its sample context (per-sample randomness) and what happens when it fails.
 
-The loaders wrap every mapper call in :func:`sample_context`, a generator keyed by (seed,
-global stream position) of a sample; a mapper then calls :func:`sample_rng` /
-:func:`sample_seed`. Because the key is the sample's place in the global stream, not the
-loader worker or process that maps it, augmentation is the same for any ``NUM_WORKERS`` and
-after a resume. :func:`batch_rng` is keyed by the batch the sample belongs to instead, for
-draws every sample of a batch must share (one scale per batch).
-
-:class:`RecordMapper` is the one place a record is mapped: inside its sample context, with a
-failed record (``None`` or an exception) logged, counted, and either replaced by another one
-chosen from (seed, position, attempt) — training — or skipped — evaluation and stream
-datasets.
-:class:`~trainkit.data.common.MapDataset` (detectron2's name) is a dataset view over one; the
-loader builders hand the user's mapper to the loader as a ``RecordMapper`` directly.
+The loaders map every record inside :func:`sample_context`, keyed by (seed, global stream
+position) of its sample, where a mapper calls :func:`sample_rng` / :func:`sample_seed`: the
+key is the sample's place in the global stream, not the loader worker or process that maps
+it, so augmentation is the same for any ``NUM_WORKERS`` and after a resume. :func:`batch_rng`
+is keyed by the sample's batch, for draws all its samples share (one scale per batch).
+:class:`RecordMapper` is the one place a record is mapped; the loader builders hand the
+user's mapper to the loader as one (``MapDataset`` is a dataset view over one).
 """
 
 from __future__ import annotations
@@ -59,23 +53,18 @@ class _SampleKey:
     # Identifies the sample's batch (the loader uses its smallest global position); None
     # outside a batch, where a sample is a batch of its own.
     batch: int | None = None
-    rng: np.random.Generator | None = field(default=None)
-    batch_rng: np.random.Generator | None = field(default=None)
+    # "sample" / "batch" -> the generator of this mapper call.
+    generators: dict[str, np.random.Generator] = field(default_factory=dict)
 
-    def digest(self) -> bytes:
-        """32 bytes that depend only on (seed, position): the sample's random material."""
-        return _digest(self.seed, self.position, _PERSONALIZATION)
-
-    def batch_digest(self) -> bytes:
-        """32 bytes that depend only on (seed, batch): the batch's random material."""
-        batch = self.position if self.batch is None else self.batch
-        return _digest(self.seed, batch, _BATCH_PERSONALIZATION)
-
-
-def _digest(seed: int, key: int, person: bytes) -> bytes:
-    # BLAKE2 rather than numpy's SeedSequence: the same quality of mixing at a fraction of
-    # the cost, which a loader pays for every sample (~10 us per sample saved).
-    return hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=32, person=person).digest()
+    def digest(self, batch: bool = False) -> bytes:
+        """32 bytes of random material that depend only on (seed, position or batch)."""
+        key = self.position if not batch or self.batch is None else self.batch
+        # BLAKE2 rather than numpy's SeedSequence: the same quality of mixing at a fraction
+        # of the cost, which a loader pays for every sample (~10 us per sample saved).
+        person = _BATCH_PERSONALIZATION if batch else _PERSONALIZATION
+        return hashlib.blake2b(
+            f"{self.seed}:{key}".encode(), digest_size=32, person=person
+        ).digest()
 
 
 # One generator object per thread, re-seeded for every sample: building a new numpy
@@ -115,8 +104,7 @@ def sample_context(seed: int, position: int, batch: int | None = None) -> Iterat
     Args:
         seed: the loader's shared seed (>= 0).
         position: the sample's global stream position (>= 0).
-        batch: a key shared by the samples of one batch, for :func:`batch_rng`; ``None``
-            makes the sample a batch of its own.
+        batch: a key the samples of one batch share (:func:`batch_rng`); ``None``: their own.
     """
     if seed < 0 or position < 0:
         raise ValueError(
@@ -153,30 +141,29 @@ def sample_rng() -> np.random.Generator:
     Raises:
         RuntimeError: If called outside a mapper call.
     """
-    key = _current()
-    if key.rng is None:
-        key.rng = _seeded_generator(key.digest(), shared=None if key.nested else "sample")
-    return key.rng
+    return _generator("sample")
 
 
 def batch_rng() -> np.random.Generator:
     """Return a generator that starts alike for every sample of the batch being mapped.
 
-    Draws that must be equal across a batch come from it: e.g. one rescale factor per
-    batch, so that images grouped by aspect ratio also share their size and need no
-    padding. Like :func:`sample_rng`, successive calls within one mapper call continue one
-    another, and it depends only on the seed and the batch, not on workers or resumes. A
-    sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
+    Draws that must be equal across a batch come from it, e.g. one rescale factor per batch
+    (images grouped by aspect ratio then also share their size: no padding). Like
+    :func:`sample_rng` it continues within one mapper call and depends only on the seed and
+    the batch; a sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
 
     Raises:
         RuntimeError: If called outside a mapper call.
     """
+    return _generator("batch")
+
+
+def _generator(kind: str) -> np.random.Generator:
     key = _current()
-    if key.batch_rng is None:
-        key.batch_rng = _seeded_generator(
-            key.batch_digest(), shared=None if key.nested else "batch"
-        )
-    return key.batch_rng
+    if kind not in key.generators:
+        digest = key.digest(batch=kind == "batch")
+        key.generators[kind] = _seeded_generator(digest, shared=None if key.nested else kind)
+    return key.generators[kind]
 
 
 def sample_seed() -> int:
@@ -233,12 +220,11 @@ class RecordMapper:
     """Map records with a user function, handling the records that fail to map.
 
     A record fails when ``map_func`` returns ``None`` or raises (e.g. ``OSError`` for an
-    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: that is a
-    mistake in the config or the inputs that another record would hit as well, so it is
-    raised at once. Each failure is logged with the record and a running count; after
-    ``max_consecutive_failures`` in a row a ``RuntimeError`` names the dataset and the last
-    failing record. Picklable (the function is held in a ``PicklableWrapper``), so it goes
-    to spawned loader workers as it is.
+    unreadable file), except with a :class:`~trainkit.utils.errors.UsageError`: a mistake in
+    the config or the inputs that other records would hit too, raised at once. Each failure
+    is logged with the record and a running count; ``max_consecutive_failures`` in a row
+    raise a ``RuntimeError`` naming the dataset and the last failing record. The function is
+    held in a ``PicklableWrapper``, so spawned loader workers get it as it is.
     """
 
     def __init__(
@@ -252,8 +238,7 @@ class RecordMapper:
 
         Args:
             map_func: record -> mapped element, or ``None`` to skip the record.
-            max_consecutive_failures: failures in a row before giving up
-                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
             name: the dataset's name in messages.
 
         Raises:
@@ -282,11 +267,9 @@ class RecordMapper:
         same whichever worker maps it, and after a resume.
 
         Args:
-            records: a map-style dataset of unmapped records.
-            index: the record to map.
-            seed: the loader's seed (keys ``sample_rng()`` and the replacements).
-            position: the sample's global stream position.
-            batch: the sample's batch key for ``batch_rng()``.
+            records, index: a map-style dataset of unmapped records, and the one to map.
+            seed, position, batch: the sample's context (:func:`sample_context`); ``seed``
+                keys the replacements too.
 
         Returns:
             ``(element, number of records that failed before it)``.
@@ -332,11 +315,8 @@ class RecordMapper:
     def map_or_skip(self, record: Any, where: str) -> Any | None:
         """Map one record; return ``None`` (logged and counted) if it fails.
 
-        The caller runs it inside the sample's context and tracks failures in a row with
-        :meth:`check_in_a_row`.
-
-        Raises:
-            UsageError: As soon as mapping raises one.
+        The caller gives the sample's context and counts failures in a row
+        (:meth:`check_in_a_row`). Raises a ``UsageError`` as soon as mapping raises one.
         """
         result, error = self._try(record)
         if result is None:

@@ -1,20 +1,13 @@
 """One-record-per-line metadata files read on demand through a memory-mapped line index.
 
 The index of ``data.jsonl`` is a small binary file: a 64-byte header (magic, version, the
-metadata file's size and ``st_mtime_ns`` it was built from, the number of records) followed
-by ``num_records + 1`` int64 byte offsets (the start of every non-blank line, then the file
+metadata file's size and ``st_mtime_ns`` it was built from, the number of records), then
+``num_records + 1`` int64 byte offsets (the start of every non-blank line, then the file
 size). It is built once by a vectorised newline scan over ``mmap`` chunks, written to a
-temporary file and ``os.replace``-d into place (readers never see half an index; concurrent
-builders on several ranks just race to write the same bytes, and a lock file makes them
-wait for one another instead), and rebuilt when the metadata file's size or mtime changes.
-
-:class:`LineIndex` memory-maps the index. :class:`MetaFileDataset` is the one reader of a
-metadata file: it reads one record with two ``pread`` calls (its index entry, then its
-bytes) from the kernel's page cache, which every process on the machine shares, so a
-process's private memory does not grow with the number of records or with how many of them
-it has read; and it copies many records' lines at once (:meth:`MetaFileDataset.copy_lines`,
-vectorised), which is how a ``RankDataset`` loads its share.
-:mod:`trainkit.data.rank_dataset` splits a file into each rank's shares over this reader.
+temporary file and ``os.replace``-d into place (readers never see half an index; a lock file
+makes builders on several ranks wait for one another), and rebuilt when the metadata file's
+size or mtime changes. :class:`MetaFileDataset` is the one reader of a metadata file;
+:mod:`trainkit.data.rank_dataset` splits a file into each rank's shares over it.
 """
 
 from __future__ import annotations
@@ -53,11 +46,6 @@ _NEWLINE, _CR = 10, 13
 _TWO_INT64 = struct.Struct("<qq") if sys.byteorder == "little" else struct.Struct(">qq")
 
 
-def _close_all(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
 def _file_key(path: str) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
@@ -85,38 +73,29 @@ def _scan_line_starts(meta_file: str, size: int, progress: bool) -> Iterator[np.
     """Yield the starts of non-blank lines, chunk by chunk (sorted, int64)."""
     if size == 0:
         return
-    with open(meta_file, "rb") as f:
+    from tqdm import tqdm  # imported here: only index builds need it
+
+    desc = f"indexing {meta_file}"
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=not progress)
+    with open(meta_file, "rb") as f, bar:
         # Not closed explicitly: numpy views of it may outlive this loop; GC unmaps it.
         data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
-        bar = None
-        if progress:
-            from tqdm import tqdm  # imported here: only index builds need it
-
-            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"indexing {meta_file}")
-        try:
-            prev_newline = True  # the file starts a line
-            for start in range(0, size, _SCAN_CHUNK):
-                chunk = data[start : start + _SCAN_CHUNK]
-                newlines = np.flatnonzero(chunk == _NEWLINE)
-                starts = newlines + (start + 1)
-                if prev_newline:
-                    starts = np.concatenate([[start], starts])
-                prev_newline = bool(chunk[-1] == _NEWLINE)
-                # A newline ending the chunk starts the next chunk's first line: count it there.
-                starts = starts[starts < start + chunk.size]
-                # Blank lines ("\n" or "\r\n") are no records: drop lines that start with them.
-                first = data[starts]
-                blank = first == _NEWLINE
-                cr = first == _CR
-                if cr.any():
-                    nxt = np.minimum(starts[cr] + 1, size - 1)
-                    blank[cr] = data[nxt] == _NEWLINE
-                yield starts[~blank].astype(np.int64)
-                if bar is not None:
-                    bar.update(chunk.size)
-        finally:
-            if bar is not None:
-                bar.close()
+        prev_newline = True  # the file starts a line
+        for start in range(0, size, _SCAN_CHUNK):
+            chunk = data[start : start + _SCAN_CHUNK]
+            starts = np.flatnonzero(chunk == _NEWLINE) + (start + 1)
+            if prev_newline:
+                starts = np.concatenate([[start], starts])
+            prev_newline = bool(chunk[-1] == _NEWLINE)
+            # A newline ending the chunk starts the next chunk's first line: count it there.
+            starts = starts[starts < start + chunk.size]
+            # Blank lines ("\n" or "\r\n") are no records: drop lines that start with them.
+            first = data[starts]
+            blank, cr = first == _NEWLINE, first == _CR
+            if cr.any():
+                blank[cr] = data[np.minimum(starts[cr] + 1, size - 1)] == _NEWLINE
+            yield starts[~blank].astype(np.int64)
+            bar.update(chunk.size)
 
 
 def build_line_index(
@@ -154,15 +133,11 @@ def build_line_index(
     finally:
         if tmp.exists():
             tmp.unlink()
-    seconds = time.perf_counter() - began
+    seconds, mib = time.perf_counter() - began, size / 2**20
+    speed = mib / max(seconds, 1e-9)
     logger.info(
         "Indexed %d records of %s (%.1f MiB) in %.2f s (%.0f MiB/s) into %s",
-        num_records,
-        meta_file,
-        size / 2**20,
-        seconds,
-        size / 2**20 / max(seconds, 1e-9),
-        index_path,
+        *(num_records, meta_file, mib, seconds, speed, index_path),
     )
 
 
@@ -232,19 +207,19 @@ class LineIndex:
 class MetaFileDataset(Dataset):
     """A map-style dataset over a one-record-per-line file (JSON lines by default).
 
-    Record ``i`` is read on demand through the line index (see :class:`LineIndex`), so
-    private memory per process is O(1) in the number of records and any index costs the
-    same: use it with
-    :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle. Blank lines
-    are skipped. Each access parses a fresh record.
+    Record ``i`` is read on demand with two ``pread`` calls (its :class:`LineIndex` entry,
+    then its bytes) from the kernel's page cache, which every process on the machine shares:
+    private memory per process is O(1) in the number of records and however many were read,
+    and any index costs the same, so use it with
+    :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle.
+    :meth:`copy_lines` copies many records' lines at once (how a ``RankDataset`` loads its
+    share). Blank lines are skipped; each access parses a fresh record.
 
-    Register it like a list-returning function; the train loader then opens it on every
-    rank instead of serialising records (``DatasetCatalog.get`` returns the dataset)::
+    Register it like a list-returning function; the train loader then opens it on every rank
+    instead of serialising records. Pickling (spawned loader workers) sends the paths; the
+    receiver reopens both files and checks that the metadata file is unchanged::
 
         DatasetCatalog.register("big_train", lambda: MetaFileDataset("/data/train.jsonl"))
-
-    Pickling (spawned loader workers) sends the paths; the receiver reopens both files and
-    checks that the metadata file is unchanged.
     """
 
     def __init__(
@@ -271,14 +246,14 @@ class MetaFileDataset(Dataset):
     def _open(self, index: LineIndex) -> None:
         self._index = index
         self._num_records = len(index)
-        # Records are read with pread (two per record: its index entry, then its bytes),
-        # not through a mapping: pages of a file that only this process maps count as its
+        # pread, not a mapping: pages of a file that only this process maps count as its
         # private memory (USS/RSS grow to the file size under random access, though the
-        # kernel may drop them), while pread reads the same shared page cache and leaves
-        # the process's memory flat. A syscall costs ~1 us, far below parsing a record.
+        # kernel may drop them); pread reads the shared page cache and leaves the process's
+        # memory flat. A syscall costs ~1 us, far below parsing a record.
         self._index_fd = os.open(index.path, os.O_RDONLY | os.O_CLOEXEC)
         self._meta_fd = os.open(index.meta_file, os.O_RDONLY | os.O_CLOEXEC)
-        self._closer = weakref.finalize(self, _close_all, self._index_fd, self._meta_fd)
+        for fd in (self._index_fd, self._meta_fd):
+            weakref.finalize(self, os.close, fd)
 
     @property
     def meta_file(self) -> str:
@@ -310,8 +285,7 @@ class MetaFileDataset(Dataset):
     def copy_lines(self, indices: np.ndarray, write: Callable[[np.ndarray], Any]) -> array:
         """Pass the raw lines of records ``indices`` to ``write``, block by block, in order.
 
-        The file's pages come from the page cache (shared, not private memory); lines are
-        gathered with numpy, a block of records at a time, never per record.
+        Lines are gathered with numpy, a block of records at a time, from the page cache.
 
         Args:
             indices: record indices (int64), best sorted: the reads then move forward.

@@ -1,24 +1,14 @@
 """RankDataset: each rank reads only its own share of a metadata file, epoch by epoch.
 
-For a metadata file of ``M`` records, (mini-)epoch ``e`` of ``mini_epochs`` per epoch is
-defined by a seeded permutation of ``range(M)`` for full epoch ``e // mini_epochs``, the
-same on every rank (a keyed bijection, never materialised): the permutation is cut into
-``mini_epochs`` contiguous parts, part ``e % mini_epochs`` into ``world_size`` contiguous
-shares, and rank ``r`` reads the records of share ``r`` only. Every record is thus in
-exactly one share per epoch, and a rank holds ``M / (world_size * mini_epochs)`` records.
-:class:`_Shares` is that arithmetic, written once; :class:`~trainkit.data.metafile.
-MetaFileDataset` is the one reader of the file. Three faces share them:
-
-* :class:`RankDataset`: the share of the current (mini-)epoch as a map-style dataset. It is
-  copied from the file in file order (through the line index, a block of records at a time)
-  into one shared-memory segment as raw lines (forked or spawned loader workers read the
-  same pages); each access parses one.
-* :class:`RankStream`: the shares as an endless stream dataset for the train loader, epoch
-  after epoch, shuffled within each share and read record by record from the file (O(1)
-  memory); it shards itself across the loader workers, so one loader serves every epoch.
-* :class:`RankDataLoader`: that loader. A ``RankDataset`` that a ``DatasetCatalog`` entry
-  returns reaches it from a config too: ``build_train_loader(cfg)`` reads it as its
-  ``RankStream`` (:meth:`RankDataset.as_stream`).
+For a metadata file of ``M`` records, (mini-)epoch ``e`` (``mini_epochs`` per full epoch)
+takes a seeded permutation of ``range(M)`` for full epoch ``e // mini_epochs``, the same on
+every rank (a keyed bijection, never materialised), cuts it into ``mini_epochs`` contiguous
+parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank ``r`` reads
+share ``r`` only. Every record is in exactly one share per epoch, and a rank holds
+``M / (world_size * mini_epochs)`` records. :class:`_Shares` is that arithmetic, written once;
+:class:`~trainkit.data.metafile.MetaFileDataset` reads the file. Three thin faces share them:
+:class:`RankDataset` (the current share, map-style), :class:`RankStream` (the shares as an
+endless stream) and :class:`RankDataLoader` (the train loader over that stream).
 """
 
 from __future__ import annotations
@@ -109,13 +99,8 @@ def rank_share(
     Args:
         num_records: records in the metadata file.
         seed: shared by all ranks.
-        epoch: the (mini-)epoch, counting mini-epochs from 0.
-        mini_epochs: mini-epochs per full epoch.
-        rank: this rank.
-        world_size: number of ranks.
-
-    Returns:
-        Sorted int64 record indices.
+        epoch, mini_epochs: the (mini-)epoch, counting from 0, and mini-epochs per full epoch.
+        rank, world_size: this rank and the number of ranks.
     """
     shares = _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
@@ -127,10 +112,11 @@ class RankDataset(Dataset):
     """A map-style dataset holding only this rank's share of the current (mini-)epoch.
 
     ``len(dataset)`` is the share's size; ``dataset[i]`` parses the ``i``-th record of the
-    share (in file order: shuffle with a sampler, or use :class:`RankDataLoader`).
-    :meth:`set_epoch` moves to another (mini-)epoch; the share is (re)loaded on first use.
-    ``epoch`` counts mini-epochs: full epoch ``epoch // mini_epochs``, part
-    ``epoch % mini_epochs``.
+    share, in file order (shuffle with a sampler, or use :class:`RankDataLoader`). On first
+    use the share is copied from the file, a block of records at a time, into one
+    shared-memory segment of raw lines that forked or spawned loader workers map too.
+    :meth:`set_epoch` moves to another (mini-)epoch: full epoch ``epoch // mini_epochs``,
+    part ``epoch % mini_epochs``.
     """
 
     def __init__(
@@ -147,13 +133,10 @@ class RankDataset(Dataset):
         """Open ``meta_file`` (building its line index if needed); no record is loaded yet.
 
         Args:
-            meta_file: one record per line (JSON lines by default).
-            parse: line (str, without the newline) -> record.
+            meta_file, parse, index_dir: as for :class:`MetaFileDataset`.
             seed: the shuffle seed, equal on every rank.
             mini_epochs: split each epoch into this many parts loaded one after another.
-            world_size: number of ranks (default ``comm.get_world_size()``).
-            rank: this rank (default ``comm.get_rank()``).
-            index_dir: folder for the line index (default: next to ``meta_file``).
+            world_size, rank: the number of ranks and this rank (default: ``comm``'s).
 
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
@@ -221,18 +204,12 @@ class RankDataset(Dataset):
         except BaseException:
             writer.abort()
             raise
+        part = (self._epoch, self.full_epoch, self._epoch % self.mini_epochs + 1, self.mini_epochs)
+        mib = (ends[-1] if ends else 0) / 2**20
         logger.info(
             "RankDataset rank %d/%d: epoch %d (full epoch %d, mini-epoch %d/%d) holds %d of %d "
             "records (%.1f MiB)",
-            self.rank,
-            self.world_size,
-            self._epoch,
-            self.full_epoch,
-            self._epoch % self.mini_epochs + 1,
-            self.mini_epochs,
-            len(ends),
-            self.num_records,
-            (ends[-1] if ends else 0) / 2**20,
+            *(self.rank, self.world_size, *part, len(ends), self.num_records, mib),
         )
         return self._segment
 
@@ -253,15 +230,13 @@ class RankDataset(Dataset):
 class RankStream(IterableDataset):
     """A :class:`RankDataset`'s shares as one endless stream, shuffled within each share.
 
-    (Mini-)epoch after (mini-)epoch from ``start_epoch``, it yields this rank's share of the
-    epoch (the same share :meth:`RankDataset.share_indices` holds) in an order shuffled by
-    (seed, epoch). Records are read on demand from the metadata file through its line index,
-    so nothing but the file's shared page cache grows with the data.
-
-    It shards itself across loader workers (``shards_across_workers = True``): worker ``w``
-    of ``n`` reads positions ``w, w + n, ...`` of each epoch's shuffled share, so together
-    they read every record of the share once. ``iter_from(position)`` starts a worker after
-    its first ``position`` records, in O(1): the train loader resumes it exactly.
+    Epoch after epoch from ``start_epoch``, it yields this rank's share (the records of
+    :meth:`RankDataset.share_indices`) in an order shuffled by (seed, epoch), each read on
+    demand through the line index: nothing but the file's shared page cache grows with the
+    data. It shards itself across loader workers (``shards_across_workers``): worker ``w`` of
+    ``n`` reads positions ``w, w + n, ...`` of each shuffled share, so one loader serves every
+    epoch; ``iter_from(position)`` starts a worker after its first ``position`` records in
+    O(1), so the train loader resumes it exactly.
     """
 
     shards_across_workers = True
@@ -273,9 +248,8 @@ class RankStream(IterableDataset):
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this stream must match: the shares' seed and layout."""
-        ds = self.dataset
-        keys = {"seed": ds.seed, "rank": ds.rank, "world_size": ds.world_size}
-        return {"type": "RankStream", **keys, "mini_epochs": ds.mini_epochs}
+        keys = ("seed", "rank", "world_size", "mini_epochs")
+        return {"type": "RankStream", **{k: getattr(self.dataset, k) for k in keys}}
 
     def __iter__(self) -> Iterator[Any]:
         return self.iter_from(0)
@@ -299,11 +273,11 @@ class RankStream(IterableDataset):
 class RankDataLoader:
     """The infinite, resumable train loader over a :class:`RankDataset`, built once.
 
-    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`: the loader's
-    workers read their own parts of each epoch's share, epoch after epoch, without the loader
-    being rebuilt. ``state_dict()`` / ``load_state_dict()`` are the loader's (each worker's
-    count of records read, and what waits in its batch): a loader over the same file with the
-    same ``num_workers`` that loads it continues with the next batch.
+    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`. Its position is
+    each loader worker's count of records read and what waits in its batch: a loader over
+    the same file with the same ``num_workers`` that loads it continues with the next batch.
+    A ``DatasetCatalog`` entry that returns a ``RankDataset`` reaches the same loader from a
+    config: ``build_train_loader(cfg)`` reads it as :meth:`RankDataset.as_stream`.
     """
 
     def __init__(
@@ -315,15 +289,14 @@ class RankDataLoader:
         start_epoch: int = 0,
         **loader_kwargs: Any,
     ) -> None:
-        """Create the loader.
+        """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
 
         Args:
             dataset: this rank's :class:`RankDataset`.
             batch_size: samples per batch on this rank.
             mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
             start_epoch: the first (mini-)epoch.
-            loader_kwargs: ``num_workers``, ``collate_fn``, ``prefetch_factor``... for
-                :func:`~trainkit.data.build.build_batch_data_loader`.
+            loader_kwargs: for :func:`~trainkit.data.build.build_batch_data_loader`.
 
         Raises:
             ConfigError: A ``ValueError``: if ``batch_size`` is not positive.

@@ -1,58 +1,44 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
-This is trainkit's one mechanism for one copy of the records per machine. No collective and
-no process group is involved, so it works under any launcher (``launch()``, torchrun,
-SLURM, processes started by hand) and no rank ever waits for another.
-
-Every process that builds a record segment (``DatasetFromList(lst)`` on each rank, as
-detectron2 code does, and the catalog path on every rank) first serialises it into its own
-sealed memfd, hashing the bytes on the way
-(:class:`~trainkit.data.shared_segments.SegmentWriter`). Then it calls
-:func:`share_segment`, which meets the other processes of the machine that hold the same
-records at a Linux *abstract* unix socket named after the digest and the user id::
+This is trainkit's one mechanism for one copy of the records per machine. It uses no
+collective and no process group, so it works under any launcher (``launch()``, torchrun,
+SLURM, processes started by hand) and no rank ever waits for another. Every process that
+builds a record segment (``DatasetFromList(lst)`` on each rank, as detectron2 code does, and
+the catalog path) serialises it into its own sealed memfd, hashing it on the way
+(:class:`~trainkit.data.shared_segments.SegmentWriter`); :func:`share_segment` then meets the
+machine's other holders of the same records at a Linux *abstract* unix socket::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
-* The first process to ``bind`` that name serves its segment: a daemon thread accepts
-  connections and sends the memfd itself over the socket (``SCM_RIGHTS``), so no ``/proc``
-  access is needed and nothing but the kernel's fd table is involved.
-* A later process connects instead, receives the descriptor, checks it (the peer runs as
-  the same user, the file is sealed immutable, its size and the digest in its header match
-  the segment just built), maps it and drops its own copy: one copy per machine in steady
-  state. Two processes that finish at the same time race for ``bind``; the loser connects.
-* Different records give different digests, hence different names: a process is never
-  given another list's records. Abstract names vanish with their last socket, so nothing
-  is left behind after a crash, and no process waits for another one: a process that
-  builds a dataset alone simply serves it to nobody.
-* Holders keep their connection open to *watch* the server. When the server exits or
-  drops the dataset, the connection closes; the watchers race to ``bind`` and the winner
-  serves its mapping (the same file), so a process that builds the same records later
-  still finds the copy instead of adding a second one.
-* Forked loader workers inherit the mapping; an at-fork handler closes the inherited
-  sockets in the child so that only the parent serves. Spawned workers attach through the
-  pickled handle (``/proc/<pid>/fd/<fd>``, :func:`attach_segment`) or, where that fails,
-  ask for the digest (:func:`~trainkit.data.shared_segments.fetch_segment`).
-* Where memfd sealing or abstract unix sockets are unavailable (another OS, a sandbox),
-  or a connection times out, the process keeps its private copy and logs one line.
-  Segments under :data:`MIN_SHARED_BYTES` are not shared: the saving would be smaller than
-  the thread and sockets it costs.
+* The first process to ``bind`` it serves: a daemon thread sends the memfd itself over the
+  socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it
+  receives (same user, sealed, the size and digest of the segment it built), maps it and
+  drops its own copy. Of two that finish together, the loser of the race for ``bind``
+  connects.
+* Different records have different names, so no process is given another list's records;
+  abstract names vanish with their last socket, so a crash leaves nothing behind.
+* Holders keep their connection open to *watch* the server: when it exits or drops the
+  dataset, they race to ``bind`` and the winner serves its mapping (the same file), so a
+  later builder of the same records still finds the copy.
+* Forked loader workers inherit the mapping (an at-fork handler closes the inherited
+  sockets: only the parent serves); spawned ones attach through the pickled handle
+  (:func:`attach_segment`) or, where that fails, by digest.
+* Without memfd sealing or abstract unix sockets (another OS, a sandbox), or when a
+  connection times out, a process keeps its private copy and logs one line. Segments under
+  :data:`MIN_SHARED_BYTES` are not shared: the saving would not pay for a thread and sockets.
 
-What it costs: every rank that needs the records loads and serialises them itself (the
-catalog function runs on every rank: its CPU time and file reads once per rank, not once
-per machine). Peak memory: each process that builds the records holds its own copy until
-the rendezvous, so while ranks build at the same time the machine briefly holds one copy
-per building rank (on top of the lists the callers already hold); the extra copies are
-freed as soon as each rank attaches, and the steady state is one copy per machine for any
-number of ranks and loader workers. Each shared segment keeps one daemon thread and a few
-sockets per process. Same-user processes are trusted (they could read this process's memory
-anyway); other users can neither be served nor serve (``SO_PEERCRED``).
-
-This module keeps a per-process set of live shares for the at-fork handler; tests stop
-them with :func:`stop_all`.
+Costs: every rank that needs the records loads and serialises them itself (the catalog
+function's CPU time and file reads once per rank, not per machine); ranks that build at the
+same time briefly hold one copy each (on top of the callers' lists), freed as each attaches,
+so the steady state is one copy per machine for any number of ranks and loader workers. Each
+shared segment keeps a daemon thread and a few sockets per process. Same-user processes are
+trusted (they could read this process's memory anyway); other users can neither be served
+nor serve (``SO_PEERCRED``). Tests stop every share of a process with :func:`stop_all`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -91,13 +77,12 @@ _LIVE: weakref.WeakSet[_Share] = weakref.WeakSet()
 def attach_segment(handle: SegmentHandle) -> SharedSegment:
     """Map the segment described by ``handle`` read-only (the same pages, not a copy).
 
-    Opens ``/proc/<pid>/fd/<fd>``; where that fails (``/proc`` mounted with ``hidepid``,
-    the pid or fd reused) it asks the machine's holder of the same digest for the segment
-    (:func:`fetch_segment`).
+    Opens ``/proc/<pid>/fd/<fd>``, or where that fails (``/proc`` mounted with ``hidepid``,
+    the pid or fd reused) asks the machine's holder of the same digest (:func:`fetch_segment`).
 
     Raises:
-        OSError: If the holding process is gone or its descriptor cannot be opened (another
-            machine, another user) and no holder of the digest answers.
+        OSError: If the holder is gone or its descriptor cannot be opened (another machine,
+            another user) and no holder of the digest answers.
         ValueError: If the descriptor now refers to another file than the handle describes.
     """
     path = f"/proc/{handle.pid}/fd/{handle.fd}"
@@ -119,9 +104,7 @@ def attach_segment(handle: SegmentHandle) -> SharedSegment:
 
 def _reduce_for_processes(segment: SharedSegment) -> tuple[Any, tuple[Any, ...]]:
     handle = segment.handle()
-    if handle is None:
-        return segment.__reduce__()
-    return attach_segment, (handle,)
+    return segment.__reduce__() if handle is None else (attach_segment, (handle,))
 
 
 # Like torch's tensors: a handle for processes of this machine, the bytes for plain pickle.
@@ -131,13 +114,10 @@ ForkingPickler.register(SharedSegment, _reduce_for_processes)
 def share_segment(segment: SharedSegment) -> SharedSegment:
     """Return the machine's copy of ``segment``'s records, serving ``segment`` if first.
 
-    If another process of this user serves a segment with the same digest, that segment
-    is returned (the caller drops its own, freeing it); otherwise ``segment`` is returned
-    and served until it is garbage-collected. Never waits for other processes beyond one
-    connection attempt (at most ``TIMEOUT_S`` if a holder hangs).
-
-    Returns:
-        A segment with the same records as ``segment``.
+    If another process of this user serves a segment with the same digest, that segment is
+    returned (the caller drops its own, freeing it); otherwise ``segment``, served until it is
+    garbage-collected. Never waits beyond one connection attempt (at most ``TIMEOUT_S`` if a
+    holder hangs).
     """
     if not segment.shared or segment.nbytes < MIN_SHARED_BYTES:
         return segment
@@ -177,9 +157,11 @@ def stop_all() -> None:
 
 def _forget_in_child() -> None:
     # A forked child must not answer for its parent: close (never shut down, which would
-    # also break the parent's sockets) the inherited copies of every socket.
+    # also break the parent's sockets) the inherited copies of every socket. The thread
+    # that used a share's lock does not exist here.
     for share in list(_LIVE):
-        share.after_fork_in_child()
+        share._lock, share._thread = threading.Lock(), None
+        share.abandon()
     _LIVE.clear()
 
 
@@ -202,11 +184,7 @@ class _Share:
         self.server_pid: int | None = None  # who served the segment we mapped, if not us
 
     def join(self, own: SharedSegment) -> SharedSegment:
-        """Serve ``own`` or take the served copy; start the thread that keeps it going.
-
-        Raises:
-            OSError: If neither worked (the caller keeps ``own``).
-        """
+        """Serve ``own`` or take the served copy, and keep it going (``OSError``: neither)."""
         result = own
         found = self._bind_or_connect()
         if found is not None:
@@ -225,11 +203,7 @@ class _Share:
         return result
 
     def _bind_or_connect(self) -> tuple[socket.socket, int] | None:
-        """Serve the name (``None``), or connect to whoever does (the connection, the fd).
-
-        Raises:
-            OSError: If stopped, or if neither worked after a few attempts.
-        """
+        """Serve the name (``None``) or connect to who does (``OSError``: stopped, or neither)."""
         for attempt in range(_CLAIM_ATTEMPTS):
             with self._lock:
                 if self._stopped.is_set():
@@ -312,11 +286,9 @@ class _Share:
     def _watch(self) -> None:
         conn = self._conn
         assert conn is not None
-        try:
+        with contextlib.suppress(OSError):
             while conn.recv(64):
                 pass  # the server never sends more; EOF means it stopped serving
-        except OSError:
-            pass
         with self._lock:
             self._conn = None
         conn.close()
@@ -340,24 +312,15 @@ class _Share:
         with self._lock:
             for sock in (self._listener, self._conn):
                 if sock is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
         if self._thread is None:
             self.close()
 
     def close(self) -> None:
         """Close every socket and the descriptor (from the thread, or if it never ran)."""
-        self._stopped.set()
         with self._lock:
             self.abandon()
-
-    def after_fork_in_child(self) -> None:
-        """Drop the inherited sockets; the thread that used the lock does not exist here."""
-        self._lock = threading.Lock()
-        self._thread = None
-        self.abandon()
 
     def abandon(self) -> None:
         """Close this process's sockets and descriptor without touching shared state."""

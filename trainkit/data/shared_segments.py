@@ -1,37 +1,28 @@
 """Read-only record segments in anonymous shared memory that other local processes can attach to.
 
-A *segment* holds serialised records: a 64-byte header, the concatenated record bytes, and
+A *segment* holds serialised records: a 64-byte header (with a BLAKE2b digest of the record
+bytes, ends and counts, computed while they are written), the concatenated record bytes, and
 the int64 end offset of every record. It lives in an **anonymous** memory file
 (``memfd_create``, or an unlinked temporary file in ``/dev/shm`` where memfd is missing),
-so it has no name anywhere in the file system:
-
-* nothing can leak: the kernel frees the pages when the last descriptor and mapping go
-  away, which also happens when every process holding it crashes or is killed;
-* another process on the machine attaches by opening ``/proc/<pid>/fd/<fd>`` of a process
-  that holds it (the same file, not a copy) and maps it read-only. Ranks attach through the
-  leader's handle; a spawned loader worker attaches through its parent's handle, which is
-  what sending a segment to another process sends (multiprocessing's ``ForkingPickler``,
-  which spawn, forkserver and queues use). Forked workers simply inherit the mapping.
-* plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as it does for
-  a torch tensor, so the pickle stays loadable after this process is gone; loading puts
-  them into a new anonymous memory file.
-
+which has no name in the file system, so nothing can leak: the kernel frees the pages with
+the last descriptor and mapping, also when every process holding it crashes or is killed.
 The writer seals a memfd against writes, growth and shrinking once it is complete, so no
 process can change the bytes under another one's feet.
 
-Where none of this is possible (no fd can be created) a segment falls back to private
-memory and says so; sending such a segment copies its bytes, as a numpy array would.
-
-The header also holds a BLAKE2b digest of the records (bytes, ends and counts), computed
-while they are written. It names the contents: :mod:`trainkit.data.segment_sharing` uses it
-to find an identical segment that another process on the machine already holds and serves,
-and a spawned worker that cannot open ``/proc/<pid>/fd/<fd>`` asks for the segment by
-digest. Asking a holder (:func:`fetch_segment`, :func:`receive_segment`) is here; holding
-and serving is :mod:`trainkit.data.segment_sharing`'s.
+Another process of the machine maps the same file read-only: by opening
+``/proc/<pid>/fd/<fd>`` of a holder (what sending a segment through multiprocessing's
+``ForkingPickler`` sends, as spawn, forkserver and queues do; forked workers simply inherit
+the mapping), or by asking the machine's holder of its digest (:func:`fetch_segment`,
+:func:`receive_segment`; holding and serving is :mod:`trainkit.data.segment_sharing`'s).
+Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
+tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
+no memory file can be created a segment lives in private memory and says so; sending it
+copies its bytes, as for a numpy array.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -76,14 +67,10 @@ MESSAGE_MAGIC = b"TKSHARE1"
 class SegmentHandle(NamedTuple):
     """Plain data that lets a process on the same machine attach to a segment.
 
-    Attributes:
-        pid: a process that holds the segment open.
-        fd: the descriptor number in that process.
-        dev: ``st_dev`` of the memory file (checked on attach, so a recycled pid or fd
-            number is detected instead of mapping an unrelated file).
-        ino: ``st_ino`` of the memory file.
-        size: the segment's size in bytes.
-        digest: the digest of its records (to ask for it by content if ``/proc`` fails).
+    Process ``pid`` holds the segment (``size`` bytes) open as descriptor ``fd``; ``dev`` and
+    ``ino`` (the memory file's ``st_dev``/``st_ino``) are checked on attach, so a recycled pid
+    or fd number is detected instead of mapping an unrelated file; ``digest`` names the
+    records, to ask for them by content if ``/proc`` fails.
     """
 
     pid: int
@@ -127,30 +114,22 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Create one with :class:`SegmentWriter`, :func:`segment_from_fd` or
-    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent to another process through
-    multiprocessing, a segment travels as a handle (this process's pid and fd, and the
-    digest; :mod:`trainkit.data.segment_sharing` registers that), so the receiver maps the
-    same pages; it must run on the same machine while this process still holds the segment,
-    which is the case for a loader worker spawned by this process. Plain ``pickle`` stores
-    the bytes.
+    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or
+    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent through multiprocessing it
+    travels as its handle (registered by :mod:`trainkit.data.segment_sharing`), so the
+    receiver, on this machine while this process holds the segment (a loader worker it
+    spawned), maps the same pages.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
-        """Wrap memory file ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None).
-
-        Raises:
-            ValueError: If ``buffer`` does not start with a segment header.
-        """
-        self._fd = fd
-        self._buffer = buffer
+        """Wrap ``fd`` mapped as ``buffer`` (private bytes if ``fd`` is None); check its header."""
+        self._fd, self._buffer = fd, buffer
+        self._identity: tuple[int, int] | None = None
         if fd is not None:
             # Close our descriptor when this object goes; the mapping lives on in the views.
             self._finalizer = weakref.finalize(self, os.close, fd)
             st = os.fstat(fd)
-            self._identity: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        else:
-            self._identity = None
+            self._identity = (st.st_dev, st.st_ino)
         if len(buffer) < _HEADER_BYTES:
             raise ValueError("not a trainkit record segment (too short for a header)")
         header = np.frombuffer(buffer, dtype=np.int64, count=4)
@@ -175,11 +154,7 @@ class SharedSegment:
         return self._fd is not None and is_sealed(self._fd)
 
     def fileno(self) -> int:
-        """Return this process's descriptor of the memory file.
-
-        Raises:
-            ValueError: If the segment lives in private memory.
-        """
+        """Return this process's descriptor of the memory file (``ValueError`` if private)."""
         if self._fd is None:
             raise ValueError("a private segment has no file descriptor")
         return self._fd
@@ -215,30 +190,31 @@ def _segment_from_bytes(data: bytes) -> SharedSegment:
     except OSError as e:
         logger.warning("Cannot create a shared memory file (%s); records stay private", e)
         return SharedSegment(None, data)
+    return _seal_and_map(fd, data)
+
+
+def _seal_and_map(fd: int, *chunks: Any, header: bytes = b"") -> SharedSegment:
+    """Append ``chunks`` to memory file ``fd`` (``header`` over its start), seal and map it."""
     try:
-        _write_all(fd, data)
-        _seal(fd)
+        for chunk in chunks:
+            _write_all(fd, chunk)
+        if header:
+            os.pwrite(fd, header, 0)
+        # An unlinked tmpfs file cannot be sealed; it is still mapped read-only.
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
+        size = os.fstat(fd).st_size
     except BaseException:
         os.close(fd)
         raise
-    return segment_from_fd(fd, len(data))
-
-
-def _seal(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _IMMUTABLE_SEALS)
-    except (OSError, AttributeError):
-        pass  # an unlinked tmpfs file cannot be sealed; it is still read-only mapped
+    return segment_from_fd(fd, size)
 
 
 def segment_from_fd(fd: int, size: int) -> SharedSegment:
     """Map memory file ``fd`` (``size`` bytes) read-only; the segment takes over ``fd``.
 
-    ``fd`` is closed if mapping fails.
-
-    Raises:
-        OSError: If ``fd`` cannot be mapped.
-        ValueError: If its size is not ``size`` or it does not hold a segment.
+    ``fd`` is closed if that fails: ``OSError`` if it cannot be mapped, ``ValueError`` if its
+    size is not ``size`` or it holds no segment.
     """
     try:
         actual = os.fstat(fd).st_size
@@ -254,16 +230,16 @@ def segment_from_fd(fd: int, size: int) -> SharedSegment:
 class SegmentWriter:
     """Append record bytes into a new anonymous memory file, then seal and map it.
 
-    The bytes go straight into the file's pages, which become the shared copy, so building a
-    segment needs no second copy of the data (only the int64 ends, 8 bytes per record, are
-    kept privately until :meth:`finish`). They are hashed on the way.
+    The bytes are hashed on their way straight into the file's pages, which become the shared
+    copy: no second copy of the data (only the caller's int64 ends, 8 bytes per record).
     """
 
     def __init__(self, name: str = "trainkit-records") -> None:
         """Create the memory file (or fall back to private memory, logging why)."""
-        self._chunks: list[bytes] | None = None
+        self._private: bytearray | None = None
         self._fd: int | None = None
         self._hash = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+        self._data_bytes = 0
         try:
             self._fd = _create_anonymous_file(name)
             _write_all(self._fd, bytes(_HEADER_BYTES))  # patched by finish()
@@ -272,59 +248,39 @@ class SegmentWriter:
                 os.close(self._fd)
                 self._fd = None
             logger.warning("Cannot create a shared memory file (%s); records stay private", e)
-            self._chunks = [bytes(_HEADER_BYTES)]
-        self._data_bytes = 0
+            self._private = bytearray(_HEADER_BYTES)
 
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` to the record bytes."""
         self._data_bytes += len(data)
         self._hash.update(data)
-        if self._fd is not None:
-            _write_all(self._fd, data)
+        if self._private is not None:
+            self._private += data
         else:
-            assert self._chunks is not None
-            self._chunks.append(bytes(data))
+            _write_all(self._fd, data)  # type: ignore[arg-type]
 
-    def _header(self, ends: array) -> bytes:
+    def finish(self, ends: array) -> SharedSegment:
+        """Write the header and ``ends`` (``array("q")``, each record's end offset), seal, map."""
+        pad = bytes(_aligned(self._data_bytes) - self._data_bytes)
         # The digest covers the record bytes, the ends and both counts, so two segments
         # with equal digests hold the same records with the same boundaries.
         self._hash.update(memoryview(ends).cast("B"))
         counts = np.array([len(ends), self._data_bytes], dtype=np.int64)
         self._hash.update(counts.tobytes())
         fields = np.array([_MAGIC, _VERSION, len(ends), self._data_bytes], dtype=np.int64)
-        return fields.tobytes() + self._hash.digest()
-
-    def finish(self, ends: array) -> SharedSegment:
-        """Write the header and the int64 record ends (``array("q")``), seal, and map.
-
-        Args:
-            ends: end offset of every record within the record bytes, ascending.
-        """
-        pad = bytes(_aligned(self._data_bytes) - self._data_bytes)
-        header = self._header(ends)
-        if self._fd is None:
-            assert self._chunks is not None
-            self._chunks[0] = header
-            self._chunks += [pad, ends.tobytes()]
-            return SharedSegment(None, b"".join(self._chunks))
+        header = fields.tobytes() + self._hash.digest()
+        if self._private is not None:
+            self._private[:_HEADER_BYTES] = header
+            return SharedSegment(None, bytes(self._private + pad + ends.tobytes()))
         fd, self._fd = self._fd, None
-        try:
-            _write_all(fd, pad)
-            _write_all(fd, ends)
-            os.pwrite(fd, header, 0)
-            _seal(fd)
-            size = os.fstat(fd).st_size
-        except BaseException:
-            os.close(fd)
-            raise
-        return segment_from_fd(fd, size)
+        return _seal_and_map(fd, pad, ends, header=header)  # type: ignore[arg-type]
 
     def abort(self) -> None:
         """Discard a segment that will not be finished (frees the memory file)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._chunks = None
+        self._private = None
 
 
 def segment_address(digest: bytes) -> bytes:
@@ -342,9 +298,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int]:
 def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
     """Connect to the holder of ``digest``; return the open connection and the received fd.
 
-    Raises:
-        ConnectionRefusedError: If nobody serves ``digest`` right now.
-        OSError: If the holder is not trustworthy or does not answer as expected.
+    Raises ``ConnectionRefusedError`` if nobody serves ``digest`` right now, another
+    ``OSError`` if the holder is not trustworthy or does not answer as expected.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = -1
@@ -373,11 +328,7 @@ def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
 
 
 def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
-    """Map the memory file ``fd`` that a holder sent, checking it holds ``digest``'s records.
-
-    Raises:
-        ConnectionError: If it is not a record segment, or not the one asked for.
-    """
+    """Map the memory file ``fd`` a holder sent (``ConnectionError`` unless it has ``digest``)."""
     try:
         segment = segment_from_fd(fd, size)
     except ValueError as e:
@@ -388,20 +339,14 @@ def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
 
 
 def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` that a process on this machine serves, if any.
+    """Map the segment with ``digest`` a process on this machine serves (the same pages).
 
-    Returns:
-        The segment (same pages as the server's), or ``None`` if nobody serves it or the
-        answer failed a check (logged at debug level).
+    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
     """
     try:
         sock, fd = receive_segment(digest, size)
-    except OSError as e:
-        logger.debug("No holder of segment %s answered: %s", digest.hex()[:12], e)
-        return None
-    sock.close()
-    try:
+        sock.close()
         return map_received(fd, digest, size)
     except OSError as e:
-        logger.debug("Segment %s offered but unusable: %s", digest.hex()[:12], e)
+        logger.debug("No holder of segment %s answered with it: %s", digest.hex()[:12], e)
         return None

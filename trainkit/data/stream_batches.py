@@ -1,37 +1,23 @@
 """Batches of a stream dataset (an ``IterableDataset``), formed and mapped in the loader workers.
 
-The rule for a stream read by ``n`` loader workers (``n = 1`` without workers):
-
-* worker ``w`` reads the elements ``w, w + n, w + 2n, ...`` of the stream — or, for a stream
-  that shards itself (``shards_across_workers = True``), whatever the stream gives that
-  worker — so each element is read by one worker only;
-* each worker forms whole batches from its own elements (by aspect-ratio bucket with
-  grouping, read from the raw element's ``width``/``height``, with
-  :class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one
-  sample context per element, one ``batch_rng()`` key per batch) and collates it;
-* the loader returns the workers' batches in turn: worker 0's first batch, worker 1's
-  first, ..., worker 0's second, ... (after a resume it goes on with the worker whose turn
-  it was, holding back the batches that arrive early; a worker whose stream ended loses its
-  turns).
-
-The batch stream therefore depends on ``NUM_WORKERS`` (the same elements, grouped
-differently), unlike the map-style path. An element's ``sample_rng()`` position is
-``c * n + w`` for the ``c``-th element worker ``w`` reads: unique, and the stream position
-itself when the loader shards.
-
-A worker's position is its count of elements read plus the elements waiting in its buckets;
-the loader keeps the latest of each worker's (it comes back with every batch,
-:func:`batches_in_turn`), so a stream that can be read again from the start (or from a
-position: ``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``. A stream
-with a ``position_key()`` method (``RankStream``) names what its positions mean; a saved
-position is checked against it.
+Of ``n`` loader workers (``n = 1`` without), worker ``w`` reads elements ``w, w + n, ...``
+of the stream (a stream with ``shards_across_workers = True`` gives each worker its own
+share), forms whole batches of them (grouped by the raw element's ``width``/``height`` in
+:class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
+batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``: unique, and the
+stream position itself when the loader shards) and collates it. The loader returns the
+workers' batches in turn (:func:`batches_in_turn`), so unlike the map-style path the batches
+depend on ``NUM_WORKERS``. A worker's position is its count of elements read plus those
+waiting in its buckets, so a stream that can be read again (from the start, or
+``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``; a stream's
+``position_key()`` (``RankStream``) names what its positions mean, and a saved position is
+checked against it.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,8 +31,6 @@ from trainkit.data.mapping import RecordMapper, sample_context
 
 __all__ = ["StreamBatches", "batches_in_turn"]
 
-logger = logging.getLogger(__name__)
-
 
 class StreamBatches(IterableDataset):
     """The batches one loader worker (or the training process) forms from a stream dataset.
@@ -58,8 +42,8 @@ class StreamBatches(IterableDataset):
         bucket_of: raw element -> aspect-ratio bucket (grouping), or None.
         collate_fn: list of mapped elements -> batch.
         seed: keys ``sample_rng()`` / ``batch_rng()``.
-        drop_last: at the end of a finite stream, drop what is left in a worker's buckets
-            (else each bucket becomes one last, smaller batch).
+        drop_last: at the end of a finite stream, drop what waits in a worker's buckets
+            (else each bucket is one last, smaller batch).
         start: the loader's position to resume from (``None``: the start).
     """
 
@@ -75,15 +59,10 @@ class StreamBatches(IterableDataset):
         drop_last: bool = True,
         start: dict[str, Any] | None = None,
     ) -> None:
-        self.stream = stream
-        self.drop_last = drop_last
-        self.mapper = mapper
-        self.batch_size = batch_size
-        self.bucket_of = bucket_of
+        self.stream, self.mapper, self.batch_size = stream, mapper, batch_size
+        self.bucket_of, self.collate_fn, self.seed = bucket_of, collate_fn, seed
+        self.drop_last, self.start = drop_last, start
         self.num_buckets = 1 if bucket_of is None else bucket_of.num_buckets
-        self.collate_fn = collate_fn
-        self.seed = seed
-        self.start = start
 
     def initial_state(self, num_workers: int) -> dict[str, Any]:
         """The loader's position before any batch, read by ``num_workers`` loader workers."""
@@ -113,16 +92,11 @@ class StreamBatches(IterableDataset):
 
     def _worker_elements(self, worker: int, num_workers: int, first: int) -> Iterator[Any]:
         """This worker's elements, from its ``first``-th one."""
-        self_sharding = getattr(self.stream, "shards_across_workers", False)
-        if self_sharding or num_workers == 1:
-            if hasattr(self.stream, "iter_from"):
-                return self.stream.iter_from(first)
-            return itertools.islice(iter(self.stream), first, None)
+        step = 1 if getattr(self.stream, "shards_across_workers", False) else num_workers
+        start = first if step == 1 else first * num_workers + worker
         if hasattr(self.stream, "iter_from"):
-            elements = self.stream.iter_from(first * num_workers + worker)
-            return itertools.islice(elements, 0, None, num_workers)
-        start = first * num_workers + worker
-        return itertools.islice(iter(self.stream), start, None, num_workers)
+            return itertools.islice(self.stream.iter_from(start), 0, None, step)
+        return itertools.islice(iter(self.stream), start, None, step)
 
     def _batches(
         self, worker: int, num_workers: int, state: dict[str, Any]
@@ -157,30 +131,23 @@ class StreamBatches(IterableDataset):
     ) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Map and collate a batch (if an element survives); send it with the worker's position."""
         positions = [count * num_workers + worker for count, _ in items]
-        batch, skipped = [], 0
+        batch = []
         for position, (_, element) in zip(positions, items):
             if self.mapper is None:
                 batch.append(element)
                 continue
             with sample_context(self.seed, position, min(positions)):
                 result = self.mapper.map_or_skip(element, f"element at position {position}")
-            if result is None:
-                skipped += 1
-                self._failures_in_a_row += 1
-                self.mapper.check_in_a_row(self._failures_in_a_row, f"position {position}", element)
-            else:
-                self._failures_in_a_row = 0
+            self._failures_in_a_row = 0 if result is not None else self._failures_in_a_row + 1
+            self.mapper.check_in_a_row(self._failures_in_a_row, f"position {position}", element)
+            if result is not None:
                 batch.append(result)
         waiting = [
             [[c, c * num_workers + worker] for c, _ in buckets.waiting.get(b, ())]
             for b in range(self.num_buckets)
         ]
-        meta = {
-            "worker": worker,
-            "state": {"read": read, "buckets": waiting},
-            "skipped": skipped,
-            "size": len(batch),
-        }
+        state = {"read": read, "buckets": waiting}
+        meta = {"worker": worker, "state": state, "skipped": len(items) - len(batch)}
         if batch:
             yield pack_in_worker(self.collate_fn(batch)), meta
 
@@ -188,18 +155,12 @@ class StreamBatches(IterableDataset):
 def batches_in_turn(
     batches: Iterable[tuple[Any, dict[str, Any]]], state: dict[str, Any]
 ) -> Iterator[tuple[Any, dict[str, Any], int]]:
-    """Return the workers' batches in turn, from the worker whose turn ``state`` says.
+    """Yield ``(batch, position after it, records skipped in it)`` in the workers' turns.
 
-    The torch loader asks its workers in turn from worker 0; the batches go on from the
-    worker whose turn it is, so batches that come early wait here, and a worker whose stream
-    ended loses its turns.
-
-    Args:
-        batches: what the torch loader over :class:`StreamBatches` yields.
-        state: the loader's position before the first of them.
-
-    Yields:
-        ``(batch, position after it, records skipped in it)``.
+    ``batches`` are what the torch loader over :class:`StreamBatches` yields, ``state`` the
+    loader's position before them. The torch loader asks its workers in turn from worker 0;
+    the batches go on from the worker whose turn ``state`` says, so batches that come early
+    wait here, and a worker whose stream ended loses its turns.
     """
     num_workers = state["num_workers"]
     waiting: list[collections.deque[tuple[Any, dict[str, Any]]]] = [

@@ -1,7 +1,8 @@
-"""Built-in datasets; importing this package registers ``shapes_train`` and ``shapes_val``."""
+"""Built-in datasets; importing this package registers the shapes splits and shapes_minival."""
 
 from __future__ import annotations
 
+from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.datasets.shapes import (
     SHAPES_CLASSES,
     get_datasets_root,
@@ -12,14 +13,6 @@ from trainkit.data.datasets.shapes import (
 __all__ = ["SHAPES_CLASSES", "get_datasets_root", "load_shapes", "register_shapes"]
 
 register_shapes()
-
-
-def _register_minival() -> None:
-    # The first 200 validation images: quick evaluations for smoke runs and tests.
-    from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
-
-    DatasetCatalog.register("shapes_minival", lambda: DatasetCatalog.get("shapes_val")[:200])
-    MetadataCatalog.get("shapes_minival").set(thing_classes=list(SHAPES_CLASSES))
-
-
-_register_minival()
+# The first 200 validation images: quick evaluations for smoke runs and tests.
+DatasetCatalog.register("shapes_minival", lambda: DatasetCatalog.get("shapes_val")[:200])
+MetadataCatalog.get("shapes_minival").set(thing_classes=list(SHAPES_CLASSES))

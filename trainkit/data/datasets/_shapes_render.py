@@ -96,18 +96,11 @@ def _background(
 
 
 def render_shape_image(seed: int, index: int, label: int) -> Image.Image:
-    """Draw image ``index`` of the dataset with ``seed``: one shape of class ``label``.
+    """Draw image ``index`` of the split with ``seed``: one shape of ``SHAPES_CLASSES[label]``.
 
-    The result depends only on the arguments (a generator seeded by ``(seed, index)``), so
-    a dataset can be regenerated bit for bit, in any order and by any number of processes.
-
-    Args:
-        seed: seed of the dataset split.
-        index: index of the image in the split.
-        label: index into :data:`SHAPES_CLASSES` of the shape to draw.
-
-    Returns:
-        An RGB image whose width and height lie in [48, 192] pixels.
+    The RGB image (each side in [48, 192] pixels) depends only on the arguments (a generator
+    seeded by ``(seed, index)``), so a dataset can be regenerated bit for bit, in any order
+    and by any number of processes.
     """
     from PIL import Image, ImageDraw  # imported here: only generating the dataset needs it
 

@@ -1,7 +1,6 @@
 """The built-in ``shapes`` dataset: synthetic images generated on first use, no download.
 
-Layout under the datasets root (``$TRAINKIT_DATASETS``, else ``<repo>/datasets``, else
-``~/.trainkit/datasets``)::
+Layout under the datasets root (:func:`get_datasets_root`)::
 
     shapes/
       train/manifest.json  train/000000.png ...
@@ -18,6 +17,7 @@ job): one generates, the others wait and then read its manifest.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import multiprocessing
@@ -35,11 +35,6 @@ from trainkit.data.datasets._shapes_render import (
     SHAPES_CLASSES,
     render_shape_image,
 )
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; concurrent first use is then unsupported.
-    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +76,6 @@ def get_datasets_root() -> str:
     return os.path.join(os.path.expanduser("~"), ".trainkit", "datasets")
 
 
-def _expected_manifest_header(split: str, num_images: int, seed: int) -> dict[str, Any]:
-    return {
-        "dataset": "shapes",
-        "split": split,
-        "num_images": num_images,
-        "seed": seed,
-        "render_version": RENDER_VERSION,
-        "thing_classes": list(SHAPES_CLASSES),
-    }
-
-
 def _read_manifest(split_dir: str, expected: Mapping[str, Any]) -> list[dict] | None:
     """Return the stored records if ``split_dir`` is complete and matches ``expected``."""
     path = os.path.join(split_dir, MANIFEST_NAME)
@@ -115,10 +99,7 @@ def _read_manifest(split_dir: str, expected: Mapping[str, Any]) -> list[dict] | 
 @contextlib.contextmanager
 def _file_lock(lock_path: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path`` (created if missing) inside the block."""
-    if fcntl is None:
-        yield
-        return
-    with open(lock_path, "a+") as lock_file:
+    with open(lock_path, "a+") as lock_file:  # closing it releases the lock
         try:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -126,10 +107,7 @@ def _file_lock(lock_path: str) -> Iterator[None]:
             started = time.monotonic()
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
             logger.info("Lock %s acquired after %.1f s.", lock_path, time.monotonic() - started)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+        yield
 
 
 def _render_and_save(job: tuple[str, int, list[int]]) -> list[dict[str, Any]]:
@@ -145,42 +123,36 @@ def _render_and_save(job: tuple[str, int, list[int]]) -> list[dict[str, Any]]:
         file_name = f"{index:06d}.png"
         # compress_level=1: the noise makes PNG barely compressible, and level 6 is slower.
         image.save(os.path.join(out_dir, file_name), format="PNG", compress_level=1)
-        records.append(
-            {
-                "file_name": file_name,
-                "height": image.height,
-                "width": image.width,
-                "label": label,
-                "image_id": index,
-            }
-        )
+        size = {"height": image.height, "width": image.width}
+        records.append({"file_name": file_name, **size, "label": label, "image_id": index})
     return records
 
 
 def _render_all(
-    out_dir: str, seed: int, num_images: int, num_workers: int, desc: str, show_progress: bool
+    out_dir: str, header: Mapping[str, Any], num_workers: int, show_progress: bool
 ) -> list[dict[str, Any]]:
+    num_images = header["num_images"]
     jobs = [
-        (out_dir, seed, list(range(start, min(start + _CHUNK_SIZE, num_images))))
+        (out_dir, header["seed"], list(range(start, min(start + _CHUNK_SIZE, num_images))))
         for start in range(0, num_images, _CHUNK_SIZE)
     ]
     from tqdm import tqdm  # imported here: only generating the dataset shows progress
 
     records: list[dict[str, Any]] = []
-    with tqdm(total=num_images, desc=desc, unit="img", disable=not show_progress) as bar:
+    desc = f"Generating shapes/{header['split']}"
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(
+            tqdm(total=num_images, desc=desc, unit="img", disable=not show_progress)
+        )
+        chunks = map(_render_and_save, jobs)
         if num_workers > 1 and num_images >= _MIN_IMAGES_FOR_POOL:
             # "spawn": forking a process that runs training threads (gloo, OpenMP) can
             # deadlock the children; spawn costs an import of trainkit per worker instead.
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(num_workers) as pool:
-                for chunk in pool.imap(_render_and_save, jobs):
-                    records.extend(chunk)
-                    bar.update(len(chunk))
-        else:
-            for job in jobs:
-                chunk = _render_and_save(job)
-                records.extend(chunk)
-                bar.update(len(chunk))
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(num_workers))
+            chunks = pool.imap(_render_and_save, jobs)
+        for chunk in chunks:
+            records.extend(chunk)
+            bar.update(len(chunk))
     return records
 
 
@@ -188,19 +160,13 @@ def _generate_split(
     split_dir: str, header: Mapping[str, Any], num_workers: int, show_progress: bool
 ) -> list[dict]:
     """Generate a split into a temporary directory and rename it to ``split_dir``."""
-    parent = os.path.dirname(split_dir)
-    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(split_dir)}.", suffix=".tmp", dir=parent)
+    parent, prefix = os.path.dirname(split_dir), f".{os.path.basename(split_dir)}."
+    tmp_dir = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
+    stale = None
     try:
         os.chmod(tmp_dir, 0o755)  # mkdtemp makes it private; the dataset is for everyone
         started = time.monotonic()
-        records = _render_all(
-            tmp_dir,
-            header["seed"],
-            header["num_images"],
-            num_workers,
-            f"Generating shapes/{header['split']}",
-            show_progress,
-        )
+        records = _render_all(tmp_dir, header, num_workers, show_progress)
         # The manifest is written last: its presence is what marks the split complete.
         with open(os.path.join(tmp_dir, MANIFEST_NAME), "w") as f:
             json.dump({**header, "records": records}, f)
@@ -209,23 +175,18 @@ def _generate_split(
         if os.path.exists(split_dir):
             # An outdated or incomplete split: move it aside first, since a directory can
             # only be renamed onto an empty one.
-            stale = tempfile.mkdtemp(
-                prefix=f".{os.path.basename(split_dir)}.", suffix=".old", dir=parent
-            )
+            stale = tempfile.mkdtemp(prefix=prefix, suffix=".old", dir=parent)
             os.replace(split_dir, os.path.join(stale, "split"))
-            os.replace(tmp_dir, split_dir)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(tmp_dir, split_dir)
+        os.replace(tmp_dir, split_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+    seconds = time.monotonic() - started
     logger.info(
         "Generated %d shapes/%s images in %s (%.1f s).",
-        len(records),
-        header["split"],
-        split_dir,
-        time.monotonic() - started,
+        *(len(records), header["split"], split_dir, seconds),
     )
     return records
 
@@ -241,12 +202,9 @@ def load_shapes(
 ) -> list[dict]:
     """Return the records of a ``shapes`` split, generating its images first if needed.
 
-    Safe to call from several processes at once: one generates, the others wait for it.
-
     Args:
         split: directory name of the split under ``<root>/shapes`` (e.g. ``"train"``).
-        num_images: number of images in the split.
-        seed: seed of the split; image ``i`` depends only on ``(seed, i)``.
+        num_images, seed: the split's size and seed (image ``i`` depends only on ``(seed, i)``).
         root: datasets root; ``None`` means :func:`get_datasets_root`.
         num_workers: processes that render images (1 renders in this process).
         show_progress: show a tqdm progress bar while generating.
@@ -264,7 +222,8 @@ def load_shapes(
         raise ValueError(f"shapes/{split}: num_images must be >= 1, got {num_images}")
     shapes_dir = os.path.join(root if root is not None else get_datasets_root(), "shapes")
     split_dir = os.path.join(shapes_dir, split)
-    header = _expected_manifest_header(split, num_images, seed)
+    header = {"dataset": "shapes", "split": split, "num_images": num_images, "seed": seed}
+    header.update(render_version=RENDER_VERSION, thing_classes=list(SHAPES_CLASSES))
     records = _read_manifest(split_dir, header)  # fast path: no lock once generated
     if records is None:
         try:
@@ -291,7 +250,6 @@ def register_shapes(
     """Register the ``shapes`` splits in ``DatasetCatalog`` and set their metadata.
 
     Registration is cheap: images are generated on the first ``DatasetCatalog.get``.
-    ``import trainkit.data`` registers ``shapes_train`` and ``shapes_val`` this way.
 
     Args:
         root: datasets root; ``None`` resolves :func:`get_datasets_root` at each ``get``.

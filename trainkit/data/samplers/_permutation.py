@@ -1,14 +1,11 @@
 """A keyed pseudo-random permutation of ``range(n)`` that is computed, never stored.
 
-``permute(offsets, n, keys)`` maps each offset through a Feistel network over the smallest
-power of two >= n, re-applying it ("cycle walking") to values that land outside ``range(n)``.
-A Feistel network is a bijection whatever its round function, and cycle walking restricts a
-bijection of a superset to a bijection of ``range(n)``; so every epoch is an exact permutation
-while memory stays O(block) and any position is reached in O(1). The domain is less than
-``2n``, so on average fewer than two passes are needed.
-
-The round function is the splitmix64 finaliser, evaluated on numpy uint64 arrays (which wrap
-on overflow without warnings, unlike numpy scalars; so everything here stays an array).
+:func:`permute` maps each offset through a Feistel network over the smallest power of two
+>= n (a bijection whatever its round function), re-applying it to values outside
+``range(n)`` ("cycle walking", fewer than two passes on average: the domain is < 2n). So
+every epoch is an exact permutation, memory stays O(block) and any position is reached in
+O(1). The round function is the splitmix64 finaliser, on numpy uint64 arrays (which wrap
+on overflow without warnings, unlike numpy scalars: everything here stays an array).
 """
 
 from __future__ import annotations
@@ -40,10 +37,8 @@ def _mix64(values: np.ndarray) -> np.ndarray:
 def round_keys(seed: int, purpose: int, epochs: np.ndarray) -> np.ndarray:
     """Return the Feistel round keys for each epoch, shape ``(NUM_ROUNDS, len(epochs))``.
 
-    Args:
-        seed: the sampler's seed (any Python int; reduced to 64 bits).
-        purpose: a ``PURPOSE_*`` tag so that, e.g., subset and shuffle keys differ.
-        epochs: int64 epoch numbers.
+    ``seed`` is any Python int (reduced to 64 bits), ``purpose`` a ``PURPOSE_*`` tag (so that,
+    e.g., subset and shuffle keys differ), ``epochs`` int64 epoch numbers.
     """
     base = _mix64(np.array([(seed & _MASK64) ^ ((purpose << 56) & _MASK64)], dtype=np.uint64))
     k = _mix64(np.asarray(epochs, dtype=np.int64).astype(np.uint64) ^ base)
@@ -67,16 +62,10 @@ def _feistel(x: np.ndarray, left_bits: int, right_bits: int, keys: np.ndarray) -
 
 
 def permute(offsets: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
-    """Map ``offsets`` (in ``range(n)``) through the permutation selected by ``keys``.
+    """Map int64 ``offsets`` (in ``range(n)``) through the permutation ``keys`` selects.
 
-    Args:
-        offsets: int64 offsets, each in ``[0, n)``.
-        n: size of the permuted range (>= 1).
-        keys: ``round_keys(...)`` output with one column (shared) or one column per offset.
-
-    Returns:
-        int64 array: the permuted offsets. For a fixed key, ``permute(arange(n))`` is a
-        permutation of ``range(n)``.
+    ``keys`` is :func:`round_keys`' output with one column (shared) or one per offset. For a
+    fixed key, ``permute(arange(n))`` is a permutation of ``range(n)``.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     if n <= 1:

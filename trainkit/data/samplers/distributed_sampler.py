@@ -36,17 +36,6 @@ __all__ = [
 ]
 
 
-def _epoch_permute(
-    offsets: np.ndarray, epochs: np.ndarray, n: int, seed: int, purpose: int
-) -> np.ndarray:
-    # Positions come sorted, so a block usually lies in one epoch: one key column then.
-    if epochs[0] == epochs[-1]:
-        keys = round_keys(seed, purpose, epochs[:1])
-    else:
-        keys = round_keys(seed, purpose, epochs)
-    return permute(offsets, n, keys)
-
-
 def _checked_size(sampler_name: str, size: Any) -> int:
     try:
         size = operator.index(size)  # any integer, numpy's included; not 3.0
@@ -63,13 +52,12 @@ def _checked_size(sampler_name: str, size: Any) -> int:
 class TrainingSampler(GlobalStreamSampler):
     """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
-    Each epoch (``size`` consecutive global positions) is a permutation of ``range(size)``,
-    a different one every epoch, computed by a keyed bijection instead of stored: memory is
-    O(1) in ``size`` (4e8 works) and any position is reached in O(1), so resume and
-    worker sharding cost nothing. The order differs from detectron2's ``torch.randperm``.
-
-    Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``. This sampler does not
-    pad or stop: for one exact pass over a dataset use :class:`InferenceSampler`.
+    Each epoch (``size`` consecutive global positions) is another permutation of
+    ``range(size)``, computed by a keyed bijection instead of stored: O(1) memory in ``size``
+    (4e8 works) and O(1) jumps to any position, so resume and worker sharding cost nothing.
+    The order differs from detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global
+    positions ``r, r + W, ...``, without padding or end: for one exact pass over a dataset
+    use :class:`InferenceSampler`.
     """
 
     def __init__(
@@ -88,8 +76,8 @@ class TrainingSampler(GlobalStreamSampler):
             shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
             seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
                 (a collective: every rank must construct the sampler together).
-            rank: this rank (default ``comm.get_rank()``); for tests and custom sharding.
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            rank, world_size: this rank and the number of ranks (default: ``comm``'s); for
+                tests and custom sharding.
 
         Raises:
             TypeError: If ``size`` is not an integer.
@@ -97,17 +85,20 @@ class TrainingSampler(GlobalStreamSampler):
         """
         size = _checked_size(type(self).__name__, size)
         super().__init__(seed, rank=rank, world_size=world_size)
-        self._size = size
+        self._size = self._epoch_size = size
         self._shuffle = shuffle
 
     def _identity(self) -> dict[str, Any]:
         return {**super()._identity(), "size": self._size, "shuffle": self._shuffle}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = split_positions(positions, self._size)
+        epochs, offsets = split_positions(positions, self._epoch_size)
         if not self._shuffle:
             return offsets
-        return _epoch_permute(offsets, epochs, self._size, self._seed, PURPOSE_SHUFFLE)
+        # Positions come sorted, so a block usually lies in one epoch: one key column then.
+        one_epoch = epochs[0] == epochs[-1]
+        keys = round_keys(self._seed, PURPOSE_SHUFFLE, epochs[:1] if one_epoch else epochs)
+        return permute(offsets, self._epoch_size, keys)
 
 
 class RandomSubsetTrainingSampler(TrainingSampler):
@@ -132,18 +123,14 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         """Create the sampler.
 
         Args:
-            size: dataset size (> 0).
+            size, shuffle, rank, world_size: as in :class:`TrainingSampler`.
             subset_ratio: fraction of the dataset to train on, in ``(0, 1]``.
-            shuffle: shuffle the subset every epoch.
-            seed_shuffle: seed of the per-epoch shuffles (``None``: shared random seed).
-            seed_subset: seed of the subset choice (``None``: shared random seed).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            seed_shuffle, seed_subset: seeds of the per-epoch shuffles and of the subset
+                choice (``None``: a shared random seed).
 
         Raises:
-            TypeError: If ``size`` is not an integer.
             ConfigError: A ``ValueError``: if ``subset_ratio`` is outside ``(0, 1]`` or
-                selects no index.
+                selects no index (``size`` is checked as by :class:`TrainingSampler`).
         """
         size = _checked_size(type(self).__name__, size)
         if not 0.0 < subset_ratio <= 1.0:
@@ -160,24 +147,16 @@ class RandomSubsetTrainingSampler(TrainingSampler):
         # The shuffle seed is drawn before the subset seed, in detectron2's order.
         super().__init__(size, shuffle, seed_shuffle, rank=rank, world_size=world_size)
         self._seed_subset = int(comm.shared_random_seed() if seed_subset is None else seed_subset)
-        self._subset_size = subset_size
+        self._epoch_size = subset_size  # epochs shuffle the subset, then map it into the dataset
         logger.info("Training on a random subset of %d of %d records", subset_size, size)
 
     def _identity(self) -> dict[str, Any]:
-        return {
-            **super()._identity(),
-            "subset_size": self._subset_size,
-            "seed_subset": self._seed_subset,
-        }
+        subset = {"subset_size": self._epoch_size, "seed_subset": self._seed_subset}
+        return {**super()._identity(), **subset}
 
     def _indices_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = split_positions(positions, self._subset_size)
-        if self._shuffle:
-            offsets = _epoch_permute(
-                offsets, epochs, self._subset_size, self._seed, PURPOSE_SHUFFLE
-            )
         subset_keys = round_keys(self._seed_subset, PURPOSE_SUBSET, np.zeros(1, dtype=np.int64))
-        return permute(offsets, self._size, subset_keys)
+        return permute(super()._indices_at(positions), self._size, subset_keys)
 
 
 class RepeatFactorTrainingSampler(GlobalStreamSampler):
@@ -204,10 +183,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         Args:
             repeat_factors: per-record repeat factor (>= 0, not all 0), e.g. from
                 :meth:`repeat_factors_from_category_frequency`.
-            shuffle: shuffle every epoch.
-            seed: shared seed (``None``: shared random seed).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
+            shuffle, seed, rank, world_size: as in :class:`TrainingSampler`.
 
         Raises:
             ValueError: If a factor is negative or every record would be repeated 0 times.
@@ -235,9 +211,9 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
     ) -> torch.Tensor:
         """Compute per-record repeat factors from category frequencies (LVIS rule).
 
-        ``f(c)`` is the fraction of records with an annotation of category ``c``; category
-        factor ``r(c) = max(1, sqrt(repeat_thresh / f(c)))``; a record's factor is the max over
-        its categories (1 for records without annotations).
+        ``f(c)`` is the fraction of records with an annotation of category ``c``, ``r(c) =
+        max(1, sqrt(repeat_thresh / f(c)))``, and a record's factor the max over its categories
+        (1 without annotations).
 
         Args:
             dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
@@ -253,10 +229,10 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
             for cat_id in {ann["category_id"] for ann in record.get("annotations", [])}:
                 category_freq[cat_id] += 1
         num_records = max(1, len(dataset_dicts))
-        category_rep = {
-            cat: max(1.0, _ratio_root(repeat_thresh / (count / num_records), sqrt))
-            for cat, count in category_freq.items()
-        }
+        category_rep = {}
+        for cat, count in category_freq.items():
+            ratio = repeat_thresh / (count / num_records)
+            category_rep[cat] = max(1.0, math.sqrt(ratio) if sqrt else ratio)
         factors = [
             max(
                 (category_rep[ann["category_id"]] for ann in record.get("annotations", [])),
@@ -306,10 +282,6 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         return out
 
 
-def _ratio_root(ratio: float, sqrt: bool) -> float:
-    return math.sqrt(ratio) if sqrt else ratio
-
-
 class InferenceSampler(Sampler[int]):
     """Yield this rank's contiguous shard of ``range(size)``, once, in order.
 
@@ -320,13 +292,7 @@ class InferenceSampler(Sampler[int]):
     def __init__(
         self, size: int, *, rank: int | None = None, world_size: int | None = None
     ) -> None:
-        """Create the sampler.
-
-        Args:
-            size: dataset size (>= 0).
-            rank: this rank (default ``comm.get_rank()``).
-            world_size: number of ranks (default ``comm.get_world_size()``).
-        """
+        """Shard ``range(size)`` (``size >= 0``); ``rank``/``world_size`` default to ``comm``'s."""
         if size < 0:
             raise ValueError(f"InferenceSampler needs a dataset size >= 0, got {size}")
         self._size = size
@@ -336,10 +302,7 @@ class InferenceSampler(Sampler[int]):
 
     @staticmethod
     def _get_local_indices(total_size: int, world_size: int, rank: int) -> range:
-        """Return rank ``rank``'s shard of ``range(total_size)`` (detectron2's helper name).
-
-        The first ``total_size % world_size`` ranks hold one index more than the others.
-        """
+        """Return rank ``rank``'s shard (:func:`shard_range`; detectron2's helper name)."""
         return shard_range(total_size, rank, world_size)
 
     def __iter__(self) -> Iterator[int]:

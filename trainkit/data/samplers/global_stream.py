@@ -21,18 +21,13 @@ _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call over
 class GlobalStreamSampler(Sampler[int]):
     """Base of the training samplers: an infinite sequence of dataset indices.
 
-    A subclass defines the *global* stream (what a world-size-1 sampler yields) by
-    implementing :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global
-    positions ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws, which is
-    the whole resumable state.
-
-    As in detectron2, every ``iter()`` starts the sequence afresh: from the beginning, or
-    from the position given to :meth:`load_state_dict` (which is how a resumed run skips
-    what it already saw). :meth:`state_dict` describes the iterator advanced most recently;
-    use one iterator at a time when you save states.
-
-    It does not shuffle data itself and holds no per-index state; subclasses that need O(N)
-    memory (repeat factors) say so.
+    A subclass defines the *global* stream (what a world-size-1 sampler yields) in
+    :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global positions
+    ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws: the whole resumable
+    state, with no per-index state (subclasses that need O(N) memory say so). As in
+    detectron2 every ``iter()`` starts afresh, here from the position given to
+    :meth:`load_state_dict` (0 if none); :meth:`state_dict` describes the iterator advanced
+    most recently, so save states with one iterator at a time.
     """
 
     def __init__(
@@ -82,18 +77,11 @@ class GlobalStreamSampler(Sampler[int]):
         return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
 
     def global_indices(self, start: int, count: int) -> np.ndarray:
-        """Return the indices at global positions ``start .. start + count - 1`` (O(1) jump).
+        """Return the int64 indices at global positions ``start .. start + count - 1`` (O(1) jump).
 
-        The global stream is what a world-size-1 sampler yields, whatever this sampler's
-        rank and world size; every rank can compute all of it (batch composition that does
-        not depend on the world size reads it).
-
-        Args:
-            start: first global position (>= 0).
-            count: number of positions.
-
-        Returns:
-            int64 dataset indices.
+        The global stream is what a world-size-1 sampler yields, whatever this sampler's rank
+        and world size: every rank can compute all of it (batch plans that do not depend on the
+        world size read it).
         """
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
@@ -104,14 +92,7 @@ class GlobalStreamSampler(Sampler[int]):
         return key
 
     def indices_at_local(self, local_positions: np.ndarray) -> np.ndarray:
-        """Return the indices this rank yields at sorted local positions (O(1) jump).
-
-        Args:
-            local_positions: sorted int64 local positions (draw numbers of this rank).
-
-        Returns:
-            int64 dataset indices, one per position.
-        """
+        """Return the int64 indices this rank yields at sorted local positions (O(1) jump)."""
         return self._indices_at(global_positions(local_positions, self._rank, self._world_size))
 
     def __iter__(self) -> Iterator[int]:
@@ -131,13 +112,11 @@ class GlobalStreamSampler(Sampler[int]):
     def iter_worker_share(
         self, worker_id: int, num_workers: int, chunk_size: int = 1
     ) -> Iterator[int]:
-        """Yield only a loader worker's chunks of this rank's draws, from their start.
+        """Yield only a loader worker's chunks of this rank's draws, from :attr:`start_position`.
 
-        The stream starts where ``iter()`` would (:attr:`start_position`).
-
-        Chunks of ``chunk_size`` local positions are dealt round-robin to the workers (see
-        :func:`~trainkit.data.samplers.positions.worker_local_positions`); each worker computes
-        its own share directly instead of drawing and discarding the others'.
+        Chunks of ``chunk_size`` local positions are dealt round-robin to the workers
+        (:func:`~trainkit.data.samplers.positions.worker_local_positions`); each worker computes
+        its own share instead of drawing and discarding the others'.
         """
         rounds = max(1, _MAX_BLOCK // (chunk_size * num_workers))
         first_round = 0
@@ -147,10 +126,9 @@ class GlobalStreamSampler(Sampler[int]):
             first_round += rounds
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the stream position as plain data (loads with ``torch.load(weights_only=True)``).
+        """Return ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
 
-        Returns:
-            ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
+        Plain data: it loads with ``torch.load(weights_only=True)``.
         """
         return {"num_drawn": self._num_drawn, **self._identity()}
 

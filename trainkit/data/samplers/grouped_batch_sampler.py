@@ -1,7 +1,4 @@
-"""Batches of indices that never mix groups (detectron2's ``GroupedBatchSampler``).
-
-It groups with :class:`~trainkit.data.grouping.Buckets`, as the train loader does.
-"""
+"""Batches of indices that never mix groups (detectron2's ``GroupedBatchSampler``)."""
 
 from __future__ import annotations
 
@@ -19,25 +16,18 @@ __all__ = ["GroupedBatchSampler"]
 class GroupedBatchSampler(BatchSampler):
     """Wrap a sampler and yield batches whose indices all belong to one group.
 
-    Each index from ``sampler`` waits in its group's buffer; a buffer that reaches
-    ``batch_size`` becomes the next batch, so batches follow the sampler's order as
-    closely as grouping allows. Indices still waiting when the sampler ends stay in their
-    buffers and join the next pass, as in detectron2.
-
-    It records no position: for a resumable, grouped train loader use
-    ``build_batch_data_loader(..., aspect_ratio_grouping=True)``, which groups in the
-    same way and has ``state_dict()``. ``len()`` is undefined (it depends on the order).
+    It groups with :class:`~trainkit.data.grouping.Buckets`, as the train loader does:
+    batches follow the sampler's order as closely as grouping allows, and indices still
+    waiting when the sampler ends join the next pass, as in detectron2. It records no
+    position: for a resumable, grouped train loader use
+    ``build_batch_data_loader(..., aspect_ratio_grouping=True)``. ``len()`` is undefined
+    (it depends on the order).
     """
 
     def __init__(
         self, sampler: Sampler[int], group_ids: Sequence[int] | np.ndarray, batch_size: int
     ) -> None:
-        """Create the batch sampler.
-
-        Args:
-            sampler: yields indices in ``[0, len(group_ids))``.
-            group_ids: the group of every index.
-            batch_size: indices per batch (>= 1).
+        """Batch ``sampler``'s indices (in ``[0, len(group_ids))``) by ``group_ids[index]``.
 
         Raises:
             ValueError: If ``sampler`` is not a ``torch.utils.data.Sampler``, ``group_ids``

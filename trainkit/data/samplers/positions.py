@@ -1,13 +1,10 @@
 """Pure position arithmetic of the global stream: ranks, epochs, shards and worker shares.
 
-Nothing here reads the process group. Every function takes ``rank`` / ``world_size`` (or a
-worker id) explicitly, so the arithmetic is tested for many world sizes without starting a
-process; the samplers read :mod:`trainkit.utils.comm` once and call these.
-
-Vocabulary:
-    * *global position* ``p``: index into the global stream (what a world-size-1 sampler yields).
-    * *local position* ``k``: how many indices this rank drew before (its k-th draw).
-      Rank ``r`` of ``W`` draws global positions ``r, r + W, r + 2W, ...``.
+Nothing here reads the process group: ``rank`` / ``world_size`` (or a worker id) are
+arguments, so the arithmetic is tested for many world sizes without starting a process. A
+*global position* indexes the global stream (what a world-size-1 sampler yields); a *local
+position* ``k`` is a rank's ``k``-th draw: rank ``r`` of ``W`` draws global positions
+``r, r + W, r + 2W, ...``.
 """
 
 from __future__ import annotations
@@ -47,17 +44,8 @@ def global_positions(local_positions: np.ndarray, rank: int, world_size: int) ->
 
 
 def split_positions(positions: np.ndarray, epoch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split global positions into (epoch, offset within the epoch) for fixed-size epochs.
-
-    Args:
-        positions: global stream positions (int64).
-        epoch_size: indices per epoch (the dataset size for ``TrainingSampler``).
-
-    Returns:
-        ``(epochs, offsets)``, both int64, with ``positions == epochs * epoch_size + offsets``.
-    """
-    epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), epoch_size)
-    return epochs, offsets
+    """Return int64 ``(epochs, offsets)`` with ``positions == epochs * epoch_size + offsets``."""
+    return np.divmod(np.asarray(positions, dtype=np.int64), epoch_size)
 
 
 def shard_range(total: int, rank: int, world_size: int) -> range:
@@ -77,20 +65,10 @@ def worker_local_positions(
 ) -> np.ndarray:
     """Return the local positions a loader worker owns in rounds ``first_round ...``.
 
-    This rank's draws (its local positions) are cut into chunks of ``chunk_size`` consecutive
-    positions and chunk ``j`` belongs to worker ``j % num_workers``; a *round* is one chunk for
-    every worker.
-    All workers together therefore own every local position exactly once.
-
-    Args:
-        first_round: first round to return.
-        num_rounds: number of rounds to return.
-        worker_id: this worker, in ``[0, num_workers)``.
-        num_workers: loader workers of this rank.
-        chunk_size: consecutive positions per chunk (>= 1).
-
-    Returns:
-        Sorted int64 local positions, ``num_rounds * chunk_size`` of them.
+    This rank's local positions are cut into chunks of ``chunk_size`` (>= 1) and chunk ``j``
+    belongs to worker ``j % num_workers``, so the workers together own every local position
+    once; a *round* is one chunk for every worker. Returns ``num_rounds * chunk_size`` sorted
+    int64 local positions.
     """
     check_rank(worker_id, num_workers)
     if chunk_size < 1:
