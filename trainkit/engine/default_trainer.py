@@ -44,11 +44,9 @@ class DefaultTrainer(TrainerBase):
     """A trainer with detectron2's default behaviour, built entirely from a config.
 
     It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler,
-    DDP wrapper, checkpointer, hooks and writers, and runs the step of a
-    :class:`SimpleTrainer` (an :class:`AMPTrainer` with ``SOLVER.AMP.ENABLED``), with
-    ``SOLVER.ACCUMULATE_STEPS`` micro-batches per optimizer step. Checkpoints hold everything
-    needed to continue bit for bit: model, optimizer, scheduler, iteration, hook states,
-    every rank's data-stream position and RNG states.
+    DDP wrapper, checkpointer, hooks and writers, and runs the step trainer the config
+    describes (:mod:`~trainkit.engine.step_config`). Checkpoints hold everything needed to
+    continue bit for bit (:class:`~trainkit.engine.run_state.RunState`).
 
     Where to plug in:
 
@@ -66,7 +64,7 @@ class DefaultTrainer(TrainerBase):
     """
 
     def __init__(self, cfg: CfgNode) -> None:
-        """Build everything from ``cfg`` (rescaled to the world size if it asks for that).
+        """Build everything from ``cfg``, rescaled to the world size if it asks for that.
 
         Collective:
             ``shared_random_seed`` when ``cfg.SEED < 0``; DDP construction.
@@ -111,27 +109,29 @@ class DefaultTrainer(TrainerBase):
     # ---- the step component -------------------------------------------------------------
     @property
     def _trainer(self) -> SimpleTrainer:
-        """The step trainer (detectron2's name); see the setter for what assigning one does."""
+        """The step trainer (detectron2's name).
+
+        Assigning one (``self._trainer = MyStep(model, loader, opt)`` after
+        ``super().__init__(cfg)``, detectron2's way to customise the step) runs it inside this
+        trainer's loop with the config's wiring, whatever it was built with, and its loader
+        watched.
+        """
         return self._step
 
     @_trainer.setter
     def _trainer(self, step: SimpleTrainer) -> None:
-        # detectron2's way to customise the step: `self._trainer = MyStep(model, loader, opt)`
-        # after super().__init__(cfg). The step then runs inside this trainer's loop with the
-        # config's wiring, whatever it was built with, and its loader watched.
         adopt_config_wiring(self.cfg, step)
-        loader = step.data_loader
-        self._train_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
-        step.data_loader = self._watched(self._train_loader)
         step.bind_to(self)
         self._step = step
+        loader = step.data_loader
+        self.data_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
 
     def run_step(self) -> None:
         """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
         self._step.run_step()
 
     def _end_early(self) -> None:
-        self._step._end_early()  # the step trainer's buffered metrics of the last steps
+        self._step._end_early()
 
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
@@ -168,31 +168,27 @@ class DefaultTrainer(TrainerBase):
         )
 
     def build_hooks(self) -> list[HookBase]:
-        """Return the default hooks in their canonical order.
-
-        The watchdog and the timer run first (``HookPriority.HIGHEST``: the timer times
-        everything after it), then the LR schedule (so the logged lr is the one used for
-        the step), PreciseBN (changes the model before it is saved or evaluated), the
-        checkpointer (saves before evaluation so a crash in eval loses nothing), pre-emption,
-        evaluation (with ``TEST.VAL_LOSS`` the validation losses too), early stopping
-        (``TEST.EARLY_STOP``: reads the results just recorded), and the writers last
-        (``LOWEST``) so they see every metric of the step.
-        """
+        """Return the default hooks in their canonical order (each edge's reason below)."""
         cfg = self.cfg
+        has_bn = any(isinstance(m, BATCH_NORM_TYPES) for m in self.model.modules())
         hooks_list: list[HookBase | None] = [
+            # HookPriority.HIGHEST: the timer times everything after it.
             self.watchdog,
             hooks.IterationTimer(),
+            # So the logged lr is the one used for the step.
             hooks.LRScheduler(),
             # HookPriority.HIGH: after the optimizer step, before anything saves or evaluates.
             self.model_ema,
+            # Changes the model before it is saved or evaluated.
             hooks.PreciseBN(
                 cfg.TEST.EVAL_PERIOD,
                 self.model,
                 self.build_train_loader(cfg),
                 cfg.TEST.PRECISE_BN.NUM_ITER,
             )
-            if cfg.TEST.PRECISE_BN.ENABLED and _has_batchnorm(self.model)
+            if cfg.TEST.PRECISE_BN.ENABLED and has_bn
             else None,
+            # Saves before evaluation, so a crash in eval loses nothing.
             hooks.PeriodicCheckpointer(
                 self.checkpointer,
                 cfg.SOLVER.CHECKPOINT_PERIOD,
@@ -202,21 +198,23 @@ class DefaultTrainer(TrainerBase):
             # After the periodic checkpoint, so a stop never pre-empts a regular save, and
             # before evaluation, so a pre-empted job does not spend its grace period on it.
             PreemptionHandler(run_state=self.run_state),
+            # With TEST.VAL_LOSS the validation losses too.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
-            # Right after the evaluation it watches (same priority, registered later).
+            # TEST.EARLY_STOP: right after the evaluation it reads (same priority, later).
             early_stopping_from_config(cfg),
             hooks.SkippedRecordsCounter(cfg.WRITER_PERIOD),
+            # HookPriority.LOWEST: the writers see every metric of the step.
+            hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD)
+            if comm.is_main_process()
+            else None,
         ]
-        if comm.is_main_process():
-            hooks_list.append(hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD))
         return [h for h in hooks_list if h is not None]
 
     def build_writers(self) -> list[EventWriter]:
-        """Return the writers run by the PeriodicWriter hook (rank 0 only).
+        """Return the writers ``WRITERS`` names, run by the PeriodicWriter hook (rank 0 only).
 
-        They are the ones named in ``WRITERS`` (:func:`trainkit.engine.writers.
-        build_writers`); a tracker that is not installed or not reachable raises here, in
-        the constructor, before training starts.
+        A tracker that is not installed or not reachable raises here, before training starts
+        (:func:`trainkit.engine.writers.build_writers`).
         """
         return build_writers(self.cfg, self.max_iter)
 
@@ -226,16 +224,13 @@ class DefaultTrainer(TrainerBase):
 
         With ``resume`` and a checkpoint present, everything is restored and training
         continues with the iteration after the saved one; otherwise only the weights in
-        ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
-
-        A restart of the job that wrote OUTPUT_DIR's checkpoints (``launch(...,
-        max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
-        :mod:`trainkit.launcher.restarts`) always resumes, with or without ``resume``.
+        ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0. A restart of the job
+        that wrote OUTPUT_DIR's checkpoints (:mod:`trainkit.launcher.restarts`) always
+        resumes.
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
-        # The weights only: the run state is restored below, once the loader that continues
-        # it exists.
+        # The weights only: the run state is restored below, once its loader exists.
         checkpoint = self.checkpointer.resume_or_load(
             self.cfg.MODEL.WEIGHTS, resume=resume, checkpointables=[]
         )
@@ -271,14 +266,11 @@ class DefaultTrainer(TrainerBase):
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
 
-        On rank 0 the results are logged as a table and checked against
-        ``TEST.EXPECTED_RESULTS`` (as detectron2 does). The results are :meth:`test`'s;
-        validation losses (``TEST.VAL_LOSS``) go to the writers only.
-
-        A hook may end training early (:meth:`TrainerBase.request_stop`, e.g. the
-        ``TEST.EARLY_STOP`` rule): then ``model_final.pth`` is written for the last finished
-        iteration, ``last_checkpoint`` names it, and it records the stop, so a
-        ``resume_or_load(resume=True)`` of that run logs why and does not train.
+        The results are :meth:`test`'s (validation losses go to the writers only); rank 0
+        checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. After a stop
+        (:meth:`TrainerBase.request_stop`, e.g. ``TEST.EARLY_STOP``), ``model_final.pth`` is
+        written for the last finished iteration and tagged; it records the stop, so resuming
+        that run logs why and does not train.
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
@@ -308,11 +300,8 @@ class DefaultTrainer(TrainerBase):
                     "TEST.VAL_LOSS puts the validation losses; rename that task or set "
                     "TEST.VAL_LOSS False."
                 )
-            results["validation"] = self._validation_losses(model)
+            results["validation"] = validation_losses_of_test_sets(self, model, self._val_loaders)
         return results
-
-    def _validation_losses(self, model: nn.Module) -> dict[str, Any]:
-        return validation_losses_of_test_sets(self, model, self._val_loaders)
 
     # ---- what hooks may read ------------------------------------------------------------
     @property
@@ -342,10 +331,10 @@ class DefaultTrainer(TrainerBase):
     def data_loader(self, data_loader: Iterable[Any]) -> None:
         self._step.close_data_iterator()
         self._train_loader = data_loader
-        self._step.data_loader = self._watched(data_loader)
-
-    def _watched(self, loader: Iterable[Any]) -> Iterable[Any]:
-        return PhaseMarkingLoader(loader, self.watchdog) if self.watchdog.enabled else loader
+        watched = self.watchdog.enabled
+        self._step.data_loader = (
+            PhaseMarkingLoader(data_loader, self.watchdog) if watched else data_loader
+        )
 
     # ---- evaluation and scaling (detectron2's classmethod/staticmethod API) ---------------
     @classmethod
@@ -366,6 +355,9 @@ class DefaultTrainer(TrainerBase):
             ``{dataset_name: results}``, or the results themselves for a single dataset
             (rank 0; other ranks may get empty dicts).
 
+        Raises:
+            ValueError: If the number of evaluators differs from the number of test sets.
+
         Collective:
             ``inference_on_dataset`` gathers on every rank.
         """
@@ -383,9 +375,7 @@ class DefaultTrainer(TrainerBase):
     def state_dict(self) -> dict[str, Any]:
         """Return the loop's state (iteration, hooks) and, under ``_trainer``, the step's.
 
-        This is detectron2's trainer state; the checkpoint's ``"trainer"`` entry extends it
-        with the seed, the world size and every rank's RNG and loader states
-        (:class:`~trainkit.engine.run_state.RunState`).
+        The checkpoint's ``"trainer"`` entry extends it (:class:`RunState`).
         """
         state = super().state_dict()
         state["_trainer"] = self._step.state_dict()
@@ -395,7 +385,3 @@ class DefaultTrainer(TrainerBase):
         """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
-
-
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())

@@ -1,7 +1,6 @@
-"""Hooks: ``HookBase``, their ``HookPriority``, and the ordered dispatch a loop runs them by.
+"""``HookBase``, ``HookPriority`` and the ordered dispatch a loop runs hooks by.
 
-Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hooks`, as in
-detectron2.
+Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hooks` too.
 """
 
 from __future__ import annotations
@@ -66,10 +65,9 @@ class HookBase:
 
     @property
     def trainer(self) -> TrainerBase:
-        """The trainer this hook is registered with.
+        """The trainer this hook is registered with, held through a weak reference.
 
-        It is held through a weak reference so that hooks never keep a finished trainer (its
-        model, optimizer and data loader workers) alive.
+        So hooks never keep a finished trainer (its model, optimizer, loader workers) alive.
 
         Raises:
             RuntimeError: If the hook was never registered or its trainer was deleted.
@@ -141,8 +139,7 @@ class HookDispatch:
         self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
 
     def add(self, hooks: list[HookBase]) -> None:
-        """Insert ``hooks`` by priority (stable: ties keep registration order), reindex."""
-        # sorted() is stable: equal priorities keep their registration order.
+        """Insert ``hooks`` by priority (ties keep registration order: sorted is stable)."""
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
         self.reindex()
 
@@ -164,9 +161,8 @@ class HookDispatch:
     def final_write(self) -> None:
         """Call ``final_write`` on the hooks that have one (the writers), in order."""
         for hook in self.hooks:
-            final_write = getattr(hook, "final_write", None)
-            if callable(final_write):
-                final_write()
+            if callable(getattr(hook, "final_write", None)):
+                hook.final_write()  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
         """Return ``{hook_state_key(hook): state}`` of the hooks whose state is not empty.
@@ -176,13 +172,11 @@ class HookDispatch:
         """
         states: dict[str, Any] = {}
         for hook in self.hooks:
-            state = hook.state_dict()
-            if not state:
-                continue
-            key = hook_state_key(hook)
-            if key in states:
+            state, key = hook.state_dict(), hook_state_key(hook)
+            if state and key in states:
                 raise ValueError(f"Two hooks save state under the same name {key!r}")
-            states[key] = state
+            if state:
+                states[key] = state
         return states
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:

@@ -1,22 +1,4 @@
-"""The run state: everything a ``DefaultTrainer`` checkpoint holds besides the weights.
-
-A checkpoint's ``"trainer"`` entry is :meth:`RunState.state_dict`::
-
-    iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
-                                    finished iteration, each stateful hook's state by name
-    _trainer                        the step's state (optimizer, gradient scaler)
-    seed                            the data seed: the global stream is keyed by it
-    world_size                      the number of processes that wrote the checkpoint
-    ranks                           every rank's RNG states and loader position
-
-Only rank 0 writes a checkpoint, but a bit-exact resume needs what differs per rank: the
-torch/numpy/Python RNG states (dropout, augmentation outside ``sample_rng``) and each rank's
-loader position. So every rank calls :meth:`RunState.prepare_save` (a collective) right
-before a save, and the hooks that save checkpoints (``PeriodicCheckpointer``,
-``PreemptionHandler``) do exactly that. :meth:`RunState.load_state_dict` restores all of it
-on each rank; ``DefaultTrainer.resume_or_load`` shows the order (the recipe check, the data
-seed, then this).
-"""
+"""The run state: everything a ``DefaultTrainer`` checkpoint holds besides the weights."""
 
 from __future__ import annotations
 
@@ -40,13 +22,27 @@ logger = logging.getLogger(__name__)
 
 
 class RunState:
-    """Save and restore the run state of one ``DefaultTrainer`` (see the module docstring).
+    """Save and restore the run state of one ``DefaultTrainer``.
 
-    ``DefaultTrainer`` registers it with its checkpointer under ``"trainer"``. It holds its
-    trainer through a weak reference, as hooks do.
+    The trainer registers it with its checkpointer under ``"trainer"``, so a checkpoint's
+    ``"trainer"`` entry is :meth:`state_dict`::
+
+        iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
+                                        finished iteration, each stateful hook's state by name
+        _trainer                        the step's state (optimizer, gradient scaler)
+        seed                            the data seed: the global stream is keyed by it
+        world_size                      the number of processes that wrote the checkpoint
+        ranks                           every rank's RNG states and loader position
+
+    Only rank 0 writes a checkpoint, but a bit-exact resume needs what differs per rank: the
+    torch/numpy/Python RNG states (dropout, augmentation outside ``sample_rng``) and each
+    rank's loader position. So every rank calls :meth:`prepare_save` right before a save (the
+    hooks that save checkpoints, ``PeriodicCheckpointer`` and ``PreemptionHandler``, do).
+    ``DefaultTrainer.resume_or_load`` shows the order of a resume (the recipe check, the data
+    seed, then :meth:`load_state_dict`).
 
     Args:
-        trainer: the trainer whose run this is.
+        trainer: the trainer whose run this is; held through a weak reference, as hooks do.
     """
 
     def __init__(self, trainer: DefaultTrainer) -> None:
@@ -66,12 +62,11 @@ class RunState:
         data = loader.state_dict() if hasattr(loader, "state_dict") else None
         return {"rng": get_rng_state(), "data": data}
 
-    # ---- saving ---------------------------------------------------------------------------
     def prepare_save(self) -> None:
         """Get ready for the checkpoint about to be written: call it on every rank first.
 
         Rank 0 records the job's run id beside the checkpoints (a restart of this job then
-        resumes from them by itself), and every rank's RNG states and loader position are
+        resumes from them by itself); every rank's RNG states and loader position are
         gathered for rank 0 to write.
 
         Collective:
@@ -85,13 +80,13 @@ class RunState:
         self._ranks_iter = trainer.iter
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the run state (see the module docstring) as plain data.
+        """Return the run state (see the class docstring) as plain data.
 
         With one process the rank's state is taken now. With several, the states gathered
         by :meth:`prepare_save` at this iteration are used; a save without it (code that
         calls ``checkpointer.save`` on rank 0 alone) records ``ranks: None`` with a warning:
-        resuming from that checkpoint restores the weights and the loop, not the data order
-        and RNG streams.
+        resuming from it restores the weights and the loop, not the data order and RNG
+        streams.
         """
         trainer = self._trainer
         state = trainer.state_dict()
@@ -110,7 +105,6 @@ class RunState:
             state["ranks"] = None
         return state
 
-    # ---- loading --------------------------------------------------------------------------
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the loop, the step, the hooks, and this rank's RNG states and loader position.
 
@@ -125,8 +119,7 @@ class RunState:
         """
         trainer = self._trainer
         trainer.load_state_dict(state)
-        world_size = comm.get_world_size()
-        ranks = state.get("ranks")
+        world_size, ranks = comm.get_world_size(), state.get("ranks")
         if ranks is not None and state.get("world_size") == world_size:
             mine = ranks[comm.get_rank()]
             if mine["data"] is not None:
@@ -136,19 +129,19 @@ class RunState:
         data = ranks[0]["data"] if ranks else None
         if is_global_position(data):
             trainer.data_loader.load_state_dict(data)
-            logger.warning(
-                "The checkpoint was written by %s processes, this job has %d: the data stream "
-                "continues where it stopped, the per-rank random streams (dropout, anything "
-                "outside sample_rng/batch_rng) start afresh.",
-                state.get("world_size"),
-                world_size,
+            afresh = (
+                "the data stream continues where it stopped, the per-rank random streams "
+                "(dropout, anything outside sample_rng/batch_rng) start afresh."
             )
-            return
+        else:
+            afresh = (
+                "the data order and random streams start afresh, so this resume is not bit-exact."
+            )
         logger.warning(
-            "The checkpoint was written by %s processes, this job has %d: the data order and "
-            "random streams start afresh, so this resume is not bit-exact.",
+            "The checkpoint was written by %s processes, this job has %d: %s",
             state.get("world_size"),
             world_size,
+            afresh,
         )
 
 

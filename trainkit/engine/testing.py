@@ -1,8 +1,4 @@
-"""Evaluating a model on the test sets of a config: detectron2's ``DefaultTrainer.test``.
-
-The classmethod stays ``DefaultTrainer.test`` (detectron2's API); its work is here, beside the
-validation losses that ``TEST.VAL_LOSS`` adds at every evaluation.
-"""
+"""The work of ``DefaultTrainer.test`` (detectron2's API), and ``TEST.VAL_LOSS``'s losses."""
 
 from __future__ import annotations
 
@@ -39,17 +35,14 @@ def evaluate_test_sets(
     model: nn.Module,
     evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``model`` on every dataset in ``DATASETS.TEST`` (see ``DefaultTrainer.test``).
+    """Evaluate ``model`` on every dataset in ``DATASETS.TEST``: ``DefaultTrainer.test``.
 
     Args:
         trainer_cls: builds each test loader and evaluator (its ``build_*`` classmethods).
-        cfg: the config.
-        model: the model (wrapped or not).
-        evaluators: one per test dataset; ``None`` builds them with ``build_evaluator``.
+        cfg, model, evaluators: see ``DefaultTrainer.test``.
 
     Returns:
-        ``{dataset_name: results}``, or the results themselves for a single dataset
-        (rank 0; other ranks may get empty dicts).
+        See ``DefaultTrainer.test``.
 
     Raises:
         ValueError: If the number of evaluators differs from the number of test sets.

@@ -10,12 +10,12 @@ from typing_extensions import override
 from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
 from trainkit.engine.hook_base import HookBase
+from trainkit.engine.hooks._common import is_time
 from trainkit.engine.hooks.early_stopping import (
     ImprovementRule,
     is_evaluation_step,
     update_from_storage,
 )
-from trainkit.utils.periodic import is_last_iter, is_period_end
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
@@ -88,12 +88,11 @@ class PeriodicCheckpointer(HookBase):
     def after_step(self) -> None:
         if self._periodic is None:
             return
-        cur_iter = self.trainer.iter
-        if self._run_state is not None and (
-            is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, self._periodic.max_iter)
+        if self._run_state is not None and is_time(
+            self.trainer, self._period, self._periodic.max_iter
         ):
             self._run_state.prepare_save()
-        self._periodic.step(cur_iter)
+        self._periodic.step(self.trainer.iter)
 
     @override
     def after_train(self) -> None:

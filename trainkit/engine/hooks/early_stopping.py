@@ -1,10 +1,8 @@
-"""Ending training when an evaluation metric stops improving.
+"""Ending training when an evaluation metric stops improving: one rule, two hooks.
 
-:class:`ImprovementRule` is the one rule: it keeps the best value of a metric and counts the
-evaluations since. :class:`EarlyStopping` (built by ``DefaultTrainer`` from
-``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.BestCheckpointer` (``patience=``)
-both feed it one value per evaluation through :func:`update_from_storage`, which under
-several processes lets rank 0 decide and gives every rank its decision.
+:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.
+BestCheckpointer` (``patience=``) both feed :class:`ImprovementRule` one value per evaluation
+through :func:`update_from_storage`.
 """
 
 from __future__ import annotations
@@ -131,10 +129,10 @@ def update_from_storage(
         rule: the rule to update.
         storage: where the evaluation put its results (flattened names).
         metric: the name, e.g. ``classification/top1``.
-        shared: decide on rank 0 and give every rank rank 0's decision and rule state
+        shared: decide on rank 0 and give every rank its decision and rule state
             (evaluators often return results on rank 0 only).
-        strict: a metric missing from the storage, or not recorded at the storage's current
-            iteration, raises; otherwise it is logged and the rule left as it was.
+        strict: a metric missing, or not recorded at the storage's current iteration,
+            raises; otherwise it is logged and the rule left as it was.
 
     Raises:
         ConfigError: In strict mode, if ``metric`` was not recorded at this iteration (on
@@ -187,10 +185,9 @@ class EarlyStopping(HookBase):
     """Stop training once ``metric`` has not improved for ``patience`` evaluations.
 
     Register it after the :class:`~trainkit.engine.hooks.EvalHook` that records the metric,
-    with the same period: it checks right after each periodic evaluation (the evaluation
-    after the last iteration cannot stop anything). When patience runs out it calls
-    :meth:`TrainerBase.request_stop`, so the run ends after this step, gracefully. Each check
-    puts ``early_stop/best``, ``early_stop/best_iter`` and
+    with the same period: it checks right after each periodic evaluation (the one after the
+    last iteration cannot stop anything) and then calls :meth:`TrainerBase.request_stop`.
+    Each check puts ``early_stop/best``, ``early_stop/best_iter`` and
     ``early_stop/evals_without_improvement`` into the storage, and ``early_stop/stopped`` (1)
     when it stops the run, so ``metrics.json`` shows why. Its progress is resumable state.
 
@@ -207,14 +204,11 @@ class EarlyStopping(HookBase):
         patience: int = 5,
         min_delta: float = 0.0,
     ) -> None:
-        """Store the arguments.
+        """Store the arguments; ``mode``, ``patience`` and ``min_delta`` are the rule's.
 
         Args:
             eval_period: the ``EvalHook``'s period (> 0).
             metric: a flattened evaluation result, e.g. ``classification/top1``.
-            mode: ``"max"`` if larger is better, else ``"min"``.
-            patience: evaluations without improvement before stopping (>= 1).
-            min_delta: an improvement must exceed this (>= 0).
 
         Raises:
             ValueError: For a period below 1, an empty metric, or a bad mode, patience or
@@ -233,8 +227,8 @@ class EarlyStopping(HookBase):
         trainer = self.trainer
         if not is_evaluation_step(trainer, self._period):
             return
-        update_from_storage(self.rule, trainer.storage, self._metric, shared=True, strict=True)
         rule = self.rule
+        update_from_storage(rule, trainer.storage, self._metric, shared=True, strict=True)
         trainer.storage.put_scalars(
             **{
                 "early_stop/best": rule.best_metric,

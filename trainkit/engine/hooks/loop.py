@@ -12,11 +12,14 @@ from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
 from trainkit.engine.hook_base import HookBase, HookPriority
-from trainkit.engine.hooks._common import TrainerCallback, is_time, trainer_attr
+from trainkit.engine.hooks._common import is_time
 from trainkit.solver import LRMultiplier
 
 if TYPE_CHECKING:
+    from trainkit.engine.trainer_base import TrainerBase
     from trainkit.utils.events import EventWriter
+
+TrainerCallback = Callable[["TrainerBase"], None]
 
 __all__ = [
     "CallbackHook",
@@ -41,30 +44,14 @@ class CallbackHook(HookBase):
         after_step: TrainerCallback | None = None,
     ) -> None:
         """Store the callbacks; each receives the trainer and any may be ``None``."""
-        self._before_train = before_train
-        self._after_train = after_train
-        self._before_step = before_step
-        self._after_step = after_step
-
-    @override
-    def before_train(self) -> None:
-        if self._before_train is not None:
-            self._before_train(self.trainer)
-
-    @override
-    def after_train(self) -> None:
-        if self._after_train is not None:
-            self._after_train(self.trainer)
-
-    @override
-    def before_step(self) -> None:
-        if self._before_step is not None:
-            self._before_step(self.trainer)
-
-    @override
-    def after_step(self) -> None:
-        if self._after_step is not None:
-            self._after_step(self.trainer)
+        phases = zip(
+            ("before_train", "after_train", "before_step", "after_step"),
+            (before_train, after_train, before_step, after_step),
+        )
+        for phase, fn in phases:
+            if fn is not None:
+                # On the instance: the loop calls this hook only in the phases given.
+                setattr(self, phase, lambda fn=fn: fn(self.trainer))
 
 
 class IterationTimer(HookBase):
@@ -215,7 +202,7 @@ class LRScheduler(HookBase):
         """
         self._optimizer = optimizer
         self._scheduler_arg = scheduler
-        self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._multiplier: torch.optim.lr_scheduler.LRScheduler | None = None  # of a ParamScheduler
         # A state loaded before the ParamScheduler was wrapped (resume happens before
         # train()), applied in before_train.
         self._pending_state: dict[str, Any] | None = None
@@ -235,42 +222,48 @@ class LRScheduler(HookBase):
         return scheduler
 
     def _resolve_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
-        if self._scheduler is not None:
-            return self._scheduler
         if isinstance(self._scheduler_arg, ParamScheduler):
-            return None
+            return self._multiplier
         if self._scheduler_arg is not None:
             return self._scheduler_arg
-        return trainer_attr(self, "scheduler")
+        return self._trainer_attr("scheduler")
 
-    def _get_optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is not None:
-            return self._optimizer
-        return trainer_attr(self, "optimizer")
+    def _trainer_attr(self, name: str) -> Any:
+        # Only the declared surface is read; say which hook needs what instead of a bare
+        # AttributeError from deep inside a hook.
+        try:
+            return getattr(self.trainer, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__} needs trainer.{name}, which "
+                f"{type(self.trainer).__name__} does not have; pass it to the hook explicitly."
+            ) from None
 
     @override
     def before_train(self) -> None:
-        optimizer = self._get_optimizer()
+        optimizer = (
+            self._optimizer if self._optimizer is not None else self._trainer_attr("optimizer")
+        )
         if isinstance(self._scheduler_arg, ParamScheduler):
-            self._scheduler = LRMultiplier(
+            self._multiplier = LRMultiplier(
                 optimizer,
                 self._scheduler_arg,
                 self.trainer.max_iter,
                 last_iter=self.trainer.iter - 1,
             )
-        if self._pending_state is not None:
-            self.scheduler.load_state_dict(self._pending_state)
-            self._pending_state = None
-        self._main_param_group = optimizer.param_groups[_main_param_group_index(optimizer)]
+        # Resolved once per train() call, not on every step.
         self._stepped_scheduler = self.scheduler
+        if self._pending_state is not None:
+            self._stepped_scheduler.load_state_dict(self._pending_state)
+            self._pending_state = None
+        groups = optimizer.param_groups
+        self._main_param_group = max(groups, key=lambda g: (len(g["params"]), g["lr"]))
 
     @override
     def after_step(self) -> None:
-        # Resolved once per train() call (in before_train), not on every step.
         if self._stepped_scheduler is None:  # a caller that skipped before_train
             self.before_train()
-        lr = self._main_param_group["lr"]
-        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        self.trainer.storage.put_scalar("lr", self._main_param_group["lr"], smoothing_hint=False)
         self._stepped_scheduler.step()  # type: ignore[union-attr]
 
     @override
@@ -285,11 +278,6 @@ class LRScheduler(HookBase):
             self._pending_state = state
         else:
             scheduler.load_state_dict(state)
-
-
-def _main_param_group_index(optimizer: torch.optim.Optimizer) -> int:
-    groups = optimizer.param_groups
-    return max(range(len(groups)), key=lambda i: (len(groups[i]["params"]), groups[i]["lr"]))
 
 
 class SkippedRecordsCounter(HookBase):

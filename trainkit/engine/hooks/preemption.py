@@ -22,10 +22,11 @@ from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.engine.hook_base import HookBase
+from trainkit.engine.hooks._common import is_time
 from trainkit.launcher import PreemptionSignal
 from trainkit.launcher.protocol import PREEMPTED_EXIT_CODE
 from trainkit.utils import comm
-from trainkit.utils.periodic import is_last_iter, is_period_end
+from trainkit.utils.periodic import is_last_iter
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
@@ -101,10 +102,7 @@ class PreemptionHandler(HookBase):
         trainer = self.trainer
         requested = self.preemption_signal.received
         if comm.get_world_size() > 1:
-            if not (
-                is_period_end(trainer.iter, self._sync_period)
-                or is_last_iter(trainer.iter, trainer.max_iter)
-            ):
+            if not is_time(trainer, self._sync_period):
                 return
             flags = [f for f in comm.all_gather(requested) if f is not None]
             requested = flags[0] if flags else None
