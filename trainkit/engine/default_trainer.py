@@ -51,11 +51,10 @@ class DefaultTrainer(TrainerBase):
     Where to plug in:
 
     * a part: override a ``build_*`` classmethod (each delegates to one public function);
-    * something that happens around steps (logging, EMA, early stopping): a hook, in
-      :meth:`build_hooks` or ``register_hooks``, placed by :attr:`HookBase.priority`;
-    * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its step
-      seams, see :mod:`trainkit.engine.simple_trainer`) to ``self._trainer`` after
-      ``super().__init__(cfg)``, as in detectron2;
+    * something around steps (logging, EMA, early stopping): a hook, in :meth:`build_hooks`
+      or ``register_hooks``, placed by :attr:`HookBase.priority`;
+    * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its seams) to
+      ``self._trainer`` after ``super().__init__(cfg)``, as in detectron2;
     * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
 
     Attributes hooks may read: ``cfg``, ``scheduler``, ``checkpointer``, ``model``,
@@ -238,24 +237,24 @@ class DefaultTrainer(TrainerBase):
             return
         state = upgrade_run_state(checkpoint)
         check_same_recipe(self.cfg, state["world_size"], comm.get_world_size())
-        if self._seed_was_random and state["seed"] not in (None, self.cfg.SEED):
+        seed = state["seed"]
+        if self._seed_was_random and seed not in (None, self.cfg.SEED):
             # SEED < 0 drew a new seed for this process; the saved run's data stream is keyed
             # by the seed it drew, so continue that one with a loader built for it.
-            logger.info("Continuing the data stream of the checkpoint (seed %d)", state["seed"])
-            self.cfg = with_seed(self.cfg, state["seed"], "the data seed of the checkpoint")
+            logger.info("Continuing the data stream of the checkpoint (seed %d)", seed)
+            self.cfg = with_seed(self.cfg, seed, "the data seed of the checkpoint")
             self.data_loader = self.build_train_loader(self.cfg)
-        elif state["seed"] not in (None, self.cfg.SEED):
+        elif seed not in (None, self.cfg.SEED):
             logger.warning(
                 "SEED changed from %d to %d since the checkpoint: the data stream starts "
                 "afresh with the new seed.",
-                state["seed"],
+                seed,
                 self.cfg.SEED,
             )
         self.run_state.load_state_dict(state)
         # The checkpoint holds the last finished iteration; continue with the next one.
         self.start_iter = self.iter + 1
-        saved_iter = checkpoint.get("iteration")
-        if saved_iter is not None and saved_iter != self.iter:
+        if (saved_iter := checkpoint.get("iteration")) not in (None, self.iter):
             logger.warning(
                 "Checkpoint extra data says iteration %s but the trainer state says %d; "
                 "using the trainer state.",
@@ -347,7 +346,6 @@ class DefaultTrainer(TrainerBase):
         """Evaluate ``model`` on every dataset in ``DATASETS.TEST``.
 
         Args:
-            cfg: the config.
             model: the model (wrapped or not).
             evaluators: one per test dataset; ``None`` builds them with :meth:`build_evaluator`.
 

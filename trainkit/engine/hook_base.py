@@ -1,4 +1,4 @@
-"""``HookBase``, ``HookPriority`` and the ordered dispatch a loop runs hooks by.
+"""``HookBase``, ``HookPriority``, the ordered dispatch a loop runs hooks by, ``is_time``.
 
 Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hooks` too.
 """
@@ -11,6 +11,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainkit.utils.periodic import is_last_iter, is_period_end
+
 if TYPE_CHECKING:
     from trainkit.engine.trainer_base import TrainerBase
 
@@ -22,11 +24,10 @@ logger = logging.getLogger(__name__)
 class HookPriority(enum.IntEnum):
     """Where a hook runs relative to others: lower runs first; ties keep registration order.
 
-    The built-in hooks use: ``HIGHEST`` the iteration timer (it times everything after it),
-    ``HIGH`` hooks that must see the step's result before anything saves or evaluates it
-    (the weights' EMA), ``NORMAL`` everything else, including checkpointing and evaluation,
-    in ``DefaultTrainer.build_hooks``' order, and ``LOWEST`` the writers, so they see every
-    metric of the step.
+    Built-in hooks: ``HIGHEST`` the timer (it times everything after it) and the watchdog,
+    ``HIGH`` the weights' EMA (sees the step before anything saves or evaluates it),
+    ``NORMAL`` the rest in ``DefaultTrainer.build_hooks``' order, ``LOWEST`` the writers
+    (they see every metric of the step).
     """
 
     HIGHEST = 0
@@ -39,8 +40,7 @@ class HookPriority(enum.IntEnum):
 class HookBase:
     """Base class of the callbacks a :class:`TrainerBase` runs around each step.
 
-    The trainer calls, in priority order (:class:`HookPriority`; equal priorities in
-    registration order)::
+    The trainer calls, in :class:`HookPriority` order::
 
         before_train()
         for cur_iter in range(start_iter, max_iter):
@@ -51,9 +51,9 @@ class HookBase:
     ``after_backward`` runs once per optimizer step, after the last micro-batch's backward
     pass and (with a gradient scaler) after unscaling, so it sees the true gradients.
 
-    A hook reads the trainer through :attr:`trainer`, and only the attributes listed in
-    :class:`TrainerBase`'s docstring. State that must survive a resume goes in
-    :meth:`state_dict`; the trainer saves it under the hook's class ``__qualname__``.
+    A hook reads only the attributes of :attr:`trainer` that :class:`TrainerBase` lists.
+    State that must survive a resume goes in :meth:`state_dict`, saved under the hook's class
+    ``__qualname__``.
     """
 
     priority: int = HookPriority.NORMAL
@@ -107,6 +107,12 @@ class HookBase:
         """Restore what :meth:`state_dict` returned; the default ignores it."""
 
 
+def is_time(trainer: TrainerBase, period: int, max_iter: int | None = None) -> bool:
+    """The periodic hooks' "is it time?": the step just finished ends a ``period`` or the run."""
+    last = trainer.max_iter if max_iter is None else max_iter
+    return is_period_end(trainer.iter, period) or is_last_iter(trainer.iter, last)
+
+
 def hook_state_key(hook: HookBase) -> str:
     """Return the name a hook's state is saved under: its class ``__qualname__``."""
     # The qualified class name is stable across runs and processes, unlike a position in
@@ -130,8 +136,8 @@ def keeps_state(hook: HookBase) -> bool:
 class HookDispatch:
     """The ordered hooks of one loop and, per step phase, the bound methods that act in it.
 
-    Per-step phases call only hooks that override them: with the usual hooks most per-step
-    calls would be HookBase's no-ops, a measurable share of a small model's step.
+    Only hooks that override a per-step phase are called in it: most calls would be
+    HookBase's no-ops, a measurable share of a small model's step.
     """
 
     def __init__(self) -> None:
@@ -139,12 +145,8 @@ class HookDispatch:
         self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
 
     def add(self, hooks: list[HookBase]) -> None:
-        """Insert ``hooks`` by priority (ties keep registration order: sorted is stable)."""
+        """Insert ``hooks`` by priority (ties keep registration order), reindex the phases."""
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
-        self.reindex()
-
-    def reindex(self) -> None:
-        """Recompute which hooks act in each per-step phase."""
         self.callbacks = {
             phase: [getattr(hook, phase) for hook in self.hooks if _overrides(hook, phase)]
             for phase in _STEP_PHASES

@@ -34,12 +34,10 @@ class RunState:
         world_size                      the number of processes that wrote the checkpoint
         ranks                           every rank's RNG states and loader position
 
-    Only rank 0 writes a checkpoint, but a bit-exact resume needs what differs per rank: the
-    torch/numpy/Python RNG states (dropout, augmentation outside ``sample_rng``) and each
-    rank's loader position. So every rank calls :meth:`prepare_save` right before a save (the
-    hooks that save checkpoints, ``PeriodicCheckpointer`` and ``PreemptionHandler``, do).
-    ``DefaultTrainer.resume_or_load`` shows the order of a resume (the recipe check, the data
-    seed, then :meth:`load_state_dict`).
+    Only rank 0 writes a checkpoint, but a bit-exact resume needs each rank's torch, numpy
+    and Python RNG states (dropout, augmentation outside ``sample_rng``) and loader position,
+    so every rank calls :meth:`prepare_save` right before a save (``PeriodicCheckpointer``
+    and ``PreemptionHandler`` do). ``DefaultTrainer.resume_or_load`` shows a resume's order.
 
     Args:
         trainer: the trainer whose run this is; held through a weak reference, as hooks do.
@@ -65,9 +63,8 @@ class RunState:
     def prepare_save(self) -> None:
         """Get ready for the checkpoint about to be written: call it on every rank first.
 
-        Rank 0 records the job's run id beside the checkpoints (a restart of this job then
-        resumes from them by itself); every rank's RNG states and loader position are
-        gathered for rank 0 to write.
+        Rank 0 records the job's run id beside the checkpoints (a restart then resumes from
+        them by itself) and gathers every rank's RNG states and loader position to write.
 
         Collective:
             ``all_gather`` over all ranks; every rank calls it before the same save.
@@ -82,11 +79,9 @@ class RunState:
     def state_dict(self) -> dict[str, Any]:
         """Return the run state (see the class docstring) as plain data.
 
-        With one process the rank's state is taken now. With several, the states gathered
-        by :meth:`prepare_save` at this iteration are used; a save without it (code that
-        calls ``checkpointer.save`` on rank 0 alone) records ``ranks: None`` with a warning:
-        resuming from it restores the weights and the loop, not the data order and RNG
-        streams.
+        With several processes, the states :meth:`prepare_save` gathered at this iteration;
+        without it (``checkpointer.save`` on rank 0 alone) ``ranks`` is None, with a warning:
+        a resume then restores the weights and the loop, not the data order and RNG streams.
         """
         trainer = self._trainer
         state = trainer.state_dict()
@@ -108,10 +103,9 @@ class RunState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the loop, the step, the hooks, and this rank's RNG states and loader position.
 
-        On the world size that wrote the checkpoint, each rank gets its own states back (a
-        bit-exact resume). On another one the RNG streams start afresh (they are per rank),
-        and the loader continues the global stream when its saved position is a global one
-        (batches composed from the global stream), else it starts afresh too.
+        On the world size that wrote the checkpoint each rank gets its own states back (a
+        bit-exact resume). On another, the per-rank RNG streams start afresh, and the loader
+        continues the global stream if its saved position is a global one, else afresh too.
 
         Args:
             state: the checkpoint's ``"trainer"`` entry in today's layout
@@ -148,9 +142,9 @@ class RunState:
 def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Return the checkpoint's ``"trainer"`` entry in today's layout.
 
-    Checkpoints of trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry of their
-    own and named the seed ``"data_seed"``; a checkpoint of a plain detectron2-style trainer
-    may have neither (then seed, world size and ranks are ``None``).
+    trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry and named the seed
+    ``"data_seed"``; a plain detectron2-style trainer's may have neither (then seed, world
+    size and ranks are ``None``).
 
     Args:
         checkpoint: what ``Checkpointer.resume_or_load(..., checkpointables=[])`` returned.
@@ -181,11 +175,9 @@ def resolve_random_seed(cfg: CfgNode) -> CfgNode:
 
 
 def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
-    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``; ``why`` is its origin.
+    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
 
     Args:
-        cfg: the config (not modified).
-        seed: the new ``SEED``.
         why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
             and in ``config_origins.yaml``.
     """

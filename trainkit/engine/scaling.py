@@ -46,18 +46,13 @@ _PERIODS = (
 
 
 class ScalingError(ConfigError):
-    """The config cannot be rescaled to the requested world size; the message says why.
-
-    A :class:`~trainkit.config.ConfigError` (so a ``UsageError`` and a ``ValueError``).
-    """
+    """The config cannot be rescaled to the world size (a ``UsageError`` and ``ValueError``)."""
 
 
 def accumulate_steps_for(
     accumulate_steps: int, reference_world_size: int, world_size: int, ims_per_batch: int
 ) -> int:
-    """Return the micro-batches per step that keep the global batch on ``world_size``.
-
-    Pure arithmetic of the ``"accumulate"`` rule (see the module docstring).
+    """Return the micro-batches per step that keep the global batch: the ``"accumulate"`` rule.
 
     Args:
         accumulate_steps: ``SOLVER.ACCUMULATE_STEPS`` of the written config.
@@ -89,15 +84,13 @@ def accumulate_steps_for(
 def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
     """Return a frozen copy of ``cfg`` rescaled from SOLVER.REFERENCE_WORLD_SIZE to ``world_size``.
 
-    The rules are in the module docstring. ``REFERENCE_WORLD_SIZE == 0`` or equal to
-    ``world_size`` returns the config unchanged: ``cfg`` itself if it is frozen, else a frozen
-    copy. Each changed key's origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes
-    ``auto-scaling from N to M processes (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE
-    included: a dump of the scaled config does not scale again on as many processes.
+    ``REFERENCE_WORLD_SIZE`` 0 or ``world_size`` changes nothing (``cfg`` itself if frozen).
+    Each changed key's origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes
+    ``auto-scaling from N to M processes (was V, from ITS ORIGIN)``; REFERENCE_WORLD_SIZE
+    changes too, so a dump of the scaled config does not scale again on as many processes.
 
     Args:
         cfg: the config (not modified).
-        world_size: the world size of the job.
 
     Returns:
         The rescaled config, frozen.
@@ -206,7 +199,6 @@ def check_same_recipe(cfg: CfgNode, saved_world_size: int | None, world_size: in
     Args:
         cfg: the (scaled) config of this job.
         saved_world_size: the world size that wrote the checkpoint (None: unknown).
-        world_size: this job's.
 
     Raises:
         ScalingError: A ``ConfigError``: with ``SCALE_MODE`` linear, auto-scaling on and

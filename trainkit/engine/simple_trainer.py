@@ -34,33 +34,27 @@ logger = logging.getLogger(__name__)
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
-    The model, in training mode, takes a batch and returns a dict of scalar losses (or one
-    scalar tensor, recorded as ``total_loss``); their sum is back-propagated.
+    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar
+    tensor, recorded as ``total_loss``); their sum is back-propagated. Accumulation, mixed
+    precision and the scaler are parameters of the one :meth:`run_step`; ``AMPTrainer`` and
+    users override its public seams instead: ``forward_context``, ``compute_losses`` (one
+    micro-batch), ``backward``, ``after_backward`` (the hooks, once per step),
+    ``record_metrics`` and ``optimizer_step``. For a step of another shape (several
+    optimizers, GANs) override ``run_step``, or start from ``tools/plain_train_net.py``.
 
-    Accumulation, mixed precision and the gradient scaler are parameters of the one
-    :meth:`run_step`; ``AMPTrainer`` overrides only the seams that differ. The seams are
-    public because users override them: ``forward_context()`` (the context of the forward
-    pass), ``compute_losses(batch)`` (forward one micro-batch, check its loss dict),
-    ``backward(loss)`` (one micro-batch's weighted loss), ``after_backward()`` (the hooks,
-    once per step, on the accumulated gradients), ``record_metrics(...)`` and
-    ``optimizer_step()``. Override ``run_step`` itself only for a step of another shape
-    (several optimizers, GANs), or start from ``tools/plain_train_net.py``.
+    **Accumulation.** With ``accumulate_steps=k`` an iteration draws k micro-batches and sums
+    their gradients, each loss weighted by its share of the step's samples (``1/k`` for equal
+    sizes): the update of one batch k times larger. DDP all-reduces only the last
+    micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
 
-    **Accumulation.** With ``accumulate_steps=k`` an iteration (one optimizer step) draws k
-    micro-batches from the loader and sums their gradients; each micro-batch's loss is
-    weighted by its share of the step's samples (``1/k`` for equal sizes), so the update is
-    that of one batch k times larger. Under DDP the gradients are all-reduced only on the
-    last micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
+    **Metrics** follow detectron2's ``gather_metric_period``: only the steps that end a period
+    are recorded, each gathered over ranks then. With ``record_every_step=True``
+    (``DefaultTrainer``) every step's losses are kept and synchronised at the end of each
+    period and at the last iteration, so a CUDA step never waits for the device.
 
-    **Metrics** follow detectron2's ``gather_metric_period``: by default only the steps that
-    end a period (``(iter + 1) % gather_metric_period == 0``) are recorded, each gathered
-    over ranks when it happens. With ``record_every_step=True`` (``DefaultTrainer``) every
-    step's losses are kept and synchronised in one go at the end of each period and at the
-    last iteration, so a CUDA step never waits for the device.
-
-    A non-finite loss raises ``FloatingPointError``. A CPU loss is checked every step before
-    the optimizer step; a device loss when metrics are synchronised (with a period > 1 up to
-    ``period - 1`` steps may have applied by then, the price of not syncing every step).
+    A non-finite loss raises ``FloatingPointError``: a CPU loss every step, before the
+    optimizer step; a device loss when metrics are synchronised (up to ``period - 1`` steps
+    may have applied by then, the price of not syncing every step).
     """
 
     def __init__(
@@ -293,10 +287,7 @@ class SimpleTrainer(TrainerBase):
 
     @staticmethod
     def write_metrics(
-        loss_dict: Mapping[str, torch.Tensor],
-        data_time: float,
-        cur_iter: int,
-        prefix: str = "",
+        loss_dict: Mapping[str, torch.Tensor], data_time: float, cur_iter: int, prefix: str = ""
     ) -> None:
         """Gather one step's losses over ranks and put their averages into the current storage.
 

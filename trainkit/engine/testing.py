@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -16,21 +16,16 @@ from trainkit.evaluation import (
 )
 from trainkit.utils import comm
 
+if TYPE_CHECKING:
+    from trainkit.engine.default_trainer import DefaultTrainer
+
 __all__ = ["evaluate_test_sets", "validation_losses_of_test_sets"]
 
 logger = logging.getLogger(__name__)
 
 
-class _BuildsTestParts(Protocol):
-    @classmethod
-    def build_test_loader(cls, cfg: CfgNode, dataset_name: str) -> Any: ...
-
-    @classmethod
-    def build_evaluator(cls, cfg: CfgNode, dataset_name: str) -> DatasetEvaluator: ...
-
-
 def evaluate_test_sets(
-    trainer_cls: type[_BuildsTestParts],
+    trainer_cls: type[DefaultTrainer],
     cfg: CfgNode,
     model: nn.Module,
     evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
@@ -39,7 +34,6 @@ def evaluate_test_sets(
 
     Args:
         trainer_cls: builds each test loader and evaluator (its ``build_*`` classmethods).
-        cfg, model, evaluators: see ``DefaultTrainer.test``.
 
     Returns:
         See ``DefaultTrainer.test``.
@@ -77,12 +71,12 @@ def evaluate_test_sets(
 
 
 def validation_losses_of_test_sets(
-    trainer: Any, model: nn.Module, loaders: dict[str, Any]
+    trainer: DefaultTrainer, model: nn.Module, loaders: dict[str, Any]
 ) -> dict[str, Any]:
     """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
 
     Args:
-        trainer: a ``DefaultTrainer`` (its ``cfg`` and ``build_test_loader``).
+        trainer: its ``cfg`` and ``build_test_loader`` are used.
         model: the model whose training-mode losses are measured.
         loaders: test loaders by dataset name, filled on first use and reused (each pass
             sees every record once).

@@ -51,7 +51,7 @@ class _ProgressField(Generic[_T]):
 class TrainerBase:
     """An iteration-based loop with hooks; subclasses implement :meth:`run_step`.
 
-    Hooks may read exactly these attributes, and built-in hooks read nothing else:
+    Hooks read only these attributes (built-in ones included):
 
     * ``iter``: the current iteration (0-based); after :meth:`train` returns it is
       ``max_iter``.
@@ -60,10 +60,9 @@ class TrainerBase:
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
 
-    Hooks may call exactly one method: :meth:`request_stop`, and read :attr:`stop_reason`.
-
-    This class does not build models, optimizers or data; ``DefaultTrainer`` does that from a
-    config, and a plain loop can call the ``build_*`` functions directly.
+    and call only :meth:`request_stop` (and read :attr:`stop_reason`). This class builds no
+    model, optimizer or data: ``DefaultTrainer`` does from a config, and a plain loop can call
+    the ``build_*`` functions directly.
     """
 
     iter: _ProgressField[int] = _ProgressField()
@@ -94,10 +93,9 @@ class TrainerBase:
         """Run as ``loop``'s step: share its position, storage and hooks from now on.
 
         A step trainer runs on its own (``SimpleTrainer(model, loader, opt).train(0, 100)``)
-        or inside another trainer: ``DefaultTrainer`` binds its step trainer once, when it is
-        set (also when a subclass assigns its own to ``self._trainer``), and its ``run_step``
-        calls the step's. Nothing is then copied or patched per step, and the loop saves the
-        shared state (see :meth:`state_dict`).
+        or inside a loop: ``DefaultTrainer`` binds its step trainer once, when it is set, and
+        its ``run_step`` calls the step's. Nothing is copied or patched per step, and the
+        loop saves the shared state (see :meth:`state_dict`).
 
         Raises:
             ValueError: If hooks were registered on this trainer itself: they would never
@@ -167,7 +165,18 @@ class TrainerBase:
                 ``after_train`` ran.
         """
         if self._progress.stop_reason is not None:
-            self._refuse_stopped_run(max_iter)
+            logger.warning(
+                "Not training: this run stopped early after iteration %d (%s) and stays "
+                "stopped when resumed. To train on, start a new run from its weights (e.g. "
+                "MODEL.WEIGHTS set to its final checkpoint, in another OUTPUT_DIR).",
+                self.iter,
+                self._progress.stop_reason,
+            )
+            # The writers were opened when the hooks were built; close them so trackers end
+            # their runs. The storage is empty and placed at max_iter, where the console
+            # printer stays silent: nothing is written.
+            with EventStorage(max_iter) as self.storage:
+                self._dispatch.final_write()
             return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
@@ -205,17 +214,14 @@ class TrainerBase:
     def request_stop(self, reason: str) -> None:
         """Ask the loop to end gracefully after the current step; hooks call this.
 
-        The rest of the step's ``after_step`` hooks run, the loop ends with ``iter`` on that
-        step (the last finished iteration, which a checkpoint written in ``after_train``
-        records; ``iter < max_iter`` tells ``after_train`` hooks that the run did not
-        complete), then ``after_train`` and the writers' final write run as after a complete
-        run. ``DefaultTrainer`` also writes a final checkpoint that records the stop, so
-        ``--resume`` does not train on. The first reason given wins. A request during the
-        last iteration changes nothing: the run completes.
-
-        Under several processes every rank must request the stop after the same step (the
-        :class:`~trainkit.engine.hooks.EarlyStopping` hook shares its decision for this);
-        a rank that stops alone leaves the others waiting in their next collective.
+        The step's other ``after_step`` hooks still run; the loop then ends with ``iter`` on
+        that step (the last finished one, which a checkpoint written in ``after_train``
+        records; ``iter < max_iter`` tells ``after_train`` hooks the run did not complete),
+        and ``after_train`` and the writers' final write run as usual. ``DefaultTrainer``
+        writes a final checkpoint that records the stop, so ``--resume`` does not train on.
+        The first reason wins; a request in the last iteration changes nothing. Every rank
+        must request it after the same step (``EarlyStopping`` shares its decision for this),
+        else the others wait in their next collective.
 
         Args:
             reason: why, in a few words; logged and saved in the checkpoint.
@@ -253,20 +259,6 @@ class TrainerBase:
 
         Called on every rank; step trainers that buffer metrics override it.
         """
-
-    def _refuse_stopped_run(self, max_iter: int) -> None:
-        logger.warning(
-            "Not training: this run stopped early after iteration %d (%s) and stays stopped "
-            "when resumed. To train on, start a new run from its weights (e.g. MODEL.WEIGHTS "
-            "set to its final checkpoint, in another OUTPUT_DIR).",
-            self.iter,
-            self._progress.stop_reason,
-        )
-        # The writers were opened when the hooks were built; close them so trackers end
-        # their runs. The storage is empty and placed at max_iter, where the console
-        # printer stays silent: nothing is written.
-        with EventStorage(max_iter) as self.storage:
-            self._dispatch.final_write()
 
     def before_train(self) -> None:
         """Call every hook's ``before_train``."""
@@ -317,9 +309,8 @@ class TrainerBase:
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"iteration": last finished iteration, "hooks": {name: state}}``.
 
-        Only hooks with a non-empty state appear, keyed by class ``__qualname__``. After
-        :meth:`request_stop`, ``"stop_reason"`` holds the reason. A trainer bound to a loop
-        (:meth:`bind_to`) returns ``{}``: the loop saves them.
+        Hooks with a non-empty state appear, by class ``__qualname__``; after a stop,
+        ``"stop_reason"`` too. A bound trainer (:meth:`bind_to`) returns ``{}``: its loop saves.
 
         Raises:
             ValueError: If two hooks with state share a name.
@@ -334,10 +325,9 @@ class TrainerBase:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the iteration, the stop request and every registered hook's saved state.
 
-        A run saved after :meth:`request_stop` stays stopped: :meth:`train` does not train.
-        A saved hook state with no matching hook, or a stateful hook with nothing saved,
-        is logged as a warning and otherwise ignored. A bound trainer ignores both (the
-        loop restores them).
+        A stopped run stays stopped (:meth:`train` does not train). A saved state without a
+        hook, or a stateful hook without a state, is logged and ignored. A bound trainer
+        ignores all of it (its loop restores it).
         """
         if self._is_bound:
             return

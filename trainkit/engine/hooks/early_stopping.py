@@ -100,13 +100,8 @@ class ImprovementRule:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the progress (plain numbers); ``{}`` before the first evaluation."""
-        if self.best_metric is None:
-            return {}
-        return {
-            "best_metric": self.best_metric,
-            "best_iter": self.best_iter,
-            "evals_without_improvement": self.evals_without_improvement,
-        }
+        keys = ("best_metric", "best_iter", "evals_without_improvement")
+        return {} if self.best_metric is None else {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a state without the count)."""
@@ -116,17 +111,11 @@ class ImprovementRule:
 
 
 def update_from_storage(
-    rule: ImprovementRule,
-    storage: EventStorage,
-    metric: str,
-    *,
-    shared: bool,
-    strict: bool,
+    rule: ImprovementRule, storage: EventStorage, metric: str, *, shared: bool, strict: bool
 ) -> bool:
     """Feed ``rule`` the latest value of ``metric`` in ``storage``; return whether it improved.
 
     Args:
-        rule: the rule to update.
         storage: where the evaluation put its results (flattened names).
         metric: the name, e.g. ``classification/top1``.
         shared: decide on rank 0 and give every rank its decision and rule state

@@ -11,8 +11,7 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
-from trainkit.engine.hook_base import HookBase, HookPriority
-from trainkit.engine.hooks._common import is_time
+from trainkit.engine.hook_base import HookBase, HookPriority, is_time
 from trainkit.solver import LRMultiplier
 
 if TYPE_CHECKING:
@@ -57,9 +56,9 @@ class CallbackHook(HookBase):
 class IterationTimer(HookBase):
     """Record each step's duration as ``time`` and log the overall speed after training.
 
-    Register it first: a step is timed from this hook's ``before_step`` to its
-    ``after_step``, which then covers the other hooks' ``before_step`` and ``run_step``.
-    The first ``warmup_iter`` steps (slow: allocation, autotuning) are not timed.
+    It runs first, so a step is timed from its ``before_step`` to its ``after_step``: the
+    other hooks' ``before_step`` and ``run_step``. The first ``warmup_iter`` steps (slow:
+    allocation, autotuning) are not timed.
     """
 
     priority = HookPriority.HIGHEST
@@ -70,8 +69,8 @@ class IterationTimer(HookBase):
         """Set up the timer.
 
         Args:
-            warmup_iter: number of steps at the start of ``train()`` that are not timed.
-            clock: returns seconds; injectable so tests need no sleeping.
+            warmup_iter: steps at the start of ``train()`` that are not timed.
+            clock: returns seconds (tests inject one, so they need no sleeping).
         """
         self._warmup_iter = warmup_iter
         self._clock = clock
@@ -117,9 +116,7 @@ class IterationTimer(HookBase):
             self._timed_steps_s / self._num_timed_steps,
         )
         logger.info(
-            "Total training time: %.1f s (%.1f s on hooks)",
-            total_s,
-            total_s - self._timed_steps_s,
+            "Total training time: %.1f s (%.1f s on hooks)", total_s, total_s - self._timed_steps_s
         )
 
 
@@ -140,10 +137,7 @@ class PeriodicWriter(HookBase):
         """
         self._writers = list(writers)
         for writer in self._writers:
-            if not (
-                callable(getattr(writer, "write", None))
-                and callable(getattr(writer, "close", None))
-            ):
+            if not all(callable(getattr(writer, m, None)) for m in ("write", "close")):
                 raise TypeError(f"{type(writer).__name__} is not an EventWriter (write/close)")
         self._period = period
         self._trained = False  # a resumed stopped run closes the writers without training
@@ -161,8 +155,8 @@ class PeriodicWriter(HookBase):
     def final_write(self) -> None:
         """Write once more, then close every writer (the trainer calls this last).
 
-        When a hook stopped this training early (``trainer.stop_reason``), each writer that
-        has ``write_stop_reason`` publishes the reason too (``metrics.json`` gets a last line).
+        After a stop (``trainer.stop_reason``), writers with ``write_stop_reason`` publish the
+        reason too (``metrics.json`` gets a last line).
         """
         try:
             for writer in self._writers:
@@ -281,9 +275,9 @@ class LRScheduler(HookBase):
 
 
 class SkippedRecordsCounter(HookBase):
-    """Record the loader's cumulative count of skipped records as ``data/skipped_records``.
+    """Record the loader's count of skipped records as ``data/skipped_records``.
 
-    So that a slowly rotting dataset shows up in metrics.json, not only in logs.
+    The count is cumulative, so a slowly rotting dataset shows in metrics.json, not only logs.
     """
 
     def __init__(self, period: int) -> None:
