@@ -57,8 +57,7 @@ class DefaultTrainer(TrainerBase):
       ``self._trainer`` after ``super().__init__(cfg)``, as in detectron2;
     * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
 
-    Attributes hooks may read: ``cfg``, ``scheduler``, ``checkpointer``, ``model``,
-    ``optimizer``, ``data_loader``, plus :class:`TrainerBase`'s. ``model_ema`` is the
+    Hooks read the attributes :class:`TrainerBase` lists. ``model_ema`` is the
     :class:`~trainkit.engine.hooks.ModelEMA` hook (``None`` unless ``MODEL_EMA.ENABLED``).
     """
 
@@ -105,7 +104,6 @@ class DefaultTrainer(TrainerBase):
         )
         self.register_hooks(self.build_hooks())
 
-    # ---- the step component -------------------------------------------------------------
     @property
     def _trainer(self) -> SimpleTrainer:
         """The step trainer (detectron2's name).
@@ -217,15 +215,13 @@ class DefaultTrainer(TrainerBase):
         """
         return build_writers(self.cfg, self.max_iter)
 
-    # ---- running ------------------------------------------------------------------------
     def resume_or_load(self, resume: bool = True) -> None:
         """Continue from the last checkpoint in OUTPUT_DIR, or load MODEL.WEIGHTS.
 
-        With ``resume`` and a checkpoint present, everything is restored and training
-        continues with the iteration after the saved one; otherwise only the weights in
-        ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0. A restart of the job
-        that wrote OUTPUT_DIR's checkpoints (:mod:`trainkit.launcher.restarts`) always
-        resumes.
+        With ``resume`` and a checkpoint, everything is restored and training continues with
+        the iteration after the saved one; otherwise only ``MODEL.WEIGHTS`` (if any) is loaded
+        and training starts at 0. A restart of the job that wrote the checkpoints
+        (:mod:`trainkit.launcher.restarts`) always resumes.
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
@@ -369,12 +365,8 @@ class DefaultTrainer(TrainerBase):
         """
         return auto_scale_config(cfg, num_workers)
 
-    # ---- resumable state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return the loop's state (iteration, hooks) and, under ``_trainer``, the step's.
-
-        The checkpoint's ``"trainer"`` entry extends it (:class:`RunState`).
-        """
+        """Return the loop's state and, under ``_trainer``, the step's (``RunState`` adds more)."""
         state = super().state_dict()
         state["_trainer"] = self._step.state_dict()
         return state
