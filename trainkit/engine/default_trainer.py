@@ -110,8 +110,7 @@ class DefaultTrainer(TrainerBase):
 
         Assigning one (``self._trainer = MyStep(model, loader, opt)`` after
         ``super().__init__(cfg)``, detectron2's way to customise the step) runs it inside this
-        trainer's loop with the config's wiring, whatever it was built with, and its loader
-        watched.
+        trainer's loop with the config's wiring, whatever it was built with, and its loader watched.
         """
         return self._step
 

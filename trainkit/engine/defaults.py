@@ -110,11 +110,10 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNode:
     """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
-    Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``.
-    ``cfg`` is rescaled in place to the world size
-    (:func:`~trainkit.engine.scaling.auto_scale_config`); then rank 0 writes
-    ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml`` (each key
-    that differs from the defaults, and where its value came from) and ``env.txt``.
+    Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
+    rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
+    rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
+    (each key that differs from the defaults, and where its value came from) and ``env.txt``.
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).

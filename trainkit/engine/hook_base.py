@@ -51,9 +51,8 @@ class HookBase:
     ``after_backward`` runs once per optimizer step, after the last micro-batch's backward
     pass and (with a gradient scaler) after unscaling, so it sees the true gradients.
 
-    A hook reads only the attributes of :attr:`trainer` that :class:`TrainerBase` lists.
-    State that must survive a resume goes in :meth:`state_dict`, saved under the hook's class
-    ``__qualname__``.
+    A hook reads only the attributes of :attr:`trainer` that :class:`TrainerBase` lists. State that
+    must survive a resume goes in :meth:`state_dict`, saved under the hook's class ``__qualname__``.
     """
 
     priority: int = HookPriority.NORMAL

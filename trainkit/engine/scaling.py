@@ -97,9 +97,8 @@ def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
 
     Raises:
         ValueError: If ``world_size`` is not positive.
-        ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the
-            batch does not divide by it, or a positive iteration count or period would
-            round to 0.
+        ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the batch does
+            not divide by it, or a positive iteration count or period would round to 0.
     """
     old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
     if old_world in (0, world_size) and cfg.is_frozen():

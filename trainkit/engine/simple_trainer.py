@@ -76,8 +76,7 @@ class SimpleTrainer(TrainerBase):
             data_loader: (micro-)batches, normally infinite; its iterator is made on first
                 use and kept across steps.
             optimizer: the optimizer of ``model``'s parameters.
-            gather_metric_period: record (and gather over ranks) metrics every this many
-                iterations.
+            gather_metric_period: record (and gather over ranks) metrics every this many iterations.
             zero_grad_before_forward: clear gradients before the forward pass, not after it
                 (matters only when the forward pass itself reads gradients).
             async_write_metrics: accepted for detectron2 compatibility; metrics are written

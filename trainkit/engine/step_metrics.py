@@ -1,8 +1,7 @@
 """What a training step records: losses summed, checked, gathered over ranks, filed in bulk.
 
-The step trainers buffer each step's losses as floats (CPU) or detached device tensors and
-file them here: one host copy for all device values, one ``all_gather``, one storage call
-per metric.
+The step trainers buffer each step's losses as floats (CPU) or detached device tensors and file them
+here: one host copy for all device values, one ``all_gather``, one storage call per metric.
 """
 
 from __future__ import annotations

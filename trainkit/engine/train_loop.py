@@ -1,7 +1,6 @@
 """detectron2's import path for the loop, its hooks and the two step trainers.
 
-Each lives in its own module (``hook_base``, ``trainer_base``, ``simple_trainer``,
-``amp_trainer``).
+Each lives in its own module (``hook_base``, ``trainer_base``, ``simple_trainer``, ``amp_trainer``).
 """
 
 from trainkit.engine.amp_trainer import AMPTrainer

@@ -53,8 +53,7 @@ class TrainerBase:
 
     Hooks read only these attributes (built-in ones included):
 
-    * ``iter``: the current iteration (0-based); after :meth:`train` returns it is
-      ``max_iter``.
+    * ``iter``: the current iteration (0-based); after :meth:`train` returns it is ``max_iter``.
     * ``start_iter``, ``max_iter``: the arguments of the current (or last) :meth:`train`.
     * ``storage``: the :class:`EventStorage` opened by :meth:`train`.
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.

@@ -1,8 +1,7 @@
 """Launching: processes and machines, the elastic agent, SLURM, restarts, pre-emption signals.
 
-Below :mod:`trainkit.engine`, which uses only the names below and
-:mod:`trainkit.launcher.protocol` (what the two agree on). Importing it is cheap (see
-:mod:`trainkit.launcher.launching`).
+Below :mod:`trainkit.engine`, which uses only the names below and :mod:`trainkit.launcher.protocol`
+(what the two agree on). Importing it is cheap (see :mod:`trainkit.launcher.launching`).
 """
 
 from trainkit.launcher.launching import DEFAULT_TIMEOUT, LaunchError, launch

@@ -106,14 +106,13 @@ def run_in_job(
 ) -> Any:
     """Join the job ``env`` describes, run ``main_func(*args)``, leave the job.
 
-    The process reaches the job's store and agrees with the others on a fresh namespace for
-    this round (:func:`~trainkit.launcher.job_store.agree_on_round` says why), joins the
-    process group there with its per-machine group, and exports for the trainer
+    The process reaches the job's store and agrees with the others on a fresh namespace for this
+    round (:func:`~trainkit.launcher.job_store.agree_on_round` says why), joins the process group
+    there with its per-machine group, and exports for the trainer
     :data:`~trainkit.launcher.protocol.RESTART_COUNT_VAR` (the round) and
-    :data:`~trainkit.launcher.protocol.JOB_STORE_VAR`. ``main_func`` runs under a guard
-    thread: when a process of the round posts a failure (an exception, a user error, a
-    stall), every other one ends within a second with its exit status, instead of waiting
-    in a collective.
+    :data:`~trainkit.launcher.protocol.JOB_STORE_VAR`. ``main_func`` runs under a guard thread: when
+    a process of the round posts a failure (an exception, a user error, a stall), every other one
+    ends within a second with its exit status, instead of waiting in a collective.
 
     Args:
         timeout: how long a collective (and joining) waits for the other processes.
