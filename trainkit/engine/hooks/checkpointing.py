@@ -142,6 +142,8 @@ class BestCheckpointer(HookBase):
         Raises:
             ValueError: If ``mode``, ``patience`` or ``min_delta`` is out of range.
         """
+        if mode not in ("max", "min"):
+            raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
         self._period = eval_period
         self._checkpointer = checkpointer
         self._val_metric = val_metric
