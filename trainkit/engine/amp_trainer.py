@@ -19,17 +19,8 @@ __all__ = ["AMPTrainer"]
 logger = logging.getLogger(__name__)
 
 
-def _device_type(model: nn.Module) -> str:
-    param = next(model.parameters(), None)
-    return param.device.type if param is not None else "cpu"
-
-
 def default_precision(device_type: str) -> torch.dtype:
-    """Return the autocast dtype ``AMPTrainer`` uses by default on ``device_type``.
-
-    float16 on CUDA (with a gradient scaler), bfloat16 elsewhere (float32's exponent range:
-    no loss scaling needed).
-    """
+    """Return ``AMPTrainer``'s default autocast dtype: float16 on CUDA, bfloat16 elsewhere."""
     return torch.float16 if device_type == "cuda" else torch.bfloat16
 
 
@@ -64,21 +55,14 @@ class AMPTrainer(SimpleTrainer):
         record_every_step: bool = False,
         accumulate_steps: int = 1,
     ) -> None:
-        """Set up the step; see :class:`SimpleTrainer` for the shared arguments.
+        """Set up the step; the arguments not listed here are :class:`SimpleTrainer`'s.
 
         Args:
             model: the model, already on its device (which picks the autocast device).
-            data_loader: see :class:`SimpleTrainer`.
-            optimizer: see :class:`SimpleTrainer`.
-            gather_metric_period: see :class:`SimpleTrainer`.
-            zero_grad_before_forward: see :class:`SimpleTrainer`.
             grad_scaler: the loss scaler; by default a new one with float16, none otherwise.
-            precision: the autocast dtype; ``None``: float16 on CUDA, bfloat16 on the CPU.
+            precision: the autocast dtype; ``None``: :func:`default_precision`.
             log_grad_scaler: record the loss scale as ``[metric]grad_scaler`` whenever
                 metrics are recorded.
-            async_write_metrics: see :class:`SimpleTrainer`.
-            record_every_step: see :class:`SimpleTrainer`.
-            accumulate_steps: see :class:`SimpleTrainer`.
         """
         super().__init__(
             model,
@@ -90,10 +74,9 @@ class AMPTrainer(SimpleTrainer):
             record_every_step=record_every_step,
             accumulate_steps=accumulate_steps,
         )
-        self.autocast_device = _device_type(model)
-        if precision is None:
-            precision = default_precision(self.autocast_device)
-        self.precision = precision
+        param = next(model.parameters(), None)
+        self.autocast_device = param.device.type if param is not None else "cpu"
+        self.precision = precision = precision or default_precision(self.autocast_device)
         if grad_scaler is None and precision == torch.float16:
             grad_scaler = torch.amp.GradScaler(self.autocast_device)
         self.grad_scaler = grad_scaler
@@ -129,8 +112,7 @@ class AMPTrainer(SimpleTrainer):
         scaler.step(self.optimizer)
         scaler.update()
         # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
-        scale = scaler.get_scale()
-        if scale < scale_before:
+        if (scale := scaler.get_scale()) < scale_before:
             self.num_skipped_steps += 1
             logger.warning(
                 "Iteration %d: the gradient scaler found inf/NaN gradients and skipped the "
@@ -153,11 +135,10 @@ class AMPTrainer(SimpleTrainer):
         super().record_metrics(loss_dict, data_time, prefix, total_loss=total_loss)
         if self.grad_scaler is None or not is_period_end(self.iter, self.gather_metric_period):
             return
-        storage = self.storage
         # Counted up to the previous step: this step's update has not happened yet.
-        storage.put_scalar("[metric]amp_skipped_steps", self.num_skipped_steps, False)
+        self.storage.put_scalar("[metric]amp_skipped_steps", self.num_skipped_steps, False)
         if self.log_grad_scaler:
-            storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale(), False)
+            self.storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale(), False)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -15,10 +15,9 @@ __all__ = ["create_ddp_model"]
 def create_ddp_model(
     model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any
 ) -> nn.Module:
-    """Wrap ``model`` in DistributedDataParallel when the job has several processes.
+    """Wrap ``model`` (already on its device) in DistributedDataParallel with several processes.
 
     Args:
-        model: the model, already on its device.
         fp16_compression: compress gradients to fp16 for the all-reduce (NCCL only).
         kwargs: passed to ``DistributedDataParallel`` (e.g. ``broadcast_buffers=False``).
 

@@ -44,29 +44,25 @@ class DefaultTrainer(TrainerBase):
     """A trainer with detectron2's default behaviour, built entirely from a config.
 
     It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler,
-    DDP wrapper, checkpointer, hooks and writers, and runs the step of a
-    :class:`SimpleTrainer` (an :class:`AMPTrainer` with ``SOLVER.AMP.ENABLED``), with
-    ``SOLVER.ACCUMULATE_STEPS`` micro-batches per optimizer step. Checkpoints hold everything
-    needed to continue bit for bit: model, optimizer, scheduler, iteration, hook states,
-    every rank's data-stream position and RNG states.
+    DDP wrapper, checkpointer, hooks and writers, and runs the step trainer the config
+    describes (:mod:`~trainkit.engine.step_config`). Checkpoints hold everything needed to
+    continue bit for bit (:class:`~trainkit.engine.run_state.RunState`).
 
     Where to plug in:
 
     * a part: override a ``build_*`` classmethod (each delegates to one public function);
-    * something that happens around steps (logging, EMA, early stopping): a hook, in
-      :meth:`build_hooks` or ``register_hooks``, placed by :attr:`HookBase.priority`;
-    * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its step
-      seams, see :mod:`trainkit.engine.simple_trainer`) to ``self._trainer`` after
-      ``super().__init__(cfg)``, as in detectron2;
+    * something around steps (logging, EMA, early stopping): a hook, in :meth:`build_hooks`
+      or ``register_hooks``, placed by :attr:`HookBase.priority`;
+    * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its seams) to
+      ``self._trainer`` after ``super().__init__(cfg)``, as in detectron2;
     * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
 
-    Attributes hooks may read: ``cfg``, ``scheduler``, ``checkpointer``, ``model``,
-    ``optimizer``, ``data_loader``, plus :class:`TrainerBase`'s. ``model_ema`` is the
+    Hooks read the attributes :class:`TrainerBase` lists. ``model_ema`` is the
     :class:`~trainkit.engine.hooks.ModelEMA` hook (``None`` unless ``MODEL_EMA.ENABLED``).
     """
 
     def __init__(self, cfg: CfgNode) -> None:
-        """Build everything from ``cfg`` (rescaled to the world size if it asks for that).
+        """Build everything from ``cfg``, rescaled to the world size if it asks for that.
 
         Collective:
             ``shared_random_seed`` when ``cfg.SEED < 0``; DDP construction.
@@ -108,30 +104,30 @@ class DefaultTrainer(TrainerBase):
         )
         self.register_hooks(self.build_hooks())
 
-    # ---- the step component -------------------------------------------------------------
     @property
     def _trainer(self) -> SimpleTrainer:
-        """The step trainer (detectron2's name); see the setter for what assigning one does."""
+        """The step trainer (detectron2's name).
+
+        Assigning one (``self._trainer = MyStep(model, loader, opt)`` after
+        ``super().__init__(cfg)``, detectron2's way to customise the step) runs it inside this
+        trainer's loop with the config's wiring, whatever it was built with, and its loader watched.
+        """
         return self._step
 
     @_trainer.setter
     def _trainer(self, step: SimpleTrainer) -> None:
-        # detectron2's way to customise the step: `self._trainer = MyStep(model, loader, opt)`
-        # after super().__init__(cfg). The step then runs inside this trainer's loop with the
-        # config's wiring, whatever it was built with, and its loader watched.
         adopt_config_wiring(self.cfg, step)
-        loader = step.data_loader
-        self._train_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
-        step.data_loader = self._watched(self._train_loader)
         step.bind_to(self)
         self._step = step
+        loader = step.data_loader
+        self.data_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
 
     def run_step(self) -> None:
         """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
         self._step.run_step()
 
     def _end_early(self) -> None:
-        self._step._end_early()  # the step trainer's buffered metrics of the last steps
+        self._step._end_early()
 
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
@@ -168,31 +164,27 @@ class DefaultTrainer(TrainerBase):
         )
 
     def build_hooks(self) -> list[HookBase]:
-        """Return the default hooks in their canonical order.
-
-        The watchdog and the timer run first (``HookPriority.HIGHEST``: the timer times
-        everything after it), then the LR schedule (so the logged lr is the one used for
-        the step), PreciseBN (changes the model before it is saved or evaluated), the
-        checkpointer (saves before evaluation so a crash in eval loses nothing), pre-emption,
-        evaluation (with ``TEST.VAL_LOSS`` the validation losses too), early stopping
-        (``TEST.EARLY_STOP``: reads the results just recorded), and the writers last
-        (``LOWEST``) so they see every metric of the step.
-        """
+        """Return the default hooks in their canonical order (each edge's reason below)."""
         cfg = self.cfg
+        has_bn = any(isinstance(m, BATCH_NORM_TYPES) for m in self.model.modules())
         hooks_list: list[HookBase | None] = [
+            # HookPriority.HIGHEST: the timer times everything after it.
             self.watchdog,
             hooks.IterationTimer(),
+            # So the logged lr is the one used for the step.
             hooks.LRScheduler(),
             # HookPriority.HIGH: after the optimizer step, before anything saves or evaluates.
             self.model_ema,
+            # Changes the model before it is saved or evaluated.
             hooks.PreciseBN(
                 cfg.TEST.EVAL_PERIOD,
                 self.model,
                 self.build_train_loader(cfg),
                 cfg.TEST.PRECISE_BN.NUM_ITER,
             )
-            if cfg.TEST.PRECISE_BN.ENABLED and _has_batchnorm(self.model)
+            if cfg.TEST.PRECISE_BN.ENABLED and has_bn
             else None,
+            # Saves before evaluation, so a crash in eval loses nothing.
             hooks.PeriodicCheckpointer(
                 self.checkpointer,
                 cfg.SOLVER.CHECKPOINT_PERIOD,
@@ -202,40 +194,37 @@ class DefaultTrainer(TrainerBase):
             # After the periodic checkpoint, so a stop never pre-empts a regular save, and
             # before evaluation, so a pre-empted job does not spend its grace period on it.
             PreemptionHandler(run_state=self.run_state),
+            # With TEST.VAL_LOSS the validation losses too.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, self._evaluate_for_hook),
-            # Right after the evaluation it watches (same priority, registered later).
+            # TEST.EARLY_STOP: right after the evaluation it reads (same priority, later).
             early_stopping_from_config(cfg),
             hooks.SkippedRecordsCounter(cfg.WRITER_PERIOD),
+            # HookPriority.LOWEST: the writers see every metric of the step.
+            hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD)
+            if comm.is_main_process()
+            else None,
         ]
-        if comm.is_main_process():
-            hooks_list.append(hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD))
         return [h for h in hooks_list if h is not None]
 
     def build_writers(self) -> list[EventWriter]:
-        """Return the writers run by the PeriodicWriter hook (rank 0 only).
+        """Return the writers ``WRITERS`` names, run by the PeriodicWriter hook (rank 0 only).
 
-        They are the ones named in ``WRITERS`` (:func:`trainkit.engine.writers.
-        build_writers`); a tracker that is not installed or not reachable raises here, in
-        the constructor, before training starts.
+        A tracker that is not installed or not reachable raises here, before training starts
+        (:func:`trainkit.engine.writers.build_writers`).
         """
         return build_writers(self.cfg, self.max_iter)
 
-    # ---- running ------------------------------------------------------------------------
     def resume_or_load(self, resume: bool = True) -> None:
         """Continue from the last checkpoint in OUTPUT_DIR, or load MODEL.WEIGHTS.
 
-        With ``resume`` and a checkpoint present, everything is restored and training
-        continues with the iteration after the saved one; otherwise only the weights in
-        ``MODEL.WEIGHTS`` (if any) are loaded and training starts at 0.
-
-        A restart of the job that wrote OUTPUT_DIR's checkpoints (``launch(...,
-        max_restarts=N)``, ``torchrun --max-restarts N``, a requeued SLURM job; see
-        :mod:`trainkit.launcher.restarts`) always resumes, with or without ``resume``.
+        With ``resume`` and a checkpoint, everything is restored and training continues with
+        the iteration after the saved one; otherwise only ``MODEL.WEIGHTS`` (if any) is loaded
+        and training starts at 0. A restart of the job that wrote the checkpoints
+        (:mod:`trainkit.launcher.restarts`) always resumes.
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume
-        # The weights only: the run state is restored below, once the loader that continues
-        # it exists.
+        # The weights only: the run state is restored below, once its loader exists.
         checkpoint = self.checkpointer.resume_or_load(
             self.cfg.MODEL.WEIGHTS, resume=resume, checkpointables=[]
         )
@@ -243,24 +232,24 @@ class DefaultTrainer(TrainerBase):
             return
         state = upgrade_run_state(checkpoint)
         check_same_recipe(self.cfg, state["world_size"], comm.get_world_size())
-        if self._seed_was_random and state["seed"] not in (None, self.cfg.SEED):
+        seed = state["seed"]
+        if self._seed_was_random and seed not in (None, self.cfg.SEED):
             # SEED < 0 drew a new seed for this process; the saved run's data stream is keyed
             # by the seed it drew, so continue that one with a loader built for it.
-            logger.info("Continuing the data stream of the checkpoint (seed %d)", state["seed"])
-            self.cfg = with_seed(self.cfg, state["seed"], "the data seed of the checkpoint")
+            logger.info("Continuing the data stream of the checkpoint (seed %d)", seed)
+            self.cfg = with_seed(self.cfg, seed, "the data seed of the checkpoint")
             self.data_loader = self.build_train_loader(self.cfg)
-        elif state["seed"] not in (None, self.cfg.SEED):
+        elif seed not in (None, self.cfg.SEED):
             logger.warning(
                 "SEED changed from %d to %d since the checkpoint: the data stream starts "
                 "afresh with the new seed.",
-                state["seed"],
+                seed,
                 self.cfg.SEED,
             )
         self.run_state.load_state_dict(state)
         # The checkpoint holds the last finished iteration; continue with the next one.
         self.start_iter = self.iter + 1
-        saved_iter = checkpoint.get("iteration")
-        if saved_iter is not None and saved_iter != self.iter:
+        if (saved_iter := checkpoint.get("iteration")) not in (None, self.iter):
             logger.warning(
                 "Checkpoint extra data says iteration %s but the trainer state says %d; "
                 "using the trainer state.",
@@ -271,14 +260,11 @@ class DefaultTrainer(TrainerBase):
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
 
-        On rank 0 the results are logged as a table and checked against
-        ``TEST.EXPECTED_RESULTS`` (as detectron2 does). The results are :meth:`test`'s;
-        validation losses (``TEST.VAL_LOSS``) go to the writers only.
-
-        A hook may end training early (:meth:`TrainerBase.request_stop`, e.g. the
-        ``TEST.EARLY_STOP`` rule): then ``model_final.pth`` is written for the last finished
-        iteration, ``last_checkpoint`` names it, and it records the stop, so a
-        ``resume_or_load(resume=True)`` of that run logs why and does not train.
+        The results are :meth:`test`'s (validation losses go to the writers only); rank 0
+        checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. After a stop
+        (:meth:`TrainerBase.request_stop`, e.g. ``TEST.EARLY_STOP``), ``model_final.pth`` is
+        written for the last finished iteration and tagged; it records the stop, so resuming
+        that run logs why and does not train.
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
@@ -308,11 +294,8 @@ class DefaultTrainer(TrainerBase):
                     "TEST.VAL_LOSS puts the validation losses; rename that task or set "
                     "TEST.VAL_LOSS False."
                 )
-            results["validation"] = self._validation_losses(model)
+            results["validation"] = validation_losses_of_test_sets(self, model, self._val_loaders)
         return results
-
-    def _validation_losses(self, model: nn.Module) -> dict[str, Any]:
-        return validation_losses_of_test_sets(self, model, self._val_loaders)
 
     # ---- what hooks may read ------------------------------------------------------------
     @property
@@ -342,10 +325,10 @@ class DefaultTrainer(TrainerBase):
     def data_loader(self, data_loader: Iterable[Any]) -> None:
         self._step.close_data_iterator()
         self._train_loader = data_loader
-        self._step.data_loader = self._watched(data_loader)
-
-    def _watched(self, loader: Iterable[Any]) -> Iterable[Any]:
-        return PhaseMarkingLoader(loader, self.watchdog) if self.watchdog.enabled else loader
+        watched = self.watchdog.enabled
+        self._step.data_loader = (
+            PhaseMarkingLoader(data_loader, self.watchdog) if watched else data_loader
+        )
 
     # ---- evaluation and scaling (detectron2's classmethod/staticmethod API) ---------------
     @classmethod
@@ -358,13 +341,15 @@ class DefaultTrainer(TrainerBase):
         """Evaluate ``model`` on every dataset in ``DATASETS.TEST``.
 
         Args:
-            cfg: the config.
             model: the model (wrapped or not).
             evaluators: one per test dataset; ``None`` builds them with :meth:`build_evaluator`.
 
         Returns:
             ``{dataset_name: results}``, or the results themselves for a single dataset
             (rank 0; other ranks may get empty dicts).
+
+        Raises:
+            ValueError: If the number of evaluators differs from the number of test sets.
 
         Collective:
             ``inference_on_dataset`` gathers on every rank.
@@ -379,14 +364,8 @@ class DefaultTrainer(TrainerBase):
         """
         return auto_scale_config(cfg, num_workers)
 
-    # ---- resumable state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return the loop's state (iteration, hooks) and, under ``_trainer``, the step's.
-
-        This is detectron2's trainer state; the checkpoint's ``"trainer"`` entry extends it
-        with the seed, the world size and every rank's RNG and loader states
-        (:class:`~trainkit.engine.run_state.RunState`).
-        """
+        """Return the loop's state and, under ``_trainer``, the step's (``RunState`` adds more)."""
         state = super().state_dict()
         state["_trainer"] = self._step.state_dict()
         return state
@@ -395,7 +374,3 @@ class DefaultTrainer(TrainerBase):
         """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
-
-
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())

@@ -1,8 +1,7 @@
-"""The pieces a training script needs around the trainer: command line and run set-up.
+"""What a training script needs around the trainer: the command line and the run's set-up.
 
-``DefaultTrainer``, ``default_writers`` and ``create_ddp_model`` live in their own modules
-and are importable from here too (``from trainkit.engine.defaults import DefaultTrainer``, as
-in detectron2): this module imports them, none of them imports this one.
+``DefaultTrainer``, ``default_writers`` and ``create_ddp_model`` are importable from here too,
+detectron2's path (this module imports them, none of them imports this one).
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode, get_cfg
-from trainkit.config.provenance import (
-    config_changes,
-    format_config_changes,
-)
+from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.scaling import auto_scale_config
@@ -51,9 +47,7 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         epilog: text shown after the flags in ``--help``.
 
     Returns:
-        A parser with ``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-        ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--max-restarts``,
-        ``--print-config`` and trailing ``opts``.
+        A parser with detectron2's flags, ``--max-restarts`` and ``--print-config``.
     """
     epilog = epilog or (
         "Examples:\n"
@@ -116,21 +110,17 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
 def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNode:
     """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
-    Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``.
-    ``cfg`` is rescaled in place from ``SOLVER.REFERENCE_WORLD_SIZE`` to the world size
-    (:func:`~trainkit.engine.scaling.auto_scale_config`; the scaled config records the
-    world size it is written for, so its dump does not scale again on as many workers).
-    Rank 0 then writes ``OUTPUT_DIR/config.yaml`` (the config the run uses),
-    ``config_origins.yaml`` (each key that differs from the defaults, with where its value
-    came from) and ``env.txt``. The config is frozen afterwards.
+    Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
+    rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
+    rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
+    (each key that differs from the defaults, and where its value came from) and ``env.txt``.
 
-    With ``args.print_config`` (``--print-config``) it does none of that: it prints the keys
-    that differ from the defaults, scaled to the job's world size, with their origins, and
-    exits with status 0 (``launch`` starts no process for such a job).
+    With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
+    the job's world size, and exits with status 0 (``launch`` starts no process for it).
 
     Args:
         cfg: the full config.
-        args: the parsed command line (logged); may be None.
+        args: the parsed command line (logged), or None.
 
     Returns:
         ``cfg``, frozen.
@@ -159,12 +149,23 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         if getattr(args, "config_file", ""):
             with PathManager.open(args.config_file, "r") as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
-    # Before the dump, so config.yaml holds the config the run uses.
-    _scale_in_place(cfg, comm.get_world_size())
+    # Before the dump, so config.yaml holds the config the run uses. In place: detectron2-style
+    # scripts keep using the cfg they passed to default_setup.
+    scaled = auto_scale_config(cfg, comm.get_world_size())
+    if scaled != cfg:
+        cfg.defrost()
+        cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
     if rank == 0 and output_dir:
-        _write_config_files(cfg, output_dir)
-        with atomic_write(os.path.join(output_dir, "env.txt"), "w") as f:
-            f.write(env_table + "\n")
+        origins = format_config_changes(config_changes(cfg, get_cfg()), header=_ORIGINS_HEADER)
+        files = {
+            "config.yaml": cfg.dump(),
+            "config_origins.yaml": origins,
+            "env.txt": env_table + "\n",
+        }
+        for name, text in files.items():
+            with atomic_write(os.path.join(output_dir, name), "w") as f:
+                f.write(text)
+        logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
     # Each rank gets a different seed for its own random ops; the data order uses a
     # separate seed shared by all ranks (see build_train_loader).
     seed = seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
@@ -175,22 +176,6 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     return cfg
 
 
-def _scale_in_place(cfg: CfgNode, world_size: int) -> None:
-    # In place: detectron2-style scripts keep using the cfg they passed to default_setup.
-    scaled = auto_scale_config(cfg, world_size)
-    if scaled != cfg:
-        cfg.defrost()
-        cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
-
-
-def _write_config_files(cfg: CfgNode, output_dir: str) -> None:
-    with atomic_write(os.path.join(output_dir, "config.yaml"), "w") as f:
-        f.write(cfg.dump())
-    with atomic_write(os.path.join(output_dir, "config_origins.yaml"), "w") as f:
-        f.write(format_config_changes(config_changes(cfg, get_cfg()), header=_ORIGINS_HEADER))
-    logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
-
-
 _ORIGINS_HEADER = (
     "The config keys of this run that differ from trainkit's defaults (config.yaml has them\n"
     "all): the value, then where it came from."
@@ -198,7 +183,13 @@ _ORIGINS_HEADER = (
 
 
 def _print_config_and_exit(cfg: CfgNode, args: argparse.Namespace) -> None:
-    world_size = _planned_world_size(args)
+    # The world size the job would have: the process group's, torchrun's, or the flags'.
+    if comm.get_world_size() > 1:
+        world_size = comm.get_world_size()
+    elif "WORLD_SIZE" in os.environ:
+        world_size = int(os.environ["WORLD_SIZE"])
+    else:
+        world_size = int(getattr(args, "num_gpus", 1)) * int(getattr(args, "num_machines", 1))
     scaled = auto_scale_config(cfg, world_size)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
@@ -209,15 +200,6 @@ def _print_config_and_exit(cfg: CfgNode, args: argparse.Namespace) -> None:
         text = format_config_changes(config_changes(scaled, get_cfg()), header=header)
         print(text, end="", flush=True)  # noqa: T201 - the output --print-config asks for
     raise SystemExit(0)
-
-
-def _planned_world_size(args: argparse.Namespace) -> int:
-    """The world size the job would have: the process group's, torchrun's, or the flags'."""
-    if comm.get_world_size() > 1:
-        return comm.get_world_size()
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    return int(getattr(args, "num_gpus", 1)) * int(getattr(args, "num_machines", 1))
 
 
 class OutputDirError(UsageError, PermissionError):

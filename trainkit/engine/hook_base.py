@@ -1,7 +1,6 @@
-"""Hooks: ``HookBase``, their ``HookPriority``, and the ordered dispatch a loop runs them by.
+"""``HookBase``, ``HookPriority``, the ordered dispatch a loop runs hooks by, ``is_time``.
 
-Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hooks`, as in
-detectron2.
+Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hooks` too.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ import logging
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from trainkit.utils.periodic import is_last_iter, is_period_end
 
 if TYPE_CHECKING:
     from trainkit.engine.trainer_base import TrainerBase
@@ -23,11 +24,10 @@ logger = logging.getLogger(__name__)
 class HookPriority(enum.IntEnum):
     """Where a hook runs relative to others: lower runs first; ties keep registration order.
 
-    The built-in hooks use: ``HIGHEST`` the iteration timer (it times everything after it),
-    ``HIGH`` hooks that must see the step's result before anything saves or evaluates it
-    (the weights' EMA), ``NORMAL`` everything else, including checkpointing and evaluation,
-    in ``DefaultTrainer.build_hooks``' order, and ``LOWEST`` the writers, so they see every
-    metric of the step.
+    Built-in hooks: ``HIGHEST`` the timer (it times everything after it) and the watchdog,
+    ``HIGH`` the weights' EMA (sees the step before anything saves or evaluates it),
+    ``NORMAL`` the rest in ``DefaultTrainer.build_hooks``' order, ``LOWEST`` the writers
+    (they see every metric of the step).
     """
 
     HIGHEST = 0
@@ -40,8 +40,7 @@ class HookPriority(enum.IntEnum):
 class HookBase:
     """Base class of the callbacks a :class:`TrainerBase` runs around each step.
 
-    The trainer calls, in priority order (:class:`HookPriority`; equal priorities in
-    registration order)::
+    The trainer calls, in :class:`HookPriority` order::
 
         before_train()
         for cur_iter in range(start_iter, max_iter):
@@ -52,9 +51,8 @@ class HookBase:
     ``after_backward`` runs once per optimizer step, after the last micro-batch's backward
     pass and (with a gradient scaler) after unscaling, so it sees the true gradients.
 
-    A hook reads the trainer through :attr:`trainer`, and only the attributes listed in
-    :class:`TrainerBase`'s docstring. State that must survive a resume goes in
-    :meth:`state_dict`; the trainer saves it under the hook's class ``__qualname__``.
+    A hook reads only the attributes of :attr:`trainer` that :class:`TrainerBase` lists. State that
+    must survive a resume goes in :meth:`state_dict`, saved under the hook's class ``__qualname__``.
     """
 
     priority: int = HookPriority.NORMAL
@@ -66,10 +64,9 @@ class HookBase:
 
     @property
     def trainer(self) -> TrainerBase:
-        """The trainer this hook is registered with.
+        """The trainer this hook is registered with, held through a weak reference.
 
-        It is held through a weak reference so that hooks never keep a finished trainer (its
-        model, optimizer and data loader workers) alive.
+        So hooks never keep a finished trainer (its model, optimizer, loader workers) alive.
 
         Raises:
             RuntimeError: If the hook was never registered or its trainer was deleted.
@@ -109,6 +106,12 @@ class HookBase:
         """Restore what :meth:`state_dict` returned; the default ignores it."""
 
 
+def is_time(trainer: TrainerBase, period: int, max_iter: int | None = None) -> bool:
+    """The periodic hooks' "is it time?": the step just finished ends a ``period`` or the run."""
+    last = trainer.max_iter if max_iter is None else max_iter
+    return is_period_end(trainer.iter, period) or is_last_iter(trainer.iter, last)
+
+
 def hook_state_key(hook: HookBase) -> str:
     """Return the name a hook's state is saved under: its class ``__qualname__``."""
     # The qualified class name is stable across runs and processes, unlike a position in
@@ -132,8 +135,8 @@ def keeps_state(hook: HookBase) -> bool:
 class HookDispatch:
     """The ordered hooks of one loop and, per step phase, the bound methods that act in it.
 
-    Per-step phases call only hooks that override them: with the usual hooks most per-step
-    calls would be HookBase's no-ops, a measurable share of a small model's step.
+    Only hooks that override a per-step phase are called in it: most calls would be
+    HookBase's no-ops, a measurable share of a small model's step.
     """
 
     def __init__(self) -> None:
@@ -141,13 +144,8 @@ class HookDispatch:
         self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
 
     def add(self, hooks: list[HookBase]) -> None:
-        """Insert ``hooks`` by priority (stable: ties keep registration order), reindex."""
-        # sorted() is stable: equal priorities keep their registration order.
+        """Insert ``hooks`` by priority (ties keep registration order), reindex the phases."""
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
-        self.reindex()
-
-    def reindex(self) -> None:
-        """Recompute which hooks act in each per-step phase."""
         self.callbacks = {
             phase: [getattr(hook, phase) for hook in self.hooks if _overrides(hook, phase)]
             for phase in _STEP_PHASES
@@ -164,9 +162,8 @@ class HookDispatch:
     def final_write(self) -> None:
         """Call ``final_write`` on the hooks that have one (the writers), in order."""
         for hook in self.hooks:
-            final_write = getattr(hook, "final_write", None)
-            if callable(final_write):
-                final_write()
+            if callable(getattr(hook, "final_write", None)):
+                hook.final_write()  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
         """Return ``{hook_state_key(hook): state}`` of the hooks whose state is not empty.
@@ -176,13 +173,11 @@ class HookDispatch:
         """
         states: dict[str, Any] = {}
         for hook in self.hooks:
-            state = hook.state_dict()
-            if not state:
-                continue
-            key = hook_state_key(hook)
-            if key in states:
+            state, key = hook.state_dict(), hook_state_key(hook)
+            if state and key in states:
                 raise ValueError(f"Two hooks save state under the same name {key!r}")
-            states[key] = state
+            if state:
+                states[key] = state
         return states
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:

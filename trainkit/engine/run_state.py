@@ -1,22 +1,4 @@
-"""The run state: everything a ``DefaultTrainer`` checkpoint holds besides the weights.
-
-A checkpoint's ``"trainer"`` entry is :meth:`RunState.state_dict`::
-
-    iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
-                                    finished iteration, each stateful hook's state by name
-    _trainer                        the step's state (optimizer, gradient scaler)
-    seed                            the data seed: the global stream is keyed by it
-    world_size                      the number of processes that wrote the checkpoint
-    ranks                           every rank's RNG states and loader position
-
-Only rank 0 writes a checkpoint, but a bit-exact resume needs what differs per rank: the
-torch/numpy/Python RNG states (dropout, augmentation outside ``sample_rng``) and each rank's
-loader position. So every rank calls :meth:`RunState.prepare_save` (a collective) right
-before a save, and the hooks that save checkpoints (``PeriodicCheckpointer``,
-``PreemptionHandler``) do exactly that. :meth:`RunState.load_state_dict` restores all of it
-on each rank; ``DefaultTrainer.resume_or_load`` shows the order (the recipe check, the data
-seed, then this).
-"""
+"""The run state: everything a ``DefaultTrainer`` checkpoint holds besides the weights."""
 
 from __future__ import annotations
 
@@ -40,13 +22,25 @@ logger = logging.getLogger(__name__)
 
 
 class RunState:
-    """Save and restore the run state of one ``DefaultTrainer`` (see the module docstring).
+    """Save and restore the run state of one ``DefaultTrainer``.
 
-    ``DefaultTrainer`` registers it with its checkpointer under ``"trainer"``. It holds its
-    trainer through a weak reference, as hooks do.
+    The trainer registers it with its checkpointer under ``"trainer"``, so a checkpoint's
+    ``"trainer"`` entry is :meth:`state_dict`::
+
+        iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
+                                        finished iteration, each stateful hook's state by name
+        _trainer                        the step's state (optimizer, gradient scaler)
+        seed                            the data seed: the global stream is keyed by it
+        world_size                      the number of processes that wrote the checkpoint
+        ranks                           every rank's RNG states and loader position
+
+    Only rank 0 writes a checkpoint, but a bit-exact resume needs each rank's torch, numpy
+    and Python RNG states (dropout, augmentation outside ``sample_rng``) and loader position,
+    so every rank calls :meth:`prepare_save` right before a save (``PeriodicCheckpointer``
+    and ``PreemptionHandler`` do). ``DefaultTrainer.resume_or_load`` shows a resume's order.
 
     Args:
-        trainer: the trainer whose run this is.
+        trainer: the trainer whose run this is; held through a weak reference, as hooks do.
     """
 
     def __init__(self, trainer: DefaultTrainer) -> None:
@@ -66,13 +60,11 @@ class RunState:
         data = loader.state_dict() if hasattr(loader, "state_dict") else None
         return {"rng": get_rng_state(), "data": data}
 
-    # ---- saving ---------------------------------------------------------------------------
     def prepare_save(self) -> None:
         """Get ready for the checkpoint about to be written: call it on every rank first.
 
-        Rank 0 records the job's run id beside the checkpoints (a restart of this job then
-        resumes from them by itself), and every rank's RNG states and loader position are
-        gathered for rank 0 to write.
+        Rank 0 records the job's run id beside the checkpoints (a restart then resumes from
+        them by itself) and gathers every rank's RNG states and loader position to write.
 
         Collective:
             ``all_gather`` over all ranks; every rank calls it before the same save.
@@ -85,13 +77,11 @@ class RunState:
         self._ranks_iter = trainer.iter
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the run state (see the module docstring) as plain data.
+        """Return the run state (see the class docstring) as plain data.
 
-        With one process the rank's state is taken now. With several, the states gathered
-        by :meth:`prepare_save` at this iteration are used; a save without it (code that
-        calls ``checkpointer.save`` on rank 0 alone) records ``ranks: None`` with a warning:
-        resuming from that checkpoint restores the weights and the loop, not the data order
-        and RNG streams.
+        With several processes, the states :meth:`prepare_save` gathered at this iteration;
+        without it (``checkpointer.save`` on rank 0 alone) ``ranks`` is None, with a warning:
+        a resume then restores the weights and the loop, not the data order and RNG streams.
         """
         trainer = self._trainer
         state = trainer.state_dict()
@@ -110,14 +100,12 @@ class RunState:
             state["ranks"] = None
         return state
 
-    # ---- loading --------------------------------------------------------------------------
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the loop, the step, the hooks, and this rank's RNG states and loader position.
 
-        On the world size that wrote the checkpoint, each rank gets its own states back (a
-        bit-exact resume). On another one the RNG streams start afresh (they are per rank),
-        and the loader continues the global stream when its saved position is a global one
-        (batches composed from the global stream), else it starts afresh too.
+        On the world size that wrote the checkpoint each rank gets its own states back (a
+        bit-exact resume). On another, the per-rank RNG streams start afresh, and the loader
+        continues the global stream if its saved position is a global one, else afresh too.
 
         Args:
             state: the checkpoint's ``"trainer"`` entry in today's layout
@@ -125,8 +113,7 @@ class RunState:
         """
         trainer = self._trainer
         trainer.load_state_dict(state)
-        world_size = comm.get_world_size()
-        ranks = state.get("ranks")
+        world_size, ranks = comm.get_world_size(), state.get("ranks")
         if ranks is not None and state.get("world_size") == world_size:
             mine = ranks[comm.get_rank()]
             if mine["data"] is not None:
@@ -136,28 +123,28 @@ class RunState:
         data = ranks[0]["data"] if ranks else None
         if is_global_position(data):
             trainer.data_loader.load_state_dict(data)
-            logger.warning(
-                "The checkpoint was written by %s processes, this job has %d: the data stream "
-                "continues where it stopped, the per-rank random streams (dropout, anything "
-                "outside sample_rng/batch_rng) start afresh.",
-                state.get("world_size"),
-                world_size,
+            afresh = (
+                "the data stream continues where it stopped, the per-rank random streams "
+                "(dropout, anything outside sample_rng/batch_rng) start afresh."
             )
-            return
+        else:
+            afresh = (
+                "the data order and random streams start afresh, so this resume is not bit-exact."
+            )
         logger.warning(
-            "The checkpoint was written by %s processes, this job has %d: the data order and "
-            "random streams start afresh, so this resume is not bit-exact.",
+            "The checkpoint was written by %s processes, this job has %d: %s",
             state.get("world_size"),
             world_size,
+            afresh,
         )
 
 
 def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Return the checkpoint's ``"trainer"`` entry in today's layout.
 
-    Checkpoints of trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry of their
-    own and named the seed ``"data_seed"``; a checkpoint of a plain detectron2-style trainer
-    may have neither (then seed, world size and ranks are ``None``).
+    trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry and named the seed
+    ``"data_seed"``; a plain detectron2-style trainer's may have neither (then seed, world
+    size and ranks are ``None``).
 
     Args:
         checkpoint: what ``Checkpointer.resume_or_load(..., checkpointables=[])`` returned.
@@ -188,11 +175,9 @@ def resolve_random_seed(cfg: CfgNode) -> CfgNode:
 
 
 def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
-    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``; ``why`` is its origin.
+    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
 
     Args:
-        cfg: the config (not modified).
-        seed: the new ``SEED``.
         why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
             and in ``config_origins.yaml``.
     """

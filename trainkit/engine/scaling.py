@@ -1,10 +1,11 @@
-"""Rescaling a config written for one world size to another.
+"""Rescaling a config written for ``SOLVER.REFERENCE_WORLD_SIZE`` processes to another number.
 
 Two rules, chosen by ``SOLVER.SCALE_MODE``:
 
-* ``"linear"`` (detectron2's): the batch and learning rate grow with the number of processes
-  and the schedule shrinks, so the run sees the same number of images — a different recipe
-  (batch, LR, number of steps) on another world size.
+* ``"linear"`` (detectron2's): ``IMS_PER_BATCH`` and ``BASE_LR`` grow with the number of
+  processes; ``MAX_ITER``, ``WARMUP_ITERS``, ``STEPS``, ``SOLVER.CHECKPOINT_PERIOD`` and
+  ``TEST.EVAL_PERIOD`` shrink, so the run sees the same number of images with the same
+  schedule — a different recipe (batch, LR, number of steps) on another world size.
 * ``"accumulate"``: the recipe is kept (``IMS_PER_BATCH``, ``BASE_LR``, the schedule) and
   ``SOLVER.ACCUMULATE_STEPS`` absorbs the change: with ``A = ACCUMULATE_STEPS x
   REFERENCE_WORLD_SIZE`` micro-batches per step in the written config, ``W`` processes use
@@ -32,35 +33,26 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+SCALE_MODES = ("linear", "accumulate")
+
+# What the linear rule scales down, in this order (the first that rounds to 0 is reported).
+_PERIODS = (
+    "SOLVER.MAX_ITER",
+    "SOLVER.WARMUP_ITERS",
+    "SOLVER.STEPS",
+    "SOLVER.CHECKPOINT_PERIOD",
+    "TEST.EVAL_PERIOD",
+)
+
 
 class ScalingError(ConfigError):
-    """The config cannot be rescaled to the requested world size; the message says why.
-
-    A :class:`~trainkit.config.ConfigError` (so a ``UsageError`` and a ``ValueError``).
-    """
-
-
-def _scaled_period(name: str, value: int, scale: float, new_world: int, old_world: int) -> int:
-    scaled = int(round(value / scale))
-    if value > 0 and scaled == 0:
-        raise ScalingError(
-            f"{name}={value}, written for SOLVER.REFERENCE_WORLD_SIZE={old_world} processes, "
-            f"would round to 0 on {new_world} processes; "
-            f"raise {name} to at least {int(scale + 0.5)} or set SOLVER.REFERENCE_WORLD_SIZE "
-            f"to 0 to turn off automatic scaling."
-        )
-    return scaled
-
-
-SCALE_MODES = ("linear", "accumulate")
+    """The config cannot be rescaled to the world size (a ``UsageError`` and ``ValueError``)."""
 
 
 def accumulate_steps_for(
     accumulate_steps: int, reference_world_size: int, world_size: int, ims_per_batch: int
 ) -> int:
-    """Return the micro-batches per step that keep the global batch on ``world_size``.
-
-    Pure arithmetic of the ``"accumulate"`` rule (see the module docstring).
+    """Return the micro-batches per step that keep the global batch: the ``"accumulate"`` rule.
 
     Args:
         accumulate_steps: ``SOLVER.ACCUMULATE_STEPS`` of the written config.
@@ -92,53 +84,52 @@ def accumulate_steps_for(
 def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
     """Return a frozen copy of ``cfg`` rescaled from SOLVER.REFERENCE_WORLD_SIZE to ``world_size``.
 
-    The total batch and the learning rate scale up with the number of processes; MAX_ITER,
-    WARMUP_ITERS, STEPS, TEST.EVAL_PERIOD and SOLVER.CHECKPOINT_PERIOD scale down, so the
-    run sees the same number of images with the same schedule. ``REFERENCE_WORLD_SIZE == 0``
-    or equal to ``world_size`` returns the config unchanged: ``cfg`` itself if it is
-    frozen, else a frozen copy. Each changed key's
-    origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes ``auto-scaling from N to M
-    processes (was V, from ITS ORIGIN)``, REFERENCE_WORLD_SIZE included.
+    ``REFERENCE_WORLD_SIZE`` 0 or ``world_size`` changes nothing (``cfg`` itself if frozen).
+    Each changed key's origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes
+    ``auto-scaling from N to M processes (was V, from ITS ORIGIN)``; REFERENCE_WORLD_SIZE
+    changes too, so a dump of the scaled config does not scale again on as many processes.
 
     Args:
         cfg: the config (not modified).
-        world_size: the world size of the job.
 
     Returns:
         The rescaled config, frozen.
 
     Raises:
         ValueError: If ``world_size`` is not positive.
-        ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the
-            batch does not divide by it, or a positive iteration count or period would
-            round to 0.
+        ScalingError: A ``ConfigError``: if SOLVER.REFERENCE_WORLD_SIZE is negative, the batch does
+            not divide by it, or a positive iteration count or period would round to 0.
     """
     old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
-    if old_world == 0 or old_world == world_size:
-        # Nothing to scale (default_setup scaled it already): no copy of a frozen config.
-        if cfg.is_frozen():
-            return cfg
-        out = cfg.clone()
-        out.freeze()
-        return out
+    if old_world in (0, world_size) and cfg.is_frozen():
+        return cfg  # nothing to scale (default_setup scaled it already): no copy
     out = cfg.clone()
-    out.defrost()
-    if world_size < 1:  # the caller's world size, not a user setting
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if old_world < 0:
-        raise ScalingError(
-            f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {world_size} "
-            "processes; set it to the number of processes the config was written for, or 0 to "
-            "turn off "
-            "automatic scaling."
-        )
-    mode = cfg.SOLVER.SCALE_MODE
-    if mode not in SCALE_MODES:
-        raise ScalingError(
-            f"unknown SOLVER.SCALE_MODE {mode!r}; choose {' or '.join(SCALE_MODES)}."
-        )
-    if mode == "accumulate":
-        return _scale_by_accumulating(cfg, out, world_size)
+    if old_world not in (0, world_size):
+        out.defrost()
+        if world_size < 1:  # the caller's world size, not a user setting
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if old_world < 0:
+            raise ScalingError(
+                f"cannot scale from SOLVER.REFERENCE_WORLD_SIZE={old_world} to {world_size} "
+                "processes; set it to the number of processes the config was written for, or "
+                "0 to turn off automatic scaling."
+            )
+        mode = cfg.SOLVER.SCALE_MODE
+        if mode not in SCALE_MODES:
+            raise ScalingError(
+                f"unknown SOLVER.SCALE_MODE {mode!r}; choose {' or '.join(SCALE_MODES)}."
+            )
+        scale = _scale_by_accumulating if mode == "accumulate" else _scale_linearly
+        scale(cfg, out, old_world, world_size)
+        out.SOLVER.REFERENCE_WORLD_SIZE = world_size
+        suffix = " (accumulate)" if mode == "accumulate" else ""
+        origin = f"{ORIGIN_AUTO_SCALING} from {old_world} to {world_size} processes{suffix}"
+        record_changes(cfg, out, origin)
+    out.freeze()
+    return out
+
+
+def _scale_linearly(cfg: CfgNode, out: CfgNode, old_world: int, world_size: int) -> None:
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch % old_world:
         raise ScalingError(
@@ -146,60 +137,47 @@ def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
             f"{old_world}, so the per-process batch is undefined; make it a multiple of "
             f"{old_world}."
         )
-    scale = world_size / old_world
     # batch / old_world images per process, times world_size: divisible by construction.
-    new_batch = batch // old_world * world_size
-    solver = out.SOLVER
-    solver.IMS_PER_BATCH = new_batch
-    solver.BASE_LR = cfg.SOLVER.BASE_LR * scale
-    solver.MAX_ITER = _scaled_period(
-        "SOLVER.MAX_ITER", cfg.SOLVER.MAX_ITER, scale, world_size, old_world
-    )
-    solver.WARMUP_ITERS = _scaled_period(
-        "SOLVER.WARMUP_ITERS", cfg.SOLVER.WARMUP_ITERS, scale, world_size, old_world
-    )
-    solver.STEPS = tuple(
-        _scaled_period("SOLVER.STEPS", s, scale, world_size, old_world) for s in cfg.SOLVER.STEPS
-    )
-    solver.CHECKPOINT_PERIOD = _scaled_period(
-        "SOLVER.CHECKPOINT_PERIOD", cfg.SOLVER.CHECKPOINT_PERIOD, scale, world_size, old_world
-    )
-    out.TEST.EVAL_PERIOD = _scaled_period(
-        "TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD, scale, world_size, old_world
-    )
-    # The scaled config says it is written for world_size: loading its dump and running on
-    # as many processes again does not scale it a second time.
-    solver.REFERENCE_WORLD_SIZE = world_size
-    record_changes(cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {world_size} processes")
+    out.SOLVER.IMS_PER_BATCH = batch // old_world * world_size
+    out.SOLVER.BASE_LR = cfg.SOLVER.BASE_LR * (world_size / old_world)
+    changes = [f"IMS_PER_BATCH={out.SOLVER.IMS_PER_BATCH}", f"BASE_LR={out.SOLVER.BASE_LR:g}"]
+    for name in _PERIODS:
+        section, key = name.split(".")
+        value = cfg[section][key]
+        if name == "SOLVER.STEPS":
+            value = tuple(_scaled_period(name, v, old_world, world_size) for v in value)
+        else:
+            value = _scaled_period(name, value, old_world, world_size)
+        setattr(out[section], key, value)
+        changes.append(f"{key}={value}")
     logger.info(
-        "Auto-scaling the config from %d to %d processes: IMS_PER_BATCH=%d, BASE_LR=%g, "
-        "MAX_ITER=%d, WARMUP_ITERS=%d, STEPS=%s, CHECKPOINT_PERIOD=%d, EVAL_PERIOD=%d",
+        "Auto-scaling the config from %d to %d processes: %s",
         old_world,
         world_size,
-        new_batch,
-        solver.BASE_LR,
-        solver.MAX_ITER,
-        solver.WARMUP_ITERS,
-        solver.STEPS,
-        solver.CHECKPOINT_PERIOD,
-        out.TEST.EVAL_PERIOD,
+        ", ".join(changes),
     )
-    out.freeze()
-    return out
 
 
-def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, world_size: int) -> CfgNode:
-    old_world = cfg.SOLVER.REFERENCE_WORLD_SIZE
+def _scaled_period(name: str, value: int, old_world: int, world_size: int) -> int:
+    scale = world_size / old_world
+    scaled = int(round(value / scale))
+    if value > 0 and scaled == 0:
+        raise ScalingError(
+            f"{name}={value}, written for SOLVER.REFERENCE_WORLD_SIZE={old_world} processes, "
+            f"would round to 0 on {world_size} processes; raise {name} to at least "
+            f"{int(scale + 0.5)} or set SOLVER.REFERENCE_WORLD_SIZE to 0 to turn off "
+            "automatic scaling."
+        )
+    return scaled
+
+
+def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, old_world: int, world_size: int) -> None:
     steps = accumulate_steps_for(
         cfg.SOLVER.ACCUMULATE_STEPS, old_world, world_size, cfg.SOLVER.IMS_PER_BATCH
     )
     # Assigned only when they change: an assignment is recorded as the key's origin.
     if steps != cfg.SOLVER.ACCUMULATE_STEPS:
         out.SOLVER.ACCUMULATE_STEPS = steps
-    out.SOLVER.REFERENCE_WORLD_SIZE = world_size
-    record_changes(
-        cfg, out, f"{ORIGIN_AUTO_SCALING} from {old_world} to {world_size} processes (accumulate)"
-    )
     logger.info(
         "Keeping the recipe of a config written for %d processes on %d: IMS_PER_BATCH=%d, "
         "BASE_LR=%g and the schedule unchanged; ACCUMULATE_STEPS %d -> %d (%d images per "
@@ -212,8 +190,6 @@ def _scale_by_accumulating(cfg: CfgNode, out: CfgNode, world_size: int) -> CfgNo
         steps,
         cfg.SOLVER.IMS_PER_BATCH // (world_size * steps),
     )
-    out.freeze()
-    return out
 
 
 def check_same_recipe(cfg: CfgNode, saved_world_size: int | None, world_size: int) -> None:
@@ -222,7 +198,6 @@ def check_same_recipe(cfg: CfgNode, saved_world_size: int | None, world_size: in
     Args:
         cfg: the (scaled) config of this job.
         saved_world_size: the world size that wrote the checkpoint (None: unknown).
-        world_size: this job's.
 
     Raises:
         ScalingError: A ``ConfigError``: with ``SCALE_MODE`` linear, auto-scaling on and

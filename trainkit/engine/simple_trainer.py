@@ -1,21 +1,4 @@
-"""One optimisation step per iteration: ``SimpleTrainer`` (``AMPTrainer`` in ``amp_trainer``).
-
-There is one implementation of the step (:meth:`SimpleTrainer.run_step`); accumulation, mixed
-precision and the gradient scaler are parameters, and ``AMPTrainer`` overrides only the seams
-that differ. The seams are public because users override them:
-
-======================  ===============================================================
-``forward_context()``   the context the forward pass runs in (``AMPTrainer``: autocast)
-``compute_losses(b)``   forward one (micro-)batch and check the loss dict it returns
-``backward(loss)``      back-propagate one micro-batch's (weighted) loss
-``after_backward()``    runs the hooks once per step, on the true, accumulated gradients
-``record_metrics(..)``  what a step writes to the storage (see ``gather_metric_period``)
-``optimizer_step()``    apply the update (``AMPTrainer``: scaler step, update, skip count)
-======================  ===============================================================
-
-Override ``run_step`` itself only for a step of another shape (several optimizers, GANs):
-then consider starting from ``tools/plain_train_net.py`` instead.
-"""
+"""``SimpleTrainer``: the one implementation of the optimisation step."""
 
 from __future__ import annotations
 
@@ -51,24 +34,27 @@ logger = logging.getLogger(__name__)
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
-    The model, in training mode, takes a batch and returns a dict of scalar losses (or one
-    scalar tensor, recorded as ``total_loss``); their sum is back-propagated.
+    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar
+    tensor, recorded as ``total_loss``); their sum is back-propagated. Accumulation, mixed
+    precision and the scaler are parameters of the one :meth:`run_step`; ``AMPTrainer`` and
+    users override its public seams instead: ``forward_context``, ``compute_losses`` (one
+    micro-batch), ``backward``, ``after_backward`` (the hooks, once per step),
+    ``record_metrics`` and ``optimizer_step``. For a step of another shape (several
+    optimizers, GANs) override ``run_step``, or start from ``tools/plain_train_net.py``.
 
-    **Accumulation.** With ``accumulate_steps=k`` an iteration (one optimizer step) draws k
-    micro-batches from the loader and sums their gradients; each micro-batch's loss is
-    weighted by its share of the step's samples (``1/k`` for equal sizes), so the update is
-    that of one batch k times larger. Under DDP the gradients are all-reduced only on the
-    last micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
+    **Accumulation.** With ``accumulate_steps=k`` an iteration draws k micro-batches and sums
+    their gradients, each loss weighted by its share of the step's samples (``1/k`` for equal
+    sizes): the update of one batch k times larger. DDP all-reduces only the last
+    micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
 
-    **Metrics** follow detectron2's ``gather_metric_period``: by default only the steps that
-    end a period (``(iter + 1) % gather_metric_period == 0``) are recorded, each gathered
-    over ranks when it happens. With ``record_every_step=True`` (``DefaultTrainer``) every
-    step's losses are kept and synchronised in one go at the end of each period and at the
-    last iteration, so a CUDA step never waits for the device.
+    **Metrics** follow detectron2's ``gather_metric_period``: only the steps that end a period
+    are recorded, each gathered over ranks then. With ``record_every_step=True``
+    (``DefaultTrainer``) every step's losses are kept and synchronised at the end of each
+    period and at the last iteration, so a CUDA step never waits for the device.
 
-    A non-finite loss raises ``FloatingPointError``. A CPU loss is checked every step before
-    the optimizer step; a device loss when metrics are synchronised (with a period > 1 up to
-    ``period - 1`` steps may have applied by then, the price of not syncing every step).
+    A non-finite loss raises ``FloatingPointError``: a CPU loss every step, before the
+    optimizer step; a device loss when metrics are synchronised (up to ``period - 1`` steps
+    may have applied by then, the price of not syncing every step).
     """
 
     def __init__(
@@ -87,19 +73,17 @@ class SimpleTrainer(TrainerBase):
 
         Args:
             model: the model; it must stay in training mode during training.
-            data_loader: an iterable of (micro-)batches, normally infinite; iterated lazily
-                and the iterator kept across steps.
+            data_loader: (micro-)batches, normally infinite; its iterator is made on first
+                use and kept across steps.
             optimizer: the optimizer of ``model``'s parameters.
-            gather_metric_period: record (and gather over ranks) metrics every this many
-                iterations.
-            zero_grad_before_forward: clear gradients before the forward pass rather than
-                after it (matters only when the forward pass itself reads gradients).
-            async_write_metrics: accepted for detectron2 compatibility. Metrics are written
-                synchronously: a background gather would interleave with DDP's collectives
-                on the same process group, and ``record_every_step`` already keeps the
-                synchronisation off the critical path.
-            record_every_step: record every step's metrics, synchronised every
-                ``gather_metric_period`` steps and at the last one.
+            gather_metric_period: record (and gather over ranks) metrics every this many iterations.
+            zero_grad_before_forward: clear gradients before the forward pass, not after it
+                (matters only when the forward pass itself reads gradients).
+            async_write_metrics: accepted for detectron2 compatibility; metrics are written
+                synchronously (a background gather would interleave with DDP's collectives
+                on the same process group; ``record_every_step`` already keeps the sync
+                off the critical path).
+            record_every_step: see the class docstring.
             accumulate_steps: micro-batches per optimizer step.
 
         Raises:
@@ -187,7 +171,7 @@ class SimpleTrainer(TrainerBase):
         return dict(loss_dict)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Back-propagate one micro-batch's loss (already weighted for accumulation)."""
+        """Back-propagate one micro-batch's loss, already weighted for accumulation."""
         loss.backward()
 
     def optimizer_step(self) -> None:
@@ -228,11 +212,7 @@ class SimpleTrainer(TrainerBase):
     def reset_data_loader(self, data_loader_builder: Callable[[], Iterable[Any]]) -> None:
         """Replace the data loader by ``data_loader_builder()``; the next step starts its iterator.
 
-        The old loader (and its workers) is released before the new one is built, so two
-        sets of loader workers never run at once.
-
-        Args:
-            data_loader_builder: called without arguments, returns the new loader.
+        The old loader and its workers are released first: two sets never run at once.
         """
         self.close_data_iterator()
         self.data_loader = ()
@@ -241,8 +221,7 @@ class SimpleTrainer(TrainerBase):
     def close_data_iterator(self) -> None:
         """Drop the data iterator so its loader workers exit now, not at garbage collection.
 
-        The loader's position is kept by the loader itself, so a later step continues after
-        the last batch it returned.
+        The loader keeps its position: a later step continues after its last batch.
         """
         self._data_loader_iter_obj = None
 
@@ -273,6 +252,7 @@ class SimpleTrainer(TrainerBase):
         is_gather_iter = is_period_end(cur_iter, self.gather_metric_period) or (
             self.record_every_step and is_last_iter(cur_iter, self.max_iter)
         )
+        is_recorded = self.record_every_step or is_gather_iter
         if total_loss.is_cpu:
             # Reading a CPU tensor waits for no device, so check every step (recorded or not)
             # and never let a non-finite loss reach the optimizer. The sum is non-finite
@@ -280,24 +260,23 @@ class SimpleTrainer(TrainerBase):
             total = total_loss.item()
             if not math.isfinite(total):
                 raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
-            if not (self.record_every_step or is_gather_iter):
-                return
-            values: list[Any] = host_values(loss_dict, names, total)
-        elif self.record_every_step or is_gather_iter:
+            if is_recorded:
+                values: list[Any] = host_values(loss_dict, names, total)
+        elif is_recorded:
             values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
-        else:
-            return
-        self._metric_buffer.append((cur_iter, names, values, data_time))
+        if is_recorded:
+            self._metric_buffer.append((cur_iter, names, values, data_time))
         if is_gather_iter:
-            buffered, self._metric_buffer = self._metric_buffer, []
-            gather_and_file(buffered, self.storage)
+            self._file_buffered_metrics()
 
-    def _end_early(self) -> None:
-        # The loop stops before the next gather iteration: file the steps recorded since.
-        # Collective: every rank stops after the same step (TrainerBase.request_stop).
+    def _file_buffered_metrics(self) -> None:
+        # Collective: every rank files at the same iterations, and stops after the same step.
         if self._metric_buffer:
             buffered, self._metric_buffer = self._metric_buffer, []
             gather_and_file(buffered, self.storage)
+
+    # The loop stopped (TrainerBase.request_stop) before the next gather iteration.
+    _end_early = _file_buffered_metrics
 
     def _write_metrics(
         self, loss_dict: Mapping[str, torch.Tensor], data_time: float, prefix: str = ""
@@ -307,21 +286,12 @@ class SimpleTrainer(TrainerBase):
 
     @staticmethod
     def write_metrics(
-        loss_dict: Mapping[str, torch.Tensor],
-        data_time: float,
-        cur_iter: int,
-        prefix: str = "",
+        loss_dict: Mapping[str, torch.Tensor], data_time: float, cur_iter: int, prefix: str = ""
     ) -> None:
         """Gather one step's losses over ranks and put their averages into the current storage.
 
-        ``{prefix}total_loss`` is the sum of the averaged losses, ``data_time`` the slowest
-        rank's and ``rank_data_time`` this rank's.
-
-        Args:
-            loss_dict: scalar losses of this rank.
-            data_time: seconds this rank waited for its batch.
-            cur_iter: the iteration to file the values under.
-            prefix: prepended to ``total_loss``.
+        ``{prefix}total_loss`` is the sum of the averaged losses; ``data_time`` is filed as in
+        :func:`~trainkit.engine.step_metrics.gather_and_file`, under ``cur_iter``.
 
         Raises:
             FloatingPointError: On every rank, if an averaged loss is infinite or NaN.
@@ -353,16 +323,14 @@ class SimpleTrainer(TrainerBase):
 def _micro_batch_weights(batches: Sequence[Any]) -> list[float] | None:
     """Each micro-batch's share of the step's samples (``None`` for a single batch).
 
-    A model's loss is a mean over its batch, so weighting micro-batch j by ``n_j / N`` makes
-    the accumulated gradient the mean over all ``N`` samples even when sizes differ (the
-    tail of a finite loader). The size of a list (trainkit's batches) or a tensor is its
-    length; other batches (a tuple of tensors, a dict) count equally.
+    A loss is a mean over its batch, so weights ``n_j / N`` make the accumulated gradient the
+    mean over all ``N`` samples even when sizes differ (a finite loader's tail). Lists
+    (trainkit's batches) and tensors are sized by ``len``; other batches count equally.
     """
     if len(batches) == 1:
         return None
-    if not all(isinstance(batch, (list, torch.Tensor)) for batch in batches):
-        return [1.0 / len(batches)] * len(batches)
-    sizes = [len(batch) for batch in batches]
+    is_sized = all(isinstance(b, (list, torch.Tensor)) for b in batches)
+    sizes = [len(b) for b in batches] if is_sized else []
     total = sum(sizes)
     return [size / total for size in sizes] if total else [1.0 / len(batches)] * len(batches)
 

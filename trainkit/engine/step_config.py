@@ -1,13 +1,9 @@
 """The step trainer a config describes: building it, and holding an assigned one to it.
 
-``DefaultTrainer`` runs the step of a :class:`~trainkit.engine.simple_trainer.SimpleTrainer`
-(an :class:`~trainkit.engine.amp_trainer.AMPTrainer` with ``SOLVER.AMP.ENABLED``). What the
-config says about the step is of two kinds:
-
-* the **wiring** (metrics recorded every step, synchronised every ``WRITER_PERIOD`` steps so a
-  CUDA step never waits for the device): any step trainer takes it on without a word;
-* the **arithmetic** (micro-batches per step, mixed precision and its dtype): it changes the
-  update, so a step trainer that disagrees is refused with the config key to change.
+What the config says about the step is of two kinds: the **wiring** (:func:`adopt_config_wiring`),
+which any step trainer takes on without a word, and the **arithmetic** (micro-batches per step,
+mixed precision and its dtype), which changes the update: a step trainer that disagrees is
+refused with the config key to change (:func:`check_step_arithmetic`).
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ def build_step_trainer(
 ) -> SimpleTrainer:
     """Return the step trainer ``cfg`` describes (``SOLVER.AMP.ENABLED``, ``ACCUMULATE_STEPS``).
 
-    Its wiring is set when it is assigned to ``DefaultTrainer._trainer``
-    (:func:`adopt_config_wiring`).
+    It is wired when assigned to ``DefaultTrainer._trainer`` (:func:`adopt_config_wiring`).
     """
     step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
     return step_cls(model, data_loader, optimizer, accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS)
@@ -42,7 +37,7 @@ def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
     """Give ``step`` the config's wiring, after checking that it computes the config's update.
 
     Every step's losses are recorded (as with detectron2's default period of 1) but
-    synchronised only every ``WRITER_PERIOD`` steps, when the writers need them.
+    synchronised only every ``WRITER_PERIOD`` steps, so a CUDA step never waits for the device.
 
     Raises:
         UsageError: See :func:`check_step_arithmetic`.
@@ -53,11 +48,7 @@ def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
 
 
 def check_step_arithmetic(cfg: CfgNode, step: SimpleTrainer) -> None:
-    """Refuse a step trainer whose update differs from the one the config describes.
-
-    Accumulation, mixed precision and its dtype change what a step computes; a step trainer
-    assigned to ``DefaultTrainer._trainer`` must agree with ``cfg`` on them rather than
-    silently change the recipe.
+    """Refuse a step trainer whose accumulation, mixed precision or dtype differ from ``cfg``.
 
     Raises:
         UsageError: Naming the config key that disagrees and how to make them agree.

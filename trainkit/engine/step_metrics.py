@@ -1,8 +1,7 @@
 """What a training step records: losses summed, checked, gathered over ranks, filed in bulk.
 
-The step trainers keep each step's losses as floats (CPU) or detached device tensors and
-hand them here at the iterations that end a ``gather_metric_period``: one host copy for all
-device values, one ``all_gather`` for all ranks, one storage call per metric.
+The step trainers buffer each step's losses as floats (CPU) or detached device tensors and file them
+here: one host copy for all device values, one ``all_gather``, one storage call per metric.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ MetricEntry = tuple[int, tuple[str, ...], list[Any], float]
 
 
 def sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Return the sum of the losses; a ``total_loss`` entry among others is not counted twice.
+    """Return the sum of the losses; a ``total_loss`` among others is not counted twice.
 
-    One loss is its own sum; this also covers a model's single tensor, ``{"total_loss": t}``.
+    One loss (also a model's single tensor, ``{"total_loss": t}``) is its own sum.
     """
     if len(loss_dict) == 1:
         return next(iter(loss_dict.values()))
@@ -44,7 +43,7 @@ def host_values(
 ) -> list[float]:
     """Read the losses named by ``names`` (all but the last) as floats, then ``total``."""
     if len(names) == 2 and len(loss_dict) == 1:
-        return [total, total]  # one loss is its own total: read it once
+        return [total, total]  # one loss is its own total
     return [float(loss_dict[name].detach().float().item()) for name in names[:-1]] + [total]
 
 
@@ -59,17 +58,16 @@ def gather_and_file(
     Args:
         buffered: this rank's entries, oldest first.
         storage: where to file the averages.
-        always_check: check the values for NaN/inf even if every value was checked on this
-            rank already (single process, CPU losses).
+        always_check: check for NaN/inf even values this rank checked already (one
+            process, CPU losses).
 
     Raises:
         FloatingPointError: On every rank, after filing the steps before it, if a value is
             infinite or NaN.
 
     Collective:
-        ``all_gather`` over all ranks (every rank flushes at the same iterations). All ranks
-        see every value, so all raise together on a non-finite loss instead of rank 0
-        raising while the others wait in the next collective.
+        ``all_gather`` over all ranks, at the same iterations. Every rank sees every value,
+        so all raise together on a non-finite loss (none is left waiting in a collective).
     """
     device_values = [
         value.float().reshape(())

@@ -1,13 +1,9 @@
-"""Evaluating a model on the test sets of a config: detectron2's ``DefaultTrainer.test``.
-
-The classmethod stays ``DefaultTrainer.test`` (detectron2's API); its work is here, beside the
-validation losses that ``TEST.VAL_LOSS`` adds at every evaluation.
-"""
+"""The work of ``DefaultTrainer.test`` (detectron2's API), and ``TEST.VAL_LOSS``'s losses."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -20,36 +16,27 @@ from trainkit.evaluation import (
 )
 from trainkit.utils import comm
 
+if TYPE_CHECKING:
+    from trainkit.engine.default_trainer import DefaultTrainer
+
 __all__ = ["evaluate_test_sets", "validation_losses_of_test_sets"]
 
 logger = logging.getLogger(__name__)
 
 
-class _BuildsTestParts(Protocol):
-    @classmethod
-    def build_test_loader(cls, cfg: CfgNode, dataset_name: str) -> Any: ...
-
-    @classmethod
-    def build_evaluator(cls, cfg: CfgNode, dataset_name: str) -> DatasetEvaluator: ...
-
-
 def evaluate_test_sets(
-    trainer_cls: type[_BuildsTestParts],
+    trainer_cls: type[DefaultTrainer],
     cfg: CfgNode,
     model: nn.Module,
     evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``model`` on every dataset in ``DATASETS.TEST`` (see ``DefaultTrainer.test``).
+    """Evaluate ``model`` on every dataset in ``DATASETS.TEST``: ``DefaultTrainer.test``.
 
     Args:
         trainer_cls: builds each test loader and evaluator (its ``build_*`` classmethods).
-        cfg: the config.
-        model: the model (wrapped or not).
-        evaluators: one per test dataset; ``None`` builds them with ``build_evaluator``.
 
     Returns:
-        ``{dataset_name: results}``, or the results themselves for a single dataset
-        (rank 0; other ranks may get empty dicts).
+        See ``DefaultTrainer.test``.
 
     Raises:
         ValueError: If the number of evaluators differs from the number of test sets.
@@ -84,12 +71,12 @@ def evaluate_test_sets(
 
 
 def validation_losses_of_test_sets(
-    trainer: Any, model: nn.Module, loaders: dict[str, Any]
+    trainer: DefaultTrainer, model: nn.Module, loaders: dict[str, Any]
 ) -> dict[str, Any]:
     """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
 
     Args:
-        trainer: a ``DefaultTrainer`` (its ``cfg`` and ``build_test_loader``).
+        trainer: its ``cfg`` and ``build_test_loader`` are used.
         model: the model whose training-mode losses are measured.
         loaders: test loaders by dataset name, filled on first use and reused (each pass
             sees every record once).

@@ -1,9 +1,6 @@
 """detectron2's import path for the loop, its hooks and the two step trainers.
 
-Each lives in its own module: ``HookBase``/``HookPriority`` in :mod:`~trainkit.engine.hook_base`,
-``TrainerBase`` (the loop) in :mod:`~trainkit.engine.trainer_base`, ``SimpleTrainer`` (one
-optimisation step) in :mod:`~trainkit.engine.simple_trainer` and ``AMPTrainer`` in
-:mod:`~trainkit.engine.amp_trainer`. Code written for detectron2 imports them from here.
+Each lives in its own module (``hook_base``, ``trainer_base``, ``simple_trainer``, ``amp_trainer``).
 """
 
 from trainkit.engine.amp_trainer import AMPTrainer

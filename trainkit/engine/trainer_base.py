@@ -1,14 +1,7 @@
 """The iteration loop: ``TrainerBase`` runs iterations and calls the hooks around each.
 
-``TrainerBase`` owns the loop, the hook order and dispatch, the final writer flush and the
-loop's resumable state. :class:`~trainkit.engine.simple_trainer.SimpleTrainer` and
-``AMPTrainer`` implement one optimisation step; all of them are importable from
-:mod:`trainkit.engine.train_loop`, detectron2's path.
-
-A step trainer can run on its own (``SimpleTrainer(model, loader, opt).train(0, 100)``) or
-as the step component of another trainer (``DefaultTrainer`` owns one): :meth:`TrainerBase.
-bind_to` makes it share the owner's iteration counters, storage and hook dispatch once, so
-nothing is copied or patched per step.
+The step trainers (``SimpleTrainer``, ``AMPTrainer``) subclass it; all of them are importable
+from :mod:`trainkit.engine.train_loop`, detectron2's path.
 """
 
 from __future__ import annotations
@@ -16,20 +9,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from trainkit.engine.hook_base import (
-    HookBase,
-    HookDispatch,
-    hook_state_key,
-    keeps_state,
-)
+from trainkit.engine.hook_base import HookBase, HookDispatch, hook_state_key, keeps_state
 from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventStorage
 
 __all__ = ["TrainerBase"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class _Progress:
@@ -38,67 +28,50 @@ class _Progress:
     __slots__ = ("iter", "max_iter", "start_iter", "stop_reason", "storage")
 
     def __init__(self) -> None:
-        self.iter = 0
-        self.start_iter = 0
-        self.max_iter = 0
+        self.iter = self.start_iter = self.max_iter = 0
         self.storage: EventStorage | None = None
-        # Set by request_stop (or loaded from a stopped run's checkpoint).
-        self.stop_reason: str | None = None
+        self.stop_reason: str | None = None  # set by request_stop, or a stopped run's state
+
+
+class _ProgressField(Generic[_T]):
+    """A trainer attribute kept in its ``_progress``, which a bound step trainer shares."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, trainer: TrainerBase | None, owner: type | None = None) -> _T:
+        if trainer is None:  # looked up on the class
+            return self  # type: ignore[return-value]
+        return getattr(trainer._progress, self._name)
+
+    def __set__(self, trainer: TrainerBase, value: _T) -> None:
+        setattr(trainer._progress, self._name, value)
 
 
 class TrainerBase:
     """An iteration-based loop with hooks; subclasses implement :meth:`run_step`.
 
-    Hooks may read exactly these attributes, and built-in hooks read nothing else:
+    Hooks read only these attributes (built-in ones included):
 
-    * ``iter``: the current iteration (0-based); after :meth:`train` returns it is
-      ``max_iter``.
-    * ``start_iter``, ``max_iter``: the arguments of :meth:`train`.
+    * ``iter``: the current iteration (0-based); after :meth:`train` returns it is ``max_iter``.
+    * ``start_iter``, ``max_iter``: the arguments of the current (or last) :meth:`train`.
     * ``storage``: the :class:`EventStorage` opened by :meth:`train`.
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
 
-    Hooks may call exactly one method: :meth:`request_stop` (end training gracefully after
-    the current step), and read :attr:`stop_reason`.
-
-    This class does not build models, optimizers or data; ``DefaultTrainer`` does that from a
-    config, and a plain loop can call the ``build_*`` functions directly.
+    and call only :meth:`request_stop` (and read :attr:`stop_reason`). This class builds no
+    model, optimizer or data: ``DefaultTrainer`` does from a config, and a plain loop can call
+    the ``build_*`` functions directly.
     """
+
+    iter: _ProgressField[int] = _ProgressField()
+    start_iter: _ProgressField[int] = _ProgressField()
+    max_iter: _ProgressField[int] = _ProgressField()
 
     def __init__(self) -> None:
         self._dispatch = HookDispatch()
         self._progress = _Progress()
-        # Set by bind_to: the loop's position and hooks are then the owner's, and so is
-        # their state in a checkpoint.
-        self._is_bound = False
-
-    # ---- the loop's position, shared with a bound step trainer ---------------------------
-    @property
-    def iter(self) -> int:
-        """The current iteration (0-based)."""
-        return self._progress.iter
-
-    @iter.setter
-    def iter(self, value: int) -> None:
-        self._progress.iter = value
-
-    @property
-    def start_iter(self) -> int:
-        """The first iteration of the current (or last) :meth:`train` call."""
-        return self._progress.start_iter
-
-    @start_iter.setter
-    def start_iter(self, value: int) -> None:
-        self._progress.start_iter = value
-
-    @property
-    def max_iter(self) -> int:
-        """One past the last iteration of the current (or last) :meth:`train` call."""
-        return self._progress.max_iter
-
-    @max_iter.setter
-    def max_iter(self, value: int) -> None:
-        self._progress.max_iter = value
+        self._is_bound = False  # see bind_to
 
     @property
     def storage(self) -> EventStorage:
@@ -107,10 +80,9 @@ class TrainerBase:
         Raises:
             RuntimeError: If :meth:`train` has not been called yet.
         """
-        storage = self._progress.storage
-        if storage is None:
+        if self._progress.storage is None:
             raise RuntimeError("trainer.storage exists only once train() has started")
-        return storage
+        return self._progress.storage
 
     @storage.setter
     def storage(self, storage: EventStorage) -> None:
@@ -119,10 +91,10 @@ class TrainerBase:
     def bind_to(self, loop: TrainerBase) -> None:
         """Run as ``loop``'s step: share its position, storage and hooks from now on.
 
-        Afterwards this trainer's ``iter``, ``max_iter`` and ``storage`` are ``loop``'s and
-        its ``after_backward`` calls ``loop``'s hooks; ``loop.run_step`` calls this
-        trainer's ``run_step``. ``DefaultTrainer`` binds its step trainer once, when it is
-        set (also when a subclass assigns its own to ``self._trainer``).
+        A step trainer runs on its own (``SimpleTrainer(model, loader, opt).train(0, 100)``)
+        or inside a loop: ``DefaultTrainer`` binds its step trainer once, when it is set, and
+        its ``run_step`` calls the step's. Nothing is copied or patched per step, and the
+        loop saves the shared state (see :meth:`state_dict`).
 
         Raises:
             ValueError: If hooks were registered on this trainer itself: they would never
@@ -164,10 +136,8 @@ class TrainerBase:
         for hook in new_hooks:
             if not isinstance(hook, HookBase):
                 raise TypeError(f"hooks must be HookBase instances, got {type(hook).__name__}")
-        stateful_keys = [
-            hook_state_key(h) for h in self._dispatch.hooks + new_hooks if keeps_state(h)
-        ]
-        duplicates = sorted({k for k in stateful_keys if stateful_keys.count(k) > 1})
+        keys = [hook_state_key(h) for h in self._dispatch.hooks + new_hooks if keeps_state(h)]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
             # Fail at registration, not at the first checkpoint an hour into the run.
             raise ValueError(
@@ -182,11 +152,7 @@ class TrainerBase:
     def train(self, start_iter: int, max_iter: int) -> None:
         """Run iterations ``start_iter .. max_iter - 1``, calling the hooks around each.
 
-        A hook may end the loop early with :meth:`request_stop`: the rest of that step's
-        ``after_step`` hooks run, the loop ends with ``iter`` on that step (the last finished
-        iteration, which a checkpoint written in ``after_train`` records; ``iter < max_iter``
-        tells ``after_train`` hooks that the run did not complete), then ``after_train`` and
-        the writers' final write run as after a complete run. A trainer whose state comes
+        A hook may end the loop early (:meth:`request_stop`). A trainer whose state comes
         from a stopped run (:meth:`load_state_dict`) does not train: it logs why and returns.
 
         Args:
@@ -198,7 +164,18 @@ class TrainerBase:
                 ``after_train`` ran.
         """
         if self._progress.stop_reason is not None:
-            self._refuse_stopped_run(max_iter)
+            logger.warning(
+                "Not training: this run stopped early after iteration %d (%s) and stays "
+                "stopped when resumed. To train on, start a new run from its weights (e.g. "
+                "MODEL.WEIGHTS set to its final checkpoint, in another OUTPUT_DIR).",
+                self.iter,
+                self._progress.stop_reason,
+            )
+            # The writers were opened when the hooks were built; close them so trackers end
+            # their runs. The storage is empty and placed at max_iter, where the console
+            # printer stays silent: nothing is written.
+            with EventStorage(max_iter) as self.storage:
+                self._dispatch.final_write()
             return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
@@ -218,16 +195,13 @@ class TrainerBase:
                         self._end_early()
                         break
                     self.iter += 1
-            except UsageError as e:
-                self._progress.stop_reason = None  # not a graceful stop: nothing to record
-                # The user's input, not a crash: the message says what to fix.
-                logger.error("Training stopped: %s", e)
-                with contextlib.suppress(Exception):
-                    self.after_train()
-                raise
-            except BaseException:
-                self._progress.stop_reason = None
-                logger.exception("Exception during training:")
+            except BaseException as e:
+                self._progress.stop_reason = None  # a failure, not a graceful stop
+                if isinstance(e, UsageError):
+                    # The user's input, not a crash: the message says what to fix.
+                    logger.error("Training stopped: %s", e)
+                else:
+                    logger.exception("Exception during training:")
                 # Each hook's failure is logged inside after_train; the original error is
                 # the one worth raising.
                 with contextlib.suppress(Exception):
@@ -239,18 +213,17 @@ class TrainerBase:
     def request_stop(self, reason: str) -> None:
         """Ask the loop to end gracefully after the current step; hooks call this.
 
-        The remaining ``after_step`` hooks of the step still run, then ``after_train`` and the
-        writers' final write (see :meth:`train`); ``DefaultTrainer`` also writes a final
-        checkpoint that records the stop, so ``--resume`` does not train on. The first
-        reason given wins. A request during the last iteration changes nothing: the run
-        completes.
+        The step's other ``after_step`` hooks still run; the loop then ends with ``iter`` on
+        that step (the last finished one, which a checkpoint written in ``after_train``
+        records; ``iter < max_iter`` tells ``after_train`` hooks the run did not complete),
+        and ``after_train`` and the writers' final write run as usual. ``DefaultTrainer``
+        writes a final checkpoint that records the stop, so ``--resume`` does not train on.
+        The first reason wins; a request in the last iteration changes nothing. Every rank
+        must request it after the same step (``EarlyStopping`` shares its decision for this),
+        else the others wait in their next collective.
 
         Args:
             reason: why, in a few words; logged and saved in the checkpoint.
-
-        Under several processes every rank must request the stop after the same step (the
-        :class:`~trainkit.engine.hooks.EarlyStopping` hook shares its decision for this);
-        a rank that stops alone leaves the others waiting in their next collective.
         """
         if self._progress.stop_reason is not None:
             logger.debug("Stop already requested (%s); ignoring: %s", self.stop_reason, reason)
@@ -268,40 +241,23 @@ class TrainerBase:
         return self._progress.stop_reason
 
     def _stop_requested_here(self) -> bool:
-        if self._progress.stop_reason is None:
+        reason = self._progress.stop_reason
+        if reason is None:
             return False
         if self.iter >= self.max_iter - 1:
             logger.info("The stop was requested at the last iteration; the run completes.")
             self._progress.stop_reason = None
             return False
         logger.warning(
-            "Training stopped early after iteration %d of %d: %s",
-            self.iter,
-            self.max_iter,
-            self._progress.stop_reason,
+            "Training stopped early after iteration %d of %d: %s", self.iter, self.max_iter, reason
         )
         return True
 
     def _end_early(self) -> None:
-        """Finish what the step left for the last iteration (the loop stops early).
+        """At a :meth:`request_stop`, before ``after_train``: finish what the step deferred.
 
-        Called on every rank when the loop ends at a :meth:`request_stop`, before
-        ``after_train``; step trainers that defer work (buffered metrics) override it.
+        Called on every rank; step trainers that buffer metrics override it.
         """
-
-    def _refuse_stopped_run(self, max_iter: int) -> None:
-        logger.warning(
-            "Not training: this run stopped early after iteration %d (%s) and stays stopped "
-            "when resumed. To train on, start a new run from its weights (e.g. MODEL.WEIGHTS "
-            "set to its final checkpoint, in another OUTPUT_DIR).",
-            self.iter,
-            self._progress.stop_reason,
-        )
-        # The writers were opened when the hooks were built; close them so trackers end
-        # their runs. The storage is empty and placed at max_iter, where the console
-        # printer stays silent: nothing is written.
-        with EventStorage(max_iter) as self.storage:
-            self._dispatch.final_write()
 
     def before_train(self) -> None:
         """Call every hook's ``before_train``."""
@@ -352,9 +308,8 @@ class TrainerBase:
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"iteration": last finished iteration, "hooks": {name: state}}``.
 
-        Only hooks with a non-empty state appear, keyed by class ``__qualname__``. After
-        :meth:`request_stop`, ``"stop_reason"`` holds the reason. A trainer bound to a loop
-        (:meth:`bind_to`) returns ``{}``: the loop saves them.
+        Hooks with a non-empty state appear, by class ``__qualname__``; after a stop,
+        ``"stop_reason"`` too. A bound trainer (:meth:`bind_to`) returns ``{}``: its loop saves.
 
         Raises:
             ValueError: If two hooks with state share a name.
@@ -369,10 +324,9 @@ class TrainerBase:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the iteration, the stop request and every registered hook's saved state.
 
-        A run saved after :meth:`request_stop` stays stopped: :meth:`train` does not train.
-        A saved hook state with no matching hook, or a stateful hook with nothing saved,
-        is logged as a warning and otherwise ignored. A bound trainer ignores both (the
-        loop restores them).
+        A stopped run stays stopped (:meth:`train` does not train). A saved state without a
+        hook, or a stateful hook without a state, is logged and ignored. A bound trainer
+        ignores all of it (its loop restores it).
         """
         if self._is_bound:
             return

@@ -70,13 +70,11 @@ WRITER_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def build_writers(cfg: CfgNode, max_iter: int | None = None) -> list[EventWriter]:
-    """Return the writers named in ``cfg.WRITERS``, in that order.
-
-    Call it on rank 0 only: the trackers among them open a run.
+    """Return the writers named in ``cfg.WRITERS``, in that order; on rank 0 only.
 
     Args:
-        cfg: the config; ``WRITERS``, ``OUTPUT_DIR``, ``WANDB`` and ``MLFLOW`` are read,
-            and the whole config is logged to the trackers.
+        cfg: ``WRITERS``, ``OUTPUT_DIR``, ``WANDB`` and ``MLFLOW`` are read; the trackers
+            among the writers open a run and log the whole config.
         max_iter: total iterations, for the console's ETA.
 
     Raises:

@@ -1,17 +1,10 @@
 """A ``launch()`` job on torch.distributed.elastic: its agent, rendezvous and process entry.
 
 On each machine, torch's :class:`LocalElasticAgent` spawns the processes, watches them and
-stops them all when one fails. trainkit runs one agent per round of the job and decides about
-restarts itself (:func:`run_agent`), from the agent's public :class:`RunResult`: each failure
-is described once, as the user sees it (the round's first failure recorded in the job's
-store, else what the agent saw: a signal, an exit status), and posted to the store so that
-every machine stops its processes; a user error and a pre-emption end the job instead of
-being retried; any other failure starts the next round while restarts are left. The
-rendezvous (:class:`_Rendezvous`) keeps ``launch()``'s fixed machines and machine ranks.
-
-Why an agent per round: torch's agent restarts its processes by itself while
-``WorkerSpec.max_restarts`` allows, and has no public way to look at a failure before it
-does. (trainkit used to override the agent's private ``_monitor_workers`` for that, which
+stops them all when one fails. trainkit runs one agent per round and decides about restarts
+itself, from the agent's public :class:`RunResult` (:func:`run_agent`): torch's agent
+restarts by itself while ``WorkerSpec.max_restarts`` allows, with no public way to look at a
+failure first. (trainkit used to override its private ``_monitor_workers`` for that, which
 any torch refactor may break; ``tests/launcher/test_elastic.py`` keeps it from coming back.)
 """
 
@@ -114,6 +107,9 @@ def run_agent(
 ) -> list[Any]:
     """Run this machine's share of the job under torch's elastic agent, to its end.
 
+    A user error or a pre-emption ends the job; any other failure starts the next round
+    while restarts are left.
+
     Returns:
         ``main_func``'s return values of this machine's processes, by local rank.
 
@@ -129,7 +125,22 @@ def run_agent(
         try:
             with _forwarded_signals():
                 while True:
-                    agent = _agent(job, rendezvous, logs, num_processes, rendezvous_timeout_s)
+                    spec = WorkerSpec(
+                        role="trainkit",
+                        local_world_size=num_processes,
+                        rdzv_handler=rendezvous,
+                        entrypoint=_spawned_process,
+                        args=(job,),
+                        max_restarts=0,  # restarts are decided here, after a look at the failure
+                        monitor_interval=_MONITOR_S,
+                    )
+                    agent = LocalElasticAgent(
+                        spec,
+                        logs_specs=logs,
+                        start_method="spawn",
+                        exit_barrier_timeout=rendezvous_timeout_s,
+                        shutdown_timeout=_SIGNAL_GRACE_S,
+                    )
                     result = agent.run()
                     if result.state == WorkerState.SUCCEEDED:
                         return [result.return_values[r] for r in sorted(result.return_values)]
@@ -152,41 +163,15 @@ def run_agent(
             raise
 
 
-def _agent(
-    job: _Job,
-    rendezvous: _Rendezvous,
-    logs: DefaultLogsSpecs,
-    num_processes: int,
-    exit_barrier_s: float,
-) -> LocalElasticAgent:
-    """Return torch's agent for one round of the job: it starts, watches and stops the processes."""
-    spec = WorkerSpec(
-        role="trainkit",
-        local_world_size=num_processes,
-        rdzv_handler=rendezvous,
-        entrypoint=_spawned_process,
-        args=(job,),
-        max_restarts=0,  # run_agent restarts, after it has looked at the failure
-        monitor_interval=_MONITOR_S,
-    )
-    return LocalElasticAgent(
-        spec,
-        logs_specs=logs,
-        start_method="spawn",
-        exit_barrier_timeout=exit_barrier_s,
-        shutdown_timeout=_SIGNAL_GRACE_S,
-    )
-
-
 # ---- the rendezvous and what the agent saw ----------------------------------------------------
 class _Rendezvous(RendezvousHandler):
     """The rendezvous of a ``launch`` job: fixed machines, each keeping its machine rank.
 
-    Machine 0's launcher serves the job's store before any process starts (for
-    ``dist_url="auto"`` on 127.0.0.1 port 0: concurrent jobs never race for a port and
-    nothing listens outside the machine; a port in use is reported at once), the others
-    connect to it. torch's static rendezvous does the same but listens on every interface
-    and reports neither case by address. Elastic membership is torchrun's c10d rendezvous.
+    Machine 0's launcher serves the job's store before any process starts, the others
+    connect to it (``dist_url="auto"``: 127.0.0.1 port 0, so concurrent jobs never race for
+    a port and nothing listens outside the machine). torch's static rendezvous listens on
+    every interface and reports neither a port in use nor an unreachable machine 0 by
+    address. Elastic membership is torchrun's c10d rendezvous.
     """
 
     def __init__(
@@ -236,8 +221,8 @@ class _Failures:
     """Describe each failure of the job once, as the user sees it, and post it for the others.
 
     The round's first failure recorded in the job's store wins (a process posts its own
-    traceback there); else what this machine's agent saw (a signal, an exit status) and its
-    processes reported, which is then posted so that the other machines stop too.
+    traceback there); else what this machine's agent saw and its processes reported (a
+    signal, an exit status), posted so that the other machines stop too.
     """
 
     def __init__(self, store: Store, report_dir: str) -> None:

@@ -1,19 +1,7 @@
-"""A process's membership in a distributed job, however the job was started.
+"""A process's membership in a distributed job, however it was started (launch, torchrun, srun).
 
-The same code runs in the processes ``launch()`` starts (through torch.distributed.elastic's
-agent), in those ``torchrun`` starts, and in the tasks ``srun`` starts. Each process:
-
-1. reads its place in the job from torchrun's variables (:class:`JobEnvironment`; for SLURM
-   ``launch`` derives them first, see :mod:`trainkit.launcher.slurm`);
-2. connects to the job's key-value store and agrees with the others on a fresh namespace for
-   this round of the job (:func:`~trainkit.launcher.job_store.agree_on_round` says why a
-   restart needs one);
-3. joins the process group in that namespace, creates the per-machine group, and exports for
-   the trainer ``TRAINKIT_RESTART_COUNT`` (the round: 0 first, N after N restarts, the same
-   on every rank) and ``TRAINKIT_JOB_STORE`` (where the progress watchdog publishes);
-4. runs ``main_func`` under a guard thread: when a process of the round posts a failure (an
-   exception, a user error, a stall the watchdog found) every other process ends within a
-   second with that failure's exit status, instead of waiting in a collective.
+Its place comes from torchrun's variables (:class:`JobEnvironment`; for SLURM ``launch``
+derives them first, :mod:`trainkit.launcher.slurm`); :func:`run_in_job` joins the job.
 """
 
 from __future__ import annotations
@@ -118,11 +106,16 @@ def run_in_job(
 ) -> Any:
     """Join the job ``env`` describes, run ``main_func(*args)``, leave the job.
 
+    The process reaches the job's store and agrees with the others on a fresh namespace for this
+    round (:func:`~trainkit.launcher.job_store.agree_on_round` says why), joins the process group
+    there with its per-machine group, and exports for the trainer
+    :data:`~trainkit.launcher.protocol.RESTART_COUNT_VAR` (the round) and
+    :data:`~trainkit.launcher.protocol.JOB_STORE_VAR`. ``main_func`` runs under a guard thread: when
+    a process of the round posts a failure (an exception, a user error, a stall), every other one
+    ends within a second with its exit status, instead of waiting in a collective.
+
     Args:
-        main_func: the job's function.
-        args: its arguments.
         timeout: how long a collective (and joining) waits for the other processes.
-        env: this process's place in the job.
         on_abort: called (instead of ending the process) when another process failed.
 
     Returns:
@@ -138,12 +131,26 @@ def run_in_job(
     """
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         # An orphan of a dead agent would go on training with the job it was part of, out
-        # of the reach of any restart: a machine that is lost loses its processes too.
-        _die_with_parent()
+        # of the reach of any restart: a machine that is lost loses its processes too. So
+        # Linux SIGKILLs this process when its parent (the agent) dies.
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if env.world_size == 1:  # nothing to join: no process group, as without a launcher
         with _exported({RESTART_COUNT_VAR: str(env.restart_count)}):
             return main_func(*args)
-    store, prefix, index = _join_round(env, timeout.total_seconds())
+    timeout_s = timeout.total_seconds()
+    if env.rank == 0 and not env.agent_store:
+        store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
+    else:
+        store = connect_store(env.master_addr, env.master_port, timeout_s)
+    prefix, index = agree_on_round(store, env.rank, env.world_size, env.restart_count, timeout_s)
+    if store.check([_USAGE_KEY]):
+        # Under torchrun --max-restarts the agent restarts a job that ended on a user error
+        # anyway; this round stops at once.
+        raise UsageError(store.get(_USAGE_KEY).decode())
     round_store = dist.PrefixStore(prefix, store)
     exported = {
         RESTART_COUNT_VAR: str(index),
@@ -160,23 +167,6 @@ def run_in_job(
             raise
         finally:
             guard.stop()
-
-
-def _join_round(env: JobEnvironment, timeout_s: float) -> tuple[dist.Store, str, int]:
-    """Reach the job's store; return it, this round's namespace and the round's index.
-
-    Raises:
-        UsageError: If an earlier round ended on a user error: under ``torchrun
-            --max-restarts`` the agent restarts the job anyway, and this round stops at once.
-    """
-    if env.rank == 0 and not env.agent_store:
-        store, _ = serve_store(env.master_addr, env.master_port, timeout_s)
-    else:
-        store = connect_store(env.master_addr, env.master_port, timeout_s)
-    prefix, index = agree_on_round(store, env.rank, env.world_size, env.restart_count, timeout_s)
-    if store.check([_USAGE_KEY]):
-        raise UsageError(store.get(_USAGE_KEY).decode())
-    return store, prefix, index
 
 
 @contextlib.contextmanager
@@ -219,15 +209,6 @@ def _exported(variables: dict[str, str]) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the agent) dies."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 def default_backend() -> str:
     """NCCL when CUDA (and NCCL) are available, else Gloo."""
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
@@ -241,6 +222,7 @@ def _post_failure(
         return
     if getattr(error, "exit_code", None) is not None:
         return  # an agreed stop (pre-emption): every rank stops the same way, after a barrier
+    code, kind = 1, "error"
     if isinstance(error, UsageError):
         message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
         with contextlib.suppress(Exception):
@@ -250,8 +232,11 @@ def _post_failure(
         return
     else:
         message = f"rank {rank} raised an exception:\n{traceback.format_exc()}"
-        code, kind = 1, "error"
-    post_abort(round_store, {"rank": rank, "message": message, "exit_code": code, "kind": kind})
+    post_abort(round_store, _failure(rank, message, code, kind))
+
+
+def _failure(rank: int | None, message: str, exit_code: int = 1, kind: str = "error") -> dict:
+    return {"rank": rank, "message": message, "exit_code": exit_code, "kind": kind}
 
 
 def _exit_for(record: dict[str, Any]) -> None:
@@ -305,13 +290,9 @@ class _Guard:
             except (RuntimeError, dist.DistError) as e:
                 if not self._env.agent_store:
                     return  # rank 0 served the store and has finished: nothing to guard
-                record = {
-                    "rank": None,
-                    "message": f"lost the connection to the job's store at "
-                    f"{self._env.master_addr}:{self._env.master_port} ({e}); its launcher stopped.",
-                    "exit_code": 1,
-                    "kind": "error",
-                }
+                address = f"{self._env.master_addr}:{self._env.master_port}"
+                why = f"lost the connection to the job's store at {address} ({e})"
+                record = _failure(None, f"{why}; its launcher stopped.")
             if record is not None:
                 if not self._stop.is_set():
                     self._on_abort(record)
@@ -332,9 +313,4 @@ class _Guard:
         if stalled is None:
             return None
         message = describe_stall(stalled, stalled["timeout_s"])
-        return {
-            "rank": stalled["rank"],
-            "message": message,
-            "exit_code": WATCHDOG_EXIT_CODE,
-            "kind": "stall",
-        }
+        return _failure(stalled["rank"], message, WATCHDOG_EXIT_CODE, "stall")

@@ -1,9 +1,9 @@
 """The job's key-value store: serving and reaching it, one namespace per round, failures.
 
 Machine 0's launcher (or torch's elastic agent, or rank 0 under plain ``env://``) serves one
-TCP store for the job. Each round of the job (each start or restart of its processes) works
-in a namespace of it that :func:`agree_on_round` opens, and records its first failure there
-(:func:`post_abort`), which every process of the round watches.
+TCP store for the job. Each round (each start or restart of its processes) works in a
+namespace that :func:`agree_on_round` opens, where every process watches for its first
+failure (:func:`post_abort`).
 """
 
 from __future__ import annotations
@@ -49,12 +49,11 @@ class RendezvousAddressError(UsageError, ValueError):
     """The job's store cannot listen on the address given (in use, or not this machine's)."""
 
 
-# ---- the store ---------------------------------------------------------------------
 def serve_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
     """Serve a store on ``host:port`` (port 0: one the OS picks); return it and its port.
 
-    The socket is bound here, before the store takes it over, so that a port in use is
-    reported at once naming the address, and a loopback host listens on loopback only.
+    The socket is bound here, before the store takes it over: a port in use is reported at
+    once naming the address, and a loopback host listens on loopback only.
 
     Raises:
         RendezvousAddressError: If the port is in use or the host cannot be listened on.
@@ -79,15 +78,14 @@ def serve_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, 
             ) from None
         # The host names this machine only indirectly (a DNS alias, a NAT address): let the
         # store listen on every interface instead.
-        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
-        return store, port
+        return dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False), port
     sock.listen(1024)
     port = sock.getsockname()[1]
     # The store takes ownership of the descriptor (and closes it when it is destroyed).
-    store = dist.TCPStore(
-        host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach()
-    )
-    return store, port
+    fd = sock.detach()
+    return dist.TCPStore(
+        host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=fd
+    ), port
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
@@ -111,11 +109,11 @@ def agree_on_round(
 ) -> tuple[str, int]:
     """Return a namespace of the store that is this round's alone, and the round's index.
 
-    Why: an elastic agent's store outlives the round, and torch 2.13's c10d rendezvous keeps
-    one store for the processes of every round (``TORCHELASTIC_USE_AGENT_STORE``), while the
-    process group adds no per-round prefix. A restarted round then reads the dead round's keys
-    (Gloo's peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one
-    machine only: each agent counts its own restarts, and a membership change restarts the others
+    Why: an elastic agent's store outlives the round, torch 2.13's c10d rendezvous keeps one
+    store for every round's processes (``TORCHELASTIC_USE_AGENT_STORE``), and the process
+    group adds no per-round prefix: a restarted round reads the dead round's keys (Gloo's
+    peer addresses) and can hang. Keying by ``TORCHELASTIC_RESTART_COUNT`` fixes one machine
+    only: each agent counts its own restarts, and a membership change restarts the others
     without counting (pytorch/pytorch#135712, #108158).
 
     How: rank 0 publishes a new namespace; every other rank registers a nonce under the
@@ -150,9 +148,6 @@ def agree_on_round(
     raise RendezvousTimeoutError(
         f"rank {rank} waited {timeout_s:.0f} s for rank 0 of the job to open a new round."
     )
-
-
-# ---- running in the job -----------------------------------------------------------------
 
 
 def post_abort(round_store: dist.Store, record: dict[str, Any]) -> None:

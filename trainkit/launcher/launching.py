@@ -1,25 +1,7 @@
 """Start a job of one process per GPU (or per CPU slot) on each machine, and restart it.
 
-How a job starts, by what ``launch`` finds:
-
-* started by ``torchrun`` (its variables set), or as one task of an ``srun`` step of several
-  tasks: nothing is spawned; this process joins the job (:mod:`trainkit.launcher.job`) and
-  runs ``main_func``. torchrun's agent (or SLURM) watches the processes.
-* one process and no restarts: ``main_func`` runs in this process.
-* otherwise: torch.distributed.elastic's agent spawns the processes of this machine and
-  watches them (:mod:`trainkit.launcher.elastic`). Machine 0's launcher serves the job's
-  store (the rendezvous); the others connect to it. When a process fails, the agent stops
-  this machine's processes, the failure is posted to the store so every machine stops its
-  processes too, and either the job restarts (``max_restarts`` not used up; a restarted job
-  resumes from its newest checkpoint by itself, see ``DefaultTrainer.resume_or_load``) or
-  :class:`LaunchError` names the failed rank and shows its traceback. A user error (exit
-  status 2) and a pre-emption (75) are never retried.
-
-A job that only prints its config (``--print-config``) starts no process at all:
-``main_func`` runs once, here, and ``default_setup`` prints and exits.
-
-This module is imported with ``trainkit.engine``, so it stays light: torch.distributed.elastic,
-the job store and SLURM's parsing are imported inside :func:`launch`, when it needs them.
+Imported with ``trainkit.engine``, so it stays light: torch.distributed.elastic, the job store
+and SLURM's parsing are imported inside :func:`launch`, when it needs them.
 """
 
 from __future__ import annotations
@@ -62,8 +44,7 @@ class LaunchError(RuntimeError):
 
     def __init__(self, message: str, rank: int | None = None, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.rank = rank
-        self.exit_code = exit_code
+        self.rank, self.exit_code = rank, exit_code
 
 
 def launch(
@@ -79,6 +60,17 @@ def launch(
     rendezvous_timeout_s: float = 300.0,
 ) -> list[Any]:
     """Run ``main_func(*args)`` in every process of a (possibly multi-machine) job.
+
+    How, by what it finds:
+
+    * under ``torchrun`` (its variables set), or as one task of an ``srun`` step of several
+      tasks: this process joins the job (:mod:`trainkit.launcher.job`) and runs
+      ``main_func``; torchrun's agent (or SLURM) watches the processes.
+    * one process and no restarts: ``main_func`` runs in this process.
+    * otherwise torch.distributed.elastic's agent spawns and watches this machine's
+      processes, and restarts the job after a failure (:mod:`trainkit.launcher.elastic`).
+    * ``args`` holds the parsed command line of ``--print-config``: ``main_func(*args)`` runs
+      once here, without a process group (``default_setup`` prints and exits).
 
     Args:
         main_func: a module-level function (it is pickled into spawned processes).
@@ -105,11 +97,6 @@ def launch(
             (its one-line message); the script then exits with status 2.
         LaunchError: When a process of the job raised or died and no restart is left;
             names the global rank.
-
-    When ``args`` holds the parsed command line of ``--print-config`` (an object whose
-    ``print_config`` is True), ``main_func(*args)`` runs once in this process, without a
-    process group: ``default_setup`` prints the config for the world size the flags ask
-    for and exits, so no process needs to start.
     """
     install_usage_error_handler()
     if any(getattr(arg, "print_config", False) is True for arg in args):
@@ -134,6 +121,10 @@ def launch(
 
     host, port = _rendezvous_address(dist_url)
     try:
+        loopback = socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        loopback = False
+    try:
         return run_agent(
             main_func,
             tuple(args),
@@ -142,7 +133,7 @@ def launch(
             machine_rank=machine_rank,
             num_machines=num_machines,
             address=(host, port),
-            loopback=_is_loopback(host),
+            loopback=loopback,
             max_restarts=max_restarts,
             rendezvous_timeout_s=rendezvous_timeout_s,
         )
@@ -206,10 +197,3 @@ def _not_understood(dist_url: str) -> LaunchArgumentError:
         f"--dist-url {dist_url!r} is not understood; use 'auto' on one machine or "
         f"'tcp://HOST:PORT' (the address of machine 0) for several."
     )
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False

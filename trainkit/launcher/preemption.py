@@ -1,9 +1,4 @@
-"""The signal side of pre-emption: note the scheduler's stop signal, give up on a second one.
-
-:class:`PreemptionSignal` notes the first SIGTERM/SIGINT/SIGUSR1 a process receives; the
-trainer acts on it (:mod:`trainkit.engine.hooks.preemption` says how and why). A second
-signal, later than a short debounce window, ends the process at once without a checkpoint.
-"""
+"""The signal side of pre-emption: note the scheduler's stop signal, give up on a second one."""
 
 from __future__ import annotations
 
@@ -13,7 +8,6 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any, Callable
 
 __all__ = ["PreemptionSignal"]
@@ -28,8 +22,9 @@ _DEBOUNCE_S = 2.0
 class PreemptionSignal:
     """Listen for stop signals in this process and remember the first one.
 
-    It only notes the signal; acting on it (agreeing between ranks, saving, stopping) is the
-    trainer's, see :class:`~trainkit.engine.hooks.preemption.PreemptionHandler`.
+    A second one, later than a short debounce window, ends the process at once without a
+    checkpoint. Acting on the first (agreeing between ranks, saving, stopping) is the
+    trainer's: :class:`~trainkit.engine.hooks.preemption.PreemptionHandler`.
 
     Args:
         signals: the signals that ask for a stop.
@@ -69,14 +64,12 @@ class PreemptionSignal:
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in self._signals:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
+            self._previous[signum] = signal.signal(
+                signum, lambda signum, _frame: self.note_signal(signal.Signals(signum).name)
+            )
 
     def uninstall(self) -> None:
         """Restore the handlers that were installed before :meth:`install`."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        self.note_signal(signal.Signals(signum).name)

@@ -1,18 +1,11 @@
 """What the trainer and the launcher agree on: exit statuses, variables, heartbeats, stalls.
 
-The engine's hooks (:class:`~trainkit.engine.hooks.watchdog.ProgressWatchdog`,
-:class:`~trainkit.engine.hooks.preemption.PreemptionHandler`) and the launcher's processes
-(:mod:`trainkit.launcher.job`) both import this module; neither reaches into the other.
+The engine's hooks and the launcher's processes both import this module; neither reaches into
+the other. It imports nothing heavy (torch.distributed only inside :func:`connect_job_store`).
 
-* An exception with an integer ``exit_code`` attribute (``TrainingPreempted``) is an agreed
-  stop: every rank raises it at the same step, so no rank posts it as the job's failure, and
-  the process ends with that status. A user error ends it with
-  :data:`trainkit.utils.errors.USAGE_EXIT_CODE` (2).
-* Each process of a job gets :data:`RESTART_COUNT_VAR` and :data:`JOB_STORE_VAR` when it
-  joins; the watchdog publishes a heartbeat under :data:`HEARTBEAT_KEY` in that store, and the
-  launcher's guard applies :func:`find_stalled_rank` to every rank's heartbeat.
-
-It imports nothing heavy: torch.distributed only inside :func:`connect_job_store`.
+An exception with an integer ``exit_code`` attribute (``TrainingPreempted``) is an agreed
+stop: every rank raises it at the same step, so no rank posts it as the job's failure, and the
+process ends with that status (a user error: :data:`trainkit.utils.errors.USAGE_EXIT_CODE`).
 """
 
 from __future__ import annotations
@@ -46,16 +39,15 @@ WATCHDOG_EXIT_CODE = 124
 """Exit status of a process the watchdog ended (like timeout(1))."""
 
 RESTART_COUNT_VAR = "TRAINKIT_RESTART_COUNT"
-"""Set in each process of a job: its round (0 first, N after N restarts; the same on every
-rank)."""
+"""Set in each process of a job: its round (0 first, N after N restarts; the same on all ranks)."""
 
 JOB_STORE_VAR = "TRAINKIT_JOB_STORE"
 """Set in each process of a job: ``HOST:PORT/NAMESPACE`` of its round (see job_store)."""
 
 HEARTBEAT_KEY = "trainkit/watchdog/rank{rank}"
-"""In a round's namespace: a rank's progress record, as JSON, with the keys ``rank``,
-``phase``, ``iteration``, ``elapsed_s``, ``started_at`` (wall clock), ``timeout_s`` and
-``pid`` (see ``ProgressWatchdog.record``)."""
+"""In a round's namespace: a rank's progress record as JSON (``rank``, ``phase``, ``iteration``,
+``elapsed_s``, ``started_at`` on the wall clock, ``timeout_s``, ``pid``); the launcher's guard
+applies :func:`find_stalled_rank` to every rank's."""
 
 
 def job_store_address(host: str, port: int, namespace: str) -> str:
@@ -64,12 +56,10 @@ def job_store_address(host: str, port: int, namespace: str) -> str:
 
 
 def connect_job_store() -> dist.Store | None:
-    """Connect to this round's namespace of the job store (None outside a multi-process job).
-
-    The progress watchdog publishes there; the guard of rank 0 reads it.
+    """Connect to this round's namespace of the job store, where the progress watchdog publishes.
 
     Returns:
-        A prefix store on the job's TCP store, or None.
+        A prefix store on the job's TCP store, or None outside a multi-process job.
     """
     address = os.environ.get(JOB_STORE_VAR)
     if not address:
@@ -97,14 +87,8 @@ def describe_stall(record: dict[str, Any], timeout_s: float) -> str:
     )
 
 
-# Where each phase falls within an iteration; phases not listed (hooks, checkpoint, eval)
-# come after the step.
+# Where each phase falls within an iteration; the others (hooks, checkpoint, eval) come after.
 _PHASE_ORDER = {"start": 0, "data": 1, "forward/backward": 2}
-_AFTER_STEP = 3
-
-
-def _progress(record: dict[str, Any]) -> tuple[int, int]:
-    return record["iteration"], _PHASE_ORDER.get(record["phase"], _AFTER_STEP)
 
 
 def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
@@ -120,4 +104,6 @@ def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[s
         return None
     if max(r["elapsed_s"] for r in records) <= timeout_s:
         return None
-    return min(records, key=lambda r: (_progress(r), -r["elapsed_s"]))
+    return min(
+        records, key=lambda r: (r["iteration"], _PHASE_ORDER.get(r["phase"], 3), -r["elapsed_s"])
+    )

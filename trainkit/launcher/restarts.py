@@ -1,18 +1,15 @@
 """Whether this process runs a restart of a job, so that training resumes by itself.
 
 A job restarts when torch.distributed.elastic's agent starts its processes again
-(``launch(..., max_restarts=N)``, ``torchrun --max-restarts N``, a machine joining or
-leaving a ``torchrun --nnodes MIN:MAX`` job) or when SLURM requeues it. The restarted
-processes run the script from the top; :meth:`DefaultTrainer.resume_or_load
-<trainkit.engine.DefaultTrainer.resume_or_load>` asks :func:`is_restart` and then resumes
-from the newest checkpoint even without ``--resume``.
+(``launch(..., max_restarts=N)``, ``torchrun --max-restarts N``, a machine joining or leaving
+a ``torchrun --nnodes MIN:MAX`` job) or when SLURM requeues it; ``DefaultTrainer.resume_or_load``
+then resumes from the newest checkpoint even without ``--resume``.
 
-The answer must be the same on every rank and must not mistake another run's checkpoints for
-this run's, so it comes from the checkpoints' directory: before its first checkpoint, rank 0
-writes the job's run id (:func:`run_id`) next to it (:func:`record_run_id`); a process whose
-run id is the one recorded there continues that run. The restart count alone would not do: each
-elastic agent counts only its own restarts, and a membership change restarts the processes
-without counting at all.
+The answer must be the same on every rank and must not take another run's checkpoints for
+this run's, so it comes from the checkpoints' directory, where rank 0 writes the job's run id
+before its first checkpoint (:func:`record_run_id`). The restart count alone would not do:
+each elastic agent counts only its own restarts, and a membership change restarts the
+processes without counting at all.
 """
 
 from __future__ import annotations
@@ -41,8 +38,8 @@ RUN_ID_FILE = "run_id"
 def restart_count() -> int:
     """Return how many times this job was restarted before this round (0 the first time).
 
-    The same on every rank of a job joined through ``launch()`` (set when joining, see
-    :mod:`trainkit.launcher.job`); otherwise torchrun's or SLURM's own count.
+    The same on every rank of a job joined by :mod:`trainkit.launcher.job`; otherwise
+    torchrun's or SLURM's own count.
     """
     for name in (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
         if os.environ.get(name):
@@ -72,11 +69,7 @@ def is_restart(output_dir: str) -> bool:
     current = run_id()
     if not current:
         return restart_count() > 0
-    try:
-        with open(os.path.join(output_dir, RUN_ID_FILE)) as f:
-            return f.read().strip() == current
-    except OSError:
-        return False  # this run has written no checkpoint yet
+    return _recorded_run_id(output_dir) == current
 
 
 def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:
@@ -86,17 +79,17 @@ def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:
         output_dir: where the run's checkpoints are.
         newest_checkpoint: the checkpoint a resume starts from (for the log).
     """
+    count = restart_count()
     if is_restart(output_dir):
         logger.warning(
             "restart %s: resuming from %s",
-            restart_count() or "after a change of machines",
+            count or "after a change of machines",
             newest_checkpoint or "MODEL.WEIGHTS (no checkpoint yet)",
         )
         return True
-    if restart_count() > 0:
+    if count > 0:
         logger.warning(
-            "restart %d: this run wrote no checkpoint yet; starting from the beginning",
-            restart_count(),
+            "restart %d: this run wrote no checkpoint yet; starting from the beginning", count
         )
     return False
 
@@ -104,12 +97,15 @@ def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:
 def record_run_id(output_dir: str) -> None:
     """Write this job's run id into ``output_dir`` (rank 0, before its checkpoints)."""
     current = run_id()
-    path = os.path.join(output_dir, RUN_ID_FILE)
-    if not current or not output_dir:
+    if not current or not output_dir or _recorded_run_id(output_dir) == current:
         return
-    if os.path.exists(path):
-        with open(path) as f:
-            if f.read().strip() == current:
-                return
-    with atomic_write(path, "w") as f:
+    with atomic_write(os.path.join(output_dir, RUN_ID_FILE), "w") as f:
         f.write(current + "\n")
+
+
+def _recorded_run_id(output_dir: str) -> str | None:
+    try:
+        with open(os.path.join(output_dir, RUN_ID_FILE)) as f:
+            return f.read().strip()
+    except OSError:
+        return None  # this run has written no checkpoint yet

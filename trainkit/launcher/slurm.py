@@ -1,13 +1,10 @@
 """Reading a SLURM job step's environment: ranks, nodes and the rendezvous address.
 
-``srun python tools/train_net.py ...`` starts one task per process. SLURM tells each task
-who it is (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``), how many there are
-(``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_TASKS_PER_NODE``) and where (``SLURM_STEP_NODELIST``,
-in SLURM's compressed form such as ``node[01-03,07]``). The first node of the step hosts the
-rendezvous store (task 0 runs there under SLURM's default block distribution) on
-``MASTER_PORT`` if set, else on a port derived from the job id.
-
-Everything here is a pure function of the environment, so it is tested without SLURM.
+``srun python tools/train_net.py ...`` starts one task per process; SLURM tells each who it
+is (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``), how many there are
+(``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_TASKS_PER_NODE``) and where (``SLURM_STEP_NODELIST``).
+The first node of the step (task 0's under SLURM's default block distribution) hosts the
+rendezvous store. Everything here is a pure function of the environment, tested without SLURM.
 """
 
 from __future__ import annotations
@@ -93,12 +90,11 @@ def _tasks_per_node(environ: Mapping[str, str]) -> list[int]:
 def slurm_variables(environ: Mapping[str, str], num_gpus_per_machine: int) -> dict[str, str] | None:
     """Return torchrun's variables for this task if it runs in an ``srun`` step of several tasks.
 
-    The result (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``) lets the rest of the job treat a SLURM task like a
-    process torchrun started. None when not under ``srun`` (no ``SLURM_STEP_ID``), with a
-    single task, or when each task is one launcher per node (``--ntasks-per-node 1`` with
-    ``--num-gpus`` above 1, the detectron2 way): :func:`~trainkit.launcher.launch` then starts
-    the processes itself.
+    With them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) a SLURM task joins the job like a process torchrun started. None when not
+    under ``srun`` (no ``SLURM_STEP_ID``), with a single task, or when each task is one
+    launcher per node (``--ntasks-per-node 1`` with ``--num-gpus`` above 1, the detectron2
+    way): :func:`~trainkit.launcher.launch` then starts the processes itself.
 
     Raises:
         SlurmEnvironmentError: If the tasks per node differ between nodes, disagree with

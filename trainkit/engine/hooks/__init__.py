@@ -1,9 +1,7 @@
 """The built-in hooks: timing, writing, checkpointing, lr scheduling, evaluation, profiling.
 
-Every hook reads only the trainer surface listed in :class:`~trainkit.engine.train_loop.
-TrainerBase` and decides "is it time?" with :mod:`trainkit.utils.periodic`. Their canonical
-order is set by ``DefaultTrainer.build_hooks``. One module per responsibility; import them
-from here (``trainkit.engine.hooks.X``), the path detectron2 code expects.
+Each reads only the trainer surface :class:`~trainkit.engine.train_loop.TrainerBase` lists;
+``DefaultTrainer.build_hooks`` gives their order. Import them from here, detectron2's path.
 """
 
 from trainkit.engine.hook_base import HookBase, HookPriority

@@ -9,13 +9,12 @@ from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
-from trainkit.engine.hook_base import HookBase
+from trainkit.engine.hook_base import HookBase, is_time
 from trainkit.engine.hooks.early_stopping import (
     ImprovementRule,
     is_evaluation_step,
     update_from_storage,
 )
-from trainkit.utils.periodic import is_last_iter, is_period_end
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
@@ -32,14 +31,10 @@ class _Saver(Protocol):
 class PeriodicCheckpointer(HookBase):
     """Save a checkpoint every ``period`` iterations and a final one at the last iteration.
 
-    A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer`; the file names, the
-    ``max_to_keep`` rotation and what is saved are that class's business. Given the run's
-    :class:`~trainkit.engine.run_state.RunState`, every save is preceded, on every rank, by
-    its :meth:`~trainkit.engine.run_state.RunState.prepare_save`. When a hook
-    stopped training early (:meth:`TrainerBase.request_stop`), ``after_train`` writes
-    ``{file_prefix}_final`` for the last finished iteration and tags it. With a
-    checkpointer that saves in the background, ``after_train`` waits for the last write
-    (raising its failure), so training ends with the final checkpoint on disk.
+    A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer` (file names, rotation,
+    what is saved). After a stop (:meth:`TrainerBase.request_stop`), ``after_train`` writes
+    ``{file_prefix}_final`` for the last finished iteration and tags it; it then waits for a
+    background write (raising its failure), so training ends with the checkpoint on disk.
     """
 
     def __init__(
@@ -60,8 +55,7 @@ class PeriodicCheckpointer(HookBase):
             max_iter: the last iteration + 1; ``None`` means the trainer's ``max_iter``.
             max_to_keep: keep only this many periodic checkpoints (``None``: all).
             file_prefix: the checkpoints are ``{file_prefix}_{iteration:07d}.pth``.
-            run_state: the run state ``DefaultTrainer`` saves; its ``prepare_save`` runs on
-                every rank right before each save (it gathers the ranks' states).
+            run_state: its ``prepare_save`` runs on every rank right before each save.
         """
         self._checkpointer = checkpointer
         self._period = period
@@ -88,12 +82,11 @@ class PeriodicCheckpointer(HookBase):
     def after_step(self) -> None:
         if self._periodic is None:
             return
-        cur_iter = self.trainer.iter
-        if self._run_state is not None and (
-            is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, self._periodic.max_iter)
+        if self._run_state is not None and is_time(
+            self.trainer, self._period, self._periodic.max_iter
         ):
             self._run_state.prepare_save()
-        self._periodic.step(cur_iter)
+        self._periodic.step(self.trainer.iter)
 
     @override
     def after_train(self) -> None:
@@ -112,14 +105,10 @@ class BestCheckpointer(HookBase):
     """Save ``file_prefix`` whenever ``val_metric`` in the storage improves; stop on patience.
 
     Register it after the :class:`EvalHook` that records the metric, with the same
-    ``eval_period``, so it checks right after each evaluation (and after the final one in
-    ``after_train``). The best value is part of the resumable state, so a resumed run does
-    not overwrite the best checkpoint with a worse one.
-
-    **beyond** detectron2: with ``patience``, training stops (:meth:`TrainerBase.
-    request_stop`) after ``patience`` evaluations without improvement; ``min_delta`` is the
-    margin an improvement needs. The decision is :class:`~trainkit.engine.hooks.
-    ImprovementRule`'s, the rule ``EarlyStopping`` uses.
+    ``eval_period``: it checks right after each evaluation (the final one in
+    ``after_train``). The best value is resumable state: a resumed run does not overwrite the
+    best checkpoint with a worse one. **beyond** detectron2: ``patience`` and ``min_delta``,
+    the :class:`~trainkit.engine.hooks.ImprovementRule` ``EarlyStopping`` uses too.
 
     Collective:
         Only with ``patience`` and several processes: an ``all_gather`` at each check (rank 0
@@ -146,13 +135,12 @@ class BestCheckpointer(HookBase):
             val_metric: a flattened evaluation result, e.g. ``classification/top1``.
             mode: ``"max"`` if larger is better, else ``"min"``.
             file_prefix: the best model is ``{file_prefix}.pth``.
-            patience: stop training after this many evaluations without improvement;
-                ``None`` (default) never stops.
+            patience: stop training (:meth:`TrainerBase.request_stop`) after this many
+                evaluations without improvement; ``None`` never stops.
             min_delta: an improvement must exceed this (>= 0).
 
         Raises:
-            ValueError: If ``mode`` is not ``"max"`` or ``"min"``, or patience or min_delta
-                is out of range.
+            ValueError: If ``mode``, ``patience`` or ``min_delta`` is out of range.
         """
         if mode not in ("max", "min"):
             raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
@@ -173,15 +161,11 @@ class BestCheckpointer(HookBase):
         return self.rule.best_iter
 
     def _check(self, may_stop: bool) -> None:
-        previous = self.rule.best_metric
-        improved = update_from_storage(
-            self.rule,
-            self.trainer.storage,
-            self._val_metric,
-            shared=self.rule.patience is not None,
-            strict=False,
-        )
-        if improved:
+        previous, rule = self.rule.best_metric, self.rule
+        shared = rule.patience is not None
+        if update_from_storage(
+            rule, self.trainer.storage, self._val_metric, shared=shared, strict=False
+        ):
             logger.info(
                 "Saved best model: %s = %.5g at iteration %d (previous best %s)",
                 self._val_metric,

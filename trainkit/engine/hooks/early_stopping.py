@@ -1,10 +1,8 @@
-"""Ending training when an evaluation metric stops improving.
+"""Ending training when an evaluation metric stops improving: one rule, two hooks.
 
-:class:`ImprovementRule` is the one rule: it keeps the best value of a metric and counts the
-evaluations since. :class:`EarlyStopping` (built by ``DefaultTrainer`` from
-``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.BestCheckpointer` (``patience=``)
-both feed it one value per evaluation through :func:`update_from_storage`, which under
-several processes lets rank 0 decide and gives every rank its decision.
+:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.
+BestCheckpointer` (``patience=``) both feed :class:`ImprovementRule` one value per evaluation
+through :func:`update_from_storage`.
 """
 
 from __future__ import annotations
@@ -102,13 +100,8 @@ class ImprovementRule:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the progress (plain numbers); ``{}`` before the first evaluation."""
-        if self.best_metric is None:
-            return {}
-        return {
-            "best_metric": self.best_metric,
-            "best_iter": self.best_iter,
-            "evals_without_improvement": self.evals_without_improvement,
-        }
+        keys = ("best_metric", "best_iter", "evals_without_improvement")
+        return {} if self.best_metric is None else {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a state without the count)."""
@@ -118,23 +111,17 @@ class ImprovementRule:
 
 
 def update_from_storage(
-    rule: ImprovementRule,
-    storage: EventStorage,
-    metric: str,
-    *,
-    shared: bool,
-    strict: bool,
+    rule: ImprovementRule, storage: EventStorage, metric: str, *, shared: bool, strict: bool
 ) -> bool:
     """Feed ``rule`` the latest value of ``metric`` in ``storage``; return whether it improved.
 
     Args:
-        rule: the rule to update.
         storage: where the evaluation put its results (flattened names).
         metric: the name, e.g. ``classification/top1``.
-        shared: decide on rank 0 and give every rank rank 0's decision and rule state
+        shared: decide on rank 0 and give every rank its decision and rule state
             (evaluators often return results on rank 0 only).
-        strict: a metric missing from the storage, or not recorded at the storage's current
-            iteration, raises; otherwise it is logged and the rule left as it was.
+        strict: a metric missing, or not recorded at the storage's current iteration,
+            raises; otherwise it is logged and the rule left as it was.
 
     Raises:
         ConfigError: In strict mode, if ``metric`` was not recorded at this iteration (on
@@ -187,10 +174,9 @@ class EarlyStopping(HookBase):
     """Stop training once ``metric`` has not improved for ``patience`` evaluations.
 
     Register it after the :class:`~trainkit.engine.hooks.EvalHook` that records the metric,
-    with the same period: it checks right after each periodic evaluation (the evaluation
-    after the last iteration cannot stop anything). When patience runs out it calls
-    :meth:`TrainerBase.request_stop`, so the run ends after this step, gracefully. Each check
-    puts ``early_stop/best``, ``early_stop/best_iter`` and
+    with the same period: it checks right after each periodic evaluation (the one after the
+    last iteration cannot stop anything) and then calls :meth:`TrainerBase.request_stop`.
+    Each check puts ``early_stop/best``, ``early_stop/best_iter`` and
     ``early_stop/evals_without_improvement`` into the storage, and ``early_stop/stopped`` (1)
     when it stops the run, so ``metrics.json`` shows why. Its progress is resumable state.
 
@@ -207,14 +193,11 @@ class EarlyStopping(HookBase):
         patience: int = 5,
         min_delta: float = 0.0,
     ) -> None:
-        """Store the arguments.
+        """Store the arguments; ``mode``, ``patience`` and ``min_delta`` are the rule's.
 
         Args:
             eval_period: the ``EvalHook``'s period (> 0).
             metric: a flattened evaluation result, e.g. ``classification/top1``.
-            mode: ``"max"`` if larger is better, else ``"min"``.
-            patience: evaluations without improvement before stopping (>= 1).
-            min_delta: an improvement must exceed this (>= 0).
 
         Raises:
             ValueError: For a period below 1, an empty metric, or a bad mode, patience or
@@ -233,8 +216,8 @@ class EarlyStopping(HookBase):
         trainer = self.trainer
         if not is_evaluation_step(trainer, self._period):
             return
-        update_from_storage(self.rule, trainer.storage, self._metric, shared=True, strict=True)
         rule = self.rule
+        update_from_storage(rule, trainer.storage, self._metric, shared=True, strict=True)
         trainer.storage.put_scalars(
             **{
                 "early_stop/best": rule.best_metric,

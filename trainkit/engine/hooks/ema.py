@@ -23,15 +23,11 @@ class ModelEMA(HookBase):
     """Keep ``ema = decay * ema + (1 - decay) * weights`` after every optimizer step.
 
     The average covers parameters and buffers (BatchNorm statistics), lives on the model's
-    device, and is updated with torch's multi-tensor EMA (``AveragedModel`` with
-    ``get_ema_multi_avg_fn``). It runs at ``HookPriority.HIGH``: after the step and before
-    anything that saves or evaluates the model, so a checkpoint holds the average of the
-    same step as the weights and a resume is bit-exact. Its state (the averaged weights and
-    the update count) is this hook's checkpoint state; :func:`load_ema_weights` reads it
-    back into a model for evaluation.
-
-    It does not change what is trained: evaluate with :attr:`ema_model` (or
-    ``MODEL_EMA.USE_FOR_EVAL`` in ``DefaultTrainer``).
+    device, and uses torch's multi-tensor EMA. At ``HookPriority.HIGH`` (after the step,
+    before anything saves or evaluates) a checkpoint holds the average of the same step as
+    the weights, so a resume is bit-exact. The averaged weights and update count are its
+    checkpoint state (:func:`load_ema_weights` reads them). It does not change what is
+    trained: evaluate with :attr:`ema_model` (``MODEL_EMA.USE_FOR_EVAL``).
     """
 
     priority = HookPriority.HIGH
@@ -63,20 +59,29 @@ class ModelEMA(HookBase):
         """
         return self._get_averaged().module
 
+    def _source(self) -> nn.Module:
+        return unwrap_model(self._model if self._model is not None else self.trainer.model)  # type: ignore[attr-defined]
+
     def _get_averaged(self) -> AveragedModel:
         if self._averaged is None:
-            model = self._model if self._model is not None else self.trainer.model  # type: ignore[attr-defined]
             # use_buffers: BatchNorm statistics are averaged too, so the EMA model is usable
             # as it is; the multi-tensor update averages every floating tensor in one go.
+            multi_avg_fn = get_ema_multi_avg_fn(self.decay)
             self._averaged = AveragedModel(
-                unwrap_model(model),
-                multi_avg_fn=get_ema_multi_avg_fn(self.decay),
-                use_buffers=True,
+                self._source(), multi_avg_fn=multi_avg_fn, use_buffers=True
             )
             self._averaged.requires_grad_(False)
-            if self._pending_state is not None:
-                self._load(self._pending_state)
-                self._pending_state = None
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            self._averaged.module.load_state_dict(state["model"])
+            self._averaged.n_averaged.fill_(int(state["num_updates"]))
+            if state.get("decay", self.decay) != self.decay:
+                logger.warning(
+                    "MODEL_EMA.DECAY changed from %s to %s since the checkpoint; continuing the "
+                    "saved average with the new decay.",
+                    state.get("decay"),
+                    self.decay,
+                )
         return self._averaged
 
     @override
@@ -85,8 +90,7 @@ class ModelEMA(HookBase):
 
     @override
     def after_step(self) -> None:
-        model = self._model if self._model is not None else self.trainer.model  # type: ignore[attr-defined]
-        self._get_averaged().update_parameters(unwrap_model(model))
+        self._get_averaged().update_parameters(self._source())
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -99,22 +103,9 @@ class ModelEMA(HookBase):
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._averaged is None and self._model is None:
-            self._pending_state = state  # the trainer's model is known in before_train
-            return
-        self._load(state)
-
-    def _load(self, state: dict[str, Any]) -> None:
-        averaged = self._get_averaged()
-        averaged.module.load_state_dict(state["model"])
-        averaged.n_averaged.fill_(int(state["num_updates"]))
-        if state.get("decay", self.decay) != self.decay:
-            logger.warning(
-                "MODEL_EMA.DECAY changed from %s to %s since the checkpoint; continuing the "
-                "saved average with the new decay.",
-                state.get("decay"),
-                self.decay,
-            )
+        self._pending_state = state
+        if self._averaged is not None or self._model is not None:
+            self._get_averaged()  # else the trainer's model is known in before_train
 
     @contextlib.contextmanager
     def weights_applied(self, model: nn.Module) -> Iterator[nn.Module]:

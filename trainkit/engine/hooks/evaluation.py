@@ -11,8 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from trainkit.engine.hook_base import HookBase
-from trainkit.engine.hooks._common import is_time
+from trainkit.engine.hook_base import HookBase, is_time
 from trainkit.utils import comm
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
@@ -46,7 +45,7 @@ class EvalHook(HookBase):
 
     Results, a nested dict of numbers, are flattened (``{"classification": {"top1": x}}``
     becomes ``classification/top1``) and put into the storage unsmoothed. It runs on every
-    rank, because evaluation gathers across ranks; non-main ranks may return ``{}``.
+    rank (evaluation gathers); non-main ranks may return ``{}``.
 
     Collective:
         ``eval_function`` typically gathers; a barrier follows each evaluation.
@@ -98,17 +97,12 @@ class EvalHook(HookBase):
             self._do_eval()
 
 
-def _bare_model(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 class PreciseBN(HookBase):
     """Recompute BatchNorm running statistics as an equal-weight average over batches.
 
-    Running averages with momentum drift behind the weights; before evaluating, recompute
-    them from ``num_iter`` batches of ``data_loader`` with the current weights. Runs every
-    ``period`` iterations and at the last. Only BatchNorm layers that are in training mode
-    and track statistics are touched; without any the hook does nothing.
+    Running averages with momentum drift behind the weights; every ``period`` iterations and
+    at the last, recompute them from ``num_iter`` batches with the current weights. Only
+    BatchNorm layers in training mode that track statistics are touched (none: no-op).
     """
 
     def __init__(
@@ -117,7 +111,7 @@ class PreciseBN(HookBase):
         """Store the arguments; the loader is iterated lazily, the iterator kept."""
         self._period = period
         # Unwrapped so DDP does not broadcast rank 0's buffers in every forward pass here.
-        self._model = _bare_model(model)
+        self._model = model.module if isinstance(model, DistributedDataParallel) else model
         self._data_loader = data_loader
         self._num_iter = num_iter
         self._data_iter: Iterator[Any] | None = None

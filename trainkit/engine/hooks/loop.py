@@ -11,12 +11,14 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
-from trainkit.engine.hook_base import HookBase, HookPriority
-from trainkit.engine.hooks._common import TrainerCallback, is_time, trainer_attr
+from trainkit.engine.hook_base import HookBase, HookPriority, is_time
 from trainkit.solver import LRMultiplier
 
 if TYPE_CHECKING:
+    from trainkit.engine.trainer_base import TrainerBase
     from trainkit.utils.events import EventWriter
+
+TrainerCallback = Callable[["TrainerBase"], None]
 
 __all__ = [
     "CallbackHook",
@@ -41,38 +43,22 @@ class CallbackHook(HookBase):
         after_step: TrainerCallback | None = None,
     ) -> None:
         """Store the callbacks; each receives the trainer and any may be ``None``."""
-        self._before_train = before_train
-        self._after_train = after_train
-        self._before_step = before_step
-        self._after_step = after_step
-
-    @override
-    def before_train(self) -> None:
-        if self._before_train is not None:
-            self._before_train(self.trainer)
-
-    @override
-    def after_train(self) -> None:
-        if self._after_train is not None:
-            self._after_train(self.trainer)
-
-    @override
-    def before_step(self) -> None:
-        if self._before_step is not None:
-            self._before_step(self.trainer)
-
-    @override
-    def after_step(self) -> None:
-        if self._after_step is not None:
-            self._after_step(self.trainer)
+        phases = zip(
+            ("before_train", "after_train", "before_step", "after_step"),
+            (before_train, after_train, before_step, after_step),
+        )
+        for phase, fn in phases:
+            if fn is not None:
+                # On the instance: the loop calls this hook only in the phases given.
+                setattr(self, phase, lambda fn=fn: fn(self.trainer))
 
 
 class IterationTimer(HookBase):
     """Record each step's duration as ``time`` and log the overall speed after training.
 
-    Register it first: a step is timed from this hook's ``before_step`` to its
-    ``after_step``, which then covers the other hooks' ``before_step`` and ``run_step``.
-    The first ``warmup_iter`` steps (slow: allocation, autotuning) are not timed.
+    It runs first, so a step is timed from its ``before_step`` to its ``after_step``: the
+    other hooks' ``before_step`` and ``run_step``. The first ``warmup_iter`` steps (slow:
+    allocation, autotuning) are not timed.
     """
 
     priority = HookPriority.HIGHEST
@@ -83,8 +69,8 @@ class IterationTimer(HookBase):
         """Set up the timer.
 
         Args:
-            warmup_iter: number of steps at the start of ``train()`` that are not timed.
-            clock: returns seconds; injectable so tests need no sleeping.
+            warmup_iter: steps at the start of ``train()`` that are not timed.
+            clock: returns seconds (tests inject one, so they need no sleeping).
         """
         self._warmup_iter = warmup_iter
         self._clock = clock
@@ -130,9 +116,7 @@ class IterationTimer(HookBase):
             self._timed_steps_s / self._num_timed_steps,
         )
         logger.info(
-            "Total training time: %.1f s (%.1f s on hooks)",
-            total_s,
-            total_s - self._timed_steps_s,
+            "Total training time: %.1f s (%.1f s on hooks)", total_s, total_s - self._timed_steps_s
         )
 
 
@@ -153,10 +137,7 @@ class PeriodicWriter(HookBase):
         """
         self._writers = list(writers)
         for writer in self._writers:
-            if not (
-                callable(getattr(writer, "write", None))
-                and callable(getattr(writer, "close", None))
-            ):
+            if not all(callable(getattr(writer, m, None)) for m in ("write", "close")):
                 raise TypeError(f"{type(writer).__name__} is not an EventWriter (write/close)")
         self._period = period
         self._trained = False  # a resumed stopped run closes the writers without training
@@ -174,8 +155,8 @@ class PeriodicWriter(HookBase):
     def final_write(self) -> None:
         """Write once more, then close every writer (the trainer calls this last).
 
-        When a hook stopped this training early (``trainer.stop_reason``), each writer that
-        has ``write_stop_reason`` publishes the reason too (``metrics.json`` gets a last line).
+        After a stop (``trainer.stop_reason``), writers with ``write_stop_reason`` publish the
+        reason too (``metrics.json`` gets a last line).
         """
         try:
             for writer in self._writers:
@@ -215,7 +196,7 @@ class LRScheduler(HookBase):
         """
         self._optimizer = optimizer
         self._scheduler_arg = scheduler
-        self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._multiplier: torch.optim.lr_scheduler.LRScheduler | None = None  # of a ParamScheduler
         # A state loaded before the ParamScheduler was wrapped (resume happens before
         # train()), applied in before_train.
         self._pending_state: dict[str, Any] | None = None
@@ -235,42 +216,48 @@ class LRScheduler(HookBase):
         return scheduler
 
     def _resolve_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
-        if self._scheduler is not None:
-            return self._scheduler
         if isinstance(self._scheduler_arg, ParamScheduler):
-            return None
+            return self._multiplier
         if self._scheduler_arg is not None:
             return self._scheduler_arg
-        return trainer_attr(self, "scheduler")
+        return self._trainer_attr("scheduler")
 
-    def _get_optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is not None:
-            return self._optimizer
-        return trainer_attr(self, "optimizer")
+    def _trainer_attr(self, name: str) -> Any:
+        # Only the declared surface is read; say which hook needs what instead of a bare
+        # AttributeError from deep inside a hook.
+        try:
+            return getattr(self.trainer, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__} needs trainer.{name}, which "
+                f"{type(self.trainer).__name__} does not have; pass it to the hook explicitly."
+            ) from None
 
     @override
     def before_train(self) -> None:
-        optimizer = self._get_optimizer()
+        optimizer = (
+            self._optimizer if self._optimizer is not None else self._trainer_attr("optimizer")
+        )
         if isinstance(self._scheduler_arg, ParamScheduler):
-            self._scheduler = LRMultiplier(
+            self._multiplier = LRMultiplier(
                 optimizer,
                 self._scheduler_arg,
                 self.trainer.max_iter,
                 last_iter=self.trainer.iter - 1,
             )
-        if self._pending_state is not None:
-            self.scheduler.load_state_dict(self._pending_state)
-            self._pending_state = None
-        self._main_param_group = optimizer.param_groups[_main_param_group_index(optimizer)]
+        # Resolved once per train() call, not on every step.
         self._stepped_scheduler = self.scheduler
+        if self._pending_state is not None:
+            self._stepped_scheduler.load_state_dict(self._pending_state)
+            self._pending_state = None
+        groups = optimizer.param_groups
+        self._main_param_group = max(groups, key=lambda g: (len(g["params"]), g["lr"]))
 
     @override
     def after_step(self) -> None:
-        # Resolved once per train() call (in before_train), not on every step.
         if self._stepped_scheduler is None:  # a caller that skipped before_train
             self.before_train()
-        lr = self._main_param_group["lr"]
-        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        self.trainer.storage.put_scalar("lr", self._main_param_group["lr"], smoothing_hint=False)
         self._stepped_scheduler.step()  # type: ignore[union-attr]
 
     @override
@@ -287,15 +274,10 @@ class LRScheduler(HookBase):
             scheduler.load_state_dict(state)
 
 
-def _main_param_group_index(optimizer: torch.optim.Optimizer) -> int:
-    groups = optimizer.param_groups
-    return max(range(len(groups)), key=lambda i: (len(groups[i]["params"]), groups[i]["lr"]))
-
-
 class SkippedRecordsCounter(HookBase):
-    """Record the loader's cumulative count of skipped records as ``data/skipped_records``.
+    """Record the loader's count of skipped records as ``data/skipped_records``.
 
-    So that a slowly rotting dataset shows up in metrics.json, not only in logs.
+    The count is cumulative, so a slowly rotting dataset shows in metrics.json, not only logs.
     """
 
     def __init__(self, period: int) -> None:

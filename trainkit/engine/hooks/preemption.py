@@ -1,14 +1,4 @@
-"""Graceful pre-emption: on SIGTERM/SIGINT/SIGUSR1 finish the step, checkpoint, exit to resume.
-
-Cluster schedulers send SIGTERM (SLURM: SIGUSR1 with ``sbatch --signal=USR1@90``; people
-press Ctrl-C) some seconds before they kill a job. The first signal sets a flag
-(:class:`trainkit.launcher.PreemptionSignal`); the ranks agree on it at the next check, every
-rank finishes its current step, rank 0 writes a checkpoint, all ranks wait for that write,
-and training stops with :class:`TrainingPreempted` (exit status
-:data:`~trainkit.launcher.protocol.PREEMPTED_EXIT_CODE` from ``tools/train_net.py``). A
-second signal, later than a short debounce window, ends the process at once without a
-checkpoint.
-"""
+"""Graceful pre-emption: on SIGTERM/SIGINT/SIGUSR1 finish the step, checkpoint, exit to resume."""
 
 from __future__ import annotations
 
@@ -21,11 +11,11 @@ from typing import TYPE_CHECKING, Callable
 from typing_extensions import override
 
 from trainkit.checkpoint import Checkpointer
-from trainkit.engine.hook_base import HookBase
+from trainkit.engine.hook_base import HookBase, is_time
 from trainkit.launcher import PreemptionSignal
 from trainkit.launcher.protocol import PREEMPTED_EXIT_CODE
 from trainkit.utils import comm
-from trainkit.utils.periodic import is_last_iter, is_period_end
+from trainkit.utils.periodic import is_last_iter
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
@@ -58,7 +48,13 @@ class TrainingPreempted(Exception):
 class PreemptionHandler(HookBase):
     """Turn SIGTERM/SIGINT/SIGUSR1 into "finish this step, save, stop" (during ``train``).
 
-    Reads ``checkpointer`` from the trainer (DefaultTrainer's declared surface).
+    Cluster schedulers send SIGTERM (SLURM: SIGUSR1 with ``sbatch --signal=USR1@90``; people
+    press Ctrl-C) some seconds before they kill a job. The first signal is noted
+    (:class:`trainkit.launcher.PreemptionSignal`, where a second one ends the process); the
+    ranks agree on it at the next check, finish the step, rank 0 writes a checkpoint, all
+    wait for it, and training stops with :class:`TrainingPreempted` (exit status
+    :data:`~trainkit.launcher.protocol.PREEMPTED_EXIT_CODE`). It reads the trainer's
+    ``checkpointer`` (DefaultTrainer's declared surface).
 
     Collective:
         With several ranks, the stop flags are all-gathered every ``sync_period`` iterations
@@ -80,8 +76,7 @@ class PreemptionHandler(HookBase):
                 ranks (one process checks every iteration).
             signals: the signals that request a stop.
             clock: time source for the debounce window (tests inject one).
-            run_state: the run state ``DefaultTrainer`` saves; its ``prepare_save`` runs on
-                every rank right before the checkpoint is written.
+            run_state: its ``prepare_save`` runs on every rank right before the save.
         """
         self._run_state = run_state
         self._sync_period = sync_period
@@ -101,10 +96,7 @@ class PreemptionHandler(HookBase):
         trainer = self.trainer
         requested = self.preemption_signal.received
         if comm.get_world_size() > 1:
-            if not (
-                is_period_end(trainer.iter, self._sync_period)
-                or is_last_iter(trainer.iter, trainer.max_iter)
-            ):
+            if not is_time(trainer, self._sync_period):
                 return
             flags = [f for f in comm.all_gather(requested) if f is not None]
             requested = flags[0] if flags else None

@@ -10,8 +10,7 @@ from typing import Any, Callable
 import torch
 from typing_extensions import override
 
-from trainkit.engine.hook_base import HookBase
-from trainkit.engine.hooks._common import is_time
+from trainkit.engine.hook_base import HookBase, is_time
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils import comm
 
@@ -86,10 +85,10 @@ class TorchProfiler(HookBase):
 class TorchMemoryStats(HookBase):
     """Record CUDA memory use every ``period`` iterations, at most ``max_runs`` times.
 
-    Puts ``memory/max_reserved_mb``, ``memory/reserved_mb``, ``memory/max_allocated_mb``
-    and ``memory/allocated_mb`` into the storage and logs them; the last run also logs
-    ``torch.cuda.memory_summary()``. Peaks are reset after each run, so each value is the
-    peak since the previous one. Without CUDA it logs that once and does nothing.
+    Puts ``memory/max_reserved_mb``, ``memory/reserved_mb``, ``memory/max_allocated_mb`` and
+    ``memory/allocated_mb`` into the storage and the log (the last run also logs
+    ``torch.cuda.memory_summary()``); peaks are since the previous run. Without CUDA it logs
+    that once and does nothing.
     """
 
     def __init__(self, period: int = 20, max_runs: int = 10) -> None:
@@ -105,7 +104,7 @@ class TorchMemoryStats(HookBase):
 
     @override
     def after_step(self) -> None:
-        if not torch.cuda.is_available() or self._num_runs >= self._max_runs:
+        if self._num_runs >= self._max_runs or not torch.cuda.is_available():
             return
         if not is_time(self.trainer, self._period):
             return

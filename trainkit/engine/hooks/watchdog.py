@@ -1,18 +1,4 @@
-"""A progress watchdog: which rank stopped making progress, in which phase, and for how long.
-
-Each rank records the phase it is in (``data``, ``forward/backward``, ``checkpoint``,
-``eval``, ``hooks``) and when it entered it; a daemon thread publishes that once a second.
-
-* In a multi-process job (started by :func:`trainkit.launcher.launch`, torchrun or srun) the
-  thread publishes to the job's store (:func:`trainkit.launcher.connect_job_store`); the job's
-  guard on rank 0 (and on the last rank) reads every rank's record, and when some rank has
-  been in one phase longer than the timeout it names the rank furthest behind (the others
-  are waiting for it in a collective; :func:`~trainkit.launcher.protocol.find_stalled_rank`)
-  and stops every process of the job with status 124, long before the collective timeout
-  would.
-* In one process (no job store) the thread checks its own rank and ends the process with
-  a message.
-"""
+"""A progress watchdog: which rank stopped making progress, in which phase, and for how long."""
 
 from __future__ import annotations
 
@@ -40,10 +26,16 @@ _PUBLISH_PERIOD_S = 1.0
 class ProgressWatchdog(HookBase):
     """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
 
-    It is also the hook that keeps the phase current: registered with a trainer it runs
-    first (``HookPriority.HIGHEST``), starts its thread in ``before_train``, enters
-    ``data`` before each step and ``hooks`` after it. Code that does other long work (a
-    checkpoint, an evaluation) marks it with :meth:`phase`.
+    The rank records its phase (``data``, ``forward/backward``, ``checkpoint``, ``eval``,
+    ``hooks``) and when it entered it; a daemon thread publishes that every second to the
+    job's store (under launch, torchrun or srun), where the job's guard applies
+    :func:`~trainkit.launcher.protocol.find_stalled_rank` and ends every process with status
+    124, long before a collective would time out. In one process (no store) the thread
+    checks this rank itself and ends the process with a message.
+
+    As a hook it runs first (``HookPriority.HIGHEST``), starts its thread in
+    ``before_train`` and enters ``data`` before each step, ``hooks`` after it. Code that does
+    other long work marks it with :meth:`phase`.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -74,14 +66,6 @@ class ProgressWatchdog(HookBase):
         self._thread: threading.Thread | None = None
 
     priority = HookPriority.HIGHEST
-
-    @override
-    def before_train(self) -> None:
-        self.start()
-
-    @override
-    def after_train(self) -> None:
-        self.stop()
 
     @override
     def before_step(self) -> None:
@@ -115,8 +99,8 @@ class ProgressWatchdog(HookBase):
     def record(self) -> dict[str, Any]:
         """Return this rank's current phase, iteration and seconds spent in the phase.
 
-        ``started_at`` is the phase's start on the wall clock, so that a reader in another
-        process can age a record that stopped being published (a frozen process).
+        ``started_at``, the phase's start on the wall clock, lets a reader in another process
+        age a record that stopped being published (a frozen process).
         """
         elapsed_s = self._clock() - self._since
         return {
@@ -130,7 +114,7 @@ class ProgressWatchdog(HookBase):
         }
 
     def start(self) -> None:
-        """Start the publishing/checking thread (no-op when disabled)."""
+        """Start the publishing/checking thread (no-op when disabled); ``before_train`` too."""
         if not self.enabled or self._thread is not None:
             return
         self._stop.clear()
@@ -138,11 +122,14 @@ class ProgressWatchdog(HookBase):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread."""
+        """Stop the thread; ``after_train`` too."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    before_train = start
+    after_train = stop
 
     def _run(self) -> None:
         while not self._stop.wait(_PUBLISH_PERIOD_S):
@@ -171,10 +158,7 @@ def _exit_process(message: str) -> None:
 class PhaseMarkingLoader:
     """Wrap a train loader so that waiting for a batch counts as phase ``data``.
 
-    Every other attribute (``state_dict``, ...) is the wrapped loader's.
-
-    Attributes:
-        loader: the wrapped loader.
+    Every other attribute (``state_dict``, ...) is the wrapped ``loader``'s.
     """
 
     def __init__(self, loader: Any, watchdog: ProgressWatchdog) -> None:
