@@ -1,17 +1,12 @@
 """Training metrics: the ``EventStorage`` context stack and the writers that drain it.
 
 Code anywhere in a training step records numbers with ``get_event_storage().put_scalar(...)``;
-writers (:class:`CommonMetricPrinter`, :class:`JSONWriter`, :class:`TensorboardXWriter`, and
-the experiment trackers :class:`WandbWriter` and :class:`MLflowWriter`) run periodically and
-publish what is new since their previous write.
-
-This module is the place to import every name from, as in detectron2. The storage lives in
-:mod:`trainkit.utils.event_storage`, its per-scalar buffer in
-:mod:`trainkit.utils.history_buffer`, the file writers in :mod:`trainkit.utils.event_writers`,
-the trackers in :mod:`trainkit.utils.wandb_writer` and :mod:`trainkit.utils.mlflow_writer`
-(which import ``wandb``/``mlflow`` only when a writer is built);
-the console printer is defined here so that its log records come from the logger
-``trainkit.utils.events``.
+writers run periodically and publish what is new since their previous write. Import every
+name from here, as in detectron2. The storage lives in :mod:`~trainkit.utils.event_storage`
+(its buffer in :mod:`~trainkit.utils.history_buffer`), the file writers in
+:mod:`~trainkit.utils.event_writers`, the trackers in :mod:`~trainkit.utils.wandb_writer` and
+:mod:`~trainkit.utils.mlflow_writer`. The console printer is defined here so that its log
+records come from the logger ``trainkit.utils.events``.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ from collections import deque
 import torch
 from typing_extensions import override
 
-# The two private names are re-exported (``as`` marks that) for code written against this
-# module's former single-file layout, or against detectron2's ``_CURRENT_STORAGE_STACK``.
+# Private names re-exported (``as``) for code written against this module's former
+# single-file layout, or against detectron2's ``_CURRENT_STORAGE_STACK``.
 from trainkit.utils.event_storage import _CURRENT_STORAGE_STACK as _CURRENT_STORAGE_STACK
 from trainkit.utils.event_storage import EventStorage, get_event_storage, has_event_storage
 from trainkit.utils.event_storage import _reset_storage_stack as _reset_storage_stack
