@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import copy
 import os
 import pickle
 import re
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from trainkit.checkpoint._background import HostStaging
 from trainkit.utils.errors import MissingFileError, UsageError
 
 __all__ = [
@@ -28,9 +28,8 @@ __all__ = [
 class CheckpointError(UsageError, RuntimeError):
     """A checkpoint cannot be used as asked (wrong content, or a strict load found mismatches).
 
-    A :class:`~trainkit.utils.errors.UsageError`: the user must replace, convert or trust the
-    file, or change the config it is loaded into; it stays a ``RuntimeError`` for callers that
-    catch that.
+    A :class:`~trainkit.utils.errors.UsageError` (the user must replace, convert or trust the
+    file, or change the config it is loaded into) and a ``RuntimeError``.
     """
 
 
@@ -69,18 +68,13 @@ def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
         return None
     if type(obj) in _PLAIN_CONTAINERS:
         if isinstance(obj, Mapping):
-            for key, value in obj.items():
-                found = find_unsafe_value(key, f"{where} key") or find_unsafe_value(
-                    value, f"{where}[{key!r}]"
-                )
-                if found:
-                    return found
+            found = (
+                find_unsafe_value(key, f"{where} key") or find_unsafe_value(v, f"{where}[{key!r}]")
+                for key, v in obj.items()
+            )
         else:
-            for i, value in enumerate(obj):
-                found = find_unsafe_value(value, f"{where}[{i}]")
-                if found:
-                    return found
-        return None
+            found = (find_unsafe_value(v, f"{where}[{i}]") for i, v in enumerate(obj))
+        return next(filter(None, found), None)
     if type(obj) in torch.serialization.get_safe_globals():
         return None
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
@@ -175,26 +169,10 @@ def read_checkpoint_file(
         # The model state is copied into the model and dropped; everything else (optimizer
         # state, trainer state) may be kept as it is by whoever loads it, and a tensor
         # backed by a mapping would keep the file's disk space after checkpoint rotation
-        # deletes it.
-        data = {k: v if k == "model" else _materialize(v) for k, v in data.items()}
+        # deletes it: copy it into memory.
+        copied = HostStaging().copy({k: v for k, v in data.items() if k != "model"})
+        data = {k: data[k] if k == "model" else copied[k] for k in data}
     return data
-
-
-def _materialize(obj: Any) -> Any:
-    """Return ``obj`` with every tensor replaced by an in-memory copy (not file-backed)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        # A shallow copy keeps the mapping's type and attributes (a state dict's _metadata).
-        out = copy.copy(obj)
-        for k, v in obj.items():
-            out[k] = _materialize(v)
-        return out
-    if isinstance(obj, list):
-        return [_materialize(v) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_materialize(v) for v in obj)
-    return obj
 
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
@@ -251,28 +229,13 @@ def strip_wrapper_prefixes(
             ):
                 result = collections.OrderedDict((k[len(prefix) :], v) for k, v in result.items())
                 if metadata is not None:
-                    # Module version metadata is keyed by module path: "" (the wrapper),
-                    # "module" (the model) and "module.xx"; rename them the same way.
-                    metadata = _strip_metadata_prefix(metadata, prefix)
+                    # Module version metadata is keyed by module path: "" is the wrapper
+                    # (dropped), "module" the wrapped model (becomes ""), "module.xx" a
+                    # submodule (becomes "xx").
+                    metadata = collections.OrderedDict(
+                        ((k + ".").removeprefix(prefix)[:-1], v) for k, v in metadata.items() if k
+                    )
                 changed = True
     if metadata is not None:
         result._metadata = metadata  # type: ignore[attr-defined]
     return result
-
-
-def _strip_metadata_prefix(
-    metadata: collections.OrderedDict[str, Any], prefix: str
-) -> collections.OrderedDict[str, Any]:
-    # Module version metadata is keyed by module path: "" is the wrapper (dropped),
-    # "module" the wrapped model (becomes ""), "module.xx" a submodule (becomes "xx").
-    renamed: collections.OrderedDict[str, Any] = collections.OrderedDict()
-    for key, value in metadata.items():
-        if key == "":
-            continue
-        if key + "." == prefix:
-            renamed[""] = value
-        elif key.startswith(prefix):
-            renamed[key[len(prefix) :]] = value
-        else:
-            renamed[key] = value
-    return renamed

@@ -85,7 +85,11 @@ class HistoryBuffer:
             self._trim()
 
     def extend(self, points: Sequence[tuple[float, int]]) -> None:
-        """Add ``(value, iteration)`` points, oldest first, as :meth:`update` for each would."""
+        """Add ``(value, iteration)`` points, as :meth:`update` for each would, in one go.
+
+        Args:
+            points: the points, oldest first.
+        """
         if not points:
             return
         new_values = array("d", [value for value, _ in points])
