@@ -74,7 +74,7 @@ class ClassificationEvaluator(DatasetEvaluator):
         parts = [(self._hits, self._count)]
         if self._distributed:
             parts = comm.gather(parts[0])
-            if not comm.is_main_process():
+            if not comm.is_main_process():  # gather gives other ranks []
                 return {}
         total = sum(count for _, count in parts)
         if total == 0:
