@@ -23,7 +23,6 @@ logger = logging.getLogger(__name__)
 # The first few iterations pay for lazy initialisation (cudnn autotuning, allocator
 # growth, worker start-up) and would skew the per-iteration timings.
 _NUM_WARMUP_ITERS = 5
-_PROGRESS_LOG_PERIOD_S = 5.0
 
 
 class DatasetEvaluator:
@@ -205,7 +204,7 @@ def _run_batches(
             log_every_n_seconds(
                 logging.INFO,
                 f"Inference done {idx + 1}/{num_batches}. {seconds_per_iter:.4f} s/iter. ETA={eta}",
-                n=_PROGRESS_LOG_PERIOD_S,
+                n=5.0,
                 name=__name__,
             )
         data_start = time.perf_counter()

@@ -1,12 +1,11 @@
 """Validation losses: the model's training losses on a test set, without training on it.
 
-The model runs its training-mode forward (the one that returns the loss dict) with
-normalisation layers on their running statistics and dropout off, under ``no_grad``, and
-with every global RNG restored afterwards, so the training run is the same bit for bit
-whether validation losses are computed or not. The losses are averaged per record over the
-whole test set: each batch's losses (means over the batch) are weighted by its size, and
-the sums and counts of every rank are combined, so any number of ranks, uneven shards and a
-short last batch give the one-process value (up to float summation order).
+The model runs its training-mode forward (which returns the loss dict) with normalisation
+layers on their running statistics and dropout off, under ``no_grad``, and every global RNG
+restored afterwards: the training run is the same bit for bit with or without validation
+losses. Each batch's losses (means over the batch) are weighted by its size and the sums
+and counts of every rank combined, so any number of ranks, uneven shards and a short last
+batch give the one-process per-record average (up to float summation order).
 """
 
 from __future__ import annotations
