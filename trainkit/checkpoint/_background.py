@@ -53,13 +53,7 @@ class HostStaging:
         attributes such as a state dict's ``_metadata``, list, tuple, namedtuple) are
         rebuilt, every tensor is copied to CPU memory (contiguous), any other value is
         deep-copied. Tensors that are the same view of the same memory (tied weights) are
-        copied once and stay shared.
-
-        Args:
-            state: the data about to be saved.
-
-        Returns:
-            The copy, holding only CPU tensors.
+        copied once and stay shared. The copy holds only CPU tensors.
         """
         previous, self._buffers = self._buffers, []
         devices: set[torch.device] = set()
@@ -156,8 +150,7 @@ class BackgroundWriter:
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
-        # (what the job does and what to do if it fails, for the message; its future),
-        # oldest first.
+        # (what the job does, what to do if it fails, its future), oldest first.
         self._jobs: list[tuple[str, str, Future[None]]] = []
 
     @property
@@ -166,21 +159,14 @@ class BackgroundWriter:
         return any(not future.done() for _, _, future in self._jobs)
 
     def submit(
-        self,
-        what: str,
-        job: Callable[[], None],
-        *,
-        advice: str = "",
-        after_success: bool = False,
+        self, what: str, job: Callable[[], None], *, advice: str = "", after_success: bool = False
     ) -> None:
         """Queue ``job``; it runs after every job submitted before it.
 
-        Args:
-            what: names the job in an error message, e.g. ``"write of checkpoint /x/m.pth"``.
-            job: the work.
-            advice: what the user should do if it fails (ends the error message).
-            after_success: run ``job`` only if the job submitted just before it succeeded
-                (or there is none pending); it is skipped silently otherwise.
+        ``what`` names it in an error message (``"write of checkpoint /x/m.pth"``), which
+        ``advice`` (what the user should do if it fails) ends. With ``after_success`` it runs
+        only if the job submitted just before it succeeded (or none is pending), and is
+        skipped silently otherwise.
         """
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainkit-ckpt-writer")

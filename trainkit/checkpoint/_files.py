@@ -180,26 +180,15 @@ def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
         size = f"{os.path.getsize(path)} bytes"
     except OSError:
         size = "unknown size"
-    reason = _torch_reason(str(error)) or type(error).__name__
-    return CorruptCheckpointError(
-        f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: {reason}. The file "
-        "is truncated or corrupt (an interrupted copy or a full disk?); delete it or "
-        "replace it with a good copy."
-    )
-
-
-def _torch_reason(message: str) -> str:
-    """The part of a torch.load error that says what is wrong with the bytes.
-
-    A weights_only failure on damaged bytes opens with generic advice to retry with
-    ``weights_only=False``, wrong for a corrupt file; its cause follows "WeightsUnpickler
-    error:".
-    """
-    marker = "WeightsUnpickler error:"
-    if marker in message:
-        message = message.split(marker, 1)[1]
+    # A weights_only failure on damaged bytes opens with generic advice to retry with
+    # weights_only=False, wrong for a corrupt file; its cause follows "WeightsUnpickler error:".
+    message = str(error).split("WeightsUnpickler error:", 1)[-1]
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return CorruptCheckpointError(
+        f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: "
+        f"{lines[0] if lines else type(error).__name__}. The file is truncated or corrupt (an "
+        "interrupted copy or a full disk?); delete it or replace it with a good copy."
+    )
 
 
 def strip_wrapper_prefixes(

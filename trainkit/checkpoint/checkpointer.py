@@ -67,15 +67,10 @@ class Checkpointer(_FvcoreCheckpointer):
     cannot read back; loads use ``weights_only=True``, accept ``module.`` and ``_orig_mod.``
     prefixes, explain corrupt files by name and report shape mismatches in one message;
     :meth:`resume_or_load` falls back to older checkpoints when the newest is unreadable.
-
     With ``async_save=True``, one background thread writes, fsyncs, renames and tags, in the
-    order of the saves; trainers :meth:`wait` for the last write when training ends (the
-    interpreter also waits at exit). A failed background write is raised as
-    :class:`~trainkit.checkpoint.CheckpointWriteError` by the next :meth:`save`,
-    :meth:`wait` or :meth:`raise_if_write_failed`. Drive one checkpointer from one thread.
-
-    It does not decide *when* to save (see :class:`PeriodicCheckpointer`) and writes only
-    local files (``atomic_write`` relies on ``os.replace``).
+    order of the saves; trainers :meth:`wait` for the last write at the end (the interpreter
+    also waits at exit). Drive one checkpointer from one thread. It does not decide *when* to
+    save (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
     """
 
     def __init__(
@@ -98,12 +93,12 @@ class Checkpointer(_FvcoreCheckpointer):
             save_dir: directory of checkpoints and the ``last_checkpoint`` tag; ``""``
                 disables saving.
             save_to_disk: whether :meth:`save` writes; ``None`` means on rank 0 only.
-            trust_pickle: load files with full pickle instead of ``weights_only=True``.
-                Only for files you trust: unpickling can run any code the file names.
-            strict: refuse to load a model state whose keys or shapes differ from the model
+            trust_pickle: load with full pickle instead of ``weights_only=True``; only for
+                trusted files: unpickling can run any code the file names.
+            strict: refuse a model state whose keys or shapes differ from the model's
                 (by default such entries are skipped and reported).
-            allow_shape_mismatch: skip (and report) model entries whose shapes differ, as
-                detectron2 does; False refuses such a checkpoint, listing the entries.
+            allow_shape_mismatch: skip (and report) entries whose shapes differ, as
+                detectron2 does; False refuses such a checkpoint, listing them.
             async_save: write files in a background thread; :meth:`save` then blocks only
                 to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``), a copy kept
                 and reused by the next save: host memory as large as the state.
@@ -152,15 +147,13 @@ class Checkpointer(_FvcoreCheckpointer):
         Args:
             name: file name without ``.pth``.
             tag_last: point ``last_checkpoint`` at the new file (what ``--resume`` loads);
-                False for side copies such as the best model, which must not become the
-                resume point.
+                False for side copies such as the best model, never a resume point.
             kwargs: extra data stored next to the states (returned by :meth:`load`).
 
         Raises:
             ValueError: If ``name`` contains a directory or an extra key shadows a state.
             TypeError: If some value could not be loaded back with ``weights_only=True``.
-            CheckpointWriteError: If the previous background write failed (this save is
-                then not made).
+            CheckpointWriteError: If the previous background write failed (no save is made).
         """
         if not self.save_dir or not self.save_to_disk:
             return

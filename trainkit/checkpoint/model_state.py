@@ -91,7 +91,14 @@ def matched_model_state(
         CheckpointError: With ``strict``, if the state does not match the model.
     """
     model_state = model.state_dict()
-    state = _numpy_to_tensors(_without_prefixes(state, path, set(model_state)))
+    state = dict(_without_prefixes(state, path, set(model_state)))
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            state[key] = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            raise CorruptCheckpointError(
+                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
+            )
     resizable = shape_changing_state_keys(model)
     model_shapes = {
         key: value.shape
@@ -135,19 +142,6 @@ def _shape_differences(state: Mapping[str, Any], model_shapes: Mapping[str, Any]
         and hasattr(value, "shape")
         and tuple(value.shape) != tuple(model_shapes[key])
     ]
-
-
-def _numpy_to_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
-    converted = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        elif not isinstance(value, torch.Tensor):
-            raise CorruptCheckpointError(
-                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
-            )
-        converted[key] = value
-    return converted
 
 
 def shape_changing_state_keys(model: nn.Module) -> set[str]:

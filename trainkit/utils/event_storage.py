@@ -116,20 +116,19 @@ class EventStorage:
         history.update(value, cur_iter)
         self._latest_scalars[name] = (value, cur_iter)
 
-    def _check_smoothing_hint(self, name: str, smoothing_hint: bool) -> None:
+    def _history_for(
+        self, name: str, smoothing_hint: bool, create: bool = True
+    ) -> HistoryBuffer | None:
+        """Check ``name``'s smoothing hint; return its buffer (made if new and ``create``)."""
         existing_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
         if existing_hint != smoothing_hint:
             raise ValueError(
                 f"Scalar {name!r} was recorded with smoothing_hint={existing_hint} before and "
                 f"with smoothing_hint={smoothing_hint} now; use one value for a metric."
             )
-
-    def _history_for(self, name: str, smoothing_hint: bool) -> HistoryBuffer:
-        """Return ``name``'s buffer (made if new) after checking its smoothing hint."""
-        self._check_smoothing_hint(name, smoothing_hint)
-        if name not in self._history:
+        if create and name not in self._history:
             self._history[name] = HistoryBuffer()
-        return self._history[name]
+        return self._history.get(name)
 
     def put_scalar_series(
         self, name: str, points: Iterable[tuple[float, int]], smoothing_hint: bool = True
@@ -149,12 +148,11 @@ class EventStorage:
         """
         name = self._current_prefix + name
         points = points if isinstance(points, (list, tuple)) else list(points)
-        if not points:
-            self._check_smoothing_hint(name, smoothing_hint)
-            return
-        self._history_for(name, smoothing_hint).extend(points)
-        value, cur_iter = points[-1]
-        self._latest_scalars[name] = (float(value), int(cur_iter))
+        history = self._history_for(name, smoothing_hint, create=bool(points))
+        if points:  # an empty series files nothing (and creates no history)
+            history.extend(points)
+            value, cur_iter = points[-1]
+            self._latest_scalars[name] = (float(value), int(cur_iter))
 
     def put_scalars(
         self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **kwargs: float

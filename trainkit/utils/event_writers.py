@@ -20,8 +20,11 @@ class EventWriter:
     """Base class of writers that publish what an :class:`EventStorage` recorded.
 
     Writers run periodically (``PeriodicWriter``) and publish what is new since their
-    previous write.
+    previous write (:meth:`_new_scalars`).
     """
+
+    _window_size = 20  # iterations the median of a smoothed scalar covers
+    _last_written_iter = -1
 
     def write(self) -> None:
         """Publish the metrics of the current storage that are new since the last write."""
@@ -29,6 +32,23 @@ class EventWriter:
 
     def close(self) -> None:
         """Release files or handles; the default does nothing."""
+
+    def _new_scalars(self, storage: EventStorage) -> dict[int, dict[str, float]]:
+        """``{iteration: {name: value}}`` of the scalars filed since the previous call.
+
+        Smoothed scalars give their median over the last ``self._window_size`` iterations. A
+        scalar recorded at several iterations since the previous call appears at its latest
+        one only.
+        """
+        by_iter: defaultdict[int, dict[str, float]] = defaultdict(dict)
+        for name, (value, cur_iter) in storage.latest_with_smoothing_hint(
+            self._window_size
+        ).items():
+            if cur_iter > self._last_written_iter:  # older iterations were written already
+                by_iter[cur_iter][name] = value
+        if by_iter:
+            self._last_written_iter = max(by_iter)
+        return dict(sorted(by_iter.items()))
 
     def write_stop_reason(self, iteration: int, reason: str) -> None:
         """Publish why training ended before ``MAX_ITER``; the default does nothing.
@@ -42,25 +62,10 @@ class EventWriter:
         """
 
 
-def _new_scalars(
-    storage: EventStorage, window_size: int, last_write: int
-) -> dict[int, dict[str, float]]:
-    """``{iteration: {name: value}}`` of the scalars filed after iteration ``last_write``.
-
-    Smoothed scalars give their median over the last ``window_size`` iterations. A scalar
-    recorded at several iterations since the previous write appears at its latest one only.
-    """
-    by_iter: defaultdict[int, dict[str, float]] = defaultdict(dict)
-    for name, (value, cur_iter) in storage.latest_with_smoothing_hint(window_size).items():
-        if cur_iter > last_write:  # older iterations were written already
-            by_iter[cur_iter][name] = value
-    return dict(sorted(by_iter.items()))
-
-
 class JSONWriter(EventWriter):
     """Append one JSON object per iteration to a file (usually ``OUTPUT_DIR/metrics.json``).
 
-    Each line holds ``"iteration"`` and the scalars :func:`_new_scalars` finds for it; read
+    Each line holds ``"iteration"`` and the scalars :meth:`_new_scalars` finds for it; read
     it back with ``[json.loads(line) for line in open("metrics.json")]``. The file is
     flushed, not fsynced, after every write: a power failure may lose a few lines, but disk
     latency does not stall training.
@@ -75,14 +80,12 @@ class JSONWriter(EventWriter):
         """
         self._file_handle: IO[str] = PathManager.open(json_file, "a")
         self._window_size = window_size
-        self._last_write = -1
 
     @override
     def write(self) -> None:
-        to_save = _new_scalars(get_event_storage(), self._window_size, self._last_write)
+        to_save = self._new_scalars(get_event_storage())
         if not to_save:
             return
-        self._last_write = max(to_save)
         for cur_iter, scalars in to_save.items():
             scalars["iteration"] = cur_iter
             self._file_handle.write(json.dumps(scalars, sort_keys=True) + "\n")
@@ -154,7 +157,6 @@ class TensorboardXWriter(EventWriter):
         self._file_writer: Any = None  # tensorboard EventFileWriter, made by the first write
         self._event_cls: Any = None  # tensorboard's Event and Summary protobuf classes
         self._summary_cls: Any = None
-        self._last_write = -1
         self._pending: list[Any] = []  # events of scalars not handed over yet
         self._last_handoff_s = time.monotonic()
 
@@ -198,7 +200,7 @@ class TensorboardXWriter(EventWriter):
     @override
     def write(self) -> None:
         storage = get_event_storage()
-        new_scalars = _new_scalars(storage, self._window_size, self._last_write)
+        new_scalars = self._new_scalars(storage)
         if new_scalars:
             self._event_file()
             event_cls, summary_cls = self._event_cls, self._summary_cls
@@ -210,7 +212,6 @@ class TensorboardXWriter(EventWriter):
                 values = [summary_cls.Value(tag=k, simple_value=v) for k, v in scalars.items()]
                 summary = summary_cls(value=values)
                 self._pending.append(event_cls(wall_time=wall_time, step=cur_iter, summary=summary))
-            self._last_write = max(new_scalars)
         if time.monotonic() - self._last_handoff_s >= self._handoff_secs:
             self._hand_off()
         self._write_images_and_histograms(storage)

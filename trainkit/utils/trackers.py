@@ -33,7 +33,7 @@ from typing_extensions import override
 
 from trainkit.utils.errors import UsageError
 from trainkit.utils.event_storage import get_event_storage
-from trainkit.utils.event_writers import EventWriter, _new_scalars
+from trainkit.utils.event_writers import EventWriter
 from trainkit.utils.file_io import atomic_write
 
 __all__ = [
@@ -169,7 +169,6 @@ class TrackerWriter(EventWriter):
             window_size: number of iterations the median of smoothed scalars covers.
         """
         self._window_size = window_size
-        self._last_write = -1
         self._failed = False
         self._closed = False
 
@@ -182,10 +181,7 @@ class TrackerWriter(EventWriter):
     def write(self) -> None:
         if self._failed or self._closed:
             return
-        new_scalars = _new_scalars(get_event_storage(), self._window_size, self._last_write)
-        if not new_scalars:
-            return
-        self._last_write = max(new_scalars)
+        new_scalars = self._new_scalars(get_event_storage())
         try:
             for cur_iter, scalars in new_scalars.items():
                 self._log(cur_iter, scalars)
