@@ -143,9 +143,8 @@ def synchronize() -> None:
 def _object_group() -> dist.ProcessGroup:
     # Objects travel as pickled bytes; gloo does that on the CPU without staging them through
     # GPU memory the way an NCCL group would.
-    if dist.get_backend() == dist.Backend.NCCL:
-        return dist.new_group(backend="gloo")
-    return dist.group.WORLD
+    is_nccl = dist.get_backend() == dist.Backend.NCCL
+    return dist.new_group(backend="gloo") if is_nccl else dist.group.WORLD
 
 
 def _gather_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -181,9 +180,8 @@ def gather(obj: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> li
     """Gather a picklable object from every rank of ``group`` onto global rank ``dst``.
 
     Args:
-        obj: any picklable object.
+        obj, group: as for :func:`all_gather`.
         dst: the global rank that receives the list.
-        group: a process group; ``None`` means all ranks.
 
     Returns:
         On ``dst``, the objects ordered by rank within the group; on other ranks ``[]``.
@@ -205,8 +203,7 @@ def shared_random_seed() -> int:
     Collective:
         ``all_gather`` over all ranks.
     """
-    seed = int(np.random.randint(2**31))
-    return all_gather(seed)[0]
+    return all_gather(int(np.random.randint(2**31)))[0]
 
 
 def reduce_dict(

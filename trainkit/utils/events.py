@@ -80,7 +80,7 @@ class CommonMetricPrinter(EventWriter):
             return None
         cur_iter = storage.iter
         remaining = self._max_iter - cur_iter - 1
-        recent_step_time = _window_avg(storage, "time", self._window_size)
+        recent_step_time = _window_avg(storage.histories().get("time"), self._window_size)
         if recent_step_time is not None:
             self._recent_step_times.append(recent_step_time)
             eta_s = statistics.median(self._recent_step_times) * remaining
@@ -115,7 +115,7 @@ class CommonMetricPrinter(EventWriter):
         if time_history is not None:
             parts.append(f"time: {time_history.global_avg():.4f}")
             parts.append(f"last_time: {time_history.latest():.4f}")
-        data_time = _window_avg(storage, "data_time", self._window_size)
+        data_time = _window_avg(histories.get("data_time"), self._window_size)
         if data_time is not None:
             parts.append(f"data_time: {data_time:.4f}")
             parts.append(f"last_data_time: {histories['data_time'].latest():.4f}")
@@ -127,10 +127,6 @@ class CommonMetricPrinter(EventWriter):
         self.logger.info("%s", "  ".join(p for p in parts if p))
 
 
-def _window_avg(storage: EventStorage, name: str, window_size: int) -> float | None:
-    """Mean of ``name`` over its last ``window_size`` iterations; None if never recorded."""
-    try:
-        history = storage.history(name)
-    except KeyError:
-        return None
-    return history.avg(history.count_recent(window_size))
+def _window_avg(history: HistoryBuffer | None, window_size: int) -> float | None:
+    """Mean of ``history`` over its last ``window_size`` iterations; None without a history."""
+    return None if history is None else history.avg(history.count_recent(window_size))

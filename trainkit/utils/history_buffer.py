@@ -130,9 +130,7 @@ class HistoryBuffer:
 
         For an even count it is the mean of the middle two values, as ``numpy.median``.
         """
-        if window_size <= 0:
-            return math.nan
-        window = sorted(self._values[-min(window_size, self._max_length) :])
+        window = sorted(self._window(window_size))
         if not window:
             return math.nan
         mid = len(window) // 2
@@ -140,10 +138,14 @@ class HistoryBuffer:
 
     def avg(self, window_size: int) -> float:
         """Return the mean of the newest ``window_size`` values (NaN if there are none)."""
-        if window_size <= 0:
-            return math.nan
-        window = self._values[-min(window_size, self._max_length) :]
+        window = self._window(window_size)
         return math.fsum(window) / len(window) if window else math.nan
+
+    def _window(self, window_size: int) -> array[float]:
+        # An empty window for window_size <= 0 (a [-0:] slice would be every value).
+        return (
+            self._values[-min(window_size, self._max_length) :] if window_size > 0 else array("d")
+        )
 
     def global_avg(self) -> float:
         """Return the mean of every value ever added, dropped ones included (0.0 if none)."""

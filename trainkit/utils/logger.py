@@ -131,8 +131,7 @@ def log_first_n(
         ValueError: If ``key`` names something else.
     """
     keys = (key,) if isinstance(key, str) else tuple(key)
-    unknown = set(keys) - {"caller", "message", "msg"}
-    if not keys or unknown:
+    if not keys or set(keys) - {"caller", "message", "msg"}:
         raise ValueError(f"log_first_n key must be 'caller', 'message' or both, got {key!r}")
     module, site = _call_site()
     ident: tuple = site if "caller" in keys else ()
@@ -146,10 +145,8 @@ def log_every_n(level: int, msg: str, n: int = 1, *, name: str | None = None) ->
     """Log ``msg`` on the 1st, (n+1)th, (2n+1)th, ... call from the same file and line.
 
     Args:
-        level: the logging level.
-        msg: the message (it may differ from call to call).
+        level, msg, name: as for :func:`log_first_n` (``msg`` may change from call to call).
         n: log one call in ``n``.
-        name: the logger; by default the calling module's (a script's: ``trainkit``).
     """
     module, site = _call_site()
     if (_THROTTLE.count(("every_n", *site)) - 1) % max(n, 1) == 0:
@@ -162,10 +159,8 @@ def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str | Non
     The first call from a place always logs.
 
     Args:
-        level: the logging level.
-        msg: the message (it may differ from call to call).
+        level, msg, name: as for :func:`log_first_n` (``msg`` may change from call to call).
         n: the minimum number of seconds between two logged calls.
-        name: the logger; by default the calling module's (a script's: ``trainkit``).
     """
     module, site = _call_site()
     if _THROTTLE.due(site, n):

@@ -64,9 +64,8 @@ class MLflowWriter(trackers.TrackerWriter):
             experiment: name of the experiment, created if missing.
             config: the resolved config, logged as parameters with flattened keys.
             config_yaml: the config file's text, logged as the artifact ``config.yaml``.
-            run_name: name of a new run; defaults to the name of ``output_dir``.
-            window_size: number of iterations the median of smoothed scalars covers.
-            connect_timeout_s: how long the check that the server is reachable waits.
+            run_name, window_size, connect_timeout_s: as for
+                :class:`~trainkit.utils.wandb_writer.WandbWriter`.
             close_timeout_s: how long :meth:`close` waits for scalars still being sent.
 
         Raises:

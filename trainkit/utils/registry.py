@@ -53,7 +53,7 @@ class Registry(_FvcoreRegistry):
             ValueError: If another object is already registered under that name.
         """
         if obj is None:
-            return lambda func_or_class: self._add(func_or_class)
+            return self._add
         self._add(obj)
         return None
 

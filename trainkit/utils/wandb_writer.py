@@ -52,7 +52,7 @@ class WandbWriter(trackers.TrackerWriter):
             mode: ``"online"`` (needs the server and a login) or ``"offline"`` (only local
                 files; no network).
             config: the resolved config, logged as the run's config with flattened keys.
-            run_name: display name of a new run; defaults to the name of ``output_dir``.
+            run_name: name of a new run; defaults to the name of ``output_dir``.
             window_size: number of iterations the median of smoothed scalars covers.
             connect_timeout_s: how long the check that the server is reachable waits.
             init_timeout_s: how long W&B may take to start the run (its ``init_timeout``).
