@@ -53,16 +53,11 @@ _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 
 def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
-    """Return a description of the first value ``weights_only`` loading would refuse, or None.
+    """Return where in ``obj`` (named ``where``) the first value ``weights_only`` refuses is.
 
-    Args:
-        obj: the data about to be saved.
-        where: the name of ``obj``, used to build the path of the offending value.
-
-    Returns:
-        ``"checkpoint['optimizer']['x'] is a numpy.ndarray"``-style text, or ``None`` if
-        everything is tensors, plain containers and the leaf types above (or classes the user
-        allow-listed with ``torch.serialization.add_safe_globals``).
+    ``"checkpoint['optimizer']['x'] is a numpy.ndarray"``-style text, or ``None`` if all is
+    tensors, plain containers and the leaf types above (or classes the user allow-listed
+    with ``torch.serialization.add_safe_globals``).
     """
     if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_LEAVES:
         return None
@@ -196,15 +191,9 @@ def strip_wrapper_prefixes(
 ) -> collections.OrderedDict[str, Any]:
     """Drop ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes the model lacks.
 
-    A prefix is removed only when every key has it and the model's own keys do not, so a
-    model with a submodule literally named ``module`` keeps its keys.
-
-    Args:
-        state_dict: the checkpoint's model state.
-        model_keys: the keys of the bare model's ``state_dict()``.
-
-    Returns:
-        A new ``OrderedDict`` (with ``_metadata`` carried over and renamed).
+    A prefix is removed only when every key has it and the bare model's ``model_keys`` do
+    not, so a model with a submodule literally named ``module`` keeps its keys. Returns a new
+    ``OrderedDict`` (``_metadata`` carried over and renamed).
     """
     result = collections.OrderedDict(state_dict)
     metadata = getattr(state_dict, "_metadata", None)

@@ -75,15 +75,10 @@ def matched_model_state(
     left out, or refused. Quantization observers (:func:`shape_changing_state_keys`) never
     count as different.
 
-    Args:
-        model: the bare model.
-        state: the checkpoint's ``"model"`` entry.
-        path: the checkpoint file (for messages).
-        strict: refuse any missing, unexpected or differently shaped entry.
-        allow_shape_mismatch: leave differently shaped entries out (else refuse them).
-
-    Returns:
-        ``(state to load, [(key, shape in the checkpoint, shape in the model), ...])``.
+    ``state`` is the checkpoint's ``"model"`` entry, ``path`` its file (for messages);
+    ``strict`` refuses any missing, unexpected or differently shaped entry, and
+    ``allow_shape_mismatch=False`` differently shaped ones. Returns ``(state to load,
+    [(key, shape in the checkpoint, shape in the model), ...])``.
 
     Raises:
         CorruptCheckpointError: If ``state`` is not a state dict of tensors.

@@ -139,14 +139,16 @@ class CfgNode(_FvcoreCfgNode):
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """Return :meth:`load_yaml_with_base`'s dict and ``{full key: "FILE:LINE"}``."""
         path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
+        where = f" (the _BASE_ of {_chain[-1]})" if _chain else ""
         if not PathManager.exists(path):
             # The top file as the user typed it: what they will look for on their command line.
-            shown = f"{path} (the _BASE_ of {_chain[-1]})" if _chain else filename
-            raise ConfigError(f"config file not found: {shown}. Check the path.")
+            raise ConfigError(
+                f"config file not found: {path + where if _chain else filename}. Check the path."
+            )
         if path in _chain:
             cycle = " -> ".join([*_chain[_chain.index(path) :], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
-        data, origins = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
+        data, origins = cls._read_yaml(path, where)
         if BASE_KEY not in data:
             return data, origins
         bases = data.pop(BASE_KEY)
@@ -169,8 +171,7 @@ class CfgNode(_FvcoreCfgNode):
         return merged, merged_origins
 
     @staticmethod
-    def _read_yaml(path: str, included_from: str | None) -> tuple[dict[str, Any], dict[str, str]]:
-        where = f" (the _BASE_ of {included_from})" if included_from else ""
+    def _read_yaml(path: str, where: str) -> tuple[dict[str, Any], dict[str, str]]:
         try:
             with PathManager.open(path, "r") as f:
                 # The safe loader, composed first so the nodes give each key's line.

@@ -140,15 +140,12 @@ def format_config_changes(changes: list[ConfigChange], header: str = "") -> str:
 def _yaml_value(value: Any) -> str:
     # Dumped inside a one-item flow list, so every value (scalar or list) fits on one line
     # without the document-end marker yaml adds after a lone scalar.
-    flow = yaml.safe_dump([_plain(value)], default_flow_style=True, width=2**31).strip()
-    return flow[1:-1]
+    return yaml.safe_dump([_plain(value)], default_flow_style=True, width=2**31).strip()[1:-1]
 
 
 def _plain(value: Any) -> Any:
     # The safe dumper knows lists, not tuples.
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def flat_leaves(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -143,9 +143,8 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         known = {"base_lrs", "last_epoch", "_last_lr", "_step_count"}
-        unknown = set(state_dict) - known
-        if unknown:
-            logger.warning("Ignoring unknown LRMultiplier state keys: %s", sorted(unknown))
+        if unknown := sorted(set(state_dict) - known):
+            logger.warning("Ignoring unknown LRMultiplier state keys: %s", unknown)
         self.__dict__.update({k: v for k, v in state_dict.items() if k in known})
 
     @override
