@@ -60,17 +60,13 @@ def user_message(error: BaseException) -> str:
     return text[at + len(marker) :].strip() if text.startswith("Caught ") and at >= 0 else text
 
 
-def _is_rank_zero() -> bool:
-    # The environment says it before (and whether or not) a process group exists: torchrun's
-    # RANK, or SLURM's task id under srun.
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-
-
 def _report_uncaught(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
     if issubclass(exc_type, UsageError):
-        if _is_rank_zero():
+        # Rank 0 by the environment, which says it before (and whether or not) a process
+        # group exists: torchrun's RANK, or SLURM's task id under srun.
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
             _write_line(f"error: {user_message(exc)}")
         # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
         raise SystemExit(USAGE_EXIT_CODE)

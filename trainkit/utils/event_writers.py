@@ -144,8 +144,7 @@ class TensorboardXWriter(EventWriter):
         Raises:
             TypeError: If ``kwargs`` holds an argument SummaryWriter does not take.
         """
-        unknown = sorted(set(kwargs) - _SUMMARY_WRITER_KWARGS)
-        if unknown:
+        if unknown := sorted(set(kwargs) - _SUMMARY_WRITER_KWARGS):
             raise TypeError(
                 f"TensorboardXWriter got unexpected arguments {unknown}; it takes log_dir, "
                 f"window_size, handoff_secs and SummaryWriter's {sorted(_SUMMARY_WRITER_KWARGS)}."
@@ -155,8 +154,7 @@ class TensorboardXWriter(EventWriter):
         self._window_size = window_size
         self._handoff_secs = handoff_secs
         self._file_writer: Any = None  # tensorboard EventFileWriter, made by the first write
-        self._event_cls: Any = None  # tensorboard's Event and Summary protobuf classes
-        self._summary_cls: Any = None
+        self._event_cls = self._summary_cls = None  # tensorboard's Event and Summary protos
         self._pending: list[Any] = []  # events of scalars not handed over yet
         self._last_handoff_s = time.monotonic()
 
