@@ -1,9 +1,7 @@
 """Writing checkpoints in the background: the host copy, and one ordered writer thread.
 
 The training thread copies the state to host memory (:class:`HostStaging`) and hands the copy
-to a :class:`BackgroundWriter`, whose single thread writes, fsyncs, renames and tags in
-submission order. A failed job is kept until the training thread asks (:meth:`wait` or
-:meth:`raise_if_failed`), so an error is raised there, once, naming the file.
+to a :class:`BackgroundWriter`, whose thread writes, fsyncs, renames and tags in order.
 """
 
 from __future__ import annotations
@@ -27,8 +25,9 @@ logger = logging.getLogger(__name__)
 class CheckpointWriteError(RuntimeError):
     """A checkpoint written in the background could not be written (the message names it).
 
-    Raised in the training thread by the next ``save``, ``wait`` or periodic step after the
-    failure; the original error (e.g. ``OSError`` for a full disk) is its ``__cause__``.
+    Raised in the training thread, once, by the next ``save``, ``wait`` or periodic step
+    after the failure; the original error (e.g. ``OSError`` for a full disk) is its
+    ``__cause__``.
     """
 
 
@@ -36,13 +35,11 @@ class HostStaging:
     """Copies of a state in host memory, reusing the previous copy's tensors as buffers.
 
     Fresh memory costs a page fault per 4 KiB on first touch, several times the copy itself
-    (measured: 0.5 GB/s into fresh memory, 15 GB/s into reused memory), so the buffers of one
-    copy are kept and overwritten by the next copy of a state with the same tensors. GPU
+    (measured: 0.5 GB/s into fresh memory, 15 GB/s into reused memory), so one copy's
+    buffers are kept and overwritten by the next copy of a state with the same tensors. GPU
     tensors are copied into pinned buffers, all at once, then the devices are synchronised;
-    CPU tensors with one memcpy each.
-
-    The caller must make sure nothing reads the previous copy any more (``Checkpointer``
-    waits for the previous write before copying).
+    CPU tensors with one memcpy each. The caller makes sure nothing reads the previous copy
+    any more (``Checkpointer`` waits for the previous write before copying).
     """
 
     def __init__(self) -> None:
@@ -51,18 +48,12 @@ class HostStaging:
     def copy(self, state: Any) -> Any:
         """Return a copy of ``state`` that no later training step can change.
 
-        A ``state_dict()`` holds references to live parameters and optimizer buffers, which
-        the next optimizer step overwrites in place. Containers (dict and subclasses with
-        their attributes such as a state dict's ``_metadata``, list, tuple, namedtuple) are
-        rebuilt, every tensor is copied to CPU memory (contiguous), and any other value is
+        A ``state_dict()`` references live parameters and optimizer buffers, which the next
+        optimizer step overwrites in place. Containers (dict and subclasses with their
+        attributes such as a state dict's ``_metadata``, list, tuple, namedtuple) are
+        rebuilt, every tensor is copied to CPU memory (contiguous), any other value is
         deep-copied. Tensors that are the same view of the same memory (tied weights) are
-        copied once and stay shared.
-
-        Args:
-            state: the data about to be saved.
-
-        Returns:
-            The copy, holding only CPU tensors.
+        copied once and stay shared. The copy holds only CPU tensors.
         """
         previous, self._buffers = self._buffers, []
         devices: set[torch.device] = set()
@@ -150,16 +141,16 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
 class BackgroundWriter:
     """Run jobs one at a time, in submission order, on one thread; keep their failures.
 
-    Meant to be driven by one thread (the training thread): that thread submits, waits and
-    checks; the writer thread only runs jobs. The thread starts with the first job. Pending
-    jobs finish before the interpreter exits (and a failure no one was told about is logged
-    then); a process ended by ``os._exit`` or a signal must :meth:`wait` first.
+    One thread (the training thread) submits, waits and checks; the writer thread, started
+    with the first job, only runs jobs. A failure is kept until that thread asks
+    (:meth:`wait`, :meth:`raise_if_failed`). Pending jobs finish before the interpreter
+    exits (a failure nobody was told about is logged then); a process ended by ``os._exit``
+    or a signal must :meth:`wait` first.
     """
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
-        # (what the job does and what to do if it fails, for the message; its future),
-        # oldest first.
+        # (what the job does, what to do if it fails, its future), oldest first.
         self._jobs: list[tuple[str, str, Future[None]]] = []
 
     @property
@@ -168,21 +159,14 @@ class BackgroundWriter:
         return any(not future.done() for _, _, future in self._jobs)
 
     def submit(
-        self,
-        what: str,
-        job: Callable[[], None],
-        *,
-        advice: str = "",
-        after_success: bool = False,
+        self, what: str, job: Callable[[], None], *, advice: str = "", after_success: bool = False
     ) -> None:
         """Queue ``job``; it runs after every job submitted before it.
 
-        Args:
-            what: names the job in an error message, e.g. ``"write of checkpoint /x/m.pth"``.
-            job: the work.
-            advice: what the user should do if it fails (ends the error message).
-            after_success: run ``job`` only if the job submitted just before it succeeded
-                (or there is none pending); it is skipped silently otherwise.
+        ``what`` names it in an error message (``"write of checkpoint /x/m.pth"``), which
+        ``advice`` (what the user should do if it fails) ends. With ``after_success`` it runs
+        only if the job submitted just before it succeeded (or none is pending), and is
+        skipped silently otherwise.
         """
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainkit-ckpt-writer")
@@ -192,10 +176,9 @@ class BackgroundWriter:
         previous = self._jobs[-1][2] if (after_success and self._jobs) else None
 
         def run() -> None:
-            # The writer is single-threaded: the previous job is done when this one starts.
-            if previous is not None and previous.exception() is not None:
-                return
-            job()
+            # One writer thread: the previous job is done when this one starts.
+            if previous is None or previous.exception() is None:
+                job()
 
         self._jobs.append((what, advice, self._executor.submit(run)))
 

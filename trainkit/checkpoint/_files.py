@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import copy
 import os
 import pickle
 import re
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from trainkit.checkpoint._background import HostStaging
 from trainkit.utils.errors import MissingFileError, UsageError
 
 __all__ = [
@@ -28,9 +28,8 @@ __all__ = [
 class CheckpointError(UsageError, RuntimeError):
     """A checkpoint cannot be used as asked (wrong content, or a strict load found mismatches).
 
-    A :class:`~trainkit.utils.errors.UsageError`: the user must replace, convert or trust the
-    file, or change the config it is loaded into; it stays a ``RuntimeError`` for callers that
-    catch that.
+    A :class:`~trainkit.utils.errors.UsageError` (the user must replace, convert or trust the
+    file, or change the config it is loaded into) and a ``RuntimeError``.
     """
 
 
@@ -54,33 +53,23 @@ _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 
 def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
-    """Return a description of the first value ``weights_only`` loading would refuse, or None.
+    """Return where in ``obj`` (named ``where``) the first value ``weights_only`` refuses is.
 
-    Args:
-        obj: the data about to be saved.
-        where: the name of ``obj``, used to build the path of the offending value.
-
-    Returns:
-        ``"checkpoint['optimizer']['x'] is a numpy.ndarray"``-style text, or ``None`` if
-        everything is tensors, plain containers and the leaf types above (or classes the user
-        allow-listed with ``torch.serialization.add_safe_globals``).
+    ``"checkpoint['optimizer']['x'] is a numpy.ndarray"``-style text, or ``None`` if all is
+    tensors, plain containers and the leaf types above (or classes the user allow-listed
+    with ``torch.serialization.add_safe_globals``).
     """
     if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_LEAVES:
         return None
     if type(obj) in _PLAIN_CONTAINERS:
         if isinstance(obj, Mapping):
-            for key, value in obj.items():
-                found = find_unsafe_value(key, f"{where} key") or find_unsafe_value(
-                    value, f"{where}[{key!r}]"
-                )
-                if found:
-                    return found
+            found = (
+                find_unsafe_value(key, f"{where} key") or find_unsafe_value(v, f"{where}[{key!r}]")
+                for key, v in obj.items()
+            )
         else:
-            for i, value in enumerate(obj):
-                found = find_unsafe_value(value, f"{where}[{i}]")
-                if found:
-                    return found
-        return None
+            found = (find_unsafe_value(v, f"{where}[{i}]") for i, v in enumerate(obj))
+        return next(filter(None, found), None)
     if type(obj) in torch.serialization.get_safe_globals():
         return None
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
@@ -175,26 +164,10 @@ def read_checkpoint_file(
         # The model state is copied into the model and dropped; everything else (optimizer
         # state, trainer state) may be kept as it is by whoever loads it, and a tensor
         # backed by a mapping would keep the file's disk space after checkpoint rotation
-        # deletes it.
-        data = {k: v if k == "model" else _materialize(v) for k, v in data.items()}
+        # deletes it: copy it into memory.
+        copied = HostStaging().copy({k: v for k, v in data.items() if k != "model"})
+        data = {k: data[k] if k == "model" else copied[k] for k in data}
     return data
-
-
-def _materialize(obj: Any) -> Any:
-    """Return ``obj`` with every tensor replaced by an in-memory copy (not file-backed)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        # A shallow copy keeps the mapping's type and attributes (a state dict's _metadata).
-        out = copy.copy(obj)
-        for k, v in obj.items():
-            out[k] = _materialize(v)
-        return out
-    if isinstance(obj, list):
-        return [_materialize(v) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_materialize(v) for v in obj)
-    return obj
 
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
@@ -202,26 +175,15 @@ def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:
         size = f"{os.path.getsize(path)} bytes"
     except OSError:
         size = "unknown size"
-    reason = _torch_reason(str(error)) or type(error).__name__
-    return CorruptCheckpointError(
-        f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: {reason}. The file "
-        "is truncated or corrupt (an interrupted copy or a full disk?); delete it or "
-        "replace it with a good copy."
-    )
-
-
-def _torch_reason(message: str) -> str:
-    """The part of a torch.load error that says what is wrong with the bytes.
-
-    A weights_only failure on damaged bytes opens with generic advice to retry with
-    ``weights_only=False``, wrong for a corrupt file; its cause follows "WeightsUnpickler
-    error:".
-    """
-    marker = "WeightsUnpickler error:"
-    if marker in message:
-        message = message.split(marker, 1)[1]
+    # A weights_only failure on damaged bytes opens with generic advice to retry with
+    # weights_only=False, wrong for a corrupt file; its cause follows "WeightsUnpickler error:".
+    message = str(error).split("WeightsUnpickler error:", 1)[-1]
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return CorruptCheckpointError(
+        f"Cannot read checkpoint {path} ({size}): {type(error).__name__}: "
+        f"{lines[0] if lines else type(error).__name__}. The file is truncated or corrupt (an "
+        "interrupted copy or a full disk?); delete it or replace it with a good copy."
+    )
 
 
 def strip_wrapper_prefixes(
@@ -229,15 +191,9 @@ def strip_wrapper_prefixes(
 ) -> collections.OrderedDict[str, Any]:
     """Drop ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes the model lacks.
 
-    A prefix is removed only when every key has it and the model's own keys do not, so a
-    model with a submodule literally named ``module`` keeps its keys.
-
-    Args:
-        state_dict: the checkpoint's model state.
-        model_keys: the keys of the bare model's ``state_dict()``.
-
-    Returns:
-        A new ``OrderedDict`` (with ``_metadata`` carried over and renamed).
+    A prefix is removed only when every key has it and the bare model's ``model_keys`` do
+    not, so a model with a submodule literally named ``module`` keeps its keys. Returns a new
+    ``OrderedDict`` (``_metadata`` carried over and renamed).
     """
     result = collections.OrderedDict(state_dict)
     metadata = getattr(state_dict, "_metadata", None)
@@ -251,28 +207,13 @@ def strip_wrapper_prefixes(
             ):
                 result = collections.OrderedDict((k[len(prefix) :], v) for k, v in result.items())
                 if metadata is not None:
-                    # Module version metadata is keyed by module path: "" (the wrapper),
-                    # "module" (the model) and "module.xx"; rename them the same way.
-                    metadata = _strip_metadata_prefix(metadata, prefix)
+                    # Module version metadata is keyed by module path: "" is the wrapper
+                    # (dropped), "module" the wrapped model (becomes ""), "module.xx" a
+                    # submodule (becomes "xx").
+                    metadata = collections.OrderedDict(
+                        ((k + ".").removeprefix(prefix)[:-1], v) for k, v in metadata.items() if k
+                    )
                 changed = True
     if metadata is not None:
         result._metadata = metadata  # type: ignore[attr-defined]
     return result
-
-
-def _strip_metadata_prefix(
-    metadata: collections.OrderedDict[str, Any], prefix: str
-) -> collections.OrderedDict[str, Any]:
-    # Module version metadata is keyed by module path: "" is the wrapper (dropped),
-    # "module" the wrapped model (becomes ""), "module.xx" a submodule (becomes "xx").
-    renamed: collections.OrderedDict[str, Any] = collections.OrderedDict()
-    for key, value in metadata.items():
-        if key == "":
-            continue
-        if key + "." == prefix:
-            renamed[""] = value
-        elif key.startswith(prefix):
-            renamed[key[len(prefix) :]] = value
-        else:
-            renamed[key] = value
-    return renamed

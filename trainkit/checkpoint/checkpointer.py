@@ -1,11 +1,11 @@
 """Atomic, unwrapped, ``weights_only``-safe checkpoints on top of fvcore's ``Checkpointer``.
 
-What a checkpoint may hold: tensors and plain containers (dict, OrderedDict, list, tuple,
-set) of numbers, strings, bytes, ``None``, ``torch.dtype``/``device``/``Size``. That is what
-``torch.load(weights_only=True)`` rebuilds without running code, and every load here uses
-it. ``save`` refuses anything else up front (naming the offending entry) rather than writing
-a file that cannot be resumed from. Convert numpy arrays to tensors or lists, and numpy's RNG
-state with :func:`trainkit.utils.env.get_rng_state`.
+A checkpoint holds tensors and plain containers (dict, OrderedDict, list, tuple, set) of
+numbers, strings, bytes, ``None``, ``torch.dtype``/``device``/``Size``: what
+``torch.load(weights_only=True)``, used by every load here, rebuilds without running code.
+``save`` refuses anything else up front, naming the entry, rather than write a file that
+cannot be resumed from. Convert numpy arrays to tensors or lists, and numpy's RNG state with
+:func:`trainkit.utils.env.get_rng_state`.
 """
 
 from __future__ import annotations
@@ -63,22 +63,14 @@ class Checkpointer(_FvcoreCheckpointer):
     """Save and load a model plus any :class:`Checkpointable` objects.
 
     Beyond fvcore: saves are atomic (temp file, fsync, rename, then the ``last_checkpoint``
-    tag, also atomically), hold the bare module's state, and refuse data that
-    ``weights_only`` loading cannot read; loads use ``weights_only=True``, accept ``module.``
-    and ``_orig_mod.`` prefixes, explain corrupt files by name, and report shape mismatches
-    in one message. :meth:`resume_or_load` falls back to older checkpoints when the newest
-    is unreadable.
-
-    With ``async_save=True``, :meth:`save` copies the state to host memory and returns; one
-    background thread then writes, fsyncs, renames and tags, in the order of the saves. A
-    save first waits for the previous write; :meth:`wait` waits for the last one (trainers
-    call it when training ends; the interpreter also waits at exit). A failed background
-    write is raised as :class:`~trainkit.checkpoint.CheckpointWriteError` by the next
-    :meth:`save`, :meth:`wait` or :meth:`raise_if_write_failed`. Drive one checkpointer from
-    one thread.
-
-    It does not decide *when* to save (see :class:`PeriodicCheckpointer`) and writes only
-    local files (``atomic_write`` relies on ``os.replace``).
+    tag, also atomically), hold the bare module's state and refuse what ``weights_only``
+    cannot read back; loads use ``weights_only=True``, accept ``module.`` and ``_orig_mod.``
+    prefixes, explain corrupt files by name and report shape mismatches in one message;
+    :meth:`resume_or_load` falls back to older checkpoints when the newest is unreadable.
+    With ``async_save=True``, one background thread writes, fsyncs, renames and tags, in the
+    order of the saves; trainers :meth:`wait` for the last write at the end (the interpreter
+    also waits at exit). Drive one checkpointer from one thread. It does not decide *when* to
+    save (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
     """
 
     def __init__(
@@ -101,19 +93,19 @@ class Checkpointer(_FvcoreCheckpointer):
             save_dir: directory of checkpoints and the ``last_checkpoint`` tag; ``""``
                 disables saving.
             save_to_disk: whether :meth:`save` writes; ``None`` means on rank 0 only.
-            trust_pickle: load files with full pickle instead of ``weights_only=True``.
-                Only for files you trust: unpickling can run any code the file names.
-            strict: refuse to load a model state whose keys or shapes differ from the model
+            trust_pickle: load with full pickle instead of ``weights_only=True``; only for
+                trusted files: unpickling can run any code the file names.
+            strict: refuse a model state whose keys or shapes differ from the model's
                 (by default such entries are skipped and reported).
-            allow_shape_mismatch: skip (and report) model entries whose shapes differ, as
-                detectron2 does; False refuses such a checkpoint, listing the entries.
+            allow_shape_mismatch: skip (and report) entries whose shapes differ, as
+                detectron2 does; False refuses such a checkpoint, listing them.
             async_save: write files in a background thread; :meth:`save` then blocks only
-                to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``). The copy
-                is kept and reused by the next save: host memory as large as the state.
-            blocking_context: called by each :meth:`save`; the context manager it returns
-                wraps the part the caller waits for (waiting for the previous write, then
-                the copy, or everything when saving synchronously). ``DefaultTrainer``
-                marks the watchdog's ``checkpoint`` phase with it.
+                to copy the state to host memory (``SOLVER.CHECKPOINT_ASYNC``), a copy kept
+                and reused by the next save: host memory as large as the state.
+            blocking_context: called by each :meth:`save`; its context manager wraps what
+                the caller waits for (the previous write, then the copy; everything when
+                saving synchronously). ``DefaultTrainer`` marks the watchdog's
+                ``checkpoint`` phase with it.
             checkpointables: objects saved and restored under their keyword, e.g.
                 ``optimizer=opt, scheduler=sched``.
         """
@@ -150,21 +142,18 @@ class Checkpointer(_FvcoreCheckpointer):
         """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
 
         Does nothing when ``save_dir`` is empty or ``save_to_disk`` is False (other ranks).
-        With ``async_save``, returns once the state is copied to host memory; the file and
-        the tag are written in the background, after the previous save's.
+        With ``async_save``, returns once the state is copied to host memory.
 
         Args:
             name: file name without ``.pth``.
             tag_last: point ``last_checkpoint`` at the new file (what ``--resume`` loads);
-                False for side copies such as the best model, which must not become the
-                resume point.
+                False for side copies such as the best model, never a resume point.
             kwargs: extra data stored next to the states (returned by :meth:`load`).
 
         Raises:
             ValueError: If ``name`` contains a directory or an extra key shadows a state.
             TypeError: If some value could not be loaded back with ``weights_only=True``.
-            CheckpointWriteError: If the previous background write failed (this save is
-                then not made).
+            CheckpointWriteError: If the previous background write failed (no save is made).
         """
         if not self.save_dir or not self.save_to_disk:
             return
@@ -175,7 +164,19 @@ class Checkpointer(_FvcoreCheckpointer):
             # One write at a time, in order: the previous one is complete (and tagged)
             # before this state is even copied, so at most one host copy exists.
             self._writer.wait()
-            data = self._collect_state(basename, kwargs)
+            data = {"model": unwrap_model(self.model).state_dict()}
+            data.update((key, obj.state_dict()) for key, obj in self.checkpointables.items())
+            clashes = sorted(set(kwargs) & set(data))
+            if clashes:
+                raise ValueError(f"extra data keys {clashes} clash with checkpointable names")
+            data.update(kwargs)
+            unsafe = None if self.trust_pickle else find_unsafe_value(data)
+            if unsafe is not None:
+                raise TypeError(
+                    f"Cannot save {basename}: {unsafe}, which torch.load(weights_only=True) "
+                    "cannot read back. Store tensors and plain containers only (convert "
+                    "numpy arrays with torch.from_numpy or .tolist())."
+                )
             self.path_manager.mkdirs(self.save_dir)
             save_file = os.path.join(self.save_dir, basename)
             if not self.async_save:
@@ -192,29 +193,9 @@ class Checkpointer(_FvcoreCheckpointer):
             "(e.g. free disk space) and resume with --resume.",
         )
 
-    def _collect_state(self, basename: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Gather every state plus the extra data, refusing what cannot be loaded back."""
-        data: dict[str, Any] = {"model": unwrap_model(self.model).state_dict()}
-        for key, obj in self.checkpointables.items():
-            data[key] = obj.state_dict()
-        clashes = sorted(set(kwargs) & set(data))
-        if clashes:
-            raise ValueError(f"extra data keys {clashes} clash with checkpointable names")
-        data.update(kwargs)
-        if not self.trust_pickle:
-            unsafe = find_unsafe_value(data)
-            if unsafe is not None:
-                raise TypeError(
-                    f"Cannot save {basename}: {unsafe}, which torch.load(weights_only=True) "
-                    "cannot read back. Store tensors and plain containers only (convert "
-                    "numpy arrays with torch.from_numpy or .tolist())."
-                )
-        return data
-
     def _write_checkpoint(self, save_file: str, data: dict[str, Any], tag_last: bool) -> None:
-        """Write ``data`` to ``save_file`` atomically, then tag it (the writer thread, if async)."""
-        # Order matters: the tag moves only after the new file is complete and durable, so
-        # a crash at any point leaves the tag naming a loadable checkpoint.
+        # Runs on the writer thread when saving asynchronously. The tag moves only after
+        # the new file is complete and durable: a crash leaves it naming a loadable file.
         with atomic_write(save_file, "wb") as f:
             torch.save(data, f)
         if tag_last:
@@ -237,16 +218,16 @@ class Checkpointer(_FvcoreCheckpointer):
         """Raise the failure of a finished background write, if any; never blocks.
 
         Raises:
-            CheckpointWriteError: If a background write failed and was not reported yet.
+            CheckpointWriteError: As :meth:`wait`.
         """
         self._writer.raise_if_failed()
 
     def call_after_write(self, fn: Callable[[], None], what: str) -> None:
         """Run ``fn`` once the checkpoint saved last is on disk and tagged.
 
-        Saving synchronously (or with nothing pending), that is now. Otherwise ``fn`` runs in
-        the writer thread right after that write, and not at all if the write fails; its
-        own failure is reported like a failed write, described by ``what``.
+        With nothing pending, that is now. Otherwise ``fn`` runs in the writer thread right
+        after that write, not at all if the write fails; its own failure is reported like a
+        failed write, described by ``what``.
         """
         if not self._writer.pending:
             self._writer.raise_if_failed()
@@ -255,10 +236,7 @@ class Checkpointer(_FvcoreCheckpointer):
         self._writer.submit(what, fn, after_success=True)
 
     def close(self) -> None:
-        """:meth:`wait`, then stop the writer thread and free the host copy.
-
-        A later async save starts another thread and makes a new copy.
-        """
+        """:meth:`wait`, then stop the writer thread and free the host copy (until a later save)."""
         try:
             self._writer.close()
         finally:
@@ -288,11 +266,8 @@ class Checkpointer(_FvcoreCheckpointer):
         """Return every ``.pth`` file in ``save_dir``, newest first (by modification time)."""
         if not self.save_dir or not self.path_manager.isdir(self.save_dir):
             return []
-        files = [
-            os.path.join(self.save_dir, name)
-            for name in self.path_manager.ls(self.save_dir)
-            if name.endswith(".pth") and self.path_manager.isfile(os.path.join(self.save_dir, name))
-        ]
+        files = [os.path.join(self.save_dir, n) for n in self.path_manager.ls(self.save_dir)]
+        files = [f for f in files if f.endswith(".pth") and self.path_manager.isfile(f)]
         return sorted(files, key=lambda p: (os.path.getmtime(p), p), reverse=True)
 
     def load(self, path: str, checkpointables: list[str] | None = None) -> dict[str, Any]:
@@ -327,11 +302,10 @@ class Checkpointer(_FvcoreCheckpointer):
         """Resume from ``save_dir`` if asked and possible, else load the weights at ``path``.
 
         With ``resume`` and a ``last_checkpoint`` tag, the tagged file is loaded with the
-        checkpointables named by ``checkpointables`` (``None``: all of them; ``[]``: none,
-        their states are returned for the caller to restore). If it is unreadable (missing,
-        truncated, corrupt), the other ``.pth`` files in ``save_dir`` are tried newest first,
-        with a warning naming each skipped file. Otherwise only the model is loaded from
-        ``path`` (``""``: nothing).
+        ``checkpointables`` named (as in :meth:`load`; those not restored are returned for
+        the caller). If it is unreadable (missing, truncated, corrupt), the other ``.pth``
+        files in ``save_dir`` are tried newest first, with a warning naming each skipped
+        file. Otherwise only the model is loaded from ``path`` (``""``: nothing).
 
         Returns:
             Same as :meth:`load`.
@@ -383,8 +357,22 @@ class Checkpointer(_FvcoreCheckpointer):
         self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
     ) -> dict[str, Any]:
         self.logger.info("Loading checkpoint from %s", path)
-        incompatible = self._load_model_state(checkpoint, path)
-        self._report_incompatible_keys(incompatible)
+        state, incorrect_shapes = matched_model_state(
+            self.model,
+            checkpoint.pop("model"),
+            path,
+            strict=self.strict,
+            allow_shape_mismatch=self.allow_shape_mismatch,
+        )
+        result = self.model.load_state_dict(state, strict=False)
+        incompatible = IncompatibleKeys(
+            list(result.missing_keys), list(result.unexpected_keys), incorrect_shapes
+        )
+        if any(incompatible):
+            self.logger.warning(
+                "The checkpoint does not fully match the model:\n%s",
+                describe_incompatible(incompatible),
+            )
         names = list(self.checkpointables) if checkpointables is None else checkpointables
         for key in names:
             if key not in self.checkpointables:
@@ -398,26 +386,3 @@ class Checkpointer(_FvcoreCheckpointer):
             else:
                 self.logger.warning("%s has no state for %r; it keeps its current state", path, key)
         return checkpoint
-
-    def _load_model_state(self, checkpoint: dict[str, Any], path: str = "") -> IncompatibleKeys:
-        # Named apart from fvcore's private _load_model: this class overrides load() itself.
-        state, incorrect_shapes = matched_model_state(
-            self.model,
-            checkpoint.pop("model"),
-            path,
-            strict=self.strict,
-            allow_shape_mismatch=self.allow_shape_mismatch,
-        )
-        result = self.model.load_state_dict(state, strict=False)
-        return IncompatibleKeys(
-            missing_keys=list(result.missing_keys),
-            unexpected_keys=list(result.unexpected_keys),
-            incorrect_shapes=incorrect_shapes,
-        )
-
-    def _report_incompatible_keys(self, incompatible: IncompatibleKeys) -> None:
-        if any(incompatible):
-            self.logger.warning(
-                "The checkpoint does not fully match the model:\n%s",
-                describe_incompatible(incompatible),
-            )

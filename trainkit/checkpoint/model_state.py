@@ -27,14 +27,16 @@ __all__ = [
     "unwrap_model",
 ]
 
+# (key, shape in the checkpoint, shape in the model) of entries whose shapes differ.
+_Mismatches = list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+
 
 class IncompatibleKeys(NamedTuple):
     """How a checkpoint's model state differed from the model it was loaded into."""
 
     missing_keys: list[str]
     unexpected_keys: list[str]
-    # (key, shape in the checkpoint, shape in the model); these entries were not loaded.
-    incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    incorrect_shapes: _Mismatches  # these entries were not loaded
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -65,45 +67,41 @@ def matched_model_state(
     *,
     strict: bool = False,
     allow_shape_mismatch: bool = True,
-) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+) -> tuple[dict[str, Any], _Mismatches]:
     """Return the entries of a checkpoint's model state that load into ``model``.
 
     Wrapper prefixes (``module.``, ``_orig_mod.``) the model lacks are dropped, numpy arrays
     (old checkpoints) become tensors, and entries whose shapes differ from the model's are
-    left out — or refused. Quantization observers, which resize their own buffers, never
+    left out, or refused. Quantization observers (:func:`shape_changing_state_keys`) never
     count as different.
 
-    Args:
-        model: the bare model.
-        state: the checkpoint's ``"model"`` entry.
-        path: the checkpoint file (for messages).
-        strict: refuse any missing, unexpected or differently shaped entry.
-        allow_shape_mismatch: leave differently shaped entries out (else refuse them).
-
-    Returns:
-        ``(state to load, [(key, shape in the checkpoint, shape in the model), ...])``.
+    ``state`` is the checkpoint's ``"model"`` entry, ``path`` its file (for messages);
+    ``strict`` refuses any missing, unexpected or differently shaped entry, and
+    ``allow_shape_mismatch=False`` differently shaped ones. Returns ``(state to load,
+    [(key, shape in the checkpoint, shape in the model), ...])``.
 
     Raises:
         CorruptCheckpointError: If ``state`` is not a state dict of tensors.
         ShapeMismatchError: If shapes differ and that is not allowed.
         CheckpointError: With ``strict``, if the state does not match the model.
     """
-    if not isinstance(state, Mapping):
-        raise CorruptCheckpointError(
-            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
-        )
     model_state = model.state_dict()
-    state = _numpy_to_tensors(strip_wrapper_prefixes(state, set(model_state)))
+    state = dict(_without_prefixes(state, path, set(model_state)))
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            state[key] = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            raise CorruptCheckpointError(
+                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
+            )
     resizable = shape_changing_state_keys(model)
-    incorrect_shapes = [
-        (key, tuple(value.shape), tuple(model_state[key].shape))
-        for key, value in state.items()
-        if key in model_state
-        and key not in resizable
+    model_shapes = {
+        key: value.shape
+        for key, value in model_state.items()
         # Lazy modules accept any shape until they are materialised.
-        and not isinstance(model_state[key], nn.parameter.UninitializedParameter)
-        and tuple(value.shape) != tuple(model_state[key].shape)
-    ]
+        if key not in resizable and not isinstance(value, nn.parameter.UninitializedParameter)
+    }
+    incorrect_shapes = _shape_differences(state, model_shapes)
     if strict:
         expected = IncompatibleKeys(
             missing_keys=sorted(set(model_state) - set(state)),
@@ -123,17 +121,22 @@ def matched_model_state(
     return state, incorrect_shapes
 
 
-def _numpy_to_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
-    converted = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        elif not isinstance(value, torch.Tensor):
-            raise CorruptCheckpointError(
-                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
-            )
-        converted[key] = value
-    return converted
+def _without_prefixes(state: Any, path: str, model_keys: set[str]) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping):
+        raise CorruptCheckpointError(
+            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
+        )
+    return strip_wrapper_prefixes(state, model_keys)
+
+
+def _shape_differences(state: Mapping[str, Any], model_shapes: Mapping[str, Any]) -> _Mismatches:
+    return [
+        (key, tuple(value.shape), tuple(model_shapes[key]))
+        for key, value in state.items()
+        if key in model_shapes
+        and hasattr(value, "shape")
+        and tuple(value.shape) != tuple(model_shapes[key])
+    ]
 
 
 def shape_changing_state_keys(model: nn.Module) -> set[str]:
@@ -159,9 +162,7 @@ def shape_changing_state_keys(model: nn.Module) -> set[str]:
     return keys
 
 
-def shape_mismatch_message(
-    path: str, incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
-) -> str:
+def shape_mismatch_message(path: str, incorrect_shapes: _Mismatches) -> str:
     """One line naming the entries of ``path`` whose shapes differ from the model's, and the fix.
 
     Args:
@@ -181,10 +182,10 @@ def shape_mismatch_message(
 
 def find_shape_mismatches(
     path: str, model_shapes: Mapping[str, tuple[int, ...]], *, trust_pickle: bool = False
-) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+) -> _Mismatches:
     """Compare the model state in ``path`` with ``model_shapes`` without loading any data.
 
-    The file is memory-mapped, so only its index is read: cheap even for a large file.
+    The file is memory-mapped, so only its index is read, even for a large file.
 
     Args:
         path: a local checkpoint file.
@@ -199,31 +200,15 @@ def find_shape_mismatches(
         CorruptCheckpointError, UntrustedCheckpointError: As :meth:`Checkpointer.load`.
     """
     state = read_checkpoint_file(path, trust_pickle=trust_pickle, keep_mapped=True)["model"]
-    if not isinstance(state, Mapping):
-        raise CorruptCheckpointError(
-            f"Checkpoint {path}: 'model' is a {type(state).__name__}, not a state dict"
-        )
-    state = strip_wrapper_prefixes(state, set(model_shapes))
-    return [
-        (key, tuple(value.shape), tuple(model_shapes[key]))
-        for key, value in state.items()
-        if key in model_shapes
-        and hasattr(value, "shape")
-        and tuple(value.shape) != tuple(model_shapes[key])
-    ]
+    return _shape_differences(_without_prefixes(state, path, set(model_shapes)), model_shapes)
 
 
 def describe_incompatible(incompatible: IncompatibleKeys) -> str:
     """Return the lines that list what did not match, for a log message."""
     lines = []
-    if incompatible.incorrect_shapes:
-        lines.append(
-            f"  skipped {len(incompatible.incorrect_shapes)} entries whose shapes differ "
-            "(checkpoint vs model):"
-        )
-        lines += [
-            f"    {key}: {ckpt} vs {model}" for key, ckpt, model in incompatible.incorrect_shapes
-        ]
+    if shapes := incompatible.incorrect_shapes:
+        lines.append(f"  skipped {len(shapes)} entries whose shapes differ (checkpoint vs model):")
+        lines += [f"    {key}: {ckpt} vs {model}" for key, ckpt, model in shapes]
     if incompatible.missing_keys:
         lines.append("  missing from the checkpoint (left as initialised):")
         lines += [f"    {k}" for k in sorted(incompatible.missing_keys)]

@@ -21,15 +21,11 @@ logger = logging.getLogger(__name__)
 class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
     """Save ``{file_prefix}_{iteration:07d}.pth`` every ``period`` iterations and a final one.
 
-    ``step(iteration)`` is called after each iteration (0-based). After iteration
-    ``max_iter - 1`` it also saves ``{file_prefix}_final.pth``. With ``max_to_keep``, only
-    the newest ``max_to_keep`` periodic files up to the current iteration are kept (files
-    from before a restart count too); the final file is never deleted.
-
-    With a checkpointer that saves in the background (``async_save``), old files are deleted
-    by the writer thread once the new file is complete and tagged (never while it is being
-    written, and not at all if its write fails), and each :meth:`step` raises the failure of
-    a background write that finished since the last one.
+    ``step(iteration)`` is called after each (0-based) iteration; after ``max_iter - 1`` it
+    also saves ``{file_prefix}_final.pth``, which is never deleted. With ``max_to_keep``,
+    only the newest ``max_to_keep`` periodic files up to the current iteration are kept
+    (files from before a restart count too). With ``async_save``, the writer thread deletes
+    old files once the new one is complete and tagged (not at all if its write fails).
     """
 
     def __init__(
@@ -80,7 +76,7 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
         extra = {"iteration": iteration, **kwargs}
         trainkit_checkpointer = isinstance(self.checkpointer, Checkpointer)
         if trainkit_checkpointer:
-            self.checkpointer.raise_if_write_failed()  # reported at the step after the failure
+            self.checkpointer.raise_if_write_failed()
         if is_period_end(iteration, self.period):
             name = f"{self.file_prefix}_{iteration:07d}"
             self.checkpointer.save(name, **extra)
@@ -99,14 +95,14 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
         if not save_dir or not self.checkpointer.save_to_disk:
             return  # only the rank that writes files deletes them
         pattern = re.compile(rf"^{re.escape(self.file_prefix)}_(\d{{7,}})\.pth$")
-        periodic = []
-        for name in self.path_manager.ls(save_dir):
-            match = pattern.match(name)
-            # Files from an abandoned longer run (after resuming from an older checkpoint)
-            # are left alone: they are overwritten as this run reaches them.
-            if match and int(match.group(1)) <= iteration:
-                periodic.append((int(match.group(1)), os.path.join(save_dir, name)))
-        periodic.sort()
+        matches = [pattern.match(name) for name in self.path_manager.ls(save_dir)]
+        # Files from an abandoned longer run (after resuming from an older checkpoint) are
+        # left alone: they are overwritten as this run reaches them.
+        periodic = sorted(
+            (int(m.group(1)), os.path.join(save_dir, m.group(0)))
+            for m in matches
+            if m and int(m.group(1)) <= iteration
+        )
         for _, path in periodic[: max(len(periodic) - self.max_to_keep, 0)]:
             logger.info("Deleting old checkpoint %s (max_to_keep=%d)", path, self.max_to_keep)
             self.path_manager.rm(path)

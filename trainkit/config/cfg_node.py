@@ -17,6 +17,7 @@ from trainkit.config.provenance import (
     ORIGIN_COMMAND_LINE,
     code_origin,
     display_path,
+    flat_leaves,
     yaml_key_lines,
 )
 from trainkit.utils.errors import UsageError
@@ -40,7 +41,7 @@ class ConfigError(UsageError, ValueError):
 class CfgNode(_FvcoreCfgNode):
     """A yacs/fvcore config node whose merges are strict and explain themselves.
 
-    Differences from fvcore's node:
+    Unlike fvcore's node:
 
     * an unknown key, in a file or in ``merge_from_list``, raises :class:`ConfigError` naming
       the key, the file and the closest existing keys;
@@ -73,9 +74,7 @@ class CfgNode(_FvcoreCfgNode):
         """
         node, leaf = self._leaf_parent(full_key)
         origin, value = node.__dict__.get(_ORIGINS, {}).get(leaf, (None, None))
-        if origin is None or node[leaf] != value:
-            return None
-        return origin
+        return None if origin is None or node[leaf] != value else origin
 
     def set_origin(self, full_key: str, origin: str) -> None:
         """Record ``origin`` for the current value of ``full_key`` (allowed when frozen).
@@ -116,9 +115,7 @@ class CfgNode(_FvcoreCfgNode):
 
     # ---- loading files ---------------------------------------------------------------
     @classmethod
-    def load_yaml_with_base(
-        cls, filename: str, allow_unsafe: bool = False, _chain: tuple[str, ...] = ()
-    ) -> dict[str, Any]:
+    def load_yaml_with_base(cls, filename: str, allow_unsafe: bool = False) -> dict[str, Any]:
         """Load a YAML config file as a dict, with its ``_BASE_`` files merged underneath.
 
         Args:
@@ -134,7 +131,7 @@ class CfgNode(_FvcoreCfgNode):
                 ``_BASE_`` cycle.
         """
         del allow_unsafe
-        return cls._load_with_origins(filename, _chain)[0]
+        return cls._load_with_origins(filename)[0]
 
     @classmethod
     def _load_with_origins(
@@ -142,13 +139,16 @@ class CfgNode(_FvcoreCfgNode):
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """Return :meth:`load_yaml_with_base`'s dict and ``{full key: "FILE:LINE"}``."""
         path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
-        if not _chain and not PathManager.exists(path):
-            # As the user typed it: that is what they will look for on their command line.
-            raise ConfigError(f"config file not found: {filename}. Check the path.")
+        where = f" (the _BASE_ of {_chain[-1]})" if _chain else ""
+        if not PathManager.exists(path):
+            # The top file as the user typed it: what they will look for on their command line.
+            raise ConfigError(
+                f"config file not found: {path + where if _chain else filename}. Check the path."
+            )
         if path in _chain:
             cycle = " -> ".join([*_chain[_chain.index(path) :], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
-        data, origins = cls._read_yaml(path, included_from=_chain[-1] if _chain else None)
+        data, origins = cls._read_yaml(path, where)
         if BASE_KEY not in data:
             return data, origins
         bases = data.pop(BASE_KEY)
@@ -171,10 +171,7 @@ class CfgNode(_FvcoreCfgNode):
         return merged, merged_origins
 
     @staticmethod
-    def _read_yaml(path: str, included_from: str | None) -> tuple[dict[str, Any], dict[str, str]]:
-        where = f" (the _BASE_ of {included_from})" if included_from else ""
-        if not PathManager.exists(path):
-            raise ConfigError(f"config file not found: {path}{where}. Check the path.")
+    def _read_yaml(path: str, where: str) -> tuple[dict[str, Any], dict[str, str]]:
         try:
             with PathManager.open(path, "r") as f:
                 # The safe loader, composed first so the nodes give each key's line.
@@ -263,9 +260,9 @@ class CfgNode(_FvcoreCfgNode):
                     self._raise_unknown(full_key, "the command line")
                 if depth < len(parts) - 1:
                     node = node[part]
-            self._merge_checked(
-                _nest(parts, value), source="the command line", origins=ORIGIN_COMMAND_LINE
-            )
+            for part in reversed(parts):
+                value = {part: value}
+            self._merge_checked(value, source="the command line", origins=ORIGIN_COMMAND_LINE)
 
     # ---- the checked merge -----------------------------------------------------------
     def _merge_checked(
@@ -289,7 +286,8 @@ class CfgNode(_FvcoreCfgNode):
                 raise ConfigError(f"_BASE_ can only be used inside config files (in {source})")
             if key not in self:
                 if self.is_new_allowed():
-                    self[key] = _to_node(type(self), self._decode_cfg_value(copy.deepcopy(value)))
+                    value = self._decode_cfg_value(copy.deepcopy(value))
+                    self[key] = type(self)(value) if isinstance(value, dict) else value
                     self._record_new_key(key, full_key, origins)
                     continue
                 root._raise_unknown(full_key, source)
@@ -311,14 +309,14 @@ class CfgNode(_FvcoreCfgNode):
 
     def _record_new_key(self, key: str, full_key: str, origins: _Origins) -> None:
         value = self[key]
-        if not isinstance(value, CfgNode):
+        if isinstance(value, CfgNode):
+            for sub_key in value:
+                value._record_new_key(sub_key, f"{full_key}.{sub_key}", origins)
+        else:
             self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
-            return
-        for sub_key in value:
-            value._record_new_key(sub_key, f"{full_key}.{sub_key}", origins)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
-        known = _flatten_keys(self)
+        known = list(flat_leaves(self))
         close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
         if not close:
             leaf = full_key.rsplit(".", 1)[-1]
@@ -343,27 +341,6 @@ def _merge_dicts(src: dict[str, Any], dst: dict[str, Any]) -> None:
             _merge_dicts(value, dst[key])
         else:
             dst[key] = copy.deepcopy(value)
-
-
-def _nest(parts: list[str], value: Any) -> dict[str, Any]:
-    out: Any = value
-    for part in reversed(parts):
-        out = {part: out}
-    return out
-
-
-def _to_node(node_type: type, value: Any) -> Any:
-    return node_type(value) if isinstance(value, dict) else value
-
-
-def _flatten_keys(node: _FvcoreCfgNode, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in node.items():
-        if isinstance(value, _FvcoreCfgNode):
-            keys.extend(_flatten_keys(value, prefix + key + "."))
-        else:
-            keys.append(prefix + key)
-    return keys
 
 
 def _coerce(full_key: str, current: Any, value: Any, source: str) -> Any:

@@ -1,10 +1,6 @@
 """``@configurable``: one callable that accepts either a config or explicit arguments.
 
-A class decorates its ``__init__`` and defines a ``from_config(cls, cfg, ...)`` classmethod
-that turns a config into the ``__init__`` arguments; a function names its ``from_config``
-in the decorator. Called with a config as the first argument (or as ``cfg=``), the config is
-translated by ``from_config``; called without one, the arguments go straight through. This
-is detectron2's pattern, so its models and mappers port unchanged::
+detectron2's pattern, so its models and mappers port unchanged::
 
     class Head(nn.Module):
         @configurable
@@ -50,16 +46,13 @@ def configurable(
 ) -> Any:
     """Let ``init_func`` (an ``__init__``) or a decorated function also take a config.
 
-    Two forms:
-
-    * ``@configurable`` on ``__init__``: the class must define a ``from_config`` classmethod
-      whose first parameter is ``cfg``.
-    * ``@configurable(from_config=f)`` on a function: ``f(cfg, ...)`` returns its arguments;
-      it is also reachable as ``decorated.from_config``.
-
-    In the config form, keyword arguments that ``from_config`` does not take are passed on
-    to the decorated callable and override what ``from_config`` returned; positional
-    arguments after the config go to ``from_config`` only.
+    ``@configurable`` on ``__init__`` needs a ``from_config(cls, cfg, ...)`` classmethod;
+    ``@configurable(from_config=f)`` on a function takes ``f(cfg, ...)``, also reachable as
+    ``decorated.from_config``. Either returns the arguments. Called with a config first (or
+    as ``cfg=``), the config goes through ``from_config``: positional arguments after it go
+    to ``from_config`` only, and keyword arguments it does not take pass on to the decorated
+    callable, overriding what it returned. Called without a config, the arguments go
+    straight through.
 
     Args:
         init_func: the ``__init__`` being decorated (the bare ``@configurable`` form).

@@ -1,7 +1,7 @@
 """The config schema: every key trainkit reads, with its default, meaning, unit and valid values.
 
-A key that is not here cannot be set from a file or the command line (the merge is strict),
-so adding a key means adding it here with a comment, and updating the schema snapshot test.
+The merge is strict: a key not here cannot be set from a file or the command line, so a new
+key is added here, with a comment.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ _C = CN()
 # Schema version of config files; bumped when keys are renamed or moved.
 _C.VERSION = 1
 
-# ---------------------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------------------
+# ---- Model ------------------------------------------------------------------------------
 _C.MODEL = CN()
 # Device the model is built on: "cuda" (launch() picks the GPU from the local rank) or "cpu".
 _C.MODEL.DEVICE = "cpu"
@@ -50,9 +48,7 @@ _C.MODEL.CLASSIFIER.POOL = "avgmax"
 # Label smoothing of the cross-entropy loss, in [0, 1); 0 is plain cross-entropy.
 _C.MODEL.CLASSIFIER.LABEL_SMOOTHING = 0.0
 
-# ---------------------------------------------------------------------------------------
-# Input (the built-in mapper)
-# ---------------------------------------------------------------------------------------
+# ---- Input (the built-in mapper) --------------------------------------------------------
 _C.INPUT = CN()
 # Probability of a horizontal flip of a training image; 0 disables it.
 _C.INPUT.RANDOM_FLIP_PROB = 0.5
@@ -68,17 +64,13 @@ _C.INPUT.MAX_SIZE_TRAIN = 0
 # Longest side (pixels) a larger test image is shrunk to; 0 keeps test images as they are.
 _C.INPUT.MAX_SIZE_TEST = 0
 
-# ---------------------------------------------------------------------------------------
-# Datasets
-# ---------------------------------------------------------------------------------------
+# ---- Datasets ---------------------------------------------------------------------------
 _C.DATASETS = CN()
 # Names registered in DatasetCatalog used for training (concatenated) and for testing.
 _C.DATASETS.TRAIN = ()
 _C.DATASETS.TEST = ()
 
-# ---------------------------------------------------------------------------------------
-# Data loader
-# ---------------------------------------------------------------------------------------
+# ---- Data loader ------------------------------------------------------------------------
 _C.DATALOADER = CN()
 # Loader worker processes per rank; 0 loads in the training process.
 _C.DATALOADER.NUM_WORKERS = 2
@@ -106,9 +98,7 @@ _C.DATALOADER.PIN_MEMORY = False
 # Consecutive records that may fail to load before the loader gives up with an error.
 _C.DATALOADER.MAX_CONSECUTIVE_FAILURES = 20
 
-# ---------------------------------------------------------------------------------------
-# Solver
-# ---------------------------------------------------------------------------------------
+# ---- Solver -----------------------------------------------------------------------------
 _C.SOLVER = CN()
 # Optimizer: "SGD" (with MOMENTUM, NESTEROV) or "AdamW" (with BETAS, EPS).
 _C.SOLVER.OPTIMIZER = "SGD"
@@ -193,9 +183,7 @@ _C.SOLVER.ACCUMULATE_STEPS = 1
 # config is refused (a micro-batch would grow). Runs and resumes on any such W are the same run.
 _C.SOLVER.SCALE_MODE = "linear"
 
-# ---------------------------------------------------------------------------------------
-# Exponential moving average of the weights (the MODEL_EMA hook)
-# ---------------------------------------------------------------------------------------
+# ---- Exponential moving average of the weights (the MODEL_EMA hook) ---------------------
 _C.MODEL_EMA = CN()
 # Keep an EMA of the model's parameters and buffers, updated after every optimizer step
 # and saved in checkpoints.
@@ -206,9 +194,7 @@ _C.MODEL_EMA.DECAY = 0.999
 # trained ones.
 _C.MODEL_EMA.USE_FOR_EVAL = False
 
-# ---------------------------------------------------------------------------------------
-# Test / evaluation
-# ---------------------------------------------------------------------------------------
+# ---- Test / evaluation ------------------------------------------------------------------
 _C.TEST = CN()
 # Evaluate every this many iterations (and after the last); 0 only after training.
 _C.TEST.EVAL_PERIOD = 0
@@ -241,9 +227,7 @@ _C.TEST.EARLY_STOP.PATIENCE = 5
 # the metric's units).
 _C.TEST.EARLY_STOP.MIN_DELTA = 0.0
 
-# ---------------------------------------------------------------------------------------
-# Misc
-# ---------------------------------------------------------------------------------------
+# ---- Misc -------------------------------------------------------------------------------
 # Directory for checkpoints, logs, metrics and the resolved config.
 _C.OUTPUT_DIR = "./output"
 # Global seed; < 0 draws a random seed (logged) that is shared by all ranks.

@@ -16,7 +16,6 @@ its values: ``dump()`` and ``==`` are unchanged.
 from __future__ import annotations
 
 import os
-import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -58,30 +57,18 @@ def display_path(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def code_origin(frame: FrameType | None) -> str:
+def code_origin(frame: FrameType) -> str:
     """Return the origin of a value assigned by the code running in ``frame``."""
-    if frame is None:
-        return ORIGIN_CODE
     return f"{ORIGIN_CODE} ({display_path(frame.f_code.co_filename)}:{frame.f_lineno})"
-
-
-def caller_origin(depth: int = 2) -> str:
-    """Return :func:`code_origin` of the frame ``depth`` levels above this call."""
-    return code_origin(sys._getframe(depth))
 
 
 def yaml_key_lines(node: yaml.Node | None, path: str, prefix: str = "") -> dict[str, str]:
     """Map each leaf key of a composed YAML mapping to ``"path:line"`` (1-based).
 
-    Args:
-        node: the document's root node (``yaml.compose`` with the safe loader), after
-            construction, so that ``<<`` merge keys are already flattened into it.
-        path: the file, as it should be shown.
-        prefix: the dotted name of ``node`` (with a trailing dot), for recursion.
-
-    Returns:
-        ``{"SOLVER.BASE_LR": "configs/x.yaml:12", ...}``; mappings are followed, every
-        other value (scalar or sequence) is a leaf.
+    ``node`` is the document's root node (safe loader), taken after construction so that
+    ``<<`` merge keys are already flattened into it; ``path`` is the file as shown, and
+    ``prefix`` the dotted name of ``node`` (recursion). Mappings are followed; every other
+    value (scalar or sequence) is a leaf: ``{"SOLVER.BASE_LR": "configs/x.yaml:12", ...}``.
     """
     lines: dict[str, str] = {}
     if not isinstance(node, yaml.MappingNode):
@@ -108,13 +95,12 @@ def config_changes(cfg: CfgNode, defaults: CfgNode) -> list[ConfigChange]:
     Returns:
         The changes, sorted by key; an origin that was not recorded is ``"code"``.
     """
-    baseline = _flatten(defaults)
-    changes = []
-    for key, value in sorted(_flatten(cfg).items()):
-        if key in baseline and baseline[key] == value:
-            continue
-        changes.append(ConfigChange(key, value, cfg.get_origin(key) or ORIGIN_CODE))
-    return changes
+    baseline = flat_leaves(defaults)
+    return [
+        ConfigChange(key, value, cfg.get_origin(key) or ORIGIN_CODE)
+        for key, value in sorted(flat_leaves(cfg).items())
+        if key not in baseline or baseline[key] != value
+    ]
 
 
 def record_changes(before: CfgNode, after: CfgNode, origin: str) -> None:
@@ -128,8 +114,8 @@ def record_changes(before: CfgNode, after: CfgNode, origin: str) -> None:
         after: the config after it (frozen or not).
         origin: what changed them (``ORIGIN_AUTO_SCALING``, ``ORIGIN_RUN_TIME`` with detail).
     """
-    old = _flatten(before)
-    for key, value in _flatten(after).items():
+    old = flat_leaves(before)
+    for key, value in flat_leaves(after).items():
         if key in old and old[key] != value:
             was = before.get_origin(key)
             source = f"from {was}" if was else "the default"
@@ -142,7 +128,7 @@ def format_config_changes(changes: list[ConfigChange], header: str = "") -> str:
     The text loads with ``yaml.safe_load`` as ``{dotted key: value}``; the origins are the
     comments. ``header`` (may span lines) is written first as ``#`` comments.
     """
-    rows = [(_yaml_line(change.key, change.value), change.origin) for change in changes]
+    rows = [(f"{change.key}: {_yaml_value(change.value)}", change.origin) for change in changes]
     width = min(max((len(text) for text, _ in rows), default=0), 60)
     out = [f"# {line}".rstrip() for line in header.splitlines()]
     out += [f"{text.ljust(width)}  # {origin}" for text, origin in rows]
@@ -151,29 +137,23 @@ def format_config_changes(changes: list[ConfigChange], header: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
-def _yaml_line(key: str, value: Any) -> str:
-    return f"{key}: {_yaml_value(value)}"
-
-
 def _yaml_value(value: Any) -> str:
     # Dumped inside a one-item flow list, so every value (scalar or list) fits on one line
     # without the document-end marker yaml adds after a lone scalar.
-    flow = yaml.safe_dump([_plain(value)], default_flow_style=True, width=2**31).strip()
-    return flow[1:-1]
+    return yaml.safe_dump([_plain(value)], default_flow_style=True, width=2**31).strip()[1:-1]
 
 
 def _plain(value: Any) -> Any:
     # The safe dumper knows lists, not tuples.
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flat_leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Return ``{"A.B.C": value}`` for every leaf of a config (or nested dict)."""
     flat: dict[str, Any] = {}
     for key, value in node.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, prefix + key + "."))
+            flat.update(flat_leaves(value, prefix + key + "."))
         else:
             flat[prefix + key] = value
     return flat

@@ -59,8 +59,7 @@ class ClassificationEvaluator(DatasetEvaluator):
                 f"got {tuple(logits.shape)}"
             )
         max_k = min(max(self._topk), logits.shape[1])
-        top = logits.topk(max_k, dim=1).indices
-        correct = top == labels[:, None]
+        correct = logits.topk(max_k, dim=1).indices == labels[:, None]
         for k in self._topk:
             self._hits[k] += int(correct[:, : min(k, max_k)].any(dim=1).sum())
         self._count += len(labels)
@@ -80,8 +79,5 @@ class ClassificationEvaluator(DatasetEvaluator):
         if total == 0:
             logger.warning("ClassificationEvaluator on %s saw no samples", self._dataset_name)
             return {}
-        return {
-            "classification": {
-                f"top{k}": 100.0 * sum(h[k] for h, _ in parts) / total for k in self._topk
-            }
-        }
+        top = {f"top{k}": 100.0 * sum(h[k] for h, _ in parts) / total for k in self._topk}
+        return {"classification": top}

@@ -16,19 +16,13 @@ from typing_extensions import override
 from trainkit.utils import comm
 from trainkit.utils.logger import log_every_n_seconds
 
-__all__ = [
-    "DatasetEvaluator",
-    "DatasetEvaluators",
-    "inference_context",
-    "inference_on_dataset",
-]
+__all__ = ["DatasetEvaluator", "DatasetEvaluators", "inference_context", "inference_on_dataset"]
 
 logger = logging.getLogger(__name__)
 
 # The first few iterations pay for lazy initialisation (cudnn autotuning, allocator
 # growth, worker start-up) and would skew the per-iteration timings.
 _NUM_WARMUP_ITERS = 5
-_PROGRESS_LOG_PERIOD_S = 5.0
 
 
 class DatasetEvaluator:
@@ -88,13 +82,12 @@ class DatasetEvaluators(DatasetEvaluator):
         for evaluator in self._evaluators:
             result = evaluator.evaluate()  # every rank calls it: it may be a collective
             if comm.is_main_process() and result is not None:
-                for key, value in result.items():
-                    if key in results:
-                        raise KeyError(
-                            f"Evaluators {self._evaluators} both report results under {key!r}; "
-                            "give them distinct task names."
-                        )
-                    results[key] = value
+                if clashes := sorted(results.keys() & result.keys()):
+                    raise KeyError(
+                        f"Evaluators {self._evaluators} both report results under "
+                        f"{clashes[0]!r}; give them distinct task names."
+                    )
+                results.update(result)
         return results
 
 
@@ -120,9 +113,8 @@ def inference_on_dataset(
 ) -> dict[str, Any]:
     """Run ``model`` on every batch of ``data_loader`` and evaluate the outputs.
 
-    Runs under ``torch.no_grad()`` with the model in eval mode (its previous mode is
-    restored afterwards, also on error), and logs throughput, excluding the first few
-    warm-up iterations from the timings.
+    Runs under ``torch.no_grad()`` with the model in eval mode (:func:`inference_context`),
+    and logs throughput, excluding the first few warm-up iterations from the timings.
 
     Args:
         model: an ``nn.Module`` or any callable taking a batch.
@@ -136,28 +128,37 @@ def inference_on_dataset(
         ``evaluator.evaluate()`` runs on every rank and typically gathers; call this on
         every rank, never from a rank-conditional branch.
     """
-    evaluator = _as_evaluator(evaluator)
-    num_batches = _safe_len(data_loader)
+    if evaluator is None or isinstance(evaluator, (list, tuple)):
+        evaluator = DatasetEvaluators(evaluator or [])
+    try:
+        num_batches: int | None = len(data_loader)  # type: ignore[arg-type]
+    except TypeError:  # an IterableDataset loader without __len__
+        num_batches = None
+    world_size = comm.get_world_size()
     logger.info(
         "Start inference on %s batches on %d processes",
         num_batches if num_batches is not None else "an unknown number of",
-        comm.get_world_size(),
+        world_size,
     )
     evaluator.reset()
-    timings = _Timings()
     with contextlib.ExitStack() as stack:
         if isinstance(model, nn.Module):
             stack.enter_context(inference_context(model))
         stack.enter_context(torch.no_grad())
-        num_timed = _run_batches(model, data_loader, evaluator, timings, num_batches)
-    _log_timings(timings, num_timed)
-    _report_skipped_records(data_loader)
-    results = evaluator.evaluate()
-    # Non-main ranks often return None; {} spares every caller a None check.
-    return {} if results is None else results
-
-
-def _report_skipped_records(data_loader: Any) -> None:
+        timings = _run_batches(model, data_loader, evaluator, num_batches)
+    start_s, num_timed, data_s, compute_s, eval_s = timings
+    total_s = time.perf_counter() - start_s
+    per_iter = max(num_timed, 1)
+    logger.info(
+        "Total inference time: %s (%.6f s / iter per device, on %d devices); pure compute "
+        "%.6f s / iter, data %.6f s / iter, evaluator %.6f s / iter",
+        datetime.timedelta(seconds=int(total_s)),
+        total_s / per_iter,
+        world_size,
+        compute_s / per_iter,
+        data_s / per_iter,
+        eval_s / per_iter,
+    )
     # trainkit's test loaders skip (never replace) records that fail to map and count them.
     skipped = getattr(data_loader, "num_skipped_records", None)
     if skipped:
@@ -166,87 +167,45 @@ def _report_skipped_records(data_loader: Any) -> None:
             "evaluation (each is named in a warning above); the results cover the others.",
             skipped,
         )
-
-
-class _Timings:
-    """Seconds spent waiting for data, in the model and in the evaluator since ``reset``."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.start_s = time.perf_counter()
-        self.data_s = 0.0
-        self.compute_s = 0.0
-        self.eval_s = 0.0
+    results = evaluator.evaluate()
+    # Non-main ranks often return None; {} spares every caller a None check.
+    return {} if results is None else results
 
 
 def _run_batches(
-    model: Any,
-    data_loader: Iterable[Any],
-    evaluator: DatasetEvaluator,
-    timings: _Timings,
-    num_batches: int | None,
-) -> int:
-    """Feed every batch to ``model`` and ``evaluator``; return the number of timed batches."""
+    model: Any, data_loader: Iterable[Any], evaluator: DatasetEvaluator, num_batches: int | None
+) -> tuple[float, int, float, float, float]:
+    """Feed every batch to ``model`` and ``evaluator``.
+
+    Returns:
+        When the timings started, how many batches they cover, and the seconds spent
+        waiting for data, in the model and in the evaluator.
+    """
     num_warmup = min(_NUM_WARMUP_ITERS, num_batches - 1) if num_batches else _NUM_WARMUP_ITERS
-    num_timed = 0
-    data_start = time.perf_counter()
+    start_s = data_start = time.perf_counter()
+    num_timed, data_s, compute_s, eval_s = 0, 0.0, 0.0, 0.0
     for idx, inputs in enumerate(data_loader):
-        if idx == num_warmup:
-            # Restart every clock: everything before this was warm-up.
-            timings.reset()
-            num_timed = 0
-        timings.data_s += time.perf_counter() - data_start
+        if idx == num_warmup:  # restart every clock: everything before this was warm-up
+            start_s, num_timed, data_s, compute_s, eval_s = time.perf_counter(), 0, 0.0, 0.0, 0.0
         compute_start = time.perf_counter()
+        data_s += compute_start - data_start
         outputs = model(inputs)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # CUDA is asynchronous; otherwise eval time absorbs it
-        timings.compute_s += time.perf_counter() - compute_start
         eval_start = time.perf_counter()
+        compute_s += eval_start - compute_start
         evaluator.process(inputs, outputs)
-        timings.eval_s += time.perf_counter() - eval_start
+        now = time.perf_counter()
+        eval_s += now - eval_start
         num_timed += 1
         if num_batches is not None and idx >= num_warmup * 2:
-            seconds_per_iter = (time.perf_counter() - timings.start_s) / num_timed
+            seconds_per_iter = (now - start_s) / num_timed
             eta = datetime.timedelta(seconds=int(seconds_per_iter * (num_batches - idx - 1)))
             log_every_n_seconds(
                 logging.INFO,
                 f"Inference done {idx + 1}/{num_batches}. {seconds_per_iter:.4f} s/iter. ETA={eta}",
-                n=_PROGRESS_LOG_PERIOD_S,
+                n=5.0,
                 name=__name__,
             )
         data_start = time.perf_counter()
-    return num_timed
-
-
-def _log_timings(timings: _Timings, num_timed: int) -> None:
-    total_s = time.perf_counter() - timings.start_s
-    per_iter = max(num_timed, 1)
-    logger.info(
-        "Total inference time: %s (%.6f s / iter per device, on %d devices); pure compute "
-        "%.6f s / iter, data %.6f s / iter, evaluator %.6f s / iter",
-        datetime.timedelta(seconds=int(total_s)),
-        total_s / per_iter,
-        comm.get_world_size(),
-        timings.compute_s / per_iter,
-        timings.data_s / per_iter,
-        timings.eval_s / per_iter,
-    )
-
-
-def _as_evaluator(
-    evaluator: DatasetEvaluator | list[DatasetEvaluator] | None,
-) -> DatasetEvaluator:
-    if evaluator is None:
-        return DatasetEvaluators([])
-    if isinstance(evaluator, (list, tuple)):
-        return DatasetEvaluators(evaluator)
-    return evaluator
-
-
-def _safe_len(data_loader: Iterable[Any]) -> int | None:
-    try:
-        return len(data_loader)  # type: ignore[arg-type]
-    except TypeError:  # an IterableDataset loader without __len__
-        return None
+    return start_s, num_timed, data_s, compute_s, eval_s

@@ -47,20 +47,6 @@ def _format_value(value: Any) -> str:
         return str(value)
 
 
-def _log_results_table(results: Mapping[str, Any]) -> None:
-    rows = [
-        (task, metric, value)
-        for task, metrics in results.items()
-        if isinstance(metrics, Mapping)
-        for metric, value in metrics.items()
-    ]
-    if not rows:
-        return
-    lines = ["Final results:", f"  {'task':<16}{'metric':<10}value"]
-    lines += [f"  {task:<16}{metric:<10}{_format_value(value)}" for task, metric, value in rows]
-    logger.info("\n".join(lines))
-
-
 def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
     """Log ``results`` as a table, then check them against ``cfg.TEST.EXPECTED_RESULTS``.
 
@@ -81,10 +67,16 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
         RuntimeError: If any expected result is missing or out of tolerance; the message
             lists each failure (detectron2 exits the process here instead).
     """
-    _log_results_table(results)
-    expected_results = cfg.TEST.EXPECTED_RESULTS
+    rows = [
+        f"  {task:<16}{metric:<10}{_format_value(value)}"
+        for task, metrics in results.items()
+        if isinstance(metrics, Mapping)
+        for metric, value in metrics.items()
+    ]
+    if rows:
+        logger.info("\n".join(["Final results:", f"  {'task':<16}{'metric':<10}value", *rows]))
     failures = []
-    for entry in expected_results:
+    for entry in cfg.TEST.EXPECTED_RESULTS:
         if not isinstance(entry, (list, tuple)) or len(entry) != 4:
             raise ConfigError(
                 f"TEST.EXPECTED_RESULTS entry {entry!r} must be [task, metric, value, tolerance],"

@@ -1,12 +1,11 @@
 """Validation losses: the model's training losses on a test set, without training on it.
 
-The model runs its training-mode forward (the one that returns the loss dict) with
-normalisation layers on their running statistics and dropout off, under ``no_grad``, and
-with every global RNG restored afterwards, so the training run is the same bit for bit
-whether validation losses are computed or not. The losses are averaged per record over the
-whole test set: each batch's losses (means over the batch) are weighted by its size, and
-the sums and counts of every rank are combined, so any number of ranks, uneven shards and a
-short last batch give the one-process value (up to float summation order).
+The model runs its training-mode forward (which returns the loss dict) with normalisation
+layers on their running statistics and dropout off, under ``no_grad``, and every global RNG
+restored afterwards: the training run is the same bit for bit with or without validation
+losses. Each batch's losses (means over the batch) are weighted by its size and the sums
+and counts of every rank combined, so any number of ranks, uneven shards and a short last
+batch give the one-process per-record average (up to float summation order).
 """
 
 from __future__ import annotations
@@ -31,19 +30,8 @@ logger = logging.getLogger(__name__)
 
 # Public dropout classes (their shared base class is private to torch).
 _DROPOUT_TYPES = (
-    nn.Dropout,
-    nn.Dropout1d,
-    nn.Dropout2d,
-    nn.Dropout3d,
-    nn.AlphaDropout,
-    nn.FeatureAlphaDropout,
-)
-
-
-def _uses_running_stats(module: nn.Module) -> bool:
-    # BatchNorm (any dimension, SyncBatchNorm, subclasses) and InstanceNorm: the layers with
-    # running statistics all have track_running_stats; in eval mode they use them.
-    return isinstance(getattr(module, "track_running_stats", None), bool)
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout
+)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -58,23 +46,15 @@ def loss_evaluation_context(model: nn.Module) -> Iterator[None]:
     try:
         model.train()
         for module in model.modules():
-            if isinstance(module, _DROPOUT_TYPES) or _uses_running_stats(module):
+            # BatchNorm (any dimension, SyncBatchNorm, subclasses) and InstanceNorm: the
+            # layers with running statistics all have track_running_stats.
+            has_running_stats = isinstance(getattr(module, "track_running_stats", None), bool)
+            if isinstance(module, _DROPOUT_TYPES) or has_running_stats:
                 module.training = False  # not .eval(): that would recurse into children
         yield
     finally:
         for module, training in saved:
             module.training = training
-
-
-@contextlib.contextmanager
-def _rng_preserved() -> Iterator[None]:
-    # Iterating a DataLoader draws its workers' base seed from torch's global RNG, and a
-    # model or mapper may draw too; the training stream must not notice any of it.
-    state = get_rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(state)
 
 
 def validation_losses(model: nn.Module, data_loader: Iterable[Any]) -> dict[str, float]:
@@ -104,13 +84,31 @@ def validation_losses(model: nn.Module, data_loader: Iterable[Any]) -> dict[str,
     bare = model.module if isinstance(model, DistributedDataParallel) else model
     sums: dict[str, float] = {}
     count = 0
-    with _rng_preserved(), loss_evaluation_context(bare), torch.no_grad():
-        for batch in data_loader:
-            size = _batch_size(batch)
-            for name, value in _loss_dict(bare(batch)).items():
-                sums[name] = sums.get(name, 0.0) + float(value) * size
-            count += size
-    losses, total = _combine(comm.all_gather((sums, count)))
+    # Iterating a DataLoader draws its workers' base seed from torch's global RNG, and a
+    # model or mapper may draw too; the training stream must not notice any of it.
+    rng_state = get_rng_state()
+    try:
+        with loss_evaluation_context(bare), torch.no_grad():
+            for batch in data_loader:
+                batch_size = len(batch)
+                if isinstance(batch, Mapping):
+                    first = next(iter(batch.values()), None)
+                    batch_size = 0 if first is None else len(first)
+                for name, value in _loss_dict(bare(batch)).items():
+                    sums[name] = sums.get(name, 0.0) + float(value) * batch_size
+                count += batch_size
+    finally:
+        set_rng_state(rng_state)
+    # Summed in rank order, so every rank gets the same values.
+    parts = comm.all_gather((sums, count))
+    total = sum(rank_count for _, rank_count in parts)
+    losses: dict[str, float] = {}
+    if total:
+        for rank_sums, _ in parts:
+            for name, value in rank_sums.items():
+                losses[name] = losses.get(name, 0.0) + value
+        losses = {name: value / total for name, value in losses.items()}
+        losses.setdefault("total_loss", math.fsum(losses.values()))
     logger.info(
         "Validation losses over %d records (%d processes): %s; took %.2f s",
         total,
@@ -119,21 +117,6 @@ def validation_losses(model: nn.Module, data_loader: Iterable[Any]) -> dict[str,
         time.perf_counter() - start_s,
     )
     return losses
-
-
-def _combine(parts: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], int]:
-    """Per-record means from every rank's (sums, count), in rank order (same on every rank)."""
-    total = sum(count for _, count in parts)
-    sums: dict[str, float] = {}
-    for rank_sums, _ in parts:
-        for name, value in rank_sums.items():
-            sums[name] = sums.get(name, 0.0) + value
-    if total == 0:
-        return {}, 0
-    losses = {name: value / total for name, value in sums.items()}
-    if "total_loss" not in losses:
-        losses["total_loss"] = math.fsum(losses.values())
-    return losses, total
 
 
 def _loss_dict(output: Any) -> dict[str, torch.Tensor]:
@@ -150,12 +133,3 @@ def _loss_dict(output: Any) -> dict[str, torch.Tensor]:
                 f"{type(value).__name__}{tuple(getattr(value, 'shape', ()))}"
             )
     return dict(losses)
-
-
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, Mapping):
-        first = next(iter(batch.values()), None)
-        if first is None:
-            return 0
-        return len(first)
-    return len(batch)

@@ -18,12 +18,11 @@ logger = logging.getLogger(__name__)
 META_ARCH_REGISTRY = Registry("META_ARCH")
 META_ARCH_REGISTRY.__doc__ = """Registry of whole-model architectures ("meta-architectures").
 
-Register a class with ``@META_ARCH_REGISTRY.register()``; ``build_model`` calls it with the
-config as its only argument. Either ``__init__(self, cfg)`` takes it, or an ``__init__``
-decorated with ``trainkit.config.configurable`` takes explicit arguments and the class's
-``from_config(cls, cfg)`` derives them from the config (detectron2's pattern; the model can
-then also be built without a config). In training mode the model takes a batch (list of mapped
-records) and returns a dict of scalar losses; in eval mode it returns predictions.
+``build_model`` calls a class registered with ``@META_ARCH_REGISTRY.register()`` with the
+config: its ``__init__(self, cfg)`` takes it, or a ``@configurable`` ``__init__`` takes
+explicit arguments that ``from_config(cls, cfg)`` derives (detectron2's pattern: the model
+can then be built without a config too). In training mode the model takes a batch (list of
+mapped records) and returns a dict of scalar losses; in eval mode, predictions.
 """
 
 
@@ -62,7 +61,7 @@ def build_model(cfg: CfgNode) -> nn.Module:
     Raises:
         UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
             message lists those that are).
-        ConfigError: A ``ValueError``: if MODEL.DEVICE is not a device of this machine.
+        ConfigError: As :func:`model_device`.
         TypeError: If the registered object does not build an ``nn.Module``.
     """
     meta_arch = cfg.MODEL.META_ARCHITECTURE
@@ -70,9 +69,8 @@ def build_model(cfg: CfgNode) -> nn.Module:
         raise UnknownNameError(
             META_ARCH_REGISTRY.unknown_name_message(meta_arch, key="MODEL.META_ARCHITECTURE")
         )
-    model_cls = META_ARCH_REGISTRY.get(meta_arch)
     device = model_device(cfg)
-    model = model_cls(cfg)
+    model = META_ARCH_REGISTRY.get(meta_arch)(cfg)
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"META_ARCH_REGISTRY entry {meta_arch!r} built a {type(model).__name__}, "

@@ -1,9 +1,4 @@
-"""``ImageClassifier``: a small CNN for batches of images of different sizes.
-
-Images are zero-padded into one batch and a mask of valid pixels follows the features
-through the network, so that in eval mode an image's logits do not depend on its
-batch-mates (nor on how much padding they force on it).
-"""
+"""``ImageClassifier``: a small CNN for batches of images of different sizes (padding-blind)."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from trainkit.config import CfgNode, ConfigError
 from trainkit.modeling.build import META_ARCH_REGISTRY
@@ -22,8 +17,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
 
-# Smallest per-image standard deviation (0-255 units) that INPUT_NORM "image" divides by.
-_MIN_IMAGE_STD = 8.0
+_MIN_IMAGE_STD = 8.0  # the floor of the std INPUT_NORM "image" divides by (see _normalize)
 
 
 class MaskedBatchNorm2d(nn.BatchNorm2d):
@@ -35,7 +29,7 @@ class MaskedBatchNorm2d(nn.BatchNorm2d):
     statistics describe real image content, which is what eval mode sees.
     """
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Normalise ``x`` ([N, C, H, W]) with statistics over ``mask`` ([N, 1, H, W])."""
         if mask is None or not self.training:
             return super().forward(x)
@@ -67,20 +61,14 @@ class _ConvStage(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, num_convs: int):
         super().__init__()
-        self.convs = nn.ModuleList(
-            nn.Conv2d(
-                in_channels if k == 0 else out_channels,
-                out_channels,
-                3,
-                stride=2 if k == 0 else 1,
-                padding=1,
-                bias=False,  # BN's shift replaces the bias
-            )
-            for k in range(num_convs)
+        inputs = [in_channels] + [out_channels] * (num_convs - 1)
+        self.convs = nn.ModuleList(  # bias=False: BN's shift replaces the bias
+            nn.Conv2d(c, out_channels, 3, stride=2 if k == 0 else 1, padding=1, bias=False)
+            for k, c in enumerate(inputs)
         )
         self.norms = nn.ModuleList(MaskedBatchNorm2d(out_channels) for _ in range(num_convs))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         # After the stride-2 conv, output pixel i sees input pixels 2i-1..2i+1, so it is
         # valid iff input pixel 2i is; the stride-1 convs keep the mask as it is.
         mask = mask[:, :, ::2, ::2]
@@ -105,8 +93,7 @@ class ImageClassifier(nn.Module):
     1. Each image is normalised on its own (``MODEL.CLASSIFIER.INPUT_NORM``): ``"image"``
        subtracts the image's per-channel mean and divides by its standard deviation, both
        over its valid pixels; ``"pixel"`` uses the fixed ``MODEL.PIXEL_MEAN/STD``.
-    2. The batch is zero-padded to a common size rounded up to
-       ``MODEL.CLASSIFIER.SIZE_DIVISIBILITY``.
+    2. The batch is zero-padded to a common size rounded up to ``CLASSIFIER.SIZE_DIVISIBILITY``.
     3. One stage per entry of ``MODEL.CLASSIFIER.CHANNELS``: a stride-2 conv then
        ``CONVS_PER_STAGE - 1`` stride-1 convs, each with masked BN and ReLU.
     4. Global pooling over valid pixels (``MODEL.CLASSIFIER.POOL``: average, max, or both
@@ -114,7 +101,7 @@ class ImageClassifier(nn.Module):
 
     A mask of valid pixels follows the features: padding is zeroed after every conv, and
     batch-norm statistics and the pooling count valid pixels only. In eval mode an image's
-    logits therefore do not depend on what else is in its batch.
+    logits therefore do not depend on its batch-mates, nor on the padding they force on it.
 
     Output: ``{"loss_cls": cross-entropy}`` (with ``MODEL.CLASSIFIER.LABEL_SMOOTHING``) in
     training mode, logits [N, NUM_CLASSES] in eval mode. It does not resize images (the
@@ -125,67 +112,50 @@ class ImageClassifier(nn.Module):
         """Build the network from ``cfg.MODEL``.
 
         Raises:
-            ConfigError: A ``ValueError``: for an empty channel list, a non-positive class
-                count, size divisibility or convs per stage, an unknown input norm or pool, a
-                label smoothing outside [0, 1), or a pixel mean/std that is not 3 values
-                (std > 0).
+            ConfigError: A ``ValueError`` naming the key, for a value the checks below refuse.
         """
         super().__init__()
         clf = cfg.MODEL.CLASSIFIER
         channels = [int(c) for c in clf.CHANNELS]
         num_classes = int(cfg.MODEL.NUM_CLASSES)
-        self.size_divisibility = int(clf.SIZE_DIVISIBILITY)
+        self.size_divisibility = divisibility = int(clf.SIZE_DIVISIBILITY)
         convs_per_stage = int(clf.CONVS_PER_STAGE)
-        self.input_norm = str(clf.INPUT_NORM)
-        self.pool = str(clf.POOL)
-        self.label_smoothing = float(clf.LABEL_SMOOTHING)
-        if not channels or min(channels) < 1:
-            raise ConfigError(f"MODEL.CLASSIFIER.CHANNELS must be positive ints, got {channels}")
-        if num_classes < 1:
-            raise ConfigError(f"MODEL.NUM_CLASSES must be >= 1, got {num_classes}")
-        if self.size_divisibility < 1:
-            raise ConfigError(
-                f"MODEL.CLASSIFIER.SIZE_DIVISIBILITY must be >= 1, got {self.size_divisibility}"
-            )
-        if convs_per_stage < 1:
-            raise ConfigError(
-                f"MODEL.CLASSIFIER.CONVS_PER_STAGE must be >= 1, got {convs_per_stage}"
-            )
-        if self.input_norm not in _INPUT_NORMS:
-            raise ConfigError(
-                f"MODEL.CLASSIFIER.INPUT_NORM must be one of {', '.join(_INPUT_NORMS)}, got "
-                f"{self.input_norm!r}"
-            )
-        if self.pool not in _POOLS:
-            raise ConfigError(
-                f"MODEL.CLASSIFIER.POOL must be one of {', '.join(_POOLS)}, got {self.pool!r}"
-            )
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(
-                f"MODEL.CLASSIFIER.LABEL_SMOOTHING must be in [0, 1), got {self.label_smoothing}"
-            )
+        self.input_norm = norm = str(clf.INPUT_NORM)
+        self.pool = pool = str(clf.POOL)
+        self.label_smoothing = smoothing = float(clf.LABEL_SMOOTHING)
         mean, std = list(cfg.MODEL.PIXEL_MEAN), list(cfg.MODEL.PIXEL_STD)
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ConfigError(
-                f"MODEL.PIXEL_MEAN and MODEL.PIXEL_STD must be 3 values each (RGB, std > 0), "
-                f"got {mean} and {std}"
-            )
+        norms, pools = ", ".join(_INPUT_NORMS), ", ".join(_POOLS)
+        for valid, key, requirement, value in [
+            (channels and min(channels) >= 1, "CLASSIFIER.CHANNELS", "positive ints", channels),
+            (num_classes >= 1, "NUM_CLASSES", ">= 1", num_classes),
+            (divisibility >= 1, "CLASSIFIER.SIZE_DIVISIBILITY", ">= 1", divisibility),
+            (convs_per_stage >= 1, "CLASSIFIER.CONVS_PER_STAGE", ">= 1", convs_per_stage),
+            (norm in _INPUT_NORMS, "CLASSIFIER.INPUT_NORM", f"one of {norms}", repr(norm)),
+            (pool in _POOLS, "CLASSIFIER.POOL", f"one of {pools}", repr(pool)),
+            (0.0 <= smoothing < 1.0, "CLASSIFIER.LABEL_SMOOTHING", "in [0, 1)", smoothing),
+            (
+                len(mean) == 3 and len(std) == 3 and min(std) > 0,
+                "PIXEL_MEAN and MODEL.PIXEL_STD",
+                "3 values each (RGB, std > 0)",
+                f"{mean} and {std}",
+            ),
+        ]:
+            if not valid:
+                raise ConfigError(f"MODEL.{key} must be {requirement}, got {value}")
         # Not persistent: they come from the config, so checkpoints need not carry them.
         self.register_buffer("pixel_mean", torch.tensor(mean).view(3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(3, 1, 1), persistent=False)
-        in_channels = [3, *channels[:-1]]
         self.stages = nn.ModuleList(
-            _ConvStage(i, o, convs_per_stage) for i, o in zip(in_channels, channels)
+            _ConvStage(i, o, convs_per_stage) for i, o in zip([3, *channels[:-1]], channels)
         )
-        pooled_dim = channels[-1] * (2 if self.pool == "avgmax" else 1)
-        self.head = nn.Linear(pooled_dim, num_classes)
+        self.head = nn.Linear(channels[-1] * (2 if pool == "avgmax" else 1), num_classes)
 
     @property
     def device(self) -> torch.device:
         """The device of the model's parameters."""
         return self.pixel_mean.device
 
-    def _normalize(self, image: torch.Tensor) -> torch.Tensor:
+    def _normalize(self, image: Tensor) -> Tensor:
         """Normalise one float image [3, h, w] (0-255) as ``self.input_norm`` says."""
         if self.input_norm == "pixel":
             return (image - self.pixel_mean) / self.pixel_std
@@ -197,13 +167,11 @@ class ImageClassifier(nn.Module):
         mean = image.mean(dim=(1, 2), keepdim=True)
         centred = image - mean
         # One std over all channels keeps the relative strength of the colour channels. The
-        # floor (in 0-255 units) stops a nearly flat image from amplifying its noise.
+        # floor (0-255 units) stops a nearly flat image from amplifying its noise.
         std = centred.square().mean().sqrt()
         return centred / std.clamp(min=_MIN_IMAGE_STD)
 
-    def preprocess_image(
-        self, batched_inputs: list[dict[str, Any]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def preprocess_image(self, batched_inputs: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:
         """Normalise and zero-pad the images into one batch.
 
         Returns:
@@ -214,10 +182,9 @@ class ImageClassifier(nn.Module):
         if len(batched_inputs) == 0:
             raise ValueError("ImageClassifier got an empty batch")
         images = [x["image"].to(self.device, non_blocking=True) for x in batched_inputs]
-        height = max(image.shape[-2] for image in images)
-        width = max(image.shape[-1] for image in images)
-        height = math.ceil(height / self.size_divisibility) * self.size_divisibility
-        width = math.ceil(width / self.size_divisibility) * self.size_divisibility
+        size = self.size_divisibility
+        height = math.ceil(max(image.shape[-2] for image in images) / size) * size
+        width = math.ceil(max(image.shape[-1] for image in images) / size) * size
         batch = images[0].new_zeros((len(images), 3, height, width), dtype=torch.float32)
         mask = batch.new_zeros((len(images), 1, height, width))
         for i, image in enumerate(images):
@@ -226,7 +193,7 @@ class ImageClassifier(nn.Module):
             mask[i, :, :h, :w] = 1.0
         return batch, mask
 
-    def _global_pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _global_pool(self, x: Tensor, mask: Tensor) -> Tensor:
         """Pool features [N, C, H, W] over the valid pixels of ``mask`` into [N, C or 2C]."""
         pooled = []
         if self.pool in ("avg", "avgmax"):
@@ -240,9 +207,7 @@ class ImageClassifier(nn.Module):
             pooled.append(x.masked_fill(mask == 0, float("-inf")).amax(dim=(2, 3)))
         return torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]
 
-    def forward(
-        self, batched_inputs: list[dict[str, Any]]
-    ) -> dict[str, torch.Tensor] | torch.Tensor:
+    def forward(self, batched_inputs: list[dict[str, Any]]) -> dict[str, Tensor] | Tensor:
         """Return ``{"loss_cls": ...}`` in training mode, logits [N, C] in eval mode.
 
         Raises:

@@ -44,10 +44,9 @@ def _expand_param_groups(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def reduce_param_groups(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge param groups so that each distinct set of hyper-parameters has one group.
 
-    Groups are first expanded per parameter (a parameter listed in several groups takes the
-    later group's values, as in detectron2), then parameters with equal hyper-parameters
-    are gathered in order of first appearance. Few groups keep torch's multi-tensor
-    (``foreach``) optimizer kernels fast.
+    Groups are expanded per parameter (:func:`_expand_param_groups`), then parameters with
+    equal hyper-parameters are gathered in order of first appearance. Few groups keep
+    torch's multi-tensor (``foreach``) optimizer kernels fast.
 
     Args:
         params: ``torch.optim``-style param groups (``{"params": [...], **hyperparams}``,

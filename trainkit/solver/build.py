@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 from collections.abc import Callable, Iterable
@@ -33,23 +32,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_GradientClipper = Callable[[Iterable[torch.Tensor]], Any]
 _OptimizerOrClass = Union[torch.optim.Optimizer, type]
 
 # Parameters of these layers get SOLVER.WEIGHT_DECAY_NORM: decaying a normalisation scale
 # towards 0 fights the normalisation and usually hurts.
 _NORM_MODULE_TYPES: tuple[type[nn.Module], ...] = (
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.SyncBatchNorm,
-    nn.GroupNorm,
-    nn.InstanceNorm1d,
-    nn.InstanceNorm2d,
-    nn.InstanceNorm3d,
-    nn.LayerNorm,
-    nn.LocalResponseNorm,
-)
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.LocalResponseNorm,
+)  # fmt: skip
 
 _OPTIMIZERS = ("SGD", "AdamW")
 _LR_SCHEDULERS = ("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR")
@@ -68,10 +58,10 @@ def get_default_optimizer_params(
 ) -> list[dict[str, Any]]:
     """Return optimizer param groups with separate lr / weight decay for norms and biases.
 
-    Every trainable parameter appears exactly once, even if it is shared between modules.
-    Parameters with identical hyper-parameters are merged into one group
-    (:func:`reduce_param_groups`). A hyper-parameter left ``None`` is not set in the groups,
-    so the optimizer's own default applies. The signature is detectron2's.
+    detectron2's signature. Every trainable parameter appears once, even if shared between
+    modules; parameters with identical hyper-parameters share a group
+    (:func:`reduce_param_groups`). A hyper-parameter left ``None`` is not set, so the
+    optimizer's default applies.
 
     Args:
         model: the model whose trainable parameters are grouped.
@@ -95,12 +85,8 @@ def get_default_optimizer_params(
             or ``overrides`` already has a ``"bias"`` entry that the bias arguments would
             replace.
     """
-    overrides = copy.deepcopy(overrides) if overrides is not None else {}
-    defaults: dict[str, float] = {}
-    if base_lr is not None:
-        defaults["lr"] = base_lr
-    if weight_decay is not None:
-        defaults["weight_decay"] = weight_decay
+    overrides = dict(overrides or {})  # only "bias" is added; the inner dicts are not changed
+    defaults = {k: v for k, v in (("lr", base_lr), ("weight_decay", weight_decay)) if v is not None}
     if lr_factor_func is not None and base_lr is None:
         raise ValueError("lr_factor_func needs base_lr: a parameter's lr is base_lr * factor.")
     bias_overrides: dict[str, float] = {}
@@ -136,23 +122,6 @@ def get_default_optimizer_params(
     return reduce_param_groups(groups)
 
 
-def _create_gradient_clipper(clip_cfg: CfgNode) -> tuple[_GradientClipper, bool]:
-    """Return ``(clipper, is_global)``; a global clipper sees every parameter at once."""
-    clip_type = clip_cfg.CLIP_TYPE
-    clip_value = float(clip_cfg.CLIP_VALUE)
-    norm_type = float(clip_cfg.NORM_TYPE)
-    if clip_type == "value":
-        return (lambda params: nn.utils.clip_grad_value_(params, clip_value)), False
-    if clip_type == "norm":
-        return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), False
-    if clip_type == "full_model":
-        return (lambda params: nn.utils.clip_grad_norm_(params, clip_value, norm_type)), True
-    raise ConfigError(
-        f"Unknown SOLVER.CLIP_GRADIENTS.CLIP_TYPE {clip_type!r}; choose one of "
-        f"{', '.join(_CLIP_TYPES)}."
-    )
-
-
 def maybe_add_gradient_clipping(cfg: CfgNode, optimizer: _OptimizerOrClass) -> _OptimizerOrClass:
     """Make ``optimizer`` clip gradients in ``step()`` when SOLVER.CLIP_GRADIENTS is enabled.
 
@@ -177,11 +146,23 @@ def maybe_add_gradient_clipping(cfg: CfgNode, optimizer: _OptimizerOrClass) -> _
     optimizer_type = optimizer if isinstance(optimizer, type) else type(optimizer)
     if not issubclass(optimizer_type, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer class or instance, got {optimizer!r}")
-    clipper, is_global = _create_gradient_clipper(clip_cfg)
+    clip_type, clip_value = clip_cfg.CLIP_TYPE, float(clip_cfg.CLIP_VALUE)
+    norm_type = float(clip_cfg.NORM_TYPE)
+    if clip_type not in _CLIP_TYPES:
+        raise ConfigError(
+            f"Unknown SOLVER.CLIP_GRADIENTS.CLIP_TYPE {clip_type!r}; choose one of "
+            f"{', '.join(_CLIP_TYPES)}."
+        )
+
+    def clipper(params: Iterable[torch.Tensor] | torch.Tensor) -> None:
+        if clip_type == "value":
+            nn.utils.clip_grad_value_(params, clip_value)
+        else:
+            nn.utils.clip_grad_norm_(params, clip_value, norm_type)
 
     class _OptimizerWithGradientClip(optimizer_type):  # type: ignore[misc, valid-type]
         def step(self, closure: Callable[[], float] | None = None) -> Any:
-            if is_global:
+            if clip_type == "full_model":  # one norm over every parameter
                 clipper(itertools.chain.from_iterable(g["params"] for g in self.param_groups))
             else:
                 for group in self.param_groups:
@@ -242,37 +223,24 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
                 f"SOLVER.NESTEROV=True needs SOLVER.MOMENTUM > 0, got {solver.MOMENTUM}; set "
                 "SOLVER.MOMENTUM or SOLVER.NESTEROV False."
             )
-        optimizer_cls = maybe_add_gradient_clipping(cfg, torch.optim.SGD)
-        return optimizer_cls(
-            params,
-            lr=solver.BASE_LR,
-            momentum=solver.MOMENTUM,
-            nesterov=solver.NESTEROV,
-            weight_decay=solver.WEIGHT_DECAY,
+        optimizer_cls: type = torch.optim.SGD
+        kwargs = {"momentum": solver.MOMENTUM, "nesterov": solver.NESTEROV}
+    elif canonical == "AdamW":
+        optimizer_cls, kwargs = torch.optim.AdamW, {"betas": tuple(solver.BETAS), "eps": solver.EPS}
+    else:
+        raise ConfigError(
+            f"Unknown SOLVER.OPTIMIZER {name!r}; choose one of {', '.join(_OPTIMIZERS)}, or "
+            "override DefaultTrainer.build_optimizer for another optimizer."
         )
-    if canonical == "AdamW":
-        optimizer_cls = maybe_add_gradient_clipping(cfg, torch.optim.AdamW)
-        return optimizer_cls(
-            params,
-            lr=solver.BASE_LR,
-            betas=tuple(solver.BETAS),
-            eps=solver.EPS,
-            weight_decay=solver.WEIGHT_DECAY,
-        )
-    raise ConfigError(
-        f"Unknown SOLVER.OPTIMIZER {name!r}; choose one of {', '.join(_OPTIMIZERS)}, or "
-        "override DefaultTrainer.build_optimizer for another optimizer."
-    )
+    optimizer_cls = maybe_add_gradient_clipping(cfg, optimizer_cls)
+    return optimizer_cls(params, lr=solver.BASE_LR, weight_decay=solver.WEIGHT_DECAY, **kwargs)
 
 
 def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMultiplier:
     """Build the per-iteration lr schedule named by SOLVER.LR_SCHEDULER_NAME, with warm-up.
 
-    ``WarmupMultiStepLR`` multiplies the lr by SOLVER.GAMMA at each of SOLVER.STEPS;
-    ``WarmupCosineLR`` follows a half cosine from BASE_LR to the end lr (see
-    :func:`_cosine_end_factor`); ``WarmupStepWithFixedGammaLR`` multiplies it by GAMMA
-    SOLVER.NUM_DECAYS times at equal intervals. SOLVER.RESCALE_INTERVAL fits the schedule
-    into the iterations after warm-up instead of the whole run.
+    The schedules and SOLVER.RESCALE_INTERVAL are described with their keys in
+    ``trainkit/config/defaults.py``; the cosine's end lr is :func:`_cosine_end_factor`'s.
 
     Args:
         cfg: the config (``SOLVER.*`` keys).
@@ -319,22 +287,9 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
 
 
 def _cosine_end_factor(cfg: CfgNode) -> float:
-    """Return the lr multiplier WarmupCosineLR ends at, from the two ways to give it.
+    """Return the multiplier in ``[0, 1]`` WarmupCosineLR ends at (rules: SOLVER.BASE_LR_END).
 
-    SOLVER.BASE_LR_END is detectron2's absolute end lr; SOLVER.BASE_LR_END_FACTOR is
-    trainkit's end lr relative to BASE_LR. Both default to 0 (the lr decays to 0). Set at
-    most one of them to a non-zero value: the factor if set, else BASE_LR_END / BASE_LR.
-
-    Args:
-        cfg: the config (``SOLVER.BASE_LR``, ``SOLVER.BASE_LR_END``,
-            ``SOLVER.BASE_LR_END_FACTOR``).
-
-    Returns:
-        The end value of the cosine, in ``[0, 1]``.
-
-    Raises:
-        ConfigError: If both keys are non-zero, or the resulting end lr is negative or
-            above BASE_LR (or BASE_LR_END is set while BASE_LR is 0).
+    BASE_LR_END_FACTOR if set, else BASE_LR_END / BASE_LR.
     """
     solver = cfg.SOLVER
     base_lr, end_lr = float(solver.BASE_LR), float(solver.BASE_LR_END)

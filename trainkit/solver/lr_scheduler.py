@@ -30,14 +30,12 @@ _WARMUP_METHODS = ("linear", "constant")
 class WarmupParamScheduler(ParamScheduler):
     """Add a warm-up phase to the start of another param scheduler.
 
-    During the first ``warmup_length`` fraction of training the value goes from
-    ``warmup_factor * scheduler(0)`` to ``scheduler(warmup_length)`` (``"linear"``), or stays at
-    ``warmup_factor * scheduler(0)`` (``"constant"``). Afterwards it is ``scheduler(where)``,
-    so the wrapped schedule keeps its own timeline (its milestones are not shifted).
-
-    With ``rescale_interval=True`` the wrapped schedule is instead squeezed into the part
-    after warm-up, and the linear warm-up ends at ``scheduler(0)``, where that part starts
-    (detectron2 ramps to ``scheduler(warmup_length)`` and then jumps to ``scheduler(0)``).
+    Over the first ``warmup_length`` of training the value goes from ``warmup_factor *
+    scheduler(0)`` to ``scheduler(warmup_length)`` (``"linear"``) or stays at the former
+    (``"constant"``); then it is ``scheduler(where)``: the wrapped schedule keeps its own
+    timeline. With ``rescale_interval=True`` that schedule is squeezed into the part after
+    warm-up instead, and the linear warm-up ends at ``scheduler(0)``, where that part starts
+    (detectron2 ramps to ``scheduler(warmup_length)``, then jumps to ``scheduler(0)``).
     """
 
     def __init__(
@@ -135,9 +133,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        # Plain numbers only, so the state survives torch.load(weights_only=True); the
-        # multiplier is rebuilt from the config.
-        return {
+        return {  # plain numbers only: torch.load(weights_only=True) reads them
             "base_lrs": list(self.base_lrs),
             "last_epoch": self.last_epoch,
             "_last_lr": list(getattr(self, "_last_lr", [])),
@@ -147,44 +143,30 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         known = {"base_lrs", "last_epoch", "_last_lr", "_step_count"}
-        unknown = set(state_dict) - known
-        if unknown:
-            logger.warning("Ignoring unknown LRMultiplier state keys: %s", sorted(unknown))
+        if unknown := sorted(set(state_dict) - known):
+            logger.warning("Ignoring unknown LRMultiplier state keys: %s", unknown)
         self.__dict__.update({k: v for k, v in state_dict.items() if k in known})
 
     @override
     def get_lr(self) -> list[float]:
-        multiplier = self._multiplier_at(self.last_epoch)
-        return [base_lr * multiplier for base_lr in self.base_lrs]
-
-    def _multiplier_at(self, iteration: int) -> float:
-        where = min(max(iteration / self._max_iter, 0.0), 1.0)
-        if where < 1.0:
-            return self._multiplier(where)
-        # The scheduler is stepped once more after the final iteration (and any number of
-        # times by a loop that overruns max_iter). Report the schedule's end value; a
-        # schedule that cannot be evaluated at its end (fvcore's step schedulers raise
-        # IndexError there, which is what detectron2 does) keeps the last iteration's lr.
+        where = min(max(self.last_epoch / self._max_iter, 0.0), 1.0)
         try:
-            return self._multiplier(1.0)
+            multiplier = self._multiplier(where)
         except IndexError:
-            return self._multiplier((self._max_iter - 1) / self._max_iter)
+            # The scheduler is stepped once more after the final iteration (and any number
+            # of times by a loop that overruns max_iter). A schedule that cannot be evaluated
+            # at its end (fvcore's step schedulers, and detectron2, raise IndexError there)
+            # keeps the last iteration's lr.
+            if where < 1.0:
+                raise
+            multiplier = self._multiplier((self._max_iter - 1) / self._max_iter)
+        return [base_lr * multiplier for base_lr in self.base_lrs]
 
 
 # ---- detectron2's older schedulers ----------------------------------------------------------
 # detectron2 still exports these two (deprecated in favour of LRMultiplier); they are kept so
 # that scripts constructing them directly keep working. Their warm-up multiplies the main
 # schedule (it does not end where the schedule picks up), exactly as in detectron2.
-
-
-def _warmup_factor_at_iter(method: str, iteration: int, warmup_iters: int, factor: float) -> float:
-    """Return the multiplier of the old schedulers' warm-up at ``iteration``."""
-    if iteration >= warmup_iters:
-        return 1.0
-    if method == "constant":
-        return factor
-    alpha = iteration / warmup_iters
-    return factor * (1.0 - alpha) + alpha
 
 
 def _check_warmup_method(warmup_method: str) -> None:
@@ -196,10 +178,9 @@ def _check_warmup_method(warmup_method: str) -> None:
 
 
 class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
-    """What detectron2's two older schedulers share: the warm-up, its checks, the notice.
+    """The warm-up, checks and notice of the old schedulers; subclasses implement :meth:`_decay`.
 
-    A subclass sets its own fields, then calls this ``__init__`` (torch's computes the
-    first lr from them), and implements :meth:`_decay`.
+    A subclass sets its fields before calling this ``__init__``: torch's computes the first lr.
     """
 
     def __init__(
@@ -227,11 +208,13 @@ class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 
     @override
     def get_lr(self) -> list[float]:
-        warmup = _warmup_factor_at_iter(
-            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
-        )
-        decay = self._decay()
-        return [base_lr * warmup * decay for base_lr in self.base_lrs]
+        warmup = 1.0
+        if self.last_epoch < self.warmup_iters:
+            warmup = self.warmup_factor
+            if self.warmup_method == "linear":
+                alpha = self.last_epoch / self.warmup_iters
+                warmup = warmup * (1.0 - alpha) + alpha
+        return [base_lr * warmup * self._decay() for base_lr in self.base_lrs]
 
 
 class WarmupMultiStepLR(_WarmupLRScheduler):
@@ -300,12 +283,9 @@ class WarmupCosineLR(_WarmupLRScheduler):
         """Attach the schedule to ``optimizer``.
 
         Args:
-            optimizer: the optimizer whose param groups' ``lr`` is set.
+            optimizer, warmup_factor, warmup_iters, warmup_method, last_epoch: as for
+                :class:`WarmupMultiStepLR`.
             max_iters: the iteration at which the cosine reaches 0.
-            warmup_factor: the warm-up's multiplier at iteration 0.
-            warmup_iters: length of the warm-up in iterations.
-            warmup_method: ``"linear"`` or ``"constant"``.
-            last_epoch: the last finished iteration, ``-1`` for a new run.
 
         Raises:
             ConfigError: A ``ValueError``: if ``max_iters`` is not positive or

@@ -11,27 +11,17 @@ import sys
 __all__ = ["collect_env_info"]
 
 _ENV_VARS = (
-    "CUDA_VISIBLE_DEVICES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "OMP_NUM_THREADS",
-    "TRAINKIT_DATASETS",
-)
+    "CUDA_VISIBLE_DEVICES MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK OMP_NUM_THREADS "
+    "TRAINKIT_DATASETS"
+).split()
 _PACKAGES = ("numpy", "fvcore", "iopath", "yacs", "tensorboard", "yaml", "PIL")
 
 
 def _git_sha() -> str:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = ["git", "-C", root, "rev-parse", "--short", "HEAD"]
     try:
-        out = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        out = subprocess.run(command, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return "not a git checkout"
     return out.stdout.strip() if out.returncode == 0 else "not a git checkout"

@@ -1,10 +1,9 @@
 """Rank and world queries, the per-machine process group, and object collectives.
 
-Every function here works without an initialised process group (then the world has one
-process) so that library code can call them unconditionally.
-
-The only global state is the handle of the per-machine ("local") process group, created by
-:func:`create_local_process_group` and cleared by :func:`reset_local_process_group` (tests).
+Every function works without an initialised process group (a world of one process), so
+library code calls them unconditionally. The only global state is the per-machine ("local")
+process group, made by :func:`create_local_process_group`, forgotten by
+:func:`reset_local_process_group` (tests).
 """
 
 from __future__ import annotations
@@ -20,11 +19,6 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 _LOCAL_PROCESS_GROUP: dist.ProcessGroup | None = None
-_LOCAL_GROUP_SIZE: int | None = None
-_MISSING_LOCAL_GROUP = (
-    "the local process group is not created; launch() creates it, or call "
-    "comm.create_local_process_group(num_workers_per_machine) after init_process_group()."
-)
 
 __all__ = [
     "all_gather",
@@ -73,7 +67,7 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
     Collective:
         ``new_group`` is called once per machine on every rank.
     """
-    global _LOCAL_PROCESS_GROUP, _LOCAL_GROUP_SIZE
+    global _LOCAL_PROCESS_GROUP
     if _LOCAL_PROCESS_GROUP is not None:
         raise RuntimeError("the local process group was already created in this process")
     world_size = get_world_size()
@@ -83,7 +77,6 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
             f"{num_workers_per_machine}; every machine must run the same number of processes."
         )
     if not _is_distributed():
-        _LOCAL_GROUP_SIZE = 1
         return
     machine = get_rank() // num_workers_per_machine
     for m in range(world_size // num_workers_per_machine):
@@ -91,14 +84,12 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
         group = dist.new_group(ranks)
         if m == machine:
             _LOCAL_PROCESS_GROUP = group
-    _LOCAL_GROUP_SIZE = num_workers_per_machine
 
 
 def reset_local_process_group() -> None:
     """Forget the process-group handles kept here (for tests that run several jobs per process)."""
-    global _LOCAL_PROCESS_GROUP, _LOCAL_GROUP_SIZE
+    global _LOCAL_PROCESS_GROUP
     _LOCAL_PROCESS_GROUP = None
-    _LOCAL_GROUP_SIZE = None
     _object_group.cache_clear()
 
 
@@ -106,29 +97,25 @@ def get_local_process_group() -> dist.ProcessGroup:
     """Return the process group of the ranks on this machine.
 
     Raises:
-        RuntimeError: If :func:`create_local_process_group` was not called in a distributed job.
+        RuntimeError: If :func:`create_local_process_group` was not called in a distributed job
+            (also raised by :func:`get_local_size` and :func:`get_local_rank` then).
     """
     if _LOCAL_PROCESS_GROUP is None:
-        raise RuntimeError(_MISSING_LOCAL_GROUP)
+        raise RuntimeError(
+            "the local process group is not created; launch() creates it, or call "
+            "comm.create_local_process_group(num_workers_per_machine) after init_process_group()."
+        )
     return _LOCAL_PROCESS_GROUP
 
 
 def get_local_size() -> int:
     """Return the number of processes on this machine (1 without a process group)."""
-    if not _is_distributed():
-        return 1
-    if _LOCAL_PROCESS_GROUP is None:
-        raise RuntimeError(_MISSING_LOCAL_GROUP)
-    return dist.get_world_size(group=_LOCAL_PROCESS_GROUP)
+    return dist.get_world_size(group=get_local_process_group()) if _is_distributed() else 1
 
 
 def get_local_rank() -> int:
     """Return this process's rank within its machine (0 without a process group)."""
-    if not _is_distributed():
-        return 0
-    if _LOCAL_PROCESS_GROUP is None:
-        raise RuntimeError(_MISSING_LOCAL_GROUP)
-    return dist.get_rank(group=_LOCAL_PROCESS_GROUP)
+    return dist.get_rank(group=get_local_process_group()) if _is_distributed() else 0
 
 
 def is_main_process() -> bool:
@@ -156,13 +143,16 @@ def synchronize() -> None:
 def _object_group() -> dist.ProcessGroup:
     # Objects travel as pickled bytes; gloo does that on the CPU without staging them through
     # GPU memory the way an NCCL group would.
-    if dist.get_backend() == dist.Backend.NCCL:
-        return dist.new_group(backend="gloo")
-    return dist.group.WORLD
+    is_nccl = dist.get_backend() == dist.Backend.NCCL
+    return dist.new_group(backend="gloo") if is_nccl else dist.group.WORLD
 
 
-def _resolve(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    return _object_group() if group is None else group
+def _gather_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """The group objects are gathered over; None if it has one process (nothing to gather)."""
+    if get_world_size() == 1:
+        return None
+    group = _object_group() if group is None else group
+    return group if dist.get_world_size(group) > 1 else None
 
 
 def all_gather(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
@@ -178,10 +168,8 @@ def all_gather(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     Collective:
         ``all_gather_object`` over ``group``.
     """
-    if get_world_size() == 1:
-        return [obj]
-    group = _resolve(group)
-    if dist.get_world_size(group) == 1:
+    group = _gather_group(group)
+    if group is None:
         return [obj]
     output: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(output, obj, group=group)
@@ -192,9 +180,8 @@ def gather(obj: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> li
     """Gather a picklable object from every rank of ``group`` onto global rank ``dst``.
 
     Args:
-        obj: any picklable object.
+        obj, group: as for :func:`all_gather`.
         dst: the global rank that receives the list.
-        group: a process group; ``None`` means all ranks.
 
     Returns:
         On ``dst``, the objects ordered by rank within the group; on other ranks ``[]``.
@@ -202,29 +189,21 @@ def gather(obj: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> li
     Collective:
         ``gather_object`` over ``group``.
     """
-    if get_world_size() == 1:
+    group = _gather_group(group)
+    if group is None:
         return [obj]
-    group = _resolve(group)
-    if dist.get_world_size(group) == 1:
-        return [obj]
-    if get_rank() == dst:
-        output: list[Any] = [None] * dist.get_world_size(group)
-        dist.gather_object(obj, output, dst=dst, group=group)
-        return output
-    dist.gather_object(obj, None, dst=dst, group=group)
-    return []
+    output = [None] * dist.get_world_size(group) if get_rank() == dst else None
+    dist.gather_object(obj, output, dst=dst, group=group)
+    return [] if output is None else output
 
 
 def shared_random_seed() -> int:
     """Return a random seed that is the same on every rank (rank 0's draw).
 
-    All ranks must call this together.
-
     Collective:
         ``all_gather`` over all ranks.
     """
-    seed = int(np.random.randint(2**31))
-    return all_gather(seed)[0]
+    return all_gather(int(np.random.randint(2**31)))[0]
 
 
 def reduce_dict(

@@ -40,6 +40,7 @@ def get_rng_state() -> dict[str, Any]:
     into plain fields because its key array would otherwise be pickled as an ndarray.
     """
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": {
@@ -49,7 +50,7 @@ def get_rng_state() -> dict[str, Any]:
             "has_gauss": int(np_has_gauss),
             "cached_gaussian": float(np_gauss),
         },
-        "python": _python_state_to_plain(random.getstate()),
+        "python": [version, list(internal), gauss],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -60,21 +61,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore the RNG states captured by :func:`get_rng_state`."""
     torch.set_rng_state(state["torch"])
     npst = state["numpy"]
+    keys = npst["keys"].numpy().astype(np.uint32)
     np.random.set_state(
-        (
-            npst["name"],
-            npst["keys"].numpy().astype(np.uint32),
-            npst["pos"],
-            npst["has_gauss"],
-            npst["cached_gaussian"],
-        )
+        (npst["name"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _python_state_to_plain(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]

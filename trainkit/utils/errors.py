@@ -1,15 +1,12 @@
 """Errors a user causes, and how a script reports them: one line, exit status 2.
 
-Every error whose cause is the user's input — a config value, a file name, a dataset or
-architecture name, a command-line flag, weights that do not fit — is a :class:`UsageError`
-(``ConfigError`` and the other user-error types subclass it, next to the builtin type code
-used to catch, such as ``ValueError`` or ``KeyError``). Anything else is a bug or a failure
-of the machine and keeps its traceback.
-
-A script built the detectron2 way never catches them itself: ``default_argument_parser``
-and ``launch`` install :func:`install_usage_error_handler`, so an uncaught ``UsageError``
-ends the process with ``<script>: error: <message>`` on stderr (from rank 0 only) and exit
-status 2, and ``launch`` re-raises one from any worker in the parent.
+An error caused by the user's input (a config value, a file, a dataset or architecture
+name, a flag, weights that do not fit) is a :class:`UsageError`; ``ConfigError`` and the
+other user-error types also subclass the builtin type code used to catch (``ValueError``,
+``KeyError``). Anything else is a bug or a machine failure and keeps its traceback.
+``default_argument_parser`` and ``launch`` install :func:`install_usage_error_handler`, and
+``launch`` re-raises a worker's ``UsageError`` in the parent, so a detectron2-style script
+never catches them itself.
 """
 
 from __future__ import annotations
@@ -57,26 +54,19 @@ def user_message(error: BaseException) -> str:
     message ``"Caught X in DataLoader worker process N. Original Traceback ..."``; the
     user's message is then the traceback's last entry.
     """
-    text = str(error)
-    cls = type(error)
+    text, cls = str(error), type(error)
     marker = f"{cls.__module__}.{cls.__qualname__}: "
     at = text.rfind(marker)
-    if text.startswith("Caught ") and at >= 0:
-        return text[at + len(marker) :].strip()
-    return text
-
-
-def _is_rank_zero() -> bool:
-    # The environment says it before (and whether or not) a process group exists: torchrun's
-    # RANK, or SLURM's task id under srun.
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    return text[at + len(marker) :].strip() if text.startswith("Caught ") and at >= 0 else text
 
 
 def _report_uncaught(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
     if issubclass(exc_type, UsageError):
-        if _is_rank_zero():
+        # Rank 0 by the environment, which says it before (and whether or not) a process
+        # group exists: torchrun's RANK, or SLURM's task id under srun.
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
             _write_line(f"error: {user_message(exc)}")
         # Raising SystemExit from the hook sets the exit status; atexit handlers still run.
         raise SystemExit(USAGE_EXIT_CODE)
@@ -102,19 +92,18 @@ _previous_hook = sys.excepthook
 def install_usage_error_handler() -> None:
     """Make uncaught trainkit errors end the process with a message and their exit status.
 
-    A :class:`UsageError` prints one line (on rank 0) and exits with 2; a trainkit error
-    that carries an ``exit_code`` (``LaunchError``: a failed rank and its traceback;
-    ``TrainingPreempted``: 75) prints its message and exits with that status. Other
-    exceptions go to the previously installed hook (a traceback by default). Installing
-    twice is harmless. It changes ``sys.excepthook``, so that every script built the
-    detectron2 way reports errors the same way (``default_argument_parser`` calls it).
+    A :class:`UsageError` prints ``<script>: error: <message>`` on stderr (rank 0 only) and
+    exits with 2; a trainkit error with an ``exit_code`` (``LaunchError``: a failed rank and
+    its traceback; ``TrainingPreempted``: 75) prints its message and exits with that status.
+    Other exceptions go to the previous hook (a traceback by default). Installing twice is
+    harmless.
 
-    It is one of the few process-wide settings trainkit makes, each where it is needed:
-    ``import trainkit`` sets ``OMP_WAIT_POLICY=PASSIVE`` unless already set; shared record
-    segments register a fork handler (children forget the parent's segments); a
-    checkpointer writing in the background registers an ``atexit`` wait for its last write;
-    the pre-emption hook installs SIGTERM/SIGINT/SIGUSR1 handlers while training (restored
-    afterwards); ``launch()`` forwards signals to its processes while it runs.
+    It sets ``sys.excepthook``, one of the few process-wide settings trainkit makes, each
+    where it is needed: ``import trainkit`` sets ``OMP_WAIT_POLICY=PASSIVE`` unless set;
+    shared record segments register a fork handler (children forget the parent's segments);
+    a checkpointer writing in the background registers an ``atexit`` wait for its last
+    write; the pre-emption hook installs SIGTERM/SIGINT/SIGUSR1 handlers while training
+    (restored afterwards); ``launch()`` forwards signals to its processes while it runs.
     """
     global _previous_hook
     if sys.excepthook is not _report_uncaught:

@@ -1,12 +1,8 @@
-"""``EventStorage``: the per-run store of training metrics, and the stack of active storages.
+"""``EventStorage`` and the stack of active storages; import them from ``trainkit.utils.events``.
 
-Code anywhere in a training step records numbers with ``get_event_storage().put_scalar(...)``;
-writers (:mod:`trainkit.utils.event_writers`, :class:`trainkit.utils.events.CommonMetricPrinter`)
-read what is stored. Import these names from :mod:`trainkit.utils.events`.
-
-The storage stack is one of trainkit's three allowed kinds of global state. ``EventStorage``
-pushes itself on ``__enter__`` and pops itself on ``__exit__``; a test that leaks a storage can
-call :func:`_reset_storage_stack`.
+The stack is one of trainkit's three allowed kinds of global state: a storage pushes itself
+on ``__enter__`` and pops itself on ``__exit__``; a test that leaks one calls
+:func:`_reset_storage_stack`.
 """
 
 from __future__ import annotations
@@ -61,10 +57,7 @@ class EventStorage:
     Each scalar keeps a :class:`~trainkit.utils.history_buffer.HistoryBuffer` of
     ``(value, iteration)`` points plus a *smoothing hint*: writers report the median over
     the last ``window_size`` iterations of a smoothed metric and the latest value of an
-    unsmoothed one.
-
-    This class only stores; it never writes files. Use the writers in
-    :mod:`trainkit.utils.events` for that.
+    unsmoothed one. It only stores; the writers in :mod:`trainkit.utils.events` write files.
     """
 
     def __init__(self, start_iter: int = 0) -> None:
@@ -123,47 +116,43 @@ class EventStorage:
         history.update(value, cur_iter)
         self._latest_scalars[name] = (value, cur_iter)
 
-    def _check_smoothing_hint(self, name: str, smoothing_hint: bool) -> None:
+    def _history_for(
+        self, name: str, smoothing_hint: bool, create: bool = True
+    ) -> HistoryBuffer | None:
+        """Check ``name``'s smoothing hint; return its buffer (made if new and ``create``)."""
         existing_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
         if existing_hint != smoothing_hint:
             raise ValueError(
                 f"Scalar {name!r} was recorded with smoothing_hint={existing_hint} before and "
                 f"with smoothing_hint={smoothing_hint} now; use one value for a metric."
             )
-
-    def _history_for(self, name: str, smoothing_hint: bool) -> HistoryBuffer:
-        """Return ``name``'s buffer, creating it, after checking its smoothing hint."""
-        self._check_smoothing_hint(name, smoothing_hint)
-        history = self._history.get(name)
-        if history is None:
-            history = self._history[name] = HistoryBuffer()
-        return history
+        if create and name not in self._history:
+            self._history[name] = HistoryBuffer()
+        return self._history.get(name)
 
     def put_scalar_series(
         self, name: str, points: Iterable[tuple[float, int]], smoothing_hint: bool = True
     ) -> None:
-        """Record several ``(value, iteration)`` points of one scalar in one call.
+        """Record ``(value, iteration)`` points of one scalar, oldest first, in one call.
 
         Equivalent to ``put_scalar(name, value, smoothing_hint, cur_iter=iteration)`` for each
         point in order, at a fraction of the cost; trainers use it to file the metrics of
         ``gather_metric_period`` steps at once.
 
         Args:
-            name: metric name; the active :meth:`name_scope` prefix is prepended.
+            name, smoothing_hint: as in :meth:`put_scalar`.
             points: ``(value, iteration)`` pairs, oldest first.
-            smoothing_hint: as in :meth:`put_scalar`.
 
         Raises:
-            ValueError: If ``smoothing_hint`` differs from an earlier call for ``name``.
+            ValueError: As :meth:`put_scalar`.
         """
         name = self._current_prefix + name
         points = points if isinstance(points, (list, tuple)) else list(points)
-        if not points:
-            self._check_smoothing_hint(name, smoothing_hint)
-            return
-        self._history_for(name, smoothing_hint).extend(points)
-        value, cur_iter = points[-1]
-        self._latest_scalars[name] = (float(value), int(cur_iter))
+        history = self._history_for(name, smoothing_hint, create=bool(points))
+        if points:  # an empty series files nothing (and creates no history)
+            history.extend(points)
+            value, cur_iter = points[-1]
+            self._latest_scalars[name] = (float(value), int(cur_iter))
 
     def put_scalars(
         self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **kwargs: float
@@ -220,28 +209,27 @@ class EventStorage:
     def latest_with_smoothing_hint(self, window_size: int = 20) -> dict[str, tuple[float, int]]:
         """Return like :meth:`latest`, but smoothed metrics give a windowed median.
 
-        The window is every value recorded in the last ``window_size`` iterations (see
+        The window is the values of the last ``window_size`` iterations (see
         :meth:`count_samples`), not the last ``window_size`` values: a metric recorded
-        several times per iteration, or only every few iterations, is smoothed over the
-        same stretch of training as the others.
+        several times per iteration, or every few, is smoothed over the same stretch of
+        training as the others.
 
         Args:
             window_size: number of iterations the median is taken over.
         """
         result = {}
-        hints, histories = self._smoothing_hints, self._history
         for name, (value, cur_iter) in self._latest_scalars.items():
-            if hints[name]:
-                history = histories[name]
+            if self._smoothing_hints[name]:
+                history = self._history[name]
                 value = history.median(history.count_recent(window_size))
             result[name] = (value, cur_iter)
         return result
 
     def count_samples(self, name: str, window_size: int = 20) -> int:
-        """Return how many values of ``name`` were recorded in its last ``window_size`` iterations.
+        """Return how many values of ``name`` its last ``window_size`` iterations hold.
 
-        The iterations are counted back from the one of ``name``'s newest value; 0 if
-        ``name`` was never recorded.
+        Iterations are counted back from that of ``name``'s newest value; 0 if ``name`` was
+        never recorded.
 
         Args:
             name: the full metric name.

@@ -1,17 +1,12 @@
 """Training metrics: the ``EventStorage`` context stack and the writers that drain it.
 
 Code anywhere in a training step records numbers with ``get_event_storage().put_scalar(...)``;
-writers (:class:`CommonMetricPrinter`, :class:`JSONWriter`, :class:`TensorboardXWriter`, and
-the experiment trackers :class:`WandbWriter` and :class:`MLflowWriter`) run periodically and
-publish what is new since their previous write.
-
-This module is the place to import every name from, as in detectron2. The storage lives in
-:mod:`trainkit.utils.event_storage`, its per-scalar buffer in
-:mod:`trainkit.utils.history_buffer`, the file writers in :mod:`trainkit.utils.event_writers`,
-the trackers in :mod:`trainkit.utils.wandb_writer` and :mod:`trainkit.utils.mlflow_writer`
-(which import ``wandb``/``mlflow`` only when a writer is built);
-the console printer is defined here so that its log records come from the logger
-``trainkit.utils.events``.
+writers run periodically and publish what is new since their previous write. Import every
+name from here, as in detectron2. The storage lives in :mod:`~trainkit.utils.event_storage`
+(its buffer in :mod:`~trainkit.utils.history_buffer`), the file writers in
+:mod:`~trainkit.utils.event_writers`, the trackers in :mod:`~trainkit.utils.wandb_writer` and
+:mod:`~trainkit.utils.mlflow_writer`. The console printer is defined here so that its log
+records come from the logger ``trainkit.utils.events``.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ from collections import deque
 import torch
 from typing_extensions import override
 
-# The two private names are re-exported (``as`` marks that) for code written against this
-# module's former single-file layout, or against detectron2's ``_CURRENT_STORAGE_STACK``.
+# Private names re-exported (``as``) for code written against this module's former
+# single-file layout, or against detectron2's ``_CURRENT_STORAGE_STACK``.
 from trainkit.utils.event_storage import _CURRENT_STORAGE_STACK as _CURRENT_STORAGE_STACK
 from trainkit.utils.event_storage import EventStorage, get_event_storage, has_event_storage
 from trainkit.utils.event_storage import _reset_storage_stack as _reset_storage_stack
@@ -85,7 +80,7 @@ class CommonMetricPrinter(EventWriter):
             return None
         cur_iter = storage.iter
         remaining = self._max_iter - cur_iter - 1
-        recent_step_time = _window_avg(storage, "time", self._window_size)
+        recent_step_time = _window_avg(storage.histories().get("time"), self._window_size)
         if recent_step_time is not None:
             self._recent_step_times.append(recent_step_time)
             eta_s = statistics.median(self._recent_step_times) * remaining
@@ -120,7 +115,7 @@ class CommonMetricPrinter(EventWriter):
         if time_history is not None:
             parts.append(f"time: {time_history.global_avg():.4f}")
             parts.append(f"last_time: {time_history.latest():.4f}")
-        data_time = _window_avg(storage, "data_time", self._window_size)
+        data_time = _window_avg(histories.get("data_time"), self._window_size)
         if data_time is not None:
             parts.append(f"data_time: {data_time:.4f}")
             parts.append(f"last_data_time: {histories['data_time'].latest():.4f}")
@@ -132,10 +127,6 @@ class CommonMetricPrinter(EventWriter):
         self.logger.info("%s", "  ".join(p for p in parts if p))
 
 
-def _window_avg(storage: EventStorage, name: str, window_size: int) -> float | None:
-    """Mean of ``name`` over its last ``window_size`` iterations; None if never recorded."""
-    try:
-        history = storage.history(name)
-    except KeyError:
-        return None
-    return history.avg(history.count_recent(window_size))
+def _window_avg(history: HistoryBuffer | None, window_size: int) -> float | None:
+    """Mean of ``history`` over its last ``window_size`` iterations; None without a history."""
+    return None if history is None else history.avg(history.count_recent(window_size))

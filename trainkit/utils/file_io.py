@@ -20,10 +20,10 @@ PathManager = _PathManagerClass()
 def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
     """Write a local file so that readers see either the old file or the complete new one.
 
-    The data goes to a temporary file in the same directory, is flushed and fsynced, and
-    then renamed over ``path``; the directory is fsynced so the rename survives a power
-    loss. If the body raises (or the process dies), ``path`` is untouched and the
-    temporary file is removed (or left as ``.*.tmp``, never under the final name).
+    The data goes to a temporary file in the same directory, is flushed, fsynced and renamed
+    over ``path``; the directory is fsynced so the rename survives a power loss. If the body
+    raises (or the process dies), ``path`` is untouched and the temporary file removed (or
+    left as ``.*.tmp``, never under the final name).
 
     Args:
         path: destination on a local file system.
@@ -48,10 +48,6 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
     # Some file systems refuse to open a directory for fsync; the rename is then as durable
     # as that file system makes it.
     with contextlib.suppress(OSError):

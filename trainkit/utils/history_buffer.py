@@ -1,22 +1,18 @@
 """``HistoryBuffer``: the ``(value, iteration)`` series behind each scalar of an ``EventStorage``.
 
 It has the public methods of :class:`fvcore.common.history_buffer.HistoryBuffer` (``update``,
-``latest``, ``median``, ``avg``, ``global_avg``, ``values``), so code written against
-detectron2 (``storage.history("loss").avg(20)``) keeps working. trainkit has its own class
-rather than fvcore's because:
+``latest``, ``median``, ``avg``, ``global_avg``, ``values``), so detectron2 code
+(``storage.history("loss").avg(20)``) keeps working. It is not fvcore's class because:
 
-- trainers file the metrics of ``gather_metric_period`` iterations in one go
-  (:meth:`HistoryBuffer.extend`); through fvcore's public API that is one ``update`` call,
-  with its Python bookkeeping, per value, and extending fvcore's buffer faster would mean
-  writing its private fields;
-- fvcore's ``median``/``avg`` convert the window to a NumPy array first, which costs ~15 us
-  per call, ten times what sorting a 20-value window in Python costs; writers take several
-  per write;
+- trainers file ``gather_metric_period`` iterations at once (:meth:`HistoryBuffer.extend`);
+  fvcore's public API takes one ``update`` per value, and a faster extend would write its
+  private fields;
+- fvcore's ``median``/``avg`` first convert the window to a NumPy array (~15 us per call, ten
+  times sorting a 20-value window in Python), and writers take several per write;
 - writers smooth over the last N *iterations* (:meth:`HistoryBuffer.count_recent`), which
   needs the iterations without building ``(value, iteration)`` tuples;
-- values and iterations sit in two flat arrays (16 bytes a point instead of ~100 for a list
-  of tuples of Python objects), and dropping the oldest points is amortised rather than one
-  ``list.pop(0)`` per value once the buffer is full.
+- two flat arrays take 16 bytes a point (a list of tuples ~100), and dropping the oldest
+  points is amortised rather than one ``list.pop(0)`` per value once the buffer is full.
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ __all__ = ["HistoryBuffer"]
 class HistoryBuffer:
     """The latest ``max_length`` values of one scalar with their iterations, and the mean of all.
 
-    Windowed reads (:meth:`median`, :meth:`avg`) look at the newest values in the order they
-    were added; :meth:`global_avg` covers every value ever added, including dropped ones.
+    :meth:`median` and :meth:`avg` read the newest values in the order they were added;
+    :meth:`global_avg` covers every value ever added, dropped ones included.
     """
 
     def __init__(self, max_length: int = 1_000_000) -> None:
@@ -134,9 +130,7 @@ class HistoryBuffer:
 
         For an even count it is the mean of the middle two values, as ``numpy.median``.
         """
-        if window_size <= 0:
-            return math.nan
-        window = sorted(self._values[-min(window_size, self._max_length) :])
+        window = sorted(self._window(window_size))
         if not window:
             return math.nan
         mid = len(window) // 2
@@ -144,10 +138,14 @@ class HistoryBuffer:
 
     def avg(self, window_size: int) -> float:
         """Return the mean of the newest ``window_size`` values (NaN if there are none)."""
-        if window_size <= 0:
-            return math.nan
-        window = self._values[-min(window_size, self._max_length) :]
+        window = self._window(window_size)
         return math.fsum(window) / len(window) if window else math.nan
+
+    def _window(self, window_size: int) -> array[float]:
+        # An empty window for window_size <= 0 (a [-0:] slice would be every value).
+        return (
+            self._values[-min(window_size, self._max_length) :] if window_size > 0 else array("d")
+        )
 
     def global_avg(self) -> float:
         """Return the mean of every value ever added, dropped ones included (0.0 if none)."""
@@ -162,8 +160,8 @@ class HistoryBuffer:
         """Return how many of the newest values belong to the last ``window_size`` iterations.
 
         Counting walks back from the newest value and stops at the first one filed at or
-        before ``latest iteration - window_size``; this is detectron2's
-        ``EventStorage.count_samples``. A metric recorded twice per iteration gets twice the
+        before ``latest iteration - window_size`` (detectron2's
+        ``EventStorage.count_samples``): a metric recorded twice per iteration gets twice the
         values, one recorded every other iteration half as many.
 
         Args:

@@ -11,9 +11,6 @@ from typing import Callable
 
 __all__ = ["LogThrottle", "log_every_n", "log_every_n_seconds", "log_first_n", "setup_logger"]
 
-_FORMAT = "[%(asctime)s %(name)s %(levelname)s] %(message)s"
-_DATE_FORMAT = "%m/%d %H:%M:%S"
-
 
 def setup_logger(
     output: str | None = None,
@@ -44,30 +41,32 @@ def setup_logger(
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    formatter = logging.Formatter(_FORMAT, datefmt=_DATE_FORMAT)
+    handlers: list[logging.Handler] = []
     if distributed_rank == 0:
-        console = logging.StreamHandler(stream=sys.stdout)
-        console.setFormatter(formatter)
-        logger.addHandler(console)
+        handlers.append(logging.StreamHandler(stream=sys.stdout))
     if output is not None:
         path = output if output.endswith((".txt", ".log")) else os.path.join(output, "log.txt")
         if distributed_rank > 0:
             path = f"{path}.rank{distributed_rank}"
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        file_handler = logging.FileHandler(path, mode="a")
-        file_handler.setFormatter(formatter)
-        logger.addHandler(file_handler)
+        handlers.append(logging.FileHandler(path, mode="a"))
+    formatter = logging.Formatter(
+        "[%(asctime)s %(name)s %(levelname)s] %(message)s", datefmt="%m/%d %H:%M:%S"
+    )
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
     return logger
 
 
 class LogThrottle:
-    """The per-call-site counters and timers behind the ``log_*_n*`` functions.
+    """The per-call-site counters and timers behind :func:`log_first_n`, :func:`log_every_n`
+    and :func:`log_every_n_seconds`.
 
-    Used by :func:`log_first_n`, :func:`log_every_n` and :func:`log_every_n_seconds`.
-    A call site is the file and line of the code that called one of those functions, so a
-    message whose text changes on every call (a progress line with a counter in it) is
-    still throttled as one. The module keeps one instance (``_THROTTLE``); tests replace it
-    with a fresh one, with a fake clock, to reset it and to control time.
+    A call site is the file and line that called one of them, so a message whose text
+    changes on every call (a progress line with a counter) is still throttled as one. The
+    module keeps one instance (``_THROTTLE``); tests replace it, with a fake clock, to reset
+    it and to control time.
 
     Args:
         clock: returns the current time in seconds; only differences are used.
@@ -101,14 +100,12 @@ def _call_site() -> tuple[str, tuple[str, int]]:
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename == _THIS_FILE:
         frame = frame.f_back
-    if frame is None:  # only this module on the stack: cannot happen from user code
+    if frame is None:  # called with no Python caller (e.g. an atexit callback)
         return "trainkit", ("<unknown>", 0)
     module = frame.f_globals.get("__name__", "trainkit")
     # A script's messages go to trainkit's logger, which setup_logger configured.
-    return ("trainkit" if module == "__main__" else module), (
-        frame.f_code.co_filename,
-        frame.f_lineno,
-    )
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    return ("trainkit" if module == "__main__" else module), site
 
 
 def log_first_n(
@@ -134,8 +131,7 @@ def log_first_n(
         ValueError: If ``key`` names something else.
     """
     keys = (key,) if isinstance(key, str) else tuple(key)
-    unknown = set(keys) - {"caller", "message", "msg"}
-    if not keys or unknown:
+    if not keys or set(keys) - {"caller", "message", "msg"}:
         raise ValueError(f"log_first_n key must be 'caller', 'message' or both, got {key!r}")
     module, site = _call_site()
     ident: tuple = site if "caller" in keys else ()
@@ -149,10 +145,8 @@ def log_every_n(level: int, msg: str, n: int = 1, *, name: str | None = None) ->
     """Log ``msg`` on the 1st, (n+1)th, (2n+1)th, ... call from the same file and line.
 
     Args:
-        level: the logging level.
-        msg: the message (it may differ from call to call).
+        level, msg, name: as for :func:`log_first_n` (``msg`` may change from call to call).
         n: log one call in ``n``.
-        name: the logger; by default the calling module's (a script's: ``trainkit``).
     """
     module, site = _call_site()
     if (_THROTTLE.count(("every_n", *site)) - 1) % max(n, 1) == 0:
@@ -162,14 +156,11 @@ def log_every_n(level: int, msg: str, n: int = 1, *, name: str | None = None) ->
 def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str | None = None) -> None:
     """Log ``msg`` at most once every ``n`` seconds from the same file and line.
 
-    The first call from a place always logs. Calls are told apart by where they come from,
-    not by their text, so a progress message that changes every call is throttled too.
+    The first call from a place always logs.
 
     Args:
-        level: the logging level.
-        msg: the message (it may differ from call to call).
+        level, msg, name: as for :func:`log_first_n` (``msg`` may change from call to call).
         n: the minimum number of seconds between two logged calls.
-        name: the logger; by default the calling module's (a script's: ``trainkit``).
     """
     module, site = _call_site()
     if _THROTTLE.due(site, n):

@@ -1,8 +1,4 @@
-"""``MLflowWriter``: publish a run's config and scalars to an MLflow tracking server.
-
-Install with ``pip install 'trainkit[mlflow]'``. ``mlflow`` is imported when the writer is
-built, so importing this module costs nothing.
-"""
+"""``MLflowWriter``: a run's config and scalars to an MLflow server (``trainkit[mlflow]`` extra)."""
 
 from __future__ import annotations
 
@@ -14,43 +10,32 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.utils.trackers import (
-    BackgroundCalls,
-    TrackerUnavailableError,
-    TrackerWriter,
-    check_reachable,
-    default_run_name,
-    first_line,
-    flatten_config,
-    import_tracker,
-    read_run_id,
-    save_run_id,
-)
+from trainkit.utils import trackers
 
 __all__ = ["MLflowWriter"]
 
 logger = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"
-"""Name of the file in the output directory that keeps the MLflow run id for a resume."""
+"""The file in the output directory that keeps the MLflow run id for a resume."""
 
 # MLflow's limits on one log_batch request.
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 
 
-class MLflowWriter(TrackerWriter):
+class MLflowWriter(trackers.TrackerWriter):
     """Log scalars to an MLflow run, with the iteration as the step.
 
     When built, it checks that the tracking server accepts connections, opens the run (the
     one whose id is in ``output_dir/mlflow_run_id`` if that file exists and the run is
     still there, else a new one in ``experiment``), logs the config as parameters with
     flattened keys (``SOLVER.BASE_LR``) and the config file as the artifact ``config.yaml``.
-    Scalars are sent by a background thread, so a slow server does not stall training. A
-    scalar name is changed where MLflow forbids a character (``[metric]x`` becomes
+    A background thread sends the scalars, so a slow server does not stall training. A
+    character MLflow forbids in a scalar name is replaced (``[metric]x`` becomes
     ``_metric_x``).
 
-    The first error from MLflow is logged once and turns the writer off; training goes on.
+    MLflow's first error turns the writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
     The ``MLFLOW_HTTP_REQUEST_*`` environment variables set how long MLflow's client retries
     before it reports an error.
     """
@@ -79,9 +64,8 @@ class MLflowWriter(TrackerWriter):
             experiment: name of the experiment, created if missing.
             config: the resolved config, logged as parameters with flattened keys.
             config_yaml: the config file's text, logged as the artifact ``config.yaml``.
-            run_name: name of a new run; defaults to the name of ``output_dir``.
-            window_size: number of iterations the median of smoothed scalars covers.
-            connect_timeout_s: how long the check that the server is reachable waits.
+            run_name, window_size, connect_timeout_s: as for
+                :class:`~trainkit.utils.wandb_writer.WandbWriter`.
             close_timeout_s: how long :meth:`close` waits for scalars still being sent.
 
         Raises:
@@ -89,8 +73,8 @@ class MLflowWriter(TrackerWriter):
                 reachable, or it refuses to open the run.
         """
         super().__init__(window_size)
-        import_tracker("mlflow", "mlflow", "mlflow")
-        from mlflow.entities import Metric, Param
+        trackers.import_tracker("mlflow", "mlflow", "mlflow")
+        from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
         self._metric_cls = Metric
@@ -98,30 +82,37 @@ class MLflowWriter(TrackerWriter):
         self._client = MlflowClient(tracking_uri or None)
         self._uri = self._client.tracking_uri
         setting = "MLFLOW.TRACKING_URI" if tracking_uri else "MLFLOW_TRACKING_URI"
-        check_reachable(self._uri, setting, "mlflow", connect_timeout_s)
+        trackers.check_reachable(self._uri, setting, "mlflow", connect_timeout_s)
         self._id_file = os.path.join(output_dir, RUN_ID_FILE)
         try:
-            self.run_id = self._open_run(experiment, run_name or default_run_name(output_dir))
-            self._log_config(config or {}, config_yaml, Param, _MAX_PARAMS_PER_BATCH)
-        except TrackerUnavailableError:
+            self.run_id = self._open_run(
+                experiment, run_name or trackers.default_run_name(output_dir)
+            )
+            self._log_config(config or {}, config_yaml)
+        except trackers.TrackerUnavailableError:
             raise
         except Exception as e:
-            raise TrackerUnavailableError(
+            raise trackers.TrackerUnavailableError(
                 f"MLflow at MLFLOW.TRACKING_URI={self._uri} could not open a run in experiment "
-                f"{experiment!r}: {first_line(e)}; check the server and MLFLOW.EXPERIMENT, or "
-                "remove 'mlflow' from WRITERS."
+                f"{experiment!r}: {trackers.first_line(e)}; check the server and "
+                "MLFLOW.EXPERIMENT, or remove 'mlflow' from WRITERS."
             ) from None
-        save_run_id(self._id_file, self.run_id)
-        self._calls = BackgroundCalls("trainkit-mlflow", self._disable)
-        self._keys: dict[str, str] = {}
+        trackers.save_run_id(self._id_file, self.run_id)
+        self._calls = trackers.BackgroundCalls("trainkit-mlflow", self._disable)
+        self._keys: dict[str, str] = {}  # scalar name -> MLflow metric name
 
     def _open_run(self, experiment: str, run_name: str) -> str:
         """Return the id of the run to log to: the saved one if it still exists, else a new one."""
+        from mlflow.exceptions import MlflowException
+
         client = self._client
-        run_id = read_run_id(self._id_file)
+        run_id = trackers.read_run_id(self._id_file)
         if run_id is not None:
-            run = _existing_run(client, run_id)
-            if run is not None:
+            try:
+                active = client.get_run(run_id).info.lifecycle_stage == "active"
+            except MlflowException:  # the server does not have it
+                active = False
+            if active:
                 client.update_run(run_id, status="RUNNING")
                 logger.info("MLflow: continuing run %s at %s", run_id, self._uri)
                 return run_id
@@ -132,29 +123,23 @@ class MLflowWriter(TrackerWriter):
                 self._uri,
             )
         found = client.get_experiment_by_name(experiment)
-        if found is None:
-            experiment_id = client.create_experiment(experiment)
-        elif found.lifecycle_stage != "active":
-            raise TrackerUnavailableError(
+        if found is not None and found.lifecycle_stage != "active":
+            raise trackers.TrackerUnavailableError(
                 f"MLFLOW.EXPERIMENT={experiment!r} is deleted on {self._uri}; restore it there "
                 "or choose another experiment name."
             )
-        else:
-            experiment_id = found.experiment_id
+        experiment_id = (
+            client.create_experiment(experiment) if found is None else found.experiment_id
+        )
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
         logger.info("MLflow: started run %s in experiment %r at %s", run_id, experiment, self._uri)
         return run_id
 
-    def _log_config(
-        self,
-        config: Mapping[str, Any],
-        config_yaml: str | None,
-        param_cls: Any,
-        batch: int,
-    ) -> None:
-        client = self._client
-        logged = client.get_run(self.run_id).data.params
-        params = {k: str(v) for k, v in flatten_config(config).items()}
+    def _log_config(self, config: Mapping[str, Any], config_yaml: str | None) -> None:
+        from mlflow.entities import Param
+
+        logged = self._client.get_run(self.run_id).data.params
+        params = {k: str(v) for k, v in trackers.flatten_config(config).items()}
         # MLflow refuses to change a parameter; a resumed run keeps the values it started
         # with and the new config.yaml shows what changed.
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
@@ -165,27 +150,27 @@ class MLflowWriter(TrackerWriter):
                 self.run_id,
                 ", ".join(changed),
             )
-        new = [param_cls(k, v) for k, v in params.items() if k not in logged]
-        for start in range(0, len(new), batch):
-            client.log_batch(self.run_id, params=new[start : start + batch])
+        new = [Param(k, v) for k, v in params.items() if k not in logged]
+        for start in range(0, len(new), _MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, params=new[start : start + _MAX_PARAMS_PER_BATCH])
         if config_yaml is not None:
-            client.log_text(self.run_id, config_yaml, "config.yaml")
+            self._client.log_text(self.run_id, config_yaml, "config.yaml")
 
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         timestamp_ms = int(time.time() * 1000)
+        keys = self._keys
         metrics = [
-            self._metric_cls(self._key(name), float(value), timestamp_ms, iteration)
+            self._metric_cls(
+                keys.get(name) or keys.setdefault(name, _mlflow_key(name)),
+                float(value),
+                timestamp_ms,
+                iteration,
+            )
             for name, value in scalars.items()
         ]
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             chunk = metrics[start : start + _MAX_METRICS_PER_BATCH]
             self._calls.submit(self._client.log_batch, self.run_id, metrics=chunk)
-
-    def _key(self, name: str) -> str:
-        key = self._keys.get(name)
-        if key is None:
-            key = self._keys[name] = _mlflow_key(name)
-        return key
 
     def _log_stop_reason(self, iteration: int, reason: str) -> None:
         # MLflow tag values are strings of at most 5,000 characters (8,000 on newer servers).
@@ -205,21 +190,9 @@ class MLflowWriter(TrackerWriter):
             )
 
 
-def _existing_run(client: Any, run_id: str) -> Any:
-    """Return the active run ``run_id``, or ``None`` if the server does not have it."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        return None
-    return run if run.info.lifecycle_stage == "active" else None
-
-
 def _mlflow_key(name: str) -> str:
     """``name`` with the characters MLflow forbids in a metric name replaced by ``_``."""
     key = re.sub(r"[^/\w.\- :]", "_", name)
     # MLflow also wants a normalised relative path: no "//", "./", "../" or leading "/".
     parts = [p for p in key.split("/") if p not in ("", ".", "..")]
-    key = posixpath.join(*parts) if parts else "_"
-    return key
+    return posixpath.join(*parts) if parts else "_"

@@ -1,13 +1,11 @@
 """``Registry`` (name -> object, for config strings) and ``locate`` (dotted path -> object).
 
-fvcore's ``Registry`` with a lookup error (a :class:`~trainkit.utils.errors.UnknownNameError`)
-that lists the known names and near misses, and ``remove`` for tests; plus
-detectron2's ``locate`` and its inverse, which map ``"module.submodule.Class"`` strings
-found in configs to objects without needing hydra.
+``locate`` and its inverse are detectron2's, without needing hydra.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import pydoc
@@ -24,16 +22,13 @@ __all__ = ["Registry", "locate"]
 class Registry(_FvcoreRegistry):
     """A name -> object map filled by ``@REGISTRY.register()``.
 
-    It is an fvcore ``Registry`` (``isinstance`` holds, and ``register``, ``get``, ``in``
-    and iteration over ``(name, object)`` pairs behave as fvcore documents) with three
-    differences: an unknown name raises :class:`~trainkit.utils.errors.UnknownNameError` (a
-    ``KeyError``) whose message lists every registered name and the closest matches, so a
-    typo in a config is fixed in one step; registering a name twice raises ``ValueError``
-    (fvcore: ``AssertionError``); and :meth:`remove` undoes a registration (for tests).
-
-    The entries live in this class's own dict, reached only through the methods above:
-    fvcore has no public way to remove an entry, and reading its private attributes would
-    break when they change.
+    An fvcore ``Registry`` (``isinstance`` holds; ``register``, ``get``, ``in`` and iteration
+    over ``(name, object)`` pairs behave as fvcore documents) except that an unknown name
+    raises :class:`~trainkit.utils.errors.UnknownNameError` (a ``KeyError``) listing every
+    registered name and the closest matches, so a config typo is fixed in one step;
+    registering a name twice raises ``ValueError`` (fvcore: ``AssertionError``); and
+    :meth:`remove` undoes a registration (for tests). The entries live in this class's own
+    dict: fvcore has no public way to remove one, and its private attributes may change.
     """
 
     def __init__(self, name: str) -> None:
@@ -58,24 +53,22 @@ class Registry(_FvcoreRegistry):
             ValueError: If another object is already registered under that name.
         """
         if obj is None:
-
-            def deco(func_or_class: Any) -> Any:
-                self._add(func_or_class.__name__, func_or_class)
-                return func_or_class
-
-            return deco
-        self._add(obj.__name__, obj)
+            return self._add
+        self._add(obj)
         return None
 
-    def _add(self, name: str, obj: Any) -> None:
+    def _add(self, obj: Any) -> Any:
+        name = obj.__name__
         if name in self._entries:
             # A bug in the code that registers (two classes with one name), not a user error.
+            old = self._entries[name]
             raise ValueError(
                 f"{name!r} is already registered in the {self.name} registry (as "
-                f"{_describe(self._entries[name])}); rename one of them, or remove({name!r}) "
-                "the old one first."
+                f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', repr(old))}); "
+                f"rename one of them, or remove({name!r}) the old one first."
             )
         self._entries[name] = obj
+        return obj
 
     def get(self, name: str) -> Any:
         """Return the object registered as ``name``.
@@ -95,8 +88,8 @@ class Registry(_FvcoreRegistry):
             key: the config key that gave it (e.g. ``"MODEL.META_ARCHITECTURE"``), if any.
 
         Returns:
-            What is wrong (the key and the name), the registered names with the closest
-            ones first, and what to do.
+            What is wrong (the key and the name), the closest registered names, all of
+            them, and what to do.
         """
         known = self.names()
         close = difflib.get_close_matches(str(name), known, n=3)
@@ -129,10 +122,6 @@ class Registry(_FvcoreRegistry):
         return f"Registry({self.name}: {', '.join(self.names()) or '(empty)'})"
 
     __str__ = __repr__
-
-
-def _describe(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
 def locate(name: str) -> Any:
@@ -178,21 +167,13 @@ def _convert_target_to_string(target: Any) -> str:
     """Return the shortest dotted path that :func:`locate` resolves back to ``target``.
 
     ``pkg.sub._impl.Thing`` becomes ``pkg.sub.Thing`` when ``pkg.sub`` re-exports it, so
-    config strings survive moving an implementation between private modules.
-
-    Args:
-        target: a class, function or other object with ``__module__`` and ``__qualname__``.
-
-    Returns:
-        The dotted path.
+    config strings survive moving an implementation between private modules. ``target``
+    is anything with ``__module__`` and ``__qualname__``.
     """
-    module, qualname = target.__module__, target.__qualname__
-    module_parts = module.split(".")
+    module_parts = target.__module__.split(".")
     for length in range(1, len(module_parts)):
-        candidate = f"{'.'.join(module_parts[:length])}.{qualname}"
-        try:
+        candidate = f"{'.'.join(module_parts[:length])}.{target.__qualname__}"
+        with contextlib.suppress(ImportError):
             if locate(candidate) is target:
                 return candidate
-        except ImportError:
-            pass
-    return f"{module}.{qualname}"
+    return f"{target.__module__}.{target.__qualname__}"

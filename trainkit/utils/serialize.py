@@ -11,13 +11,11 @@ __all__ = ["PicklableWrapper"]
 class PicklableWrapper:
     """Wrap an object (usually a callable) so that it pickles even if it is a lambda.
 
-    Loader workers started with "spawn" or "forkserver" receive the dataset pickled, and
-    with it the mapper; pickle stores functions by qualified name, which a lambda or a
-    function defined inside another one does not have. The wrapper pickles the object by
-    value with ``cloudpickle`` instead, and unpickles to a wrapper again. Calling the
-    wrapper calls the object; its other attributes are read through.
-
-    It does not make unpicklable *state* picklable (open files, locks, CUDA streams).
+    Loader workers started with "spawn" or "forkserver" receive the dataset, and its mapper,
+    pickled; pickle stores functions by qualified name, which a lambda or a nested function
+    lacks. The wrapper pickles the object by value with ``cloudpickle`` and unpickles to a
+    wrapper again; calling it calls the object, other attributes are read through. It does
+    not make unpicklable *state* picklable (open files, locks, CUDA streams).
     """
 
     def __init__(self, obj: Any) -> None:

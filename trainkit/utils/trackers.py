@@ -1,20 +1,19 @@
 """What the experiment-tracker writers (W&B, MLflow) share.
 
-A tracker writer publishes scalars to an external service. Two rules set it apart from the
-file writers:
+A tracker writer publishes scalars to an external service, and differs from the file
+writers in two ways:
 
-* **It is checked before training.** A tracker that is not installed, or whose server cannot
-  be reached, is a :class:`TrackerUnavailableError` (a :class:`~trainkit.utils.UsageError`,
-  so a script ends with one line and exit status 2) raised when the writer is built, which
-  ``DefaultTrainer`` does in its constructor.
-* **It never stops training once it runs.** The first exception from the tracker is logged
-  once, with its traceback; the writer then does nothing for the rest of the run, and the
-  other writers go on.
+* **It is checked before training.** A tracker that is not installed or whose server cannot
+  be reached raises :class:`TrackerUnavailableError` (a :class:`~trainkit.utils.UsageError`:
+  one line, exit status 2) when the writer is built, which ``DefaultTrainer`` does in its
+  constructor.
+* **It never stops training once it runs.** The tracker's first exception is logged once,
+  with its traceback; the writer then does nothing for the rest of the run, and the other
+  writers go on.
 
 A run keeps its tracker run id in ``OUTPUT_DIR`` (``wandb_run_id``, ``mlflow_run_id``), so a
-resumed or restarted job continues the same tracker run.
-
-Nothing here imports a tracker; each writer imports its own when it is built.
+resumed or restarted job continues the same tracker run. Nothing here imports a tracker:
+each writer imports its own when it is built, so importing a writer's module costs nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from typing_extensions import override
 
 from trainkit.utils.errors import UsageError
 from trainkit.utils.event_storage import get_event_storage
-from trainkit.utils.event_writers import EventWriter, _new_scalars
+from trainkit.utils.event_writers import EventWriter
 from trainkit.utils.file_io import atomic_write
 
 __all__ = [
@@ -62,7 +61,7 @@ def import_tracker(module: str, writer: str, extra: str) -> ModuleType:
 
     Args:
         module: the package to import (``"wandb"``, ``"mlflow"``).
-        writer: the name of the writer in ``WRITERS``.
+        writer: the writer's name in ``WRITERS``.
         extra: the trainkit extra that installs it.
 
     Raises:
@@ -82,9 +81,9 @@ def check_reachable(
 ) -> None:
     """Check within ``timeout_s`` that the server of an ``http(s)`` URL accepts connections.
 
-    Other schemes (local files, databases) are not checked. This is a TCP connection, not
-    a request: it tells a stopped server or a wrong host or port from a running one at
-    once, where a tracker's own client would retry for minutes.
+    Other schemes (local files, databases) are not checked. A TCP connection, not a request,
+    tells a stopped server or a wrong host or port at once, where a tracker's own client
+    would retry for minutes.
 
     Args:
         url: the server's URL.
@@ -101,8 +100,7 @@ def check_reachable(
         return
     try:
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
-            pass
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
     except (OSError, ValueError) as e:
         reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
         fixes = f"start the server or correct {setting}, " + (f"{hint}, " if hint else "")
@@ -121,11 +119,10 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     """
     flat: dict[str, Any] = {}
     for key, value in config.items():
-        name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(flatten_config(value, name + "."))
+            flat.update(flatten_config(value, f"{prefix}{key}."))
         else:
-            flat[name] = value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
@@ -136,18 +133,16 @@ def default_run_name(output_dir: str) -> str:
 
 def first_line(error: BaseException) -> str:
     """The first line of an exception's message (its type name if it has none)."""
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
 def read_run_id(path: str) -> str | None:
     """Return the run id stored in ``path``, or ``None`` if there is none."""
     try:
         with open(path) as f:
-            run_id = f.read().strip()
+            return f.read().strip() or None
     except FileNotFoundError:
         return None
-    return run_id or None
 
 
 def save_run_id(path: str, run_id: str) -> None:
@@ -161,8 +156,7 @@ class TrackerWriter(EventWriter):
     """Base class of writers that publish scalars to a tracker; failures disable the writer.
 
     Subclasses implement :meth:`_log` (one iteration's scalars) and :meth:`_finish`; both
-    may raise. The first exception is logged once with its traceback and turns the writer
-    off; training and the other writers go on.
+    may raise (see the module docstring for what then happens).
     """
 
     name = "tracker"
@@ -175,7 +169,6 @@ class TrackerWriter(EventWriter):
             window_size: number of iterations the median of smoothed scalars covers.
         """
         self._window_size = window_size
-        self._last_write = -1
         self._failed = False
         self._closed = False
 
@@ -188,10 +181,7 @@ class TrackerWriter(EventWriter):
     def write(self) -> None:
         if self._failed or self._closed:
             return
-        new_scalars = _new_scalars(get_event_storage(), self._window_size, self._last_write)
-        if not new_scalars:
-            return
-        self._last_write = max(new_scalars)
+        new_scalars = self._new_scalars(get_event_storage())
         try:
             for cur_iter, scalars in new_scalars.items():
                 self._log(cur_iter, scalars)
@@ -276,10 +266,7 @@ class BackgroundCalls:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is self._STOP:
-                return
+        while (item := self._queue.get()) is not self._STOP:
             if self._failed:
                 continue
             fn, args, kwargs = item

@@ -1,8 +1,4 @@
-"""``WandbWriter``: publish a run's config and scalars to Weights & Biases.
-
-Install with ``pip install 'trainkit[wandb]'``. ``wandb`` is imported when the writer is
-built, so importing this module costs nothing.
-"""
+"""``WandbWriter``: a run's config and scalars to Weights & Biases (``trainkit[wandb]`` extra)."""
 
 from __future__ import annotations
 
@@ -11,39 +7,27 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.utils.trackers import (
-    TrackerUnavailableError,
-    TrackerWriter,
-    check_reachable,
-    default_run_name,
-    first_line,
-    flatten_config,
-    import_tracker,
-    read_run_id,
-    save_run_id,
-)
+from trainkit.utils import trackers
 
 __all__ = ["WandbWriter"]
 
 logger = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id"
-"""Name of the file in the output directory that keeps the W&B run id for a resume."""
+"""The file in the output directory that keeps the W&B run id for a resume."""
 
 _MODES = ("online", "offline")
 
 
-class WandbWriter(TrackerWriter):
+class WandbWriter(trackers.TrackerWriter):
     """Log scalars to a W&B run, with the iteration as the step.
 
-    The run lives in ``output_dir/wandb/`` (in offline mode, ``offline-run-*``
-    directories to upload later with ``wandb sync``). Its config is the resolved config
-    with flattened keys (``SOLVER.BASE_LR``). The run id is kept in
-    ``output_dir/wandb_run_id``; a writer built where that file exists continues that run.
-
-    In online mode the W&B server must accept connections and the login must work when the
-    writer is built. W&B's client sends scalars in the background; the first error it
-    raises is logged once and turns the writer off, and training goes on.
+    The run lives in ``output_dir/wandb/`` (offline: ``offline-run-*`` directories to upload
+    later with ``wandb sync``); its config is the resolved config with flattened keys
+    (``SOLVER.BASE_LR``). A writer built where ``output_dir/wandb_run_id`` exists continues
+    that run. Online, the server must accept connections and the login work when the writer
+    is built. W&B's client sends scalars in the background; its first error turns the
+    writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
     """
 
     name = "W&B"
@@ -68,7 +52,7 @@ class WandbWriter(TrackerWriter):
             mode: ``"online"`` (needs the server and a login) or ``"offline"`` (only local
                 files; no network).
             config: the resolved config, logged as the run's config with flattened keys.
-            run_name: display name of a new run; defaults to the name of ``output_dir``.
+            run_name: name of a new run; defaults to the name of ``output_dir``.
             window_size: number of iterations the median of smoothed scalars covers.
             connect_timeout_s: how long the check that the server is reachable waits.
             init_timeout_s: how long W&B may take to start the run (its ``init_timeout``).
@@ -81,38 +65,37 @@ class WandbWriter(TrackerWriter):
         if mode not in _MODES:
             raise ValueError(f"W&B mode must be one of {_MODES}, got {mode!r}")
         super().__init__(window_size)
-        wandb = import_tracker("wandb", "wandb", "wandb")
+        wandb = trackers.import_tracker("wandb", "wandb", "wandb")
         if mode == "online":
             # The URL W&B would use: WANDB_BASE_URL, else its settings files, else its cloud.
             base_url = wandb.setup().settings.base_url
-            check_reachable(
+            trackers.check_reachable(
                 base_url, "WANDB_BASE_URL", "wandb", connect_timeout_s, "set WANDB.MODE offline"
             )
         os.makedirs(output_dir, exist_ok=True)
         id_file = os.path.join(output_dir, RUN_ID_FILE)
-        run_id = read_run_id(id_file)
+        run_id = trackers.read_run_id(id_file)
         try:
             self._run = wandb.init(
                 project=project,
                 dir=output_dir,
                 mode=mode,
                 id=run_id,
-                resume="allow" if run_id is not None else None,
-                name=None if run_id is not None else (run_name or default_run_name(output_dir)),
-                config=flatten_config(config or {}),
-                # Another run the user started in this process stays open.
-                reinit="create_new",
+                resume=None if run_id is None else "allow",
+                name=run_name or trackers.default_run_name(output_dir) if run_id is None else None,
+                config=trackers.flatten_config(config or {}),
+                reinit="create_new",  # another run the user started in this process stays open
                 settings=wandb.Settings(init_timeout=init_timeout_s),
             )
         except Exception as e:
-            raise TrackerUnavailableError(
+            raise trackers.TrackerUnavailableError(
                 f"W&B could not start a run in project {project!r} (WANDB.MODE={mode}): "
-                f"{first_line(e)}; log in with `wandb login`, set WANDB.MODE offline, or "
-                "remove 'wandb' from WRITERS."
+                f"{trackers.first_line(e)}; log in with `wandb login`, set WANDB.MODE offline, "
+                "or remove 'wandb' from WRITERS."
             ) from None
         self.run_id: str = self._run.id
-        save_run_id(id_file, self.run_id)
-        verb = "continuing" if run_id is not None else "started"
+        trackers.save_run_id(id_file, self.run_id)
+        verb = "started" if run_id is None else "continuing"
         logger.info("W&B: %s run %s (%s) in %s", verb, self.run_id, mode, output_dir)
 
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
