@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader
 from tests.dist import RankFailure, run_on_ranks
 from trainkit.data import DatasetCatalog, DatasetFromList
 from trainkit.data import segment_sharing as share_module
-from trainkit.data import shared_segments as segments_module
 from trainkit.data.segment_sharing import attach_segment
 
 _BLOB = bytes(range(256)) * 8  # 2 KiB per record: pickles are big, the list stays small
@@ -174,7 +173,7 @@ def test_small_datasets_stay_private_without_a_thread():
 def test_a_forked_child_does_not_keep_the_name_bound(monkeypatch, caplog):
     import multiprocessing as mp
 
-    monkeypatch.setattr(segments_module, "TIMEOUT_S", 1.0)
+    monkeypatch.setattr(share_module, "TIMEOUT_S", 1.0)
     ds = DatasetFromList(_records())
     ctx = mp.get_context("fork")
     child = ctx.Process(target=time.sleep, args=(3,))  # inherits the listening socket
@@ -227,11 +226,11 @@ def test_a_server_offering_other_records_is_refused(caplog):
     wanted = _serialize_records(_records(tag="y"))  # what the dataset below will build
     assert impostor.nbytes == wanted.nbytes
     # Claims to serve the "y" records (right size and digest) but sends the "x" segment.
-    lie = segments_module.MESSAGE.pack(segments_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
+    lie = share_module.MESSAGE.pack(share_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
     ready = threading.Event()
     server = threading.Thread(
         target=_fake_server,
-        args=(segments_module.segment_address(wanted.digest), impostor.fileno(), lie, ready),
+        args=(share_module.segment_address(wanted.digest), impostor.fileno(), lie, ready),
     )
     server.start()
     ready.wait(5)
@@ -249,15 +248,13 @@ def test_a_server_of_another_user_is_refused(caplog):
     from trainkit.data.dataset_from_list import _serialize_records
 
     wanted = _serialize_records(_records(tag="z"))
-    message = segments_module.MESSAGE.pack(
-        segments_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest
-    )
+    message = share_module.MESSAGE.pack(share_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     squatter = ctx.Process(
         target=_fake_server,
         args=(
-            segments_module.segment_address(wanted.digest),
+            share_module.segment_address(wanted.digest),
             wanted.fileno(),
             message,
             ready,

@@ -44,6 +44,7 @@ import logging
 import os
 import selectors
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -51,16 +52,9 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from trainkit.data.shared_segments import (
-    MESSAGE,
-    MESSAGE_MAGIC,
-    TIMEOUT_S,
     SegmentHandle,
     SharedSegment,
-    fetch_segment,
-    map_received,
-    peer_credentials,
-    receive_segment,
-    segment_address,
+    is_sealed,
     segment_from_fd,
 )
 
@@ -70,8 +64,80 @@ __all__ = ["MIN_SHARED_BYTES", "attach_segment", "share_segment", "stop_all"]
 
 MIN_SHARED_BYTES = 1 << 20
 _CLAIM_ATTEMPTS = 8  # with a growing pause: about 0.5 s for a stopping server to close
+TIMEOUT_S = 10.0  # for connect + receive: a live holder answers in milliseconds
+MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
+MESSAGE_MAGIC = b"TKSHARE1"
 
 _LIVE: weakref.WeakSet[_Share] = weakref.WeakSet()
+
+
+def segment_address(digest: bytes) -> bytes:
+    """The abstract unix socket where this user's holder of ``digest`` serves it."""
+    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
+    """Connect to the holder of ``digest``; return the open connection and the received fd.
+
+    Raises ``ConnectionRefusedError`` if nobody serves ``digest`` right now, another
+    ``OSError`` if the holder is not trustworthy or does not answer as expected.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = -1
+    try:
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(segment_address(digest))
+        if peer_credentials(sock)[1] != os.getuid():
+            raise PermissionError("the socket for these records belongs to another user")
+        message, fds, _, _ = socket.recv_fds(sock, MESSAGE.size, 1)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if len(message) != MESSAGE.size or fd < 0:
+            raise ConnectionError("the holder closed the connection without an answer")
+        if MESSAGE.unpack(message) != (MESSAGE_MAGIC, size, digest):
+            raise ConnectionError("the holder offered other records than asked for")
+        if os.fstat(fd).st_size != size or not is_sealed(fd):
+            raise ConnectionError("the offered memory file is not sealed or has another size")
+        sock.settimeout(None)
+        return sock, fd
+    except BaseException:
+        sock.close()
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
+    """Map the memory file ``fd`` a holder sent (``ConnectionError`` unless it has ``digest``)."""
+    try:
+        segment = segment_from_fd(fd, size)
+    except ValueError as e:
+        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
+    if segment.digest != digest:
+        raise ConnectionError("the offered segment's header names other records")
+    return segment
+
+
+def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
+    """Map the segment with ``digest`` a process on this machine serves (the same pages).
+
+    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
+    """
+    try:
+        sock, fd = receive_segment(digest, size)
+        sock.close()
+        return map_received(fd, digest, size)
+    except OSError as e:
+        logger.debug("No holder of segment %s answered with it: %s", digest.hex()[:12], e)
+        return None
 
 
 def attach_segment(handle: SegmentHandle) -> SharedSegment:

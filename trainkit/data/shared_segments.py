@@ -7,13 +7,9 @@ the int64 end offset of every record. It lives in an **anonymous** memory file
 which has no name in the file system, so nothing can leak: the kernel frees the pages with
 the last descriptor and mapping, also when every process holding it crashes or is killed.
 The writer seals a memfd against writes, growth and shrinking once it is complete, so no
-process can change the bytes under another one's feet.
+process can change the bytes under another one's feet. How other processes of the machine
+map the same file is :mod:`trainkit.data.segment_sharing`'s.
 
-Another process of the machine maps the same file read-only: by opening
-``/proc/<pid>/fd/<fd>`` of a holder (what sending a segment through multiprocessing's
-``ForkingPickler`` sends, as spawn, forkserver and queues do; forked workers simply inherit
-the mapping), or by asking the machine's holder of its digest (:func:`fetch_segment`,
-:func:`receive_segment`; holding and serving is :mod:`trainkit.data.segment_sharing`'s).
 Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
 tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
 no memory file can be created a segment lives in private memory and says so; sending it
@@ -28,8 +24,6 @@ import hashlib
 import logging
 import mmap
 import os
-import socket
-import struct
 import tempfile
 import weakref
 from array import array
@@ -39,17 +33,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "SegmentHandle",
-    "SegmentWriter",
-    "SharedSegment",
-    "fetch_segment",
-    "is_sealed",
-    "map_received",
-    "receive_segment",
-    "segment_address",
-    "segment_from_fd",
-]
+__all__ = ["SegmentHandle", "SegmentWriter", "SharedSegment", "is_sealed", "segment_from_fd"]
 
 _MAGIC = 0x54524B4954534547  # "TRKITSEG"
 _VERSION = 2  # 2: the header holds the digest
@@ -59,9 +43,6 @@ _HEADER_BYTES = 64  # int64 magic, version, num_records, data_bytes; then the di
 _IMMUTABLE_SEALS = 0
 for _flag in ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"):
     _IMMUTABLE_SEALS |= getattr(fcntl, _flag, 0)
-TIMEOUT_S = 10.0  # for connect + receive: a live holder answers in milliseconds
-MESSAGE = struct.Struct("<8sQ32s")  # magic, segment size, digest; the fd rides along
-MESSAGE_MAGIC = b"TKSHARE1"
 
 
 class SegmentHandle(NamedTuple):
@@ -281,72 +262,3 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = None
         self._private = None
-
-
-def segment_address(digest: bytes) -> bytes:
-    """The abstract unix socket where this user's holder of ``digest`` serves it."""
-    return f"\0trainkit-records/{os.getuid()}/{digest.hex()}".encode()
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return pid, uid
-
-
-def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
-    """Connect to the holder of ``digest``; return the open connection and the received fd.
-
-    Raises ``ConnectionRefusedError`` if nobody serves ``digest`` right now, another
-    ``OSError`` if the holder is not trustworthy or does not answer as expected.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = -1
-    try:
-        sock.settimeout(TIMEOUT_S)
-        sock.connect(segment_address(digest))
-        if peer_credentials(sock)[1] != os.getuid():
-            raise PermissionError("the socket for these records belongs to another user")
-        message, fds, _, _ = socket.recv_fds(sock, MESSAGE.size, 1)
-        fd = fds[0] if fds else -1
-        for extra in fds[1:]:
-            os.close(extra)
-        if len(message) != MESSAGE.size or fd < 0:
-            raise ConnectionError("the holder closed the connection without an answer")
-        if MESSAGE.unpack(message) != (MESSAGE_MAGIC, size, digest):
-            raise ConnectionError("the holder offered other records than asked for")
-        if os.fstat(fd).st_size != size or not is_sealed(fd):
-            raise ConnectionError("the offered memory file is not sealed or has another size")
-        sock.settimeout(None)
-        return sock, fd
-    except BaseException:
-        sock.close()
-        if fd >= 0:
-            os.close(fd)
-        raise
-
-
-def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
-    """Map the memory file ``fd`` a holder sent (``ConnectionError`` unless it has ``digest``)."""
-    try:
-        segment = segment_from_fd(fd, size)
-    except ValueError as e:
-        raise ConnectionError(f"the offered memory file is not a record segment ({e})") from e
-    if segment.digest != digest:
-        raise ConnectionError("the offered segment's header names other records")
-    return segment
-
-
-def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` a process on this machine serves (the same pages).
-
-    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
-    """
-    try:
-        sock, fd = receive_segment(digest, size)
-        sock.close()
-        return map_received(fd, digest, size)
-    except OSError as e:
-        logger.debug("No holder of segment %s answered with it: %s", digest.hex()[:12], e)
-        return None
