@@ -19,10 +19,9 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
    this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
 
 So a step's records and the order of steps are the same for every ``W`` and ``k``, and the
-position after a step (a global position plus what waits in the buckets) is valid for any
-topology. Each rank computes the whole global stream: ``W`` times the per-rank work, a few
-microseconds per record. :class:`RankBatchPlan` cuts this rank's draws from any other sampler
-(or batches of a per-rank size) into batches, grouped per rank.
+position after a step is valid for any topology. Each rank computes the whole global stream
+(``W`` times the per-rank work, a few microseconds per record). :class:`RankBatchPlan` cuts
+this rank's draws from any other sampler (or batches of a per-rank size) into batches.
 """
 
 from __future__ import annotations
@@ -63,13 +62,12 @@ def split_batch(
 
     Args:
         total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
-        world_size: the number of ranks it is split over.
-        accumulate_steps: ``k``, micro-batches per step (``SOLVER.ACCUMULATE_STEPS``).
+        world_size, accumulate_steps: the ranks and the micro-batches per step
+            (``SOLVER.ACCUMULATE_STEPS``) it is split over.
         key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
 
     Raises:
-        ConfigError: A ``ValueError`` naming both keys, the divisor and the fix, unless
-            ``total`` splits evenly.
+        ConfigError: A ``ValueError``, unless ``total`` splits evenly.
     """
     if accumulate_steps < 1:
         raise ConfigError(
@@ -123,12 +121,7 @@ class BatchPlan:
         return copy_state(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue after the batches recorded in ``state`` (any version of the format).
-
-        Raises:
-            ConfigError: A ``ValueError``: for a differently configured loader's state.
-            ValueError: For another rank's per-rank position.
-        """
+        """Continue after the batches recorded in ``state`` (raises as :func:`load_state`)."""
         self._state = load_state(state, self._state)
 
     def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
@@ -167,17 +160,10 @@ class GlobalBatchPlan(BatchPlan):
         accumulate_steps: int = 1,
         bucket_ids: np.ndarray | None = None,
     ) -> None:
-        """Plan ``global_batch_size`` (``IMS_PER_BATCH``) records per optimizer step.
+        """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s global stream.
 
-        Args:
-            sampler: a trainkit training sampler; only its global stream is read.
-            global_batch_size: records per optimizer step over all ranks.
-            rank, world_size: this rank and the number of ranks.
-            accumulate_steps: micro-batches per optimizer step on each rank.
-            bucket_ids: aspect-ratio bucket of each dataset index (grouping), or None.
-
-        Raises:
-            ConfigError: If the batch does not split into equal micro-batches (:func:`split_batch`).
+        ``bucket_ids`` (aspect-ratio grouping, or None) holds each dataset index's bucket.
+        Raises a ``ConfigError`` if the batch does not split evenly (:func:`split_batch`).
         """
         split_batch(global_batch_size, world_size, accumulate_steps)
         state = new_state(
@@ -233,11 +219,8 @@ class RankBatchPlan(BatchPlan):
     ) -> None:
         """Plan batches of ``batch_size`` of ``sampler``'s indices (this rank's).
 
-        Args:
-            sampler: yields this rank's dataset indices.
-            batch_size: indices per batch on this rank.
-            bucket_ids: bucket of each dataset index (grouping), or None.
-            drop_last: at the end of a finite sampler, drop incomplete batches.
+        ``bucket_ids`` as for :class:`GlobalBatchPlan`; ``drop_last`` drops the incomplete
+        batches at the end of a finite sampler.
         """
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
         self._rank = sampler.rank if trainkit_sampler else comm.get_rank()
@@ -353,11 +336,8 @@ def make_batch_plan(
     """Return the plan of a map-style train loader over ``sampler``.
 
     A trainkit training sampler gets the global stream's plan, unless batches have a per-rank
-    size (``single_gpu_batch_size``); any other sampler the per-rank plan.
-
-    Raises:
-        ConfigError: A ``ValueError``: if the batch does not split evenly (:func:`split_batch`).
-        ValueError: If both batch sizes are given.
+    size (``single_gpu_batch_size``); any other sampler the per-rank plan. Raises as
+    :func:`micro_batch_size`.
     """
     if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:
         # The sampler's own rank and world size: tests and custom sharding set them.

@@ -38,6 +38,7 @@ from trainkit.data.samplers import (
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
+from trainkit.data.samplers.distributed_sampler import check_subset_ratio
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.stream_batches import StreamBatches
 from trainkit.utils import comm
@@ -89,11 +90,8 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
             f"unknown DATALOADER.SAMPLER_TRAIN {sampler!r}; choose one of "
             f"{', '.join(TRAIN_SAMPLERS)}"
         )
-    if sampler == "RandomSubsetTrainingSampler" and not 0.0 < loader.RANDOM_SUBSET_RATIO <= 1.0:
-        raise ConfigError(
-            f"DATALOADER.RANDOM_SUBSET_RATIO must be in (0, 1], got "
-            f"{loader.RANDOM_SUBSET_RATIO}; use 1.0 to train on every record."
-        )
+    if sampler == "RandomSubsetTrainingSampler":
+        check_subset_ratio(loader.RANDOM_SUBSET_RATIO)
     if sampler == "RepeatFactorTrainingSampler" and loader.REPEAT_THRESHOLD < 0:
         raise ConfigError(
             f"DATALOADER.REPEAT_THRESHOLD must be >= 0, got {loader.REPEAT_THRESHOLD}; use 0 "
@@ -286,11 +284,7 @@ def build_batch_data_loader(
             micro-batches, or grouping lacks record sizes.
         ValueError: If a map-style dataset has no sampler or a stream has one.
     """
-    if mapper is None:
-        records, mapper = records_and_mapper(dataset)
-    else:
-        records = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
-        mapper = as_record_mapper(mapper)
+    records, mapper = records_and_mapper(dataset, mapper)
     stream = isinstance(records, IterableDataset)
     if stream and sampler is not None:
         raise ValueError("an IterableDataset yields its own order: pass sampler=None")

@@ -191,9 +191,19 @@ def _names(names: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _catalog_part(name: str) -> Any:
-    """Call ``name``'s catalog function; refuse an empty map-style dataset (``ConfigError``)."""
+def _catalog_part(names: list[str], name: str, dataset: bool | None = None) -> Any:
+    """Call ``name``'s catalog function (one of ``names``); return what it gives.
+
+    Refuses (``ConfigError``) an empty map-style dataset, and a dataset object or records
+    where ``dataset`` (True / False) asks for the other kind.
+    """
     part = DatasetCatalog.get(name)
+    if dataset is not None and isinstance(part, Dataset) != dataset:
+        raise ConfigError(
+            f"datasets {names} mix dataset objects and record lists ({name!r} gives a "
+            f"{type(part).__name__}); register all of them one way, or list them in separate "
+            "runs."
+        )
     # A dataset object (e.g. MetaFileDataset) reads its records on demand; a list or a
     # generator is records to serialise. An IterableDataset may have no length (or be
     # infinite): it is not checked.
@@ -207,13 +217,6 @@ def _empty_dataset(name: str) -> ConfigError:
     return ConfigError(
         f"dataset {name!r} is empty: its DatasetCatalog function returned no record; check "
         "the files it reads, or remove it from DATASETS.TRAIN/DATASETS.TEST."
-    )
-
-
-def _mixed(names: list[str], name: str, part: Any) -> ConfigError:
-    return ConfigError(
-        f"datasets {names} mix dataset objects and record lists ({name!r} gives a "
-        f"{type(part).__name__}); register all of them one way, or list them in separate runs."
     )
 
 
@@ -289,13 +292,10 @@ def _named_datasets(
 ) -> Dataset | Iterator[Any]:
     """The named dataset objects joined, or their filtered records, one at a time."""
     # The first function tells the kind; what it returned is used, not fetched twice.
-    first = _catalog_part(names[0])
+    first = _catalog_part(names, names[0])
     if not isinstance(first, Dataset):
         return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
-    parts = [first] + [_catalog_part(name) for name in names[1:]]
-    for name, part in zip(names, parts):
-        if not isinstance(part, Dataset):
-            raise _mixed(names, name, part)
+    parts = [first] + [_catalog_part(names, name, dataset=True) for name in names[1:]]
     iterable = [isinstance(part, IterableDataset) for part in parts]
     if len(parts) == 1:
         return first
@@ -316,10 +316,8 @@ def _iter_dataset_dicts(
     # concatenation of all of them. ``first``: names[0]'s records, already fetched.
     seen = kept = 0
     for i, name in enumerate(names):
-        part = first if i == 0 else _catalog_part(name)
+        part = first if i == 0 else _catalog_part(names, name, dataset=False)
         first = None
-        if isinstance(part, Dataset):
-            raise _mixed(names, name, part)
         before = seen
         for record in part:
             seen += 1
@@ -344,9 +342,8 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
 
     Every rank calls the catalog functions and writes the records (a list or a generator,
     never held whole) one by one into a :class:`DatasetFromList`, which the ranks of a machine
-    share by content, with no collective. A dataset object (e.g. ``MetaFileDataset(path)``, or
-    an ``IterableDataset``) reads records on demand and is used as it is. Several names are
-    concatenated (iterable datasets: chained).
+    share. A dataset object (e.g. ``MetaFileDataset(path)``, or an ``IterableDataset``) is
+    used as it is. Several names are concatenated (iterable datasets: chained).
 
     Args:
         names: one dataset name or several.

@@ -66,7 +66,6 @@ class ToIterableDataset(IterableDataset):
         worker, num_workers, size = info.id, info.num_workers, self.shard_chunk_size
         if isinstance(self.sampler, GlobalStreamSampler):
             return self.sampler.iter_worker_share(worker, num_workers, size)
-        # Chunk j goes to worker j % num_workers: together the workers yield each index once.
         indices = iter(self.sampler)
         chunks = iter(lambda: list(itertools.islice(indices, size)), [])
         return (i for j, chunk in enumerate(chunks) if j % num_workers == worker for i in chunk)
@@ -193,15 +192,20 @@ class _MapIterableDataset(_Mapped, IterableDataset):
                 yield result
 
 
-def records_and_mapper(dataset: Any) -> tuple[Any, RecordMapper | None]:
-    """Take a mapped dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
+def records_and_mapper(
+    dataset: Any, mapper: Callable[[Any], Any] | None = None
+) -> tuple[Any, RecordMapper | None]:
+    """Take a dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
 
-    A list becomes a :class:`DatasetFromList`; anything but a ``MapDataset`` (or its
-    iterable twin) is records with no mapper.
+    A list becomes a :class:`DatasetFromList`. Given ``mapper``, ``dataset`` is the records;
+    otherwise a ``MapDataset`` (or its iterable twin) gives its records and mapper, and
+    anything else is records with no mapper.
     """
     if isinstance(dataset, list):
-        return DatasetFromList(dataset, copy=False), None
-    mapper = getattr(dataset, "mapper", None)
-    if isinstance(dataset, (MapDataset, IterableDataset)) and isinstance(mapper, RecordMapper):
-        return dataset.dataset, mapper  # MapDataset, or its iterable twin
+        dataset = DatasetFromList(dataset, copy=False)
+    if mapper is not None:
+        return dataset, as_record_mapper(mapper)
+    own = getattr(dataset, "mapper", None)
+    if isinstance(dataset, (MapDataset, IterableDataset)) and isinstance(own, RecordMapper):
+        return dataset.dataset, own  # MapDataset, or its iterable twin
     return dataset, None

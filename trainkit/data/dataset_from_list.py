@@ -1,10 +1,7 @@
 """``DatasetFromList`` and its serialisation methods (exported by ``trainkit.data.common``).
 
-The default method, :class:`_SharedSerializedList`, pickles the records into one sealed,
-anonymous shared-memory segment (:mod:`trainkit.data.shared_segments`), and the processes of
-a machine that build identical records map one segment (:mod:`trainkit.data.segment_sharing`,
-no collective). ``set_default_dataset_from_list_serialize_method`` swaps the default, as in
-detectron2.
+The default, :class:`_SharedSerializedList`, keeps one copy of the records per machine;
+``set_default_dataset_from_list_serialize_method`` swaps it, as in detectron2.
 """
 
 from __future__ import annotations
@@ -32,10 +29,13 @@ SerializeMethod = Callable[[Any], Any]
 class _SharedSerializedList:
     """trainkit's default serialisation method: a read-only list of pickled records.
 
-    Forked loader workers share its pages and never write to them (reading a list of
-    millions of Python objects bumps their reference counts and so copies every page into
-    every worker: "copy-on-read"); spawned workers and the machine's other builders of the
-    same records map the same pages. Each item is a fresh unpickled record, safe to modify.
+    The records lie in one sealed, anonymous shared-memory segment
+    (:mod:`~trainkit.data.shared_segments`). Forked loader workers share its pages and never
+    write to them (reading a list of millions of Python objects bumps their reference counts
+    and so copies every page into every worker: "copy-on-read"); spawned workers and the
+    machine's other builders of the same records map the same pages
+    (:mod:`~trainkit.data.segment_sharing`, no collective). Each item is a fresh unpickled
+    record, safe to modify.
     """
 
     def __init__(self, lst: Iterable[Any]) -> None:
@@ -61,10 +61,7 @@ class _SharedSerializedList:
         return int(self._segment.ends.size)
 
     def __getitem__(self, idx: int) -> Any:
-        ends = self._segment.ends
-        idx = range(ends.size)[idx]  # negative indices and bounds checks, like a list
-        start = int(ends[idx - 1]) if idx > 0 else 0
-        return pickle.loads(memoryview(self._segment.data[start : int(ends[idx])]))
+        return pickle.loads(memoryview(self._segment.record(idx)))
 
     def __repr__(self) -> str:
         mib = self._segment.nbytes / 2**20
@@ -162,17 +159,13 @@ class DatasetFromList(Dataset):
     def from_local_leader(
         cls, load_fn: Callable[[], Iterable[Any]], *, copy: bool = True
     ) -> DatasetFromList:
-        """Build the machine's one serialised copy from what ``load_fn`` returns.
+        """Build the machine's one serialised copy from the records ``load_fn`` returns.
 
-        Kept for code written for earlier trainkit versions (only local rank 0 called
-        ``load_fn`` and ``all_gather`` handed its segment on): now every rank calls
-        ``load_fn`` and the constructor shares one copy per machine by content, with no
-        collective (costs: :mod:`trainkit.data.segment_sharing`; a custom default
-        serialisation method is applied by every rank instead).
-
-        Args:
-            load_fn: returns the records (a list or any iterable, e.g. a generator).
-            copy: passed to the constructor (serialised records are fresh copies anyway).
+        Kept for code written for earlier trainkit versions, where only local rank 0 called
+        ``load_fn``: now every rank calls it (it may return any iterable) and the constructor,
+        given ``copy``, shares one copy per machine by content
+        (:mod:`trainkit.data.segment_sharing`; a custom default serialisation method is
+        applied by every rank instead).
         """
         return cls(load_fn(), copy=copy)
 
@@ -202,25 +195,20 @@ _WRITE_CHUNK_BYTES = 1 << 18
 def _serialize_records(records: Iterable[Any]) -> SharedSegment:
     # One record at a time: only one chunk of pickles is held privately, plus 8 bytes per
     # record for the ends; the pickles land directly in the segment's pages.
-    writer = SegmentWriter("trainkit-dataset")
-    try:
+    with SegmentWriter("trainkit-dataset") as writer:
         ends = array("q")
         pending: list[bytes] = []
-        pending_bytes = total = 0
+        total = written = 0
         for record in records:
             blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
             total += len(blob)
             ends.append(total)
             pending.append(blob)
-            pending_bytes += len(blob)
-            if pending_bytes >= _WRITE_CHUNK_BYTES:
+            if total - written >= _WRITE_CHUNK_BYTES:
                 writer.write(b"".join(pending))
-                pending, pending_bytes = [], 0
+                pending, written = [], total
         if pending:
             writer.write(b"".join(pending))
         segment = writer.finish(ends)
-    except BaseException:
-        writer.abort()
-        raise
     logger.info("Serialised %d records into %.2f MiB", len(ends), segment.data.nbytes / 2**20)
     return segment

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.data.catalog import joined_names, load_catalog_dataset
-from trainkit.data.common import DatasetFromList, MapDataset, records_and_mapper
+from trainkit.data.common import MapDataset, records_and_mapper
 from trainkit.data.loader_workers import (
     PackedCollate,
     check_num_workers,
@@ -33,8 +33,7 @@ class _SkippingRecords(Dataset):
     """Map records by index; a record that fails is reported and left out of its batch."""
 
     def __init__(self, records: Any, mapper: RecordMapper | None) -> None:
-        self.records = records
-        self.mapper = mapper
+        self.records, self.mapper = records, mapper
 
     def __len__(self) -> int:
         return len(self.records)
@@ -80,15 +79,10 @@ class InferenceLoader(DataLoader):
         collate_fn: Callable[[list[Any]], Any],
         **kwargs: Any,
     ) -> None:
-        """Create the loader.
+        """Load ``records`` (map-style) in batches of ``batch_size`` of ``sampler``'s indices.
 
-        Args:
-            records: unmapped records (map-style).
-            mapper: maps a record (``None``: records are used as they are).
-            sampler: this rank's indices, e.g. ``InferenceSampler``.
-            batch_size: indices per batch.
-            collate_fn: list of mapped samples -> batch.
-            **kwargs: other ``DataLoader`` arguments (``num_workers``, ...).
+        ``mapper`` (``None``: none) maps a record, ``collate_fn`` a list of samples; ``kwargs``
+        are other ``DataLoader`` arguments (``num_workers``, ...).
         """
         super().__init__(
             _SkippingRecords(records, mapper),
@@ -172,8 +166,6 @@ def build_detection_test_loader(
         ValueError: If a sampler is given with an ``IterableDataset``.
         UnknownNameError: A ``KeyError``: for an unregistered dataset name (config form).
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
     workers = loader_kwargs({"num_workers": num_workers}, 0)
     collate = collate_fn or trivial_batch_collator
     if isinstance(dataset, IterableDataset):
@@ -182,10 +174,7 @@ def build_detection_test_loader(
         if mapper is not None:  # skips the elements that fail (MapDataset's iterable form)
             dataset = MapDataset(dataset, as_record_mapper(mapper))
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
-    if mapper is None:
-        records, record_mapper = records_and_mapper(dataset)
-    else:
-        records, record_mapper = dataset, as_record_mapper(mapper)
+    records, record_mapper = records_and_mapper(dataset, mapper)
     if sampler is None:
         sampler = InferenceSampler(len(records))
     return InferenceLoader(

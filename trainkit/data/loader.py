@@ -73,9 +73,7 @@ class _MappedRecords(Dataset):
     """Read and map a whole batch of ``[index, position, key, number]`` items (in a worker)."""
 
     def __init__(self, records: Any, mapper: RecordMapper | None, seed: int) -> None:
-        self.records = records
-        self.mapper = mapper
-        self.seed = seed
+        self.records, self.mapper, self.seed = records, mapper, seed
 
     def __len__(self) -> int:
         return len(self.records)
@@ -122,15 +120,11 @@ class TrainLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         loader_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Create the loader.
+        """Load ``records`` (map-style, or the stream) in the batches ``source`` forms.
 
-        Args:
-            records: unmapped records (map-style dataset or list) or the stream.
-            mapper: maps one record (``None``: records are used as they are).
-            source: the batch plan (map-style) or the workers' stream batches.
-            seed: the shared seed that keys ``sample_rng()`` and the workers' base seeds.
-            collate_fn: turns the list of mapped samples into a batch (default: the list).
-            loader_kwargs: ``torch.utils.data.DataLoader`` arguments (``num_workers``, ...).
+        ``source`` is the batch plan (map-style) or the workers' stream batches; ``mapper``
+        (``None``: none) maps a record, ``collate_fn`` (default: none) a list of samples, and
+        ``seed`` keys ``sample_rng()`` and the workers' base seeds.
         """
         self.num_skipped_records = 0
         self.records = records

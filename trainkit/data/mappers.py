@@ -29,11 +29,11 @@ class ClassificationDatasetMapper:
     from ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from
     ``batch_rng()``, shared by a batch): the result depends only on the loader's seed and
     the sample's global position. The rescale multiplies the factor that caps the longest
-    side at ``max_size_train``, and the image is resampled once with their product; testing
-    only caps it at ``max_size_test`` (0: no cap). One cap for both lets training see
-    test-sized images, and small inputs keep a CNN on a CPU fast (its work grows with the
-    area). It does not crop, pad or normalise (the model does). An unreadable image is
-    logged with its file name and ``None`` returned, so another record is tried.
+    side at ``max_size_train``; testing only caps it at ``max_size_test`` (0: no cap). One
+    cap for both lets training see test-sized images, and small inputs keep a CNN on a CPU
+    fast (its work grows with the area). It does not crop, pad or normalise (the model
+    does). An unreadable image is logged with its file name and ``None`` returned, so
+    another record is tried.
     """
 
     def __init__(

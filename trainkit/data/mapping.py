@@ -192,10 +192,6 @@ def _short_repr(obj: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _failure_reason(error: BaseException | None) -> str:
-    return f"{type(error).__name__}: {error}" if error else "mapper returned None"
-
-
 def check_max_failures(max_consecutive_failures: int) -> None:
     """Raise unless ``DATALOADER.MAX_CONSECUTIVE_FAILURES`` (or the argument) is positive.
 
@@ -234,15 +230,10 @@ class RecordMapper:
         max_consecutive_failures: int = 20,
         name: str = "dataset",
     ) -> None:
-        """Hold ``map_func``.
+        """Hold ``map_func`` (record -> mapped element, or ``None`` to skip the record).
 
-        Args:
-            map_func: record -> mapped element, or ``None`` to skip the record.
-            max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
-            name: the dataset's name in messages.
-
-        Raises:
-            ConfigError: A ``ValueError``: if ``max_consecutive_failures`` is not positive.
+        ``max_consecutive_failures`` is ``DATALOADER.MAX_CONSECUTIVE_FAILURES`` (a
+        ``ConfigError`` unless positive), ``name`` the dataset's name in messages.
         """
         check_max_failures(max_consecutive_failures)
         self.map_func = PicklableWrapper(map_func)
@@ -266,10 +257,8 @@ class RecordMapper:
         The replacement is ``records[j]`` for ``j`` drawn from (seed, position, attempt): the
         same whichever worker maps it, and after a resume.
 
-        Args:
-            records, index: a map-style dataset of unmapped records, and the one to map.
-            seed, position, batch: the sample's context (:func:`sample_context`); ``seed``
-                keys the replacements too.
+        ``records`` is a map-style dataset of unmapped records; ``seed``, ``position`` and
+        ``batch`` are the sample's context (:func:`sample_context`).
 
         Returns:
             ``(element, number of records that failed before it)``.
@@ -293,24 +282,22 @@ class RecordMapper:
                     result, error = self._try(record)
             if result is not None:
                 return result, attempt
-            self.num_failures += 1
-            reason = _failure_reason(error)
-            failed = index
-            index = _retry_index(seed, position, attempt, len(records))
-            logger.warning(
-                "Skipping record %d of %s %s (%s); trying record %d instead "
-                "(%d consecutive failures, %d in this process)",
-                failed,
-                self.name,
-                _short_repr(record, 160),
-                reason,
-                index,
-                attempt + 1,
-                self.num_failures,
-            )
+            failed, index = index, _retry_index(seed, position, attempt, len(records))
+            then = f"; trying record {index} instead ({attempt + 1} consecutive failures)"
+            reason = self._skipped(f"record {failed}", record, error, then)
         raise _too_many_failures(
             self.max_consecutive_failures, self.name, f"index {failed}", record, reason
         ) from error
+
+    def _skipped(self, where: str, record: Any, error: BaseException | None, then: str) -> str:
+        """Count and log a record that failed to map; return why it failed."""
+        self.num_failures += 1
+        reason = f"{type(error).__name__}: {error}" if error else "mapper returned None"
+        logger.warning(
+            "Skipping %s of %s %s (%s; %d in this process)%s",
+            *(where, self.name, _short_repr(record, 160), reason, self.num_failures, then),
+        )
+        return reason
 
     def map_or_skip(self, record: Any, where: str) -> Any | None:
         """Map one record; return ``None`` (logged and counted) if it fails.
@@ -320,15 +307,7 @@ class RecordMapper:
         """
         result, error = self._try(record)
         if result is None:
-            self.num_failures += 1
-            logger.warning(
-                "Skipping %s of %s %s (%s; %d in this process)",
-                where,
-                self.name,
-                _short_repr(record, 160),
-                _failure_reason(error),
-                self.num_failures,
-            )
+            self._skipped(where, record, error, "")
         return result
 
     def check_in_a_row(self, failures_in_a_row: int, where: str, record: Any) -> None:

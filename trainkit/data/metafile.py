@@ -103,10 +103,7 @@ def build_line_index(
 ) -> None:
     """Scan ``meta_file`` and atomically write its line index to ``index_path``.
 
-    Args:
-        meta_file: the metadata file (one record per line).
-        index_path: where to write the index.
-        progress: show a tqdm progress bar.
+    ``progress`` shows a tqdm progress bar.
     """
     meta_file, index_path = str(meta_file), Path(index_path)
     size, mtime_ns = _file_key(meta_file)

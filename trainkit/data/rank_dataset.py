@@ -4,11 +4,10 @@ For a metadata file of ``M`` records, (mini-)epoch ``e`` (``mini_epochs`` per fu
 takes a seeded permutation of ``range(M)`` for full epoch ``e // mini_epochs``, the same on
 every rank (a keyed bijection, never materialised), cuts it into ``mini_epochs`` contiguous
 parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank ``r`` reads
-share ``r`` only. Every record is in exactly one share per epoch, and a rank holds
-``M / (world_size * mini_epochs)`` records. :class:`_Shares` is that arithmetic, written once;
-:class:`~trainkit.data.metafile.MetaFileDataset` reads the file. Three thin faces share them:
-:class:`RankDataset` (the current share, map-style), :class:`RankStream` (the shares as an
-endless stream) and :class:`RankDataLoader` (the train loader over that stream).
+share ``r`` only (:class:`_Shares`): every record is in exactly one share per epoch, and a
+rank holds ``M / (world_size * mini_epochs)`` records. :class:`RankDataset` is the current
+share (map-style), :class:`RankStream` the shares as an endless stream and
+:class:`RankDataLoader` the train loader over that stream.
 """
 
 from __future__ import annotations
@@ -95,12 +94,7 @@ def rank_share(
     Pure: the same arguments give the same share on any process. For a fixed full epoch
     (``epoch // mini_epochs``), the shares of all ranks and mini-epochs partition
     ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
-
-    Args:
-        num_records: records in the metadata file.
-        seed: shared by all ranks.
-        epoch, mini_epochs: the (mini-)epoch, counting from 0, and mini-epochs per full epoch.
-        rank, world_size: this rank and the number of ranks.
+    ``seed`` is shared by all ranks.
     """
     shares = _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
@@ -111,12 +105,10 @@ def rank_share(
 class RankDataset(Dataset):
     """A map-style dataset holding only this rank's share of the current (mini-)epoch.
 
-    ``len(dataset)`` is the share's size; ``dataset[i]`` parses the ``i``-th record of the
-    share, in file order (shuffle with a sampler, or use :class:`RankDataLoader`). On first
-    use the share is copied from the file, a block of records at a time, into one
-    shared-memory segment of raw lines that forked or spawned loader workers map too.
-    :meth:`set_epoch` moves to another (mini-)epoch: full epoch ``epoch // mini_epochs``,
-    part ``epoch % mini_epochs``.
+    ``dataset[i]`` parses the ``i``-th record of the share, in file order (shuffle with a
+    sampler, or use :class:`RankDataLoader`). On first use the share is copied from the file,
+    a block of records at a time, into one shared-memory segment of raw lines that forked or
+    spawned loader workers map too.
     """
 
     def __init__(
@@ -175,7 +167,7 @@ class RankDataset(Dataset):
 
     @property
     def full_epoch(self) -> int:
-        """The full epoch the current mini-epoch belongs to."""
+        """The full epoch of the current mini-epoch."""
         return self._epoch // self.mini_epochs
 
     def set_epoch(self, epoch: int) -> None:
@@ -197,13 +189,9 @@ class RankDataset(Dataset):
     def _load(self) -> SharedSegment:
         if self._segment is not None:
             return self._segment
-        writer = SegmentWriter("trainkit-rank-share")
-        try:
+        with SegmentWriter("trainkit-rank-share") as writer:
             ends = self.records.copy_lines(self.share_indices(), writer.write)
             self._segment = writer.finish(ends)
-        except BaseException:
-            writer.abort()
-            raise
         part = (self._epoch, self.full_epoch, self._epoch % self.mini_epochs + 1, self.mini_epochs)
         mib = (ends[-1] if ends else 0) / 2**20
         logger.info(
@@ -218,10 +206,7 @@ class RankDataset(Dataset):
 
     def line(self, idx: int) -> bytes:
         """Return the raw bytes of the share's record ``idx`` (without trailing newlines)."""
-        segment = self._load()
-        idx = range(segment.ends.size)[idx]
-        start = int(segment.ends[idx - 1]) if idx > 0 else 0
-        return segment.data[start : int(segment.ends[idx])].tobytes().rstrip(b"\r\n")
+        return self._load().record(idx).tobytes().rstrip(b"\r\n")
 
     def __getitem__(self, idx: int) -> Any:
         return self.records.parse(self.line(idx))
@@ -230,13 +215,11 @@ class RankDataset(Dataset):
 class RankStream(IterableDataset):
     """A :class:`RankDataset`'s shares as one endless stream, shuffled within each share.
 
-    Epoch after epoch from ``start_epoch``, it yields this rank's share (the records of
-    :meth:`RankDataset.share_indices`) in an order shuffled by (seed, epoch), each read on
-    demand through the line index: nothing but the file's shared page cache grows with the
-    data. It shards itself across loader workers (``shards_across_workers``): worker ``w`` of
-    ``n`` reads positions ``w, w + n, ...`` of each shuffled share, so one loader serves every
-    epoch; ``iter_from(position)`` starts a worker after its first ``position`` records in
-    O(1), so the train loader resumes it exactly.
+    Epoch after epoch, it yields this rank's share in an order shuffled by (seed, epoch),
+    each record read on demand through the line index: nothing but the file's shared page
+    cache grows with the data. Worker ``w`` of ``n`` loader workers reads positions
+    ``w, w + n, ...`` of each shuffled share (``shards_across_workers``), and
+    :meth:`iter_from` jumps in O(1), so the train loader resumes it exactly.
     """
 
     shards_across_workers = True
@@ -273,11 +256,10 @@ class RankStream(IterableDataset):
 class RankDataLoader:
     """The infinite, resumable train loader over a :class:`RankDataset`, built once.
 
-    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`. Its position is
-    each loader worker's count of records read and what waits in its batch: a loader over
-    the same file with the same ``num_workers`` that loads it continues with the next batch.
-    A ``DatasetCatalog`` entry that returns a ``RankDataset`` reaches the same loader from a
-    config: ``build_train_loader(cfg)`` reads it as :meth:`RankDataset.as_stream`.
+    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`: a loader over the
+    same file with the same ``num_workers`` that loads its state continues with the next
+    batch. ``build_train_loader(cfg)`` builds the same loader for a ``DatasetCatalog`` entry
+    that returns a ``RankDataset``.
     """
 
     def __init__(
@@ -292,8 +274,7 @@ class RankDataLoader:
         """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
 
         Args:
-            dataset: this rank's :class:`RankDataset`.
-            batch_size: samples per batch on this rank.
+            dataset, batch_size: this rank's :class:`RankDataset` and its samples per batch.
             mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
             start_epoch: the first (mini-)epoch.
             loader_kwargs: for :func:`~trainkit.data.build.build_batch_data_loader`.
@@ -323,7 +304,7 @@ class RankDataLoader:
         return self._loader.num_skipped_records
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch, as plain data."""
+        """Return the position after the last returned batch."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -150,6 +150,12 @@ class SharedSegment:
         """Size of the segment in bytes."""
         return len(self._buffer)
 
+    def record(self, idx: int) -> np.ndarray:
+        """Return the bytes of record ``idx`` (negative indices and bounds checks as in a list)."""
+        idx = range(self.ends.size)[idx]
+        start = int(self.ends[idx - 1]) if idx > 0 else 0
+        return self.data[start : int(self.ends[idx])]
+
     def handle(self) -> SegmentHandle | None:
         """Return the handle other local processes attach with (``None`` if private)."""
         if self._fd is None or self._identity is None:
@@ -212,7 +218,8 @@ class SegmentWriter:
     """Append record bytes into a new anonymous memory file, then seal and map it.
 
     The bytes are hashed on their way straight into the file's pages, which become the shared
-    copy: no second copy of the data (only the caller's int64 ends, 8 bytes per record).
+    copy: no second copy of the data (only the caller's int64 ends, 8 bytes per record). Use
+    it as a context manager, which discards an unfinished segment.
     """
 
     def __init__(self, name: str = "trainkit-records") -> None:
@@ -256,8 +263,11 @@ class SegmentWriter:
         fd, self._fd = self._fd, None
         return _seal_and_map(fd, pad, ends, header=header)  # type: ignore[arg-type]
 
-    def abort(self) -> None:
-        """Discard a segment that will not be finished (frees the memory file)."""
+    def __enter__(self) -> SegmentWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Discard the segment unless :meth:`finish` made it (frees the memory file)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -35,16 +35,11 @@ __all__ = ["StreamBatches", "batches_in_turn"]
 class StreamBatches(IterableDataset):
     """The batches one loader worker (or the training process) forms from a stream dataset.
 
-    Args:
-        stream: the user's ``IterableDataset`` of raw elements.
-        mapper: maps one raw element (``None``: elements are used as they are).
-        batch_size: elements per batch.
-        bucket_of: raw element -> aspect-ratio bucket (grouping), or None.
-        collate_fn: list of mapped elements -> batch.
-        seed: keys ``sample_rng()`` / ``batch_rng()``.
-        drop_last: at the end of a finite stream, drop what waits in a worker's buckets
-            (else each bucket is one last, smaller batch).
-        start: the loader's position to resume from (``None``: the start).
+    ``stream`` yields raw elements; ``mapper`` (``None``: none) maps one, ``bucket_of`` gives
+    its aspect-ratio bucket (``None``: no grouping), ``collate_fn`` turns the mapped elements
+    into a batch and ``seed`` keys ``sample_rng()`` / ``batch_rng()``. With ``drop_last``,
+    what waits in a worker's buckets when a finite stream ends is dropped (else each bucket
+    is one last, smaller batch). ``start`` is the loader's position (``None``: the start).
     """
 
     def __init__(

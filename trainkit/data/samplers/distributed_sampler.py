@@ -33,6 +33,7 @@ __all__ = [
     "RandomSubsetTrainingSampler",
     "RepeatFactorTrainingSampler",
     "TrainingSampler",
+    "check_subset_ratio",
 ]
 
 
@@ -47,6 +48,15 @@ def _checked_size(sampler_name: str, size: Any) -> int:
     if size <= 0:
         raise ValueError(f"{sampler_name} needs a dataset size > 0, got {size}")
     return size
+
+
+def check_subset_ratio(subset_ratio: float) -> None:
+    """Raise a ``ConfigError`` unless ``DATALOADER.RANDOM_SUBSET_RATIO`` is in ``(0, 1]``."""
+    if not 0.0 < subset_ratio <= 1.0:
+        raise ConfigError(
+            f"DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
+            f"{subset_ratio}; use 1.0 to train on every record."
+        )
 
 
 class TrainingSampler(GlobalStreamSampler):
@@ -133,11 +143,7 @@ class RandomSubsetTrainingSampler(TrainingSampler):
                 selects no index (``size`` is checked as by :class:`TrainingSampler`).
         """
         size = _checked_size(type(self).__name__, size)
-        if not 0.0 < subset_ratio <= 1.0:
-            raise ConfigError(
-                "DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
-                f"{subset_ratio}"
-            )
+        check_subset_ratio(subset_ratio)
         subset_size = int(size * subset_ratio)
         if subset_size < 1:
             raise ConfigError(

@@ -79,9 +79,7 @@ class GlobalStreamSampler(Sampler[int]):
     def global_indices(self, start: int, count: int) -> np.ndarray:
         """Return the int64 indices at global positions ``start .. start + count - 1`` (O(1) jump).
 
-        The global stream is what a world-size-1 sampler yields, whatever this sampler's rank
-        and world size: every rank can compute all of it (batch plans that do not depend on the
-        world size read it).
+        Whatever this sampler's rank and world size: every rank can compute the whole stream.
         """
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
