@@ -56,10 +56,9 @@ def job_store_address(host: str, port: int, namespace: str) -> str:
 
 
 def connect_job_store() -> dist.Store | None:
-    """Connect to this round's namespace of the job store, where the progress watchdog publishes.
+    """Return this round's namespace of the job store (where the progress watchdog publishes).
 
-    Returns:
-        A prefix store on the job's TCP store, or None outside a multi-process job.
+    None outside a multi-process job, or if the store cannot be reached (with a warning).
     """
     address = os.environ.get(JOB_STORE_VAR)
     if not address:

@@ -141,13 +141,6 @@ class ProgressWatchdog(HookBase):
                 self._on_local_stall(describe_stall(record, self.timeout_s))
                 return
 
-    def __enter__(self) -> ProgressWatchdog:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def _exit_process(message: str) -> None:
     logger.error("Watchdog: %s Ending this process.", message)
