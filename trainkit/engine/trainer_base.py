@@ -55,9 +55,7 @@ class TrainerBase:
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
 
-    and call only :meth:`request_stop` (and read :attr:`stop_reason`). This class builds no
-    model, optimizer or data: ``DefaultTrainer`` does from a config, and a plain loop can call
-    the ``build_*`` functions directly.
+    and call only :meth:`request_stop` (and read :attr:`stop_reason`).
     """
 
     iter: _ProgressField[int] = _ProgressField()
