@@ -1,7 +1,7 @@
 """What the trainer and the launcher agree on: exit statuses, variables, heartbeats, stalls.
 
 The engine's hooks and the launcher's processes both import this module; neither reaches into
-the other. It imports nothing heavy (torch.distributed only inside :func:`connect_job_store`).
+the other.
 
 An exception with an integer ``exit_code`` attribute (``TrainingPreempted``) is an agreed
 stop: every rank raises it at the same step, so no rank posts it as the job's failure, and the
