@@ -106,12 +106,7 @@ class DefaultTrainer(TrainerBase):
 
     @property
     def _trainer(self) -> SimpleTrainer:
-        """The step trainer (detectron2's name).
-
-        Assigning one (``self._trainer = MyStep(model, loader, opt)`` after
-        ``super().__init__(cfg)``, detectron2's way to customise the step) runs it inside this
-        trainer's loop with the config's wiring, whatever it was built with, and its loader watched.
-        """
+        """The step trainer (detectron2's name); one assigned takes on the config's wiring."""
         return self._step
 
     @_trainer.setter
@@ -207,11 +202,7 @@ class DefaultTrainer(TrainerBase):
         return [h for h in hooks_list if h is not None]
 
     def build_writers(self) -> list[EventWriter]:
-        """Return the writers ``WRITERS`` names, run by the PeriodicWriter hook (rank 0 only).
-
-        A tracker that is not installed or not reachable raises here, before training starts
-        (:func:`trainkit.engine.writers.build_writers`).
-        """
+        """Return the writers ``WRITERS`` names (:func:`~trainkit.engine.writers.build_writers`)."""
         return build_writers(self.cfg, self.max_iter)
 
     def resume_or_load(self, resume: bool = True) -> None:
@@ -262,9 +253,8 @@ class DefaultTrainer(TrainerBase):
 
         The results are :meth:`test`'s (validation losses go to the writers only); rank 0
         checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. After a stop
-        (:meth:`TrainerBase.request_stop`, e.g. ``TEST.EARLY_STOP``), ``model_final.pth`` is
-        written for the last finished iteration and tagged; it records the stop, so resuming
-        that run logs why and does not train.
+        (:meth:`TrainerBase.request_stop`) ``model_final.pth`` records it: resuming that run
+        does not train (:class:`~trainkit.engine.hooks.PeriodicCheckpointer`).
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.

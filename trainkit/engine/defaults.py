@@ -41,13 +41,10 @@ logger = logging.getLogger(__name__)
 
 
 def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParser:
-    """Return the argument parser shared by training scripts (detectron2's flags).
+    """Return the training scripts' parser: detectron2's flags, --max-restarts, --print-config.
 
     Args:
         epilog: text shown after the flags in ``--help``.
-
-    Returns:
-        A parser with detectron2's flags, ``--max-restarts`` and ``--print-config``.
     """
     epilog = epilog or (
         "Examples:\n"

@@ -24,10 +24,7 @@ logger = logging.getLogger(__name__)
 class HookPriority(enum.IntEnum):
     """Where a hook runs relative to others: lower runs first; ties keep registration order.
 
-    Built-in hooks: ``HIGHEST`` the timer (it times everything after it) and the watchdog,
-    ``HIGH`` the weights' EMA (sees the step before anything saves or evaluates it),
-    ``NORMAL`` the rest in ``DefaultTrainer.build_hooks``' order, ``LOWEST`` the writers
-    (they see every metric of the step).
+    ``DefaultTrainer.build_hooks`` says where each built-in hook runs, and why.
     """
 
     HIGHEST = 0
@@ -64,9 +61,7 @@ class HookBase:
 
     @property
     def trainer(self) -> TrainerBase:
-        """The trainer this hook is registered with, held through a weak reference.
-
-        So hooks never keep a finished trainer (its model, optimizer, loader workers) alive.
+        """The trainer this hook is registered with (weakly: a hook never keeps it alive).
 
         Raises:
             RuntimeError: If the hook was never registered or its trainer was deleted.

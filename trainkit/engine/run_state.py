@@ -79,9 +79,8 @@ class RunState:
     def state_dict(self) -> dict[str, Any]:
         """Return the run state (see the class docstring) as plain data.
 
-        With several processes, the states :meth:`prepare_save` gathered at this iteration;
-        without it (``checkpointer.save`` on rank 0 alone) ``ranks`` is None, with a warning:
-        a resume then restores the weights and the loop, not the data order and RNG streams.
+        With several processes, ``ranks`` holds what :meth:`prepare_save` gathered at this
+        iteration (None, with a warning, when it was not called).
         """
         trainer = self._trainer
         state = trainer.state_dict()
@@ -103,9 +102,8 @@ class RunState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the loop, the step, the hooks, and this rank's RNG states and loader position.
 
-        On the world size that wrote the checkpoint each rank gets its own states back (a
-        bit-exact resume). On another, the per-rank RNG streams start afresh, and the loader
-        continues the global stream if its saved position is a global one, else afresh too.
+        On another world size than the checkpoint's, the per-rank RNG streams start afresh and
+        the loader continues the global stream if its saved position is a global one.
 
         Args:
             state: the checkpoint's ``"trainer"`` entry in today's layout

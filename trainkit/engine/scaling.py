@@ -60,9 +60,6 @@ def accumulate_steps_for(
         world_size: the job's world size.
         ims_per_batch: ``SOLVER.IMS_PER_BATCH``, the global batch of one step.
 
-    Returns:
-        The new ``ACCUMULATE_STEPS``.
-
     Raises:
         ScalingError: If neither case of the rule applies (a micro-batch would grow).
     """
@@ -88,12 +85,6 @@ def auto_scale_config(cfg: CfgNode, world_size: int) -> CfgNode:
     Each changed key's origin (:meth:`~trainkit.config.CfgNode.get_origin`) becomes
     ``auto-scaling from N to M processes (was V, from ITS ORIGIN)``; REFERENCE_WORLD_SIZE
     changes too, so a dump of the scaled config does not scale again on as many processes.
-
-    Args:
-        cfg: the config (not modified).
-
-    Returns:
-        The rescaled config, frozen.
 
     Raises:
         ValueError: If ``world_size`` is not positive.

@@ -35,12 +35,11 @@ class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
     The model, in training mode, returns a dict of scalar losses for a batch (or one scalar
-    tensor, recorded as ``total_loss``); their sum is back-propagated. Accumulation, mixed
-    precision and the scaler are parameters of the one :meth:`run_step`; ``AMPTrainer`` and
-    users override its public seams instead: ``forward_context``, ``compute_losses`` (one
-    micro-batch), ``backward``, ``after_backward`` (the hooks, once per step),
-    ``record_metrics`` and ``optimizer_step``. For a step of another shape (several
-    optimizers, GANs) override ``run_step``, or start from ``tools/plain_train_net.py``.
+    tensor, recorded as ``total_loss``); their sum is back-propagated. ``AMPTrainer`` and
+    users override the seams of the one :meth:`run_step`: ``forward_context``,
+    ``compute_losses`` (one micro-batch), ``backward``, ``after_backward`` (the hooks, once
+    per step), ``record_metrics`` and ``optimizer_step``; a step of another shape (several
+    optimizers, GANs) overrides ``run_step`` or starts from ``tools/plain_train_net.py``.
 
     **Accumulation.** With ``accumulate_steps=k`` an iteration draws k micro-batches and sums
     their gradients, each loss weighted by its share of the step's samples (``1/k`` for equal
@@ -73,16 +72,14 @@ class SimpleTrainer(TrainerBase):
 
         Args:
             model: the model; it must stay in training mode during training.
-            data_loader: (micro-)batches, normally infinite; its iterator is made on first
-                use and kept across steps.
+            data_loader: (micro-)batches, normally infinite; its iterator is made on first use.
             optimizer: the optimizer of ``model``'s parameters.
             gather_metric_period: record (and gather over ranks) metrics every this many iterations.
             zero_grad_before_forward: clear gradients before the forward pass, not after it
                 (matters only when the forward pass itself reads gradients).
             async_write_metrics: accepted for detectron2 compatibility; metrics are written
                 synchronously (a background gather would interleave with DDP's collectives
-                on the same process group; ``record_every_step`` already keeps the sync
-                off the critical path).
+                on the same process group).
             record_every_step: see the class docstring.
             accumulate_steps: micro-batches per optimizer step.
 
@@ -138,8 +135,6 @@ class SimpleTrainer(TrainerBase):
                 step_losses, total_loss = loss_dict, total
             else:
                 _add_weighted(step_losses, loss_dict, weights[j])
-        if total_loss is None:
-            total_loss = sum_losses(step_losses)
         self.after_backward()
         self.record_metrics(step_losses, data_time_s, total_loss=total_loss)
         self.optimizer_step()
@@ -210,19 +205,13 @@ class SimpleTrainer(TrainerBase):
         return batches, time.perf_counter() - start_s
 
     def reset_data_loader(self, data_loader_builder: Callable[[], Iterable[Any]]) -> None:
-        """Replace the data loader by ``data_loader_builder()``; the next step starts its iterator.
-
-        The old loader and its workers are released first: two sets never run at once.
-        """
+        """Replace the data loader by ``data_loader_builder()``, releasing the old one first."""
         self.close_data_iterator()
         self.data_loader = ()
         self.data_loader = data_loader_builder()
 
     def close_data_iterator(self) -> None:
-        """Drop the data iterator so its loader workers exit now, not at garbage collection.
-
-        The loader keeps its position: a later step continues after its last batch.
-        """
+        """Drop the data iterator so its loader workers exit now; the loader keeps its position."""
         self._data_loader_iter_obj = None
 
     # ---- metrics --------------------------------------------------------------------------
@@ -290,8 +279,7 @@ class SimpleTrainer(TrainerBase):
     ) -> None:
         """Gather one step's losses over ranks and put their averages into the current storage.
 
-        ``{prefix}total_loss`` is the sum of the averaged losses; ``data_time`` is filed as in
-        :func:`~trainkit.engine.step_metrics.gather_and_file`, under ``cur_iter``.
+        ``data_time`` is filed as in :func:`~trainkit.engine.step_metrics.gather_and_file`.
 
         Raises:
             FloatingPointError: On every rank, if an averaged loss is infinite or NaN.

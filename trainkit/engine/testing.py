@@ -32,17 +32,8 @@ def evaluate_test_sets(
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every dataset in ``DATASETS.TEST``: ``DefaultTrainer.test``.
 
-    Args:
-        trainer_cls: builds each test loader and evaluator (its ``build_*`` classmethods).
-
-    Returns:
-        See ``DefaultTrainer.test``.
-
-    Raises:
-        ValueError: If the number of evaluators differs from the number of test sets.
-
-    Collective:
-        ``inference_on_dataset`` gathers on every rank.
+    ``trainer_cls`` builds each test loader and evaluator (its ``build_*`` classmethods); the
+    other arguments, the result and the errors are ``DefaultTrainer.test``'s.
     """
     names = list(cfg.DATASETS.TEST)
     if isinstance(evaluators, DatasetEvaluator):

@@ -1,8 +1,4 @@
-"""The iteration loop: ``TrainerBase`` runs iterations and calls the hooks around each.
-
-The step trainers (``SimpleTrainer``, ``AMPTrainer``) subclass it; all of them are importable
-from :mod:`trainkit.engine.train_loop`, detectron2's path.
-"""
+"""The iteration loop: ``TrainerBase`` runs iterations and calls the hooks around each."""
 
 from __future__ import annotations
 
@@ -59,9 +55,7 @@ class TrainerBase:
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
 
-    and call only :meth:`request_stop` (and read :attr:`stop_reason`). This class builds no
-    model, optimizer or data: ``DefaultTrainer`` does from a config, and a plain loop can call
-    the ``build_*`` functions directly.
+    and call only :meth:`request_stop` (and read :attr:`stop_reason`).
     """
 
     iter: _ProgressField[int] = _ProgressField()
@@ -91,10 +85,8 @@ class TrainerBase:
     def bind_to(self, loop: TrainerBase) -> None:
         """Run as ``loop``'s step: share its position, storage and hooks from now on.
 
-        A step trainer runs on its own (``SimpleTrainer(model, loader, opt).train(0, 100)``)
-        or inside a loop: ``DefaultTrainer`` binds its step trainer once, when it is set, and
-        its ``run_step`` calls the step's. Nothing is copied or patched per step, and the
-        loop saves the shared state (see :meth:`state_dict`).
+        ``DefaultTrainer`` binds its step trainer when it is set; the loop saves the shared
+        state (see :meth:`state_dict`).
 
         Raises:
             ValueError: If hooks were registered on this trainer itself: they would never
@@ -214,13 +206,10 @@ class TrainerBase:
         """Ask the loop to end gracefully after the current step; hooks call this.
 
         The step's other ``after_step`` hooks still run; the loop then ends with ``iter`` on
-        that step (the last finished one, which a checkpoint written in ``after_train``
-        records; ``iter < max_iter`` tells ``after_train`` hooks the run did not complete),
-        and ``after_train`` and the writers' final write run as usual. ``DefaultTrainer``
-        writes a final checkpoint that records the stop, so ``--resume`` does not train on.
-        The first reason wins; a request in the last iteration changes nothing. Every rank
-        must request it after the same step (``EarlyStopping`` shares its decision for this),
-        else the others wait in their next collective.
+        that step (``iter < max_iter`` tells ``after_train`` hooks the run did not complete),
+        and ``after_train`` and the writers' final write run as usual. The first reason wins;
+        a request in the last iteration changes nothing. Every rank must request it after the
+        same step, else the others wait in their next collective.
 
         Args:
             reason: why, in a few words; logged and saved in the checkpoint.
@@ -233,11 +222,7 @@ class TrainerBase:
 
     @property
     def stop_reason(self) -> str | None:
-        """Why training stops early (from the request on); ``None`` if it does not.
-
-        In ``after_train``, ``stop_reason is not None`` means the loop ended gracefully at a
-        request (an exception clears it: that run did not stop, it failed).
-        """
+        """Why training stops early (from the request on); ``None`` if it does not (or failed)."""
         return self._progress.stop_reason
 
     def _stop_requested_here(self) -> bool:

@@ -106,20 +106,16 @@ def run_in_job(
 ) -> Any:
     """Join the job ``env`` describes, run ``main_func(*args)``, leave the job.
 
-    The process reaches the job's store and agrees with the others on a fresh namespace for this
-    round (:func:`~trainkit.launcher.job_store.agree_on_round` says why), joins the process group
-    there with its per-machine group, and exports for the trainer
-    :data:`~trainkit.launcher.protocol.RESTART_COUNT_VAR` (the round) and
-    :data:`~trainkit.launcher.protocol.JOB_STORE_VAR`. ``main_func`` runs under a guard thread: when
-    a process of the round posts a failure (an exception, a user error, a stall), every other one
-    ends within a second with its exit status, instead of waiting in a collective.
+    The processes agree on a fresh namespace of the job's store for this round
+    (:func:`~trainkit.launcher.job_store.agree_on_round` says why) and join the process group
+    there; the trainer reads the round and the namespace from ``RESTART_COUNT_VAR`` and
+    ``JOB_STORE_VAR``. When a process of the round posts a failure (an exception, a user
+    error, a stall), a guard thread ends every other one within a second, with its exit
+    status, instead of leaving it waiting in a collective.
 
     Args:
         timeout: how long a collective (and joining) waits for the other processes.
         on_abort: called (instead of ending the process) when another process failed.
-
-    Returns:
-        What ``main_func`` returned.
 
     Raises:
         UsageError: If an earlier round of the job ended on a user error.

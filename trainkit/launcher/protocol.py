@@ -1,7 +1,7 @@
 """What the trainer and the launcher agree on: exit statuses, variables, heartbeats, stalls.
 
 The engine's hooks and the launcher's processes both import this module; neither reaches into
-the other. It imports nothing heavy (torch.distributed only inside :func:`connect_job_store`).
+the other.
 
 An exception with an integer ``exit_code`` attribute (``TrainingPreempted``) is an agreed
 stop: every rank raises it at the same step, so no rank posts it as the job's failure, and the
@@ -56,10 +56,9 @@ def job_store_address(host: str, port: int, namespace: str) -> str:
 
 
 def connect_job_store() -> dist.Store | None:
-    """Connect to this round's namespace of the job store, where the progress watchdog publishes.
+    """Return this round's namespace of the job store (where the progress watchdog publishes).
 
-    Returns:
-        A prefix store on the job's TCP store, or None outside a multi-process job.
+    None outside a multi-process job, or if the store cannot be reached (with a warning).
     """
     address = os.environ.get(JOB_STORE_VAR)
     if not address:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["BestCheckpointer", "PeriodicCheckpointer"]
 
 logger = logging.getLogger(__name__)
-
-
-class _Saver(Protocol):
-    def save(self, name: str, *, tag_last: bool = True, **kwargs: Any) -> None: ...
 
 
 class PeriodicCheckpointer(HookBase):
@@ -119,7 +115,7 @@ class BestCheckpointer(HookBase):
     def __init__(
         self,
         eval_period: int,
-        checkpointer: _Saver,
+        checkpointer: Checkpointer,
         val_metric: str,
         mode: str = "max",
         file_prefix: str = "model_best",
@@ -142,8 +138,6 @@ class BestCheckpointer(HookBase):
         Raises:
             ValueError: If ``mode``, ``patience`` or ``min_delta`` is out of range.
         """
-        if mode not in ("max", "min"):
-            raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
         self._period = eval_period
         self._checkpointer = checkpointer
         self._val_metric = val_metric
@@ -161,7 +155,7 @@ class BestCheckpointer(HookBase):
         return self.rule.best_iter
 
     def _check(self, may_stop: bool) -> None:
-        previous, rule = self.rule.best_metric, self.rule
+        rule, previous = self.rule, self.rule.best_metric
         shared = rule.patience is not None
         if update_from_storage(
             rule, self.trainer.storage, self._val_metric, shared=shared, strict=False
@@ -169,15 +163,13 @@ class BestCheckpointer(HookBase):
             logger.info(
                 "Saved best model: %s = %.5g at iteration %d (previous best %s)",
                 self._val_metric,
-                self.rule.best_metric,
-                self.rule.best_iter,
+                rule.best_metric,
+                rule.best_iter,
                 previous,
             )
-            self._checkpointer.save(
-                self._file_prefix, tag_last=False, iteration=self.rule.best_iter
-            )
-        if may_stop and self.rule.should_stop:
-            self.trainer.request_stop(f"BestCheckpointer: {self.rule.reason(self._val_metric)}")
+            self._checkpointer.save(self._file_prefix, tag_last=False, iteration=rule.best_iter)
+        if may_stop and rule.should_stop:
+            self.trainer.request_stop(f"BestCheckpointer: {rule.reason(self._val_metric)}")
 
     @override
     def after_step(self) -> None:

@@ -30,10 +30,8 @@ _MODES = ("max", "min")
 class ImprovementRule:
     """The best value of a metric so far, and how many evaluations have not beaten it.
 
-    A value improves on the best when it is larger (``mode="max"``) or smaller (``"min"``)
-    by more than ``min_delta``; the first value always does (even NaN, as in detectron2's
-    ``BestCheckpointer``: nothing then beats it). With ``patience`` set, :attr:`should_stop`
-    becomes true after ``patience`` evaluations in a row without improvement.
+    The first value always improves on the best (even NaN, as in detectron2's
+    ``BestCheckpointer``: nothing then beats it).
 
     Attributes:
         best_metric: the best value so far (``None`` before the first).
@@ -47,7 +45,8 @@ class ImprovementRule:
         Args:
             mode: ``"max"`` (larger is better) or ``"min"``.
             min_delta: how much a value must beat the best by to count (>= 0).
-            patience: evaluations without improvement after which to stop; ``None`` never.
+            patience: evaluations in a row without improvement after which
+                :attr:`should_stop` holds; ``None`` never.
 
         Raises:
             ValueError: For another mode, a negative or non-finite ``min_delta``, or a
@@ -175,10 +174,9 @@ class EarlyStopping(HookBase):
 
     Register it after the :class:`~trainkit.engine.hooks.EvalHook` that records the metric,
     with the same period: it checks right after each periodic evaluation (the one after the
-    last iteration cannot stop anything) and then calls :meth:`TrainerBase.request_stop`.
-    Each check puts ``early_stop/best``, ``early_stop/best_iter`` and
-    ``early_stop/evals_without_improvement`` into the storage, and ``early_stop/stopped`` (1)
-    when it stops the run, so ``metrics.json`` shows why. Its progress is resumable state.
+    last iteration cannot stop anything). Each check puts ``early_stop/best``,
+    ``early_stop/best_iter`` and ``early_stop/evals_without_improvement`` into the storage,
+    and ``early_stop/stopped`` (1) when it stops the run. Its progress is resumable state.
 
     Collective:
         With several processes, an ``all_gather`` at every check: rank 0 decides and every

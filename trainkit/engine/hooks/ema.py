@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -106,17 +104,6 @@ class ModelEMA(HookBase):
         self._pending_state = state
         if self._averaged is not None or self._model is not None:
             self._get_averaged()  # else the trainer's model is known in before_train
-
-    @contextlib.contextmanager
-    def weights_applied(self, model: nn.Module) -> Iterator[nn.Module]:
-        """Temporarily load the averaged weights into ``model`` (restored on exit)."""
-        target = unwrap_model(model)
-        saved = {k: v.detach().clone() for k, v in target.state_dict().items()}
-        target.load_state_dict(self.ema_model.state_dict())
-        try:
-            yield model
-        finally:
-            target.load_state_dict(saved)
 
 
 def load_ema_weights(model: nn.Module, path: str) -> bool:

@@ -121,11 +121,7 @@ class IterationTimer(HookBase):
 
 
 class PeriodicWriter(HookBase):
-    """Run the writers every ``period`` iterations, at the last one, and once after training.
-
-    The trainer calls :meth:`final_write` after every hook's ``after_train``, so metrics a
-    later hook records in its ``after_train`` still get written; then the writers close.
-    """
+    """Run the writers every ``period`` iterations, at the last one, and once after training."""
 
     priority = HookPriority.LOWEST
 
@@ -155,8 +151,8 @@ class PeriodicWriter(HookBase):
     def final_write(self) -> None:
         """Write once more, then close every writer (the trainer calls this last).
 
-        After a stop (``trainer.stop_reason``), writers with ``write_stop_reason`` publish the
-        reason too (``metrics.json`` gets a last line).
+        Last: after every hook's ``after_train``, so what those record is written too. After
+        a stop, writers with ``write_stop_reason`` publish the reason too.
         """
         try:
             for writer in self._writers:
@@ -177,8 +173,7 @@ class LRScheduler(HookBase):
     """Step the lr scheduler after every optimizer step and record ``lr``.
 
     The recorded ``lr`` is that of the param group with the most parameters (ties go to the
-    larger lr), which is the "main" lr for the usual bias/norm group splits. The
-    scheduler's state is this hook's resumable state.
+    larger lr), the "main" lr for the usual bias/norm group splits.
     """
 
     def __init__(
@@ -186,7 +181,7 @@ class LRScheduler(HookBase):
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | ParamScheduler | None = None,
     ) -> None:
-        """Store the arguments.
+        """Store the arguments (the scheduler's state is this hook's resumable state).
 
         Args:
             optimizer: defaults to ``trainer.optimizer``.
@@ -275,10 +270,7 @@ class LRScheduler(HookBase):
 
 
 class SkippedRecordsCounter(HookBase):
-    """Record the loader's count of skipped records as ``data/skipped_records``.
-
-    The count is cumulative, so a slowly rotting dataset shows in metrics.json, not only logs.
-    """
+    """Record the loader's cumulative count of skipped records as ``data/skipped_records``."""
 
     def __init__(self, period: int) -> None:
         """Record every ``period`` iterations and at the last one."""

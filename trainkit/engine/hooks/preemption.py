@@ -52,9 +52,8 @@ class PreemptionHandler(HookBase):
     press Ctrl-C) some seconds before they kill a job. The first signal is noted
     (:class:`trainkit.launcher.PreemptionSignal`, where a second one ends the process); the
     ranks agree on it at the next check, finish the step, rank 0 writes a checkpoint, all
-    wait for it, and training stops with :class:`TrainingPreempted` (exit status
-    :data:`~trainkit.launcher.protocol.PREEMPTED_EXIT_CODE`). It reads the trainer's
-    ``checkpointer`` (DefaultTrainer's declared surface).
+    wait for it, and training stops with :class:`TrainingPreempted` (exit status 75). It
+    reads the trainer's ``checkpointer`` (DefaultTrainer's declared surface).
 
     Collective:
         With several ranks, the stop flags are all-gathered every ``sync_period`` iterations

@@ -33,9 +33,8 @@ class ProgressWatchdog(HookBase):
     124, long before a collective would time out. In one process (no store) the thread
     checks this rank itself and ends the process with a message.
 
-    As a hook it runs first (``HookPriority.HIGHEST``), starts its thread in
-    ``before_train`` and enters ``data`` before each step, ``hooks`` after it. Code that does
-    other long work marks it with :meth:`phase`.
+    As a hook it marks each step's phases; code that does other long work marks it with
+    :meth:`phase`.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -140,13 +139,6 @@ class ProgressWatchdog(HookBase):
             elif record["elapsed_s"] > self.timeout_s:
                 self._on_local_stall(describe_stall(record, self.timeout_s))
                 return
-
-    def __enter__(self) -> ProgressWatchdog:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _exit_process(message: str) -> None:
