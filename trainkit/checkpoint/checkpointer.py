@@ -38,6 +38,7 @@ from trainkit.checkpoint.model_state import (
     unwrap_model,
 )
 from trainkit.utils import comm
+from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 
 __all__ = ["Checkpointable", "Checkpointer"]
@@ -62,15 +63,13 @@ class Checkpointable(Protocol):
 class Checkpointer(_FvcoreCheckpointer):
     """Save and load a model plus any :class:`Checkpointable` objects.
 
-    Beyond fvcore: saves are atomic (temp file, fsync, rename, then the ``last_checkpoint``
-    tag, also atomically), hold the bare module's state and refuse what ``weights_only``
-    cannot read back; loads use ``weights_only=True``, accept ``module.`` and ``_orig_mod.``
-    prefixes, explain corrupt files by name and report shape mismatches in one message;
-    :meth:`resume_or_load` falls back to older checkpoints when the newest is unreadable.
-    With ``async_save=True``, one background thread writes, fsyncs, renames and tags, in the
-    order of the saves; trainers :meth:`wait` for the last write at the end (the interpreter
-    also waits at exit). Drive one checkpointer from one thread. It does not decide *when* to
-    save (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
+    Beyond fvcore (and the module docstring's content rule): saves are atomic (temp file,
+    fsync, rename, then the ``last_checkpoint`` tag) and hold the bare module's state; loads
+    accept ``module.`` and ``_orig_mod.`` prefixes, explain corrupt files by name and report
+    shape mismatches in one message; :meth:`resume_or_load` falls back to older checkpoints.
+    With ``async_save=True`` one background thread writes and tags, in the order of the
+    saves. Drive one checkpointer from one thread. It does not decide *when* to save
+    (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
     """
 
     def __init__(
@@ -305,10 +304,8 @@ class Checkpointer(_FvcoreCheckpointer):
         ``checkpointables`` named (as in :meth:`load`; those not restored are returned for
         the caller). If it is unreadable (missing, truncated, corrupt), the other ``.pth``
         files in ``save_dir`` are tried newest first, with a warning naming each skipped
-        file. Otherwise only the model is loaded from ``path`` (``""``: nothing).
-
-        Returns:
-            Same as :meth:`load`.
+        file. Otherwise only the model is loaded from ``path`` (``""``: nothing). Returns
+        what :meth:`load` returns.
 
         Raises:
             CheckpointWriteError: If this checkpointer's last background write failed.
@@ -326,27 +323,23 @@ class Checkpointer(_FvcoreCheckpointer):
         candidates += [f for f in self.get_all_checkpoint_files() if f != tagged]
         problems = []
         for candidate in candidates:
-            if not os.path.isfile(candidate):
-                reason = "it does not exist"
-            else:
-                try:
-                    checkpoint = read_checkpoint_file(candidate, trust_pickle=self.trust_pickle)
-                except CorruptCheckpointError as e:
-                    reason = str(e)
-                else:
-                    if problems:
-                        self.logger.warning("Resuming from older checkpoint %s", candidate)
-                    self.logger.info("Resuming from %s", candidate)
-                    try:
-                        return self._restore(checkpoint, candidate, checkpointables)
-                    except ShapeMismatchError as e:
-                        # The run's own checkpoint no longer fits: the config changed.
-                        raise ShapeMismatchError(
-                            f"{e} It is the checkpoint --resume continues from: run with the "
-                            "config that wrote it, or train into another OUTPUT_DIR."
-                        ) from None
-            self.logger.warning("Skipping checkpoint %s: %s", candidate, reason)
-            problems.append(f"{candidate}: {reason}")
+            try:
+                checkpoint = read_checkpoint_file(candidate, trust_pickle=self.trust_pickle)
+            except (MissingFileError, CorruptCheckpointError) as e:
+                self.logger.warning("Skipping checkpoint %s: %s", candidate, e)
+                problems.append(f"{candidate}: {e}")
+                continue
+            if problems:
+                self.logger.warning("Resuming from older checkpoint %s", candidate)
+            self.logger.info("Resuming from %s", candidate)
+            try:
+                return self._restore(checkpoint, candidate, checkpointables)
+            except ShapeMismatchError as e:
+                # The run's own checkpoint no longer fits: the config changed.
+                raise ShapeMismatchError(
+                    f"{e} It is the checkpoint --resume continues from: run with the "
+                    "config that wrote it, or train into another OUTPUT_DIR."
+                ) from None
         raise CheckpointError(
             f"Cannot resume: no readable checkpoint in {self.save_dir}. Tried:\n  "
             + "\n  ".join(problems or ["(no .pth files)"])

@@ -140,17 +140,11 @@ def _shape_differences(state: Mapping[str, Any], model_shapes: Mapping[str, Any]
 
 
 def shape_changing_state_keys(model: nn.Module) -> set[str]:
-    """Return the state keys of modules that resize their own buffers when loading.
+    """Return the full state keys of the bare ``model``'s modules that resize buffers on load.
 
     Quantization observers and fake-quantize modules start with empty or per-tensor
     buffers and load per-channel statistics of another shape by design (their
     ``_load_from_state_dict`` resizes), so such differences are not mismatches.
-
-    Args:
-        model: the bare model.
-
-    Returns:
-        Full state-dict keys owned by such modules.
     """
     quantization = torch.ao.quantization
     resizing_types = (quantization.ObserverBase, quantization.FakeQuantizeBase)

@@ -123,9 +123,6 @@ class CfgNode(_FvcoreCfgNode):
             allow_unsafe: ignored; trainkit never runs code from a config (kept for
                 detectron2 compatibility).
 
-        Returns:
-            The merged dict.
-
         Raises:
             ConfigError: On a missing file, a YAML syntax error, a non-mapping document or a
                 ``_BASE_`` cycle.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -12,8 +11,6 @@ from torch import Tensor, nn
 
 from trainkit.config import CfgNode, ConfigError
 from trainkit.modeling.build import META_ARCH_REGISTRY
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
 

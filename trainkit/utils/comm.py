@@ -9,14 +9,11 @@ process group, made by :func:`create_local_process_group`, forgotten by
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-
-logger = logging.getLogger(__name__)
 
 _LOCAL_PROCESS_GROUP: dist.ProcessGroup | None = None
 

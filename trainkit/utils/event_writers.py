@@ -83,10 +83,7 @@ class JSONWriter(EventWriter):
 
     @override
     def write(self) -> None:
-        to_save = self._new_scalars(get_event_storage())
-        if not to_save:
-            return
-        for cur_iter, scalars in to_save.items():
+        for cur_iter, scalars in self._new_scalars(get_event_storage()).items():
             scalars["iteration"] = cur_iter
             self._file_handle.write(json.dumps(scalars, sort_keys=True) + "\n")
         self._file_handle.flush()

@@ -20,7 +20,7 @@ def setup_logger(
     level: int = logging.INFO,
     abbrev_name: str | None = None,
 ) -> logging.Logger:
-    """Configure the ``name`` logger for this rank; calling it again replaces its handlers.
+    """Configure and return the ``name`` logger for this rank; a second call replaces its handlers.
 
     Args:
         output: a directory (the file is ``log.txt`` in it) or a file path ending in
@@ -30,9 +30,6 @@ def setup_logger(
         name: the logger to configure (its children propagate to it).
         level: the logging level.
         abbrev_name: unused; kept for detectron2 compatibility.
-
-    Returns:
-        The configured logger.
     """
     del abbrev_name
     logger = logging.getLogger(name)

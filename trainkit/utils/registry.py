@@ -133,9 +133,6 @@ def locate(name: str) -> Any:
     Args:
         name: the dotted path.
 
-    Returns:
-        The object.
-
     Raises:
         ImportError: If no importable module and attribute chain matches ``name``.
     """
