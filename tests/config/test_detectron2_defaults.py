@@ -195,3 +195,13 @@ def test_unused_keys_are_those_a_file_or_the_command_line_set(tmp_path):
     ]
     read = {"INPUT.MIN_SIZE_TRAIN", "INPUT.CROP.ENABLED", "MODEL.BACKBONE.NAME"}
     assert read <= READ_BY_TRAINKIT <= detectron2_only_keys()
+
+
+def test_a_tuple_of_tuples_stays_one_when_merged_from_yaml_lists(tmp_path):
+    path = tmp_path / "cascade.yaml"
+    path.write_text(
+        "MODEL:\n  ROI_BOX_CASCADE_HEAD:\n    BBOX_REG_WEIGHTS: [[1, 1, 2, 2], [3, 3, 4, 4]]\n"
+    )
+    cfg = get_cfg()
+    cfg.merge_from_file(str(path))
+    assert cfg.MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS == ((1, 1, 2, 2), (3, 3, 4, 4))

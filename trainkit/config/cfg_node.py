@@ -401,6 +401,9 @@ def _coerce(full_key: str, current: Any, value: Any, source: str) -> Any:
     if given is expected:
         return value
     if expected in (list, tuple) and given in (list, tuple):
+        inner = type(current[0]) if current else None
+        if inner in (list, tuple):  # e.g. a tuple of tuples, which YAML gives as lists
+            return expected(inner(v) if isinstance(v, (list, tuple)) else v for v in value)
         return expected(value)
     if expected is float and given is int:
         return float(value)
