@@ -262,7 +262,8 @@ _C.WANDB = CN()
 # The W&B project the run is logged to.
 _C.WANDB.PROJECT = "trainkit"
 # "online": log to the W&B server (checked, with the login, before training); "offline":
-# only files in OUTPUT_DIR/wandb, uploaded later with `wandb sync`; needs no network.
+# only files in OUTPUT_DIR/wandb (or $WANDB_DIR/wandb when the WANDB_DIR environment
+# variable is set), uploaded later with `wandb sync`; needs no network.
 _C.WANDB.MODE = "online"
 
 # MLflow (WRITERS includes "mlflow").
