@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainkit.config import CfgNode, get_cfg
+from trainkit.config import get_cfg
 from trainkit.layers import ShapeSpec
 from trainkit.modeling.backbone import BACKBONE_REGISTRY, Backbone, build_backbone
 from trainkit.utils.errors import UnknownNameError
@@ -34,8 +34,6 @@ def registered():
 
 def _cfg(name="_TinyBackbone"):
     cfg = get_cfg()
-    if "BACKBONE" not in cfg.MODEL:  # the detectron2 keys may not be merged yet
-        cfg.MODEL.BACKBONE = CfgNode({"NAME": ""})
     cfg.MODEL.BACKBONE.NAME = name
     return cfg
 
@@ -62,8 +60,14 @@ def test_backbone_is_abstract():
 
 
 def test_unknown_backbone_names_the_key(registered):
-    with pytest.raises(UnknownNameError, match="MODEL.BACKBONE.NAME"):
+    with pytest.raises(UnknownNameError, match="MODEL.BACKBONE.NAME") as info:
         build_backbone(_cfg("_TinyBackbon"))
+    assert "_TinyBackbone" in str(info.value)
+
+
+def test_detectron2s_default_backbone_is_said_to_be_not_shipped():
+    with pytest.raises(UnknownNameError, match="one of detectron2's built-in backbones"):
+        build_backbone(get_cfg())
 
 
 def test_a_builder_that_returns_no_backbone_is_a_type_error():

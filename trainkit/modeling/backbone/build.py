@@ -17,6 +17,16 @@ A registered object is called as ``obj(cfg, input_shape)`` (a :class:`ShapeSpec`
 input) and returns a :class:`~trainkit.modeling.backbone.Backbone`.
 """
 
+# detectron2's registered backbone builders (its default MODEL.BACKBONE.NAME is the first).
+_DETECTRON2_BACKBONES = frozenset(
+    {
+        "build_resnet_backbone",
+        "build_resnet_fpn_backbone",
+        "build_retinanet_resnet_fpn_backbone",
+        "build_regnet_backbone",
+    }
+)
+
 
 def build_backbone(cfg: CfgNode, input_shape: ShapeSpec | None = None) -> Backbone:
     """Build the backbone registered as ``cfg.MODEL.BACKBONE.NAME``.
@@ -37,9 +47,13 @@ def build_backbone(cfg: CfgNode, input_shape: ShapeSpec | None = None) -> Backbo
         input_shape = ShapeSpec(channels=len(cfg.MODEL.PIXEL_MEAN))
     name = cfg.MODEL.BACKBONE.NAME
     if name not in BACKBONE_REGISTRY:
-        raise UnknownNameError(
-            BACKBONE_REGISTRY.unknown_name_message(name, key="MODEL.BACKBONE.NAME")
-        )
+        message = BACKBONE_REGISTRY.unknown_name_message(name, key="MODEL.BACKBONE.NAME")
+        if name in _DETECTRON2_BACKBONES:
+            message += (
+                f" ({name} is one of detectron2's built-in backbones, which trainkit does not "
+                "ship: register your own, or port that one.)"
+            )
+        raise UnknownNameError(message)
     backbone = BACKBONE_REGISTRY.get(name)(cfg, input_shape)
     if not isinstance(backbone, Backbone):
         raise TypeError(
