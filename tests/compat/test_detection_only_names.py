@@ -67,7 +67,22 @@ def test_name_imports_and_using_it_is_a_one_line_usage_error(module, name):
 
 
 def test_train_net_style_imports_and_subclassing_work():
-    from trainkit.evaluation import COCOEvaluator, DatasetEvaluators, SemSegEvaluator  # noqa: F401
+    # The imports of detectron2's tools/train_net.py, with trainkit for detectron2.
+    from trainkit.checkpoint import DetectionCheckpointer  # noqa: F401
+    from trainkit.config import get_cfg  # noqa: F401
+    from trainkit.data import MetadataCatalog  # noqa: F401
+    from trainkit.engine import DefaultTrainer, default_argument_parser, hooks  # noqa: F401
+    from trainkit.evaluation import (  # noqa: F401
+        CityscapesInstanceEvaluator,
+        CityscapesSemSegEvaluator,
+        COCOEvaluator,
+        COCOPanopticEvaluator,
+        DatasetEvaluators,
+        LVISEvaluator,
+        PascalVOCDetectionEvaluator,
+        SemSegEvaluator,
+        verify_results,
+    )
     from trainkit.modeling import GeneralizedRCNNWithTTA  # noqa: F401
     from trainkit.structures import BoxMode
 
