@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
+from trainkit.data.datasets.sem_seg import load_sem_seg
 from trainkit.data.datasets.shapes import (
     SHAPES_CLASSES,
     get_datasets_root,
@@ -10,7 +11,7 @@ from trainkit.data.datasets.shapes import (
     register_shapes,
 )
 
-__all__ = ["SHAPES_CLASSES", "get_datasets_root", "load_shapes", "register_shapes"]
+__all__ = ["SHAPES_CLASSES", "get_datasets_root", "load_sem_seg", "load_shapes", "register_shapes"]
 
 register_shapes()
 # The first 200 validation images: quick evaluations for smoke runs and tests.
