@@ -115,7 +115,7 @@ def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -
         )
     if name == "RepeatFactorTrainingSampler":
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-            records, cfg.DATALOADER.REPEAT_THRESHOLD
+            records, cfg.DATALOADER.REPEAT_THRESHOLD, sqrt=cfg.DATALOADER.REPEAT_SQRT
         )
         return RepeatFactorTrainingSampler(factors, seed=seed)
     return TrainingSampler(size, seed=seed)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode, get_cfg
+from trainkit.config.detectron2_defaults import unused_detectron2_keys
 from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
@@ -112,7 +113,9 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
     rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
     rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
-    (each key that differs from the defaults, and where its value came from) and ``env.txt``.
+    (each key that differs from the defaults, and where its value came from) and ``env.txt``,
+    and logs the detectron2-only keys a file or the command line set that trainkit's code
+    does not read.
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).
@@ -165,6 +168,8 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
             with atomic_write(os.path.join(output_dir, name), "w") as f:
                 f.write(text)
         logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
+    if rank == 0:
+        _log_unused_detectron2_keys(cfg)
     # Each rank gets a different seed for its own random ops; the data order uses a
     # separate seed shared by all ranks (see build_train_loader).
     seed = seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
@@ -173,6 +178,18 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         torch.backends.cudnn.benchmark = bool(cfg.CUDNN_BENCHMARK)
     cfg.freeze()
     return cfg
+
+
+def _log_unused_detectron2_keys(cfg: CfgNode) -> None:
+    # detectron2 accepts its detection keys silently; say once that trainkit's code ignores
+    # the ones a file or the command line set (a project's own code may still read them).
+    unused = unused_detectron2_keys(cfg)
+    if unused:
+        logger.info(
+            "Config keys set but not used by trainkit (detectron2 keys that only a project's "
+            "own code reads): %s",
+            ", ".join(unused),
+        )
 
 
 _ORIGINS_HEADER = (
