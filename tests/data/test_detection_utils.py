@@ -52,7 +52,7 @@ def test_read_image_of_a_broken_file_raises_oserror(tmp_path):
 @pytest.mark.parametrize("fmt", ["RGB", "BGR", "YUV-BT.601", "L"])
 def test_convert_image_to_rgb_undoes_read_image(png, fmt):
     image = utils.read_image(png, fmt)
-    rgb = utils.convert_image_to_rgb(torch.as_tensor(np.ascontiguousarray(image)), fmt)
+    rgb = utils.convert_image_to_rgb(torch.as_tensor(np.array(image)), fmt)
     assert rgb.dtype == np.uint8 and rgb.shape == (4, 6, 3)
     expected = np.repeat(utils.read_image(png, "L"), 3, axis=2) if fmt == "L" else RED_LEFT
     np.testing.assert_allclose(rgb, expected, atol=1)

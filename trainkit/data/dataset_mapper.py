@@ -153,7 +153,10 @@ class DatasetMapper:
         self.augmentations(aug_input)
         image, sem_seg = aug_input.image, aug_input.sem_seg
         # ascontiguousarray: a flip leaves negative strides, which torch cannot view.
-        record["image"] = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
+        chw = np.ascontiguousarray(image.transpose(2, 0, 1))
+        if not chw.flags.writeable:  # an image read as it is (PIL's buffer is read-only)
+            chw = chw.copy()
+        record["image"] = torch.as_tensor(chw)
         if sem_seg is not None:
             record["sem_seg"] = torch.as_tensor(sem_seg.astype("long"))
         if not self.is_train:

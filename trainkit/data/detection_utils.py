@@ -103,7 +103,7 @@ def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa
     """Read an image file into an array, upright (EXIF orientation applied).
 
     Args:
-        file_name: a path ``PathManager`` can open.
+        file_name: a local path, or a URL ``PathManager`` can open.
         format: ``"BGR"``, ``"RGB"``, ``"L"``, ``"YUV-BT.601"``, another PIL mode, or
             ``None`` (the file's own); see :func:`convert_PIL_to_numpy`.
 
@@ -115,7 +115,9 @@ def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa
     """
     from PIL import Image
 
-    with PathManager.open(file_name, "rb") as f:
+    # iopath adds nothing for a local file but costs ~20 us an image; URLs go through it.
+    opener = PathManager.open if "://" in file_name else open
+    with opener(file_name, "rb") as f:
         image = Image.open(f)
         image = _apply_exif_orientation(image)
         return convert_PIL_to_numpy(image, format)

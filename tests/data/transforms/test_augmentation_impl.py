@@ -183,6 +183,8 @@ def test_min_iou_random_crop_keeps_boxes_overlapping():
     image = np.zeros((40, 60, 3), np.uint8)
     boxes = np.array([[10.0, 10.0, 30.0, 30.0]])
     aug = T.MinIoURandomCrop(min_ious=(0.3,), min_crop_size=0.3)
+    assert aug.sample_mode == (1, 0.3, 0)  # 1: keep the image; 0: any overlap
+    aug.sample_mode = (1, 0.3)  # so that every crop must reach 0.3
 
     def mapper(_):
         return aug.get_transform(image, boxes)
@@ -198,6 +200,7 @@ def test_min_iou_random_crop_keeps_boxes_overlapping():
             )
             union = 400 + c.w * c.h - inter
             assert inter / union >= 0.3 - 1e-6
+            assert c.x0 < 20 < c.x0 + c.w and c.y0 < 20 < c.y0 + c.h  # holds the box's centre
     assert isinstance(aug.get_transform(image, None), T.NoOpTransform)
 
 

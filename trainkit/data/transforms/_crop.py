@@ -207,7 +207,7 @@ class MinIoURandomCrop(Augmentation):
                 new_h = rng.uniform(self.min_crop_size * h, h)
                 if not 0.5 <= new_h / new_w <= 2:
                     continue
-                left, top = rng.uniform(w - new_w), rng.uniform(h - new_h)
+                left, top = rng.uniform(0, w - new_w), rng.uniform(0, h - new_h)
                 patch = np.array([left, top, left + new_w, top + new_h]).astype(int)
                 if patch[2] == patch[0] or patch[3] == patch[1]:
                     continue

@@ -164,11 +164,13 @@ class ResizeShortestEdge(Augmentation):
 
     def get_transform(self, image: np.ndarray) -> Transform:
         h, w = image.shape[:2]
-        rng = augmentation_rng()
-        if self.is_range:
-            size = int(rng.integers(self.short_edge_length[0], self.short_edge_length[1] + 1))
-        else:
-            size = int(self.short_edge_length[rng.integers(len(self.short_edge_length))])
+        lengths = self.short_edge_length
+        if self.is_range and lengths[0] != lengths[1]:
+            size = int(augmentation_rng().integers(lengths[0], lengths[1] + 1))
+        elif not self.is_range and len(lengths) > 1:
+            size = int(lengths[augmentation_rng().integers(len(lengths))])
+        else:  # one possible length (the test-time resize): nothing to draw
+            size = int(lengths[0])
         if size == 0:
             return NoOpTransform()
         new_h, new_w = self.get_output_shape(h, w, size, self.max_size)
