@@ -24,6 +24,7 @@ from trainkit.data.catalog import (
     load_catalog_dataset,
 )
 from trainkit.data.common import DatasetFromList, records_and_mapper
+from trainkit.data.dataset_mapper import DatasetMapper
 from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
 from trainkit.data.inference_loader import build_detection_test_loader, build_test_loader
 from trainkit.data.loader import TrainLoader
@@ -137,9 +138,13 @@ def _train_loader_from_config(
     as_stream = getattr(dataset, "as_stream", None)
     if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
         dataset = as_stream()
-    records = dataset if isinstance(dataset, list) else records_and_mapper(dataset)[0]
+    records, own_mapper = (
+        (dataset, None) if isinstance(dataset, list) else records_and_mapper(dataset)
+    )
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
+    if mapper is None and own_mapper is None:
+        mapper = DatasetMapper(cfg, True)  # detectron2's default: read and augment images
     # The loader gets the records and this mapper as they are: named after the datasets,
     # with the config's failure limit.
     mapper = as_record_mapper(
@@ -187,13 +192,14 @@ def build_detection_train_loader(
     sampler=None)`` reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a ``RankDataset``
     is read as its stream of shares), ``SOLVER.IMS_PER_BATCH``, ``SEED`` (if < 0, a shared
     seed is drawn here on every rank) and ``DATALOADER.*``; explicit keyword arguments (e.g.
-    ``aspect_ratio_grouping=False``) override it. The result is
-    :func:`build_batch_data_loader`'s.
+    ``aspect_ratio_grouping=False``) override it. ``mapper=None`` maps with
+    ``DatasetMapper(cfg, True)`` (records need a ``file_name``), unless ``dataset`` is a
+    ``MapDataset`` with its own mapper. The result is :func:`build_batch_data_loader`'s.
 
     Args:
         dataset, mapper, total_batch_size, num_workers, collate_fn: as in
             :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
-            record).
+            record; in this explicit form ``mapper=None`` maps nothing, as in detectron2).
         sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
             be ``None`` for an ``IterableDataset``.
         aspect_ratio_grouping: batch only samples of similar aspect ratio; the records need

@@ -19,6 +19,7 @@ from trainkit.config.detectron2_defaults import unused_detectron2_keys
 from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
+from trainkit.engine.predictor import DefaultPredictor
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
@@ -29,6 +30,7 @@ from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.logger import setup_logger
 
 __all__ = [
+    "DefaultPredictor",
     "DefaultTrainer",
     "OutputDirError",
     "check_output_dir",

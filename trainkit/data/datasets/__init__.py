@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.datasets.coco import load_coco_json, register_coco_instances
+from trainkit.data.datasets.sem_seg import load_sem_seg
 from trainkit.data.datasets.shapes import (
     SHAPES_CLASSES,
     get_datasets_root,
@@ -18,6 +19,7 @@ __all__ = [
     "SHAPES_CLASSES",
     "get_datasets_root",
     "load_coco_json",
+    "load_sem_seg",
     "load_shapes",
     "register_coco_instances",
     "register_shapes",
