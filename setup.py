@@ -54,6 +54,10 @@ setup(
         # Pickles lambdas and closures given as mappers for spawned loader workers
         # (trainkit.utils.serialize.PicklableWrapper), as detectron2 does.
         "cloudpickle>=1.3",
+        # LazyConfig (trainkit.config.LazyConfig, LazyCall, instantiate) is detectron2's
+        # new-style Python config, built on omegaconf as detectron2's is; small and pure
+        # Python, and imported only when a LazyConfig is used.
+        "omegaconf>=2.1",
     ],
     extras_require=_EXTRAS,
     include_package_data=True,
