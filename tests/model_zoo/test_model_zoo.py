@@ -1,6 +1,7 @@
 """trainkit.model_zoo: shipped configs by name, package data, and no published weights."""
 
 import importlib.resources
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -103,9 +104,16 @@ def test_detectron2_import_path():
 
 @pytest.mark.slow
 def test_a_built_wheel_ships_the_configs(tmp_path):
+    # Built from a copy: pip builds in the source tree and would leave build/ in the checkout.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("setup.py", "README.md", "MANIFEST.in", "pyproject.toml"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("trainkit", "configs"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
+         "-w", str(tmp_path), str(source)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
