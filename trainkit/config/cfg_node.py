@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import yaml
@@ -25,7 +25,7 @@ from trainkit.config.provenance import (
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import PathManager
 
-__all__ = ["CfgNode", "ConfigError"]
+__all__ = ["CfgNode", "ConfigError", "did_you_mean"]
 
 logger = logging.getLogger(__name__)
 
@@ -347,14 +347,7 @@ class CfgNode(_FvcoreCfgNode):
             self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
-        known = list(flat_leaves(self))
-        close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
-        if not close:
-            leaf = full_key.rsplit(".", 1)[-1]
-            close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
-        hint = f" Did you mean {close[0]}?" if close else ""
-        if len(close) > 1:
-            hint += f" (other close keys: {', '.join(close[1:])})"
+        hint = did_you_mean(full_key, flat_leaves(self))
         raise ConfigError(
             f"unknown config key {full_key} in {source}.{hint} Every key must exist in "
             f"trainkit/config/defaults.py (or be added to the config before merging)."
@@ -378,6 +371,23 @@ def _python_tag(error: yaml.constructor.ConstructorError) -> str | None:
     if found is None or not found.group(1).startswith(_PYTHON_TAG_PREFIX):
         return None
     return "!!" + found.group(1)[len("tag:yaml.org,2002:") :]
+
+
+def did_you_mean(full_key: str, known: Iterable[str]) -> str:
+    """Return `` Did you mean X?`` (with other close keys) for an unknown dotted key, or ``""``.
+
+    Close spellings first; failing those, keys with the same last part (``SOLVER.LR`` and
+    ``TRAIN.LR``). Shared by yacs merges and LazyConfig overrides.
+    """
+    known = list(known)
+    close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
+    if not close:
+        leaf = full_key.rsplit(".", 1)[-1]
+        close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
+    hint = f" Did you mean {close[0]}?" if close else ""
+    if len(close) > 1:
+        hint += f" (other close keys: {', '.join(close[1:])})"
+    return hint
 
 
 def _origin_of(origins: _Origins, full_key: str) -> str | None:
