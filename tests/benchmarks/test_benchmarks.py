@@ -84,10 +84,10 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 3 (map-style, stream,
-    # padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1, goodput 1,
-    # import_cost 1
-    assert len(tables) == 19
+    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 4 (map-style, stream,
+    # grouping sizes, padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1,
+    # goodput 1, import_cost 1
+    assert len(tables) == 20
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -147,8 +147,14 @@ def test_train_json(quick_run):
 def test_data_json(quick_run):
     data = quick_run[1]["data"]
     assert {(r["workers"], r["kind"]) for r in data["throughput"]} == {
-        (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")
+        (w, k)
+        for w in (0, 2)
+        for k in ("grouping on", "grouping on, no width/height", "grouping off")
     }
+    sizes = data["grouping_sizes"]
+    assert sizes["records"] > 0
+    assert all(sizes[k] > 0 for k in ("sized_build_ms", "sized_read_us", "header_read_us"))
+    assert sizes["verdict"] in ("PASS", "MISS")
     stream = data["stream"]
     assert stream["workers"] == 2 and stream["target"] == 0.95
     assert stream["ratio"] == pytest.approx(stream["rate"] / stream["torch_rate"])
