@@ -4,7 +4,8 @@ The train loader's path (docs/architecture.md draws it):
 
 1. build.py          build_train_loader(cfg): the records, the mapper and the sampler go
                      straight to the loader (no MapDataset built and taken apart)
-2. catalog.py        load_catalog_dataset -> DatasetCatalog.get: the records
+2. catalog.py        load_catalog_dataset -> DatasetCatalog.get (utils/catalog.py, below
+                     the data package): the records
 3. loader.py         TrainLoader, each step: _PlannedBatches (the torch loader's batch
                      sampler), then _MappedRecords (a loader worker maps the whole batch)
 4. batch_plan.py     GlobalBatchPlan: step s's records (grouped by grouping.py's Buckets;
@@ -124,7 +125,6 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("catalog.py", "load_catalog_dataset"),
         ("catalog.py", "_named_datasets"),
         ("catalog.py", "_catalog_part"),
-        ("catalog.py", "get"),
     ]
     # Batch composition, in the training process: loader -> batch sampler -> plan.
     planned = [
