@@ -1,9 +1,11 @@
 """Packaging for trainkit; tool configuration lives in pyproject.toml."""
 
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 _VERSION = re.search(
     r'__version__ = "([^"]+)"',
@@ -32,6 +34,27 @@ _EXTRAS["test"] = [
     *_EXTRAS["plot"],
 ]
 
+_CONFIG_SUFFIXES = (".yaml", ".py")
+
+
+class _BuildPyWithConfigs(build_py):
+    """Also copy the repository's configs/ into trainkit/model_zoo/configs of the build.
+
+    ``trainkit.model_zoo.get_config("shapes/cnn_small.yaml")`` then works from a wheel; a
+    source checkout reads configs/ in place, so the tree holds one copy of each file.
+    """
+
+    def run(self):
+        super().run()
+        source = Path(__file__).resolve().with_name("configs")
+        target = Path(self.build_lib, "trainkit", "model_zoo", "configs")
+        for path in source.rglob("*"):
+            if path.is_file() and path.suffix in _CONFIG_SUFFIXES:
+                destination = target / path.relative_to(source)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, destination)
+
+
 setup(
     name="trainkit",
     version=_VERSION,
@@ -54,7 +77,14 @@ setup(
         # Pickles lambdas and closures given as mappers for spawned loader workers
         # (trainkit.utils.serialize.PicklableWrapper), as detectron2 does.
         "cloudpickle>=1.3",
+        # LazyConfig (trainkit.config.LazyConfig, LazyCall, instantiate) is detectron2's
+        # new-style Python config, built on omegaconf as detectron2's is; small and pure
+        # Python, and imported only when a LazyConfig is used.
+        "omegaconf>=2.1",
     ],
     extras_require=_EXTRAS,
     include_package_data=True,
+    # The common LazyConfigs (configs/common/*.py) are data, not modules of the package.
+    package_data={"trainkit.model_zoo": ["configs/**/*.py", "configs/**/*.yaml"]},
+    cmdclass={"build_py": _BuildPyWithConfigs},
 )

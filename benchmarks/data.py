@@ -2,6 +2,11 @@
 
 * map-style: ``build_train_loader`` on ``shapes_train`` (grouping on and off, 0 and 2 workers)
   beside a torch ``DataLoader`` + ``DistributedSampler`` on the same records and mapper work;
+  and grouping on over the same records without ``width``/``height`` (as ``load_sem_seg``
+  gives them): each image's header is read when the batch plan first reaches it, so the
+  measured window (a new loader: the first pass) pays one header read per record;
+* what grouping costs when the loader is built (the read of every record's size, or nothing)
+  and per header read;
 * a stream: ``build_batch_data_loader(MapDataset(stream, mapper), None, ...)`` with 2 workers
   (trainkit shards the stream across its workers and maps whole batches) beside a torch
   ``DataLoader`` over an ``IterableDataset`` that shards itself with ``get_worker_info()`` and
@@ -40,10 +45,13 @@ from benchmarks.report import print_table, target_text, verdict
 from benchmarks.shapes import shapes_cfg, train_loader
 from trainkit.data import (
     DatasetCatalog,
+    DatasetFromList,
     MapDataset,
     build_batch_data_loader,
+    build_train_loader,
     trivial_batch_collator,
 )
+from trainkit.data.grouping import LazyBucketIds, record_bucket_ids
 from trainkit.data.mappers import ClassificationDatasetMapper
 
 _MAP_STYLE_TARGET = 1.0  # grouping on vs the torch loader
@@ -142,6 +150,22 @@ def _trainkit_stream_loader(num_workers: int) -> Any:
     )
 
 
+def _unsized_records() -> list[dict[str, Any]]:
+    """The ``shapes_train`` records without ``width``/``height`` (as ``load_sem_seg``'s)."""
+    sizes = ("width", "height")
+    return [
+        {k: v for k, v in r.items() if k not in sizes} for r in DatasetCatalog.get("shapes_train")
+    ]
+
+
+def _unsized_loader(num_workers: int, records: list[dict[str, Any]]) -> Any:
+    """``build_train_loader`` with grouping over ``records`` (no sizes: read from headers)."""
+    cfg = shapes_cfg(LOADER_BATCH, num_workers)
+    cfg.DATALOADER.ASPECT_RATIO_GROUPING = True
+    mapper = ClassificationDatasetMapper(cfg, is_train=True)
+    return build_train_loader(cfg, mapper, dataset=records)
+
+
 def _torch_stream_loader(num_workers: int) -> Any:
     cfg = shapes_cfg(LOADER_BATCH, num_workers)
     stream = _ShapesStream(DatasetCatalog.get("shapes_train"))
@@ -184,6 +208,7 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "throughput": _bench_map_style(rounds, num_batches),
         "stream": _bench_stream(rounds, num_batches),
+        "grouping_sizes": _bench_grouping_sizes(rounds),
     }
     results.update(bench_padding(quick, rounds))
     return results
@@ -191,9 +216,11 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
 
 def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
     results, rows = [], []
+    unsized = _unsized_records()
     for workers in (0, 2):
         makers = {
             "grouping on": lambda w=workers: train_loader(w, True, batch_size=LOADER_BATCH),
+            _UNSIZED: lambda w=workers: _unsized_loader(w, unsized),
             "grouping off": lambda w=workers: train_loader(w, False, batch_size=LOADER_BATCH),
             "torch": lambda w=workers: _torch_loader(w),
         }
@@ -207,7 +234,7 @@ def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
         )
         med = {k: median(v) for k, v in samples.items()}
         cpu_med = {k: median(v) for k, v in cpu.items()}
-        for kind in ("grouping on", "grouping off"):
+        for kind in ("grouping on", _UNSIZED, "grouping off"):
             ratio = med[kind] / med["torch"]
             judged = kind == "grouping on"
             v = verdict(ratio, _MAP_STYLE_TARGET, higher_is_better=True) if judged else ""
@@ -242,12 +269,16 @@ def _bench_map_style(rounds: int, num_batches: int) -> list[dict[str, Any]]:
         "Train loader throughput on shapes_train (ClassificationDatasetMapper, batch "
         f"{LOADER_BATCH}, {num_batches} batches after 10 warm-up batches; medians of {rounds} "
         "alternating runs) vs torch DataLoader + DistributedSampler(num_replicas=1) with a "
-        "fixed-seed mapper; CPU: main process and workers, per sample",
+        f"fixed-seed mapper; '{_UNSIZED}': the same records without width/height, each "
+        "image's header read when the plan first reaches it (a new loader each run: every "
+        "record in the window is read cold); CPU: main process and workers, per sample",
         _COLUMNS,
         rows,
     )
     return results
 
+
+_UNSIZED = "grouping on, no width/height"
 
 _COLUMNS = [
     "loader",
@@ -308,6 +339,66 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
                 target_text(_STREAM_TARGET, higher_is_better=True),
                 result["verdict"],
             ]
+        ],
+    )
+    return result
+
+
+def _bench_grouping_sizes(rounds: int) -> dict[str, Any]:
+    """Grouping's cost when the loader is built, and per record as the plan reaches it.
+
+    Records with sizes are all read when the loader is built (``record_bucket_ids``);
+    records without are not read then, but each header costs a file open and a parse the
+    first time the plan reaches it (:class:`~trainkit.data.grouping.LazyBucketIds`).
+    """
+    # As the loader holds them: one serialised copy, each record unpickled when read.
+    sized = DatasetFromList(DatasetCatalog.get("shapes_train"), copy=False)
+    unsized = DatasetFromList(_unsized_records(), copy=False)
+    bins = shapes_cfg().DATALOADER.ASPECT_RATIO_BINS
+
+    def build_ms(records: DatasetFromList) -> float:
+        start = time.perf_counter()
+        record_bucket_ids(records, bins)
+        return (time.perf_counter() - start) * 1e3
+
+    def read_us(records: DatasetFromList) -> float:
+        ids = LazyBucketIds(records, bins)
+        start = time.perf_counter()
+        for i in range(len(records)):
+            ids[i]
+        return (time.perf_counter() - start) / len(records) * 1e6
+
+    samples = alternate(
+        {
+            "sized_build_ms": lambda: build_ms(sized),
+            "unsized_build_ms": lambda: build_ms(unsized),
+            "sized_read_us": lambda: read_us(sized),
+            "header_read_us": lambda: read_us(unsized),
+        },
+        rounds,
+    )
+    result: dict[str, Any] = {k: median(v) for k, v in samples.items()}
+    result["records"] = len(sized)
+    # Building must not read the records without sizes (nor their images): no slower than
+    # the read of every record's size it replaces.
+    result["verdict"] = verdict(
+        result["unsized_build_ms"] / result["sized_build_ms"], 1.0, higher_is_better=False
+    )
+    target = "build <= with width/height"
+    print_table(
+        f"Aspect-ratio buckets of the {len(sized)} shapes_train records: reading them when the "
+        "loader is built, and finding one record's bucket the first time the plan reaches it "
+        f"(medians of {rounds} alternating runs; image files in the page cache)",
+        ["records", "build, ms", "first reach, us/record", "target", "PASS/MISS"],
+        [
+            ["with width/height", result["sized_build_ms"], result["sized_read_us"], "", ""],
+            [
+                "without (image headers)",
+                result["unsized_build_ms"],
+                result["header_read_us"],
+                target,
+                result["verdict"],
+            ],
         ],
     )
     return result

@@ -27,6 +27,7 @@ from benchmarks.eval import bench_eval
 from benchmarks.goodput import bench_goodput
 from benchmarks.import_cost import bench_import_cost
 from benchmarks.launch import bench_launch
+from benchmarks.mapper import bench_mapper
 from benchmarks.measure import timer
 from benchmarks.metafile import bench_metafile
 from benchmarks.report import (
@@ -46,6 +47,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "metafile": bench_metafile,
     "train": bench_train,
     "data": bench_data,
+    "mapper": bench_mapper,
     "launch": bench_launch,
     "checkpoint": bench_checkpoint,
     "eval": bench_eval,
@@ -104,6 +106,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--meta-records", type=float, help="metafile records (1e7)")
     parser.add_argument("--reads", type=float, help="metafile random reads per process (2e5)")
     parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
+    parser.add_argument(
+        "--d2-root",
+        help="mapper task: a detectron2 source checkout whose DatasetMapper is the baseline "
+        "(default: the same work in plain PIL/numpy)",
+    )
     args = parser.parse_args(argv)
     if args.quick and args.write_docs:
         # One line, no usage text: the page holds full-size figures only.

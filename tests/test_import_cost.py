@@ -11,6 +11,8 @@ HEAVY = (
     "matplotlib",
     "wandb",
     "mlflow",
+    # LazyConfig's dependency: imported when a LazyConfig is used
+    "omegaconf",
     # the launcher's heavy parts: launch() imports them when it needs them
     "torch.distributed.elastic",
     "trainkit.launcher.elastic",

@@ -139,6 +139,9 @@ _NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 def tracker_env(root: Path) -> dict[str, str]:
     """Environment variables that keep W&B's files under ``root`` and the trackers offline.
 
+    ``WANDB_DIR`` is not set: it would move a run's files out of its output directory, where
+    :func:`wandb_records` reads them (the caller removes it).
+
     An online W&B run would go to a closed port on 127.0.0.1 (the caller removes
     ``WANDB_API_KEY``); MLflow sends no telemetry.
     """
@@ -148,7 +151,6 @@ def tracker_env(root: Path) -> dict[str, str]:
         "WANDB_CONFIG_DIR": str(root / "wandb_config"),
         "WANDB_CACHE_DIR": str(root / "wandb_cache"),
         "WANDB_DATA_DIR": str(root / "wandb_data"),
-        "WANDB_DIR": str(root / "wandb_dir"),
         "NETRC": str(root / "no_netrc"),
         "WANDB_CONSOLE": "off",
         "WANDB_SILENT": "true",

@@ -19,6 +19,7 @@ TASKS = [
     "metafile",
     "train",
     "data",
+    "mapper",
     "launch",
     "checkpoint",
     "eval",
@@ -83,9 +84,10 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 3 (map-style, stream,
-    # padding), launch 2, checkpoint 2, eval 1, goodput 1, import_cost 1
-    assert len(tables) == 17
+    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 4 (map-style, stream,
+    # grouping sizes, padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1,
+    # goodput 1, import_cost 1
+    assert len(tables) == 20
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -145,8 +147,14 @@ def test_train_json(quick_run):
 def test_data_json(quick_run):
     data = quick_run[1]["data"]
     assert {(r["workers"], r["kind"]) for r in data["throughput"]} == {
-        (w, k) for w in (0, 2) for k in ("grouping on", "grouping off")
+        (w, k)
+        for w in (0, 2)
+        for k in ("grouping on", "grouping on, no width/height", "grouping off")
     }
+    sizes = data["grouping_sizes"]
+    assert sizes["records"] > 0
+    assert all(sizes[k] > 0 for k in ("sized_build_ms", "sized_read_us", "header_read_us"))
+    assert sizes["verdict"] in ("PASS", "MISS")
     stream = data["stream"]
     assert stream["workers"] == 2 and stream["target"] == 0.95
     assert stream["ratio"] == pytest.approx(stream["rate"] / stream["torch_rate"])
@@ -156,6 +164,16 @@ def test_data_json(quick_run):
         assert 0 <= row["padded_to_max"] <= row["padded_after_divisibility"] < 1
     # Two targets, then the per-image rescale comparison, which has none.
     assert [c["verdict"] in ("PASS", "MISS") for c in data["padding_checks"]] == [True, True, False]
+
+
+def test_mapper_json(quick_run):
+    mapper = quick_run[1]["mapper"]
+    assert mapper["baseline"] == "plain PIL/numpy" and mapper["images"] > 0
+    assert mapper["trainkit_us"] > 0 and mapper["baseline_us"] > 0
+    assert mapper["ratio"] == pytest.approx(mapper["baseline_us"] / mapper["trainkit_us"])
+    assert mapper["target"] == 0.95 and mapper["verdict"] in ("PASS", "MISS")
+    assert 0 < mapper["seeding_us"] <= mapper["context_us"]
+    assert mapper["seeding_verdict"] in ("PASS", "MISS")
 
 
 def test_launch_json(quick_run):

@@ -245,7 +245,8 @@ def test_test_loader_from_config_and_its_alias(registered):
     assert build_test_loader is build_detection_test_loader
     loader = build_test_loader(cfg, "compat_test", mapper=record_id)
     assert len(loader) == 3 and list(loader) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert flatten(build_detection_test_loader(cfg, "compat_test")) == [{"id": i} for i in range(7)]
+    same = build_detection_test_loader(cfg, "compat_test", mapper=lambda record: record)
+    assert flatten(same) == [{"id": i} for i in range(7)]
     assert flatten(build_test_loader(cfg, "compat_test", batch_size=7, mapper=record_id)) == list(
         range(7)
     )

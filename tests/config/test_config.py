@@ -1,5 +1,7 @@
 """Strict config merging, _BASE_ inheritance, error messages and dump round trip."""
 
+import logging
+
 import pytest
 
 from trainkit.config import CfgNode, ConfigError, get_cfg
@@ -106,9 +108,38 @@ def test_key_that_yaml_reads_as_a_number_or_bool_is_a_config_error(tmp_path):
 
 def test_yaml_cannot_run_code(tmp_path):
     evil = tmp_path / "evil.yaml"
-    evil.write_text("OUTPUT_DIR: !!python/object/apply:os.system ['echo pwned']\n")
-    with pytest.raises(ConfigError, match="evil.yaml"):
+    evil.write_text("SEED: 1\nOUTPUT_DIR: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError) as info:
         get_cfg().merge_from_file(str(evil))
+    message = str(info.value)
+    assert "syntax error" not in message
+    assert "evil.yaml:2" in message and "!!python/object/apply:os.system" in message
+    assert "refused by design" in message and "allow_unsafe=True" in message
+
+
+def test_python_tag_in_a_base_file_names_that_file_and_line(tmp_path):
+    (tmp_path / "base.yaml").write_text("SOLVER:\n  STEPS: !!python/tuple [10, 20]\n")
+    (tmp_path / "leaf.yaml").write_text("_BASE_: base.yaml\nSEED: 3\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml:2 \(the _BASE_ of .*leaf\.yaml\): the YAML"):
+        get_cfg().merge_from_file(str(tmp_path / "leaf.yaml"))
+
+
+def test_allow_unsafe_loads_python_tags_with_a_warning(tmp_path, caplog):
+    (tmp_path / "base.yaml").write_text("SOLVER:\n  STEPS: !!python/tuple [10, 20]\n")
+    (tmp_path / "leaf.yaml").write_text("_BASE_: base.yaml\nSEED: 3\n")
+    cfg = get_cfg()
+    with caplog.at_level(logging.WARNING, logger="trainkit.config.cfg_node"):
+        cfg.merge_from_file(str(tmp_path / "leaf.yaml"), allow_unsafe=True)
+    assert (cfg.SOLVER.STEPS, cfg.SEED) == ((10, 20), 3)
+    assert cfg.get_origin("SOLVER.STEPS").endswith("base.yaml:2")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unsafe loader" in warnings[0] and "base.yaml" in warnings[0]
+    # a file the safe loader reads is read with it, without a warning
+    (tmp_path / "safe.yaml").write_text("SOLVER:\n  STEPS: [10, 20]\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainkit.config.cfg_node"):
+        get_cfg().merge_from_file(str(tmp_path / "safe.yaml"), allow_unsafe=True)
+    assert not caplog.records
 
 
 def test_dump_loads_back_equal(tmp_path):

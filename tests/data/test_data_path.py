@@ -4,12 +4,14 @@ The train loader's path (docs/architecture.md draws it):
 
 1. build.py          build_train_loader(cfg): the records, the mapper and the sampler go
                      straight to the loader (no MapDataset built and taken apart)
-2. catalog.py        load_catalog_dataset -> DatasetCatalog.get: the records
+2. catalog.py        load_catalog_dataset -> DatasetCatalog.get (utils/catalog.py, below
+                     the data package): the records
 3. loader.py         TrainLoader, each step: _PlannedBatches (the torch loader's batch
                      sampler), then _MappedRecords (a loader worker maps the whole batch)
 4. batch_plan.py     GlobalBatchPlan: step s's records (grouped by grouping.py's Buckets;
-                     each record's bucket is read once, while building), this rank's
-                     micro-batch
+                     each record's bucket is read once: while building from its
+                     width/height, or from its image header when the plan first reaches
+                     it), this rank's micro-batch
 5. samplers/         global_indices: the global stream
 6. mapping.py        RecordMapper: the sample context, failures, the user's mapper
 7. dataset_from_list.py  DatasetFromList: the machine's one copy of the records, read
@@ -106,12 +108,12 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     cfg.SOLVER.IMS_PER_BATCH = 4
     cfg.SEED = 0
     loader = build_train_loader(cfg, mapper=_mapper)
-    # Facts read once from the unmapped records (aspect ratios), while building.
+    # Facts read once from the unmapped records (aspect ratios), while building: the first
+    # record shows they have sizes, so all are read now.
     assert _STACKS.pop("read") == [
         ("build.py", "build_detection_train_loader"),
         ("build.py", "build_batch_data_loader"),
-        ("grouping.py", "record_aspect_ratios"),
-        ("grouping.py", "<genexpr>"),
+        ("grouping.py", "record_bucket_ids"),
     ]
     ids = {i for _, batch in zip(range(12), loader) for i in batch}
     assert 5 in ids
@@ -123,7 +125,6 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("catalog.py", "load_catalog_dataset"),
         ("catalog.py", "_named_datasets"),
         ("catalog.py", "_catalog_part"),
-        ("catalog.py", "get"),
     ]
     # Batch composition, in the training process: loader -> batch sampler -> plan.
     planned = [

@@ -24,6 +24,10 @@ def _mapper(record):
     return record["id"], int(sample_rng().integers(1 << 30))
 
 
+def _same(record):  # records as they are (the default DatasetMapper needs file_name)
+    return record
+
+
 def _cfg(**overrides):
     from trainkit.config import get_cfg
 
@@ -60,7 +64,9 @@ def _job():
         out["batch_error"] = str(e)
 
     DatasetCatalog.register("toy_test_7", lambda: [{"id": i} for i in range(7)])
-    out["test_ids"] = [r["id"] for b in build_test_loader(_cfg(), "toy_test_7") for r in b]
+    out["test_ids"] = [
+        r["id"] for b in build_test_loader(_cfg(), "toy_test_7", mapper=_same) for r in b
+    ]
     return out
 
 

@@ -69,7 +69,7 @@ def test_registers_in_the_catalog_and_trains_with_a_global_shuffle(tmp_path):
         cfg.SOLVER.IMS_PER_BATCH = 4
         cfg.DATALOADER.NUM_WORKERS = 0
         cfg.DATALOADER.ASPECT_RATIO_GROUPING = False
-        loader = build_train_loader(cfg)
+        loader = build_train_loader(cfg, mapper=lambda record: record)  # records as they are
         ids = [r["id"] for b in itertools.islice(iter(loader), 6) for r in b]
     finally:
         DatasetCatalog.remove("metafile_test")

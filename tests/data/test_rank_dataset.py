@@ -106,7 +106,8 @@ def test_a_catalog_entry_returning_a_rank_dataset_trains_on_its_shares(tmp_path)
     cfg.merge_from_list(["DATASETS.TRAIN", "('rank_dataset_test',)", "SOLVER.IMS_PER_BATCH", "4"])
     cfg.merge_from_list(["DATALOADER.NUM_WORKERS", 0, "DATALOADER.ASPECT_RATIO_GROUPING", False])
     try:
-        loader = build_train_loader(cfg)
+        # Records without file_name: the default DatasetMapper would refuse them.
+        loader = build_train_loader(cfg, mapper=lambda record: record)
         ids = [r["id"] for b in itertools.islice(iter(loader), 10) for r in b]
     finally:
         DatasetCatalog.remove("rank_dataset_test")

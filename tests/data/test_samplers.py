@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
+from trainkit.config import get_cfg
+from trainkit.data.build import _train_sampler
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
@@ -199,3 +201,16 @@ def test_worker_shares_start_at_the_loaded_position():
     dataset = ToIterableDataset(list(range(n)), sampler)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
     assert list(itertools.islice(loader, 30)) == reference[7:37]
+
+
+@pytest.mark.parametrize("sqrt, factor", [(True, 5.0**0.5), (False, 5.0)])
+def test_repeat_sqrt_key_chooses_the_rule(sqrt, factor):
+    # DATALOADER.REPEAT_SQRT (detectron2's key) reaches the repeat factors: the rare category
+    # (1 record in 10, threshold 0.5) repeats sqrt(5) or 5 times as often as the others.
+    cfg = get_cfg()
+    cfg.merge_from_list(["DATALOADER.REPEAT_THRESHOLD", 0.5, "DATALOADER.REPEAT_SQRT", sqrt])
+    cfg.DATALOADER.SAMPLER_TRAIN = "RepeatFactorTrainingSampler"
+    records = [{"annotations": [{"category_id": 0}]}] * 9 + [{"annotations": [{"category_id": 1}]}]
+    sampler = _train_sampler(cfg, records, len(records), seed=0)
+    counts = np.bincount(take(sampler, 20000), minlength=10)
+    assert counts[9] / counts[:9].mean() == pytest.approx(factor, rel=0.1)

@@ -86,3 +86,25 @@ def test_collect_env_module_runs():
     )
     for item in ("PyTorch", "CUDA available", "distributed: Gloo", "trainkit git SHA", "fvcore"):
         assert item in out.stdout
+
+
+def test_detectron2_keys_trainkit_does_not_read_are_logged_once(tmp_path, restore_logging):
+    cfg = get_cfg()
+    cfg.merge_from_list(
+        ["MODEL.ROI_HEADS.NUM_CLASSES", "3", "INPUT.MIN_SIZE_TEST", "64", "SOLVER.BASE_LR", "0.1"]
+    )
+    cfg.OUTPUT_DIR = str(tmp_path)
+    default_setup(cfg, None)
+    lines = [
+        line for line in (tmp_path / "log.txt").read_text().splitlines() if "not used by" in line
+    ]
+    assert len(lines) == 1
+    # INPUT.MIN_SIZE_TEST is read by DefaultPredictor; SOLVER.BASE_LR is trainkit's own key
+    assert lines[0].endswith("only a project's own code reads): MODEL.ROI_HEADS.NUM_CLASSES")
+
+
+def test_nothing_is_logged_when_no_detectron2_only_key_is_set(tmp_path, restore_logging):
+    cfg = get_cfg()
+    cfg.OUTPUT_DIR = str(tmp_path)
+    default_setup(cfg, None)
+    assert "not used by trainkit" not in (tmp_path / "log.txt").read_text()

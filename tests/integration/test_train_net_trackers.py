@@ -24,7 +24,7 @@ def _shadowing_package(root: Path, name: str) -> str:
 @pytest.mark.parametrize("case", ["wandb not installed", "mlflow unreachable"])
 def test_a_missing_tracker_stops_train_net_before_training(tmp_path, case):
     env = {**os.environ, **tracker_env(tmp_path)}
-    for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_MODE"):
+    for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
         env.pop(name, None)
     if case == "wandb not installed":
         env["PYTHONPATH"] = os.pathsep.join([_shadowing_package(tmp_path, "wandb"), str(ROOT)])

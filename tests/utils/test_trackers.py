@@ -43,7 +43,8 @@ from trainkit.utils.trackers import TrackerUnavailableError
 def _hermetic(tmp_path, monkeypatch):
     for name, value in tracker_env(tmp_path).items():
         monkeypatch.setenv(name, value)
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "MLFLOW_TRACKING_URI"):
+    unset = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "MLFLOW_TRACKING_URI")
+    for name in unset:
         monkeypatch.delenv(name, raising=False)
     # MLflow's client reports a lost server at once instead of retrying for minutes.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -109,6 +110,19 @@ def test_wandb_offline_run_holds_config_and_scalars(tmp_path):
     history = wandb_history(tmp_path)
     assert sorted(history) == [0, 1, 2]
     assert history[2] == {"loss": pytest.approx(1 / 3), "lr": 0.1, "[metric]acc": 0.5}
+
+
+def test_a_users_wandb_dir_wins_over_the_output_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))
+    out = tmp_path / "out"
+    writer = WandbWriter(str(out), "tk-tests", "offline")
+    _write(writer, [0, 1])
+    writer.close()
+    (run,) = wandb_runs(tmp_path / "mine")  # W&B's convention: $WANDB_DIR/wandb/
+    assert sorted(wandb_history(tmp_path / "mine")) == [0, 1]
+    assert not (out / "wandb").exists()
+    # trainkit's own file stays in the output directory: a resume continues the run
+    assert (out / "wandb_run_id").read_text().strip() == run.run_id == writer.run_id
 
 
 def test_wandb_resume_continues_the_same_run(tmp_path):

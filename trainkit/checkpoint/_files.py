@@ -50,6 +50,9 @@ _PLAIN_LEAVES = (
 )  # fmt: skip
 _PLAIN_CONTAINERS = (dict, collections.OrderedDict, list, tuple, set)
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+# detectron2's model-zoo schemes: "detectron2://" (its model zoo), "catalog://" (Detectron's
+# ImageNet backbones).
+_DETECTRON2_ZOO_PREFIXES = ("detectron2://", "catalog://")
 
 
 def find_unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
@@ -80,9 +83,17 @@ def local_checkpoint_path(path_manager: Any, path: str) -> str:
 
     Raises:
         MissingFileError: A ``FileNotFoundError``: if there is no such checkpoint.
+        CheckpointError: If ``path`` is a detectron2 model-zoo URL (``detectron2://``).
     """
     if os.path.isfile(path):
         return path
+    if path.startswith(_DETECTRON2_ZOO_PREFIXES):
+        raise CheckpointError(
+            f"Checkpoint {path!r} is a detectron2 model-zoo URL, which trainkit does not "
+            "support: its models are detectors and its ImageNet backbones Detectron pickles "
+            "(.pkl) of another model's layer names. Set MODEL.WEIGHTS to a torch checkpoint "
+            "(.pth) of your own model, or '' to start from its initialisation."
+        )
     fix = (
         "Check the path (MODEL.WEIGHTS or the argument to load), or pass '' to start from the "
         "model's initialisation."
@@ -115,6 +126,7 @@ def read_checkpoint_file(
         MissingFileError: A ``FileNotFoundError``: if ``path`` does not exist.
         UntrustedCheckpointError: If the file holds objects ``weights_only`` refuses.
         CorruptCheckpointError: If the file cannot be read or is not a checkpoint.
+        CheckpointError: If a ``.pkl`` file cannot be read by torch (a Detectron pickle).
     """
     if not os.path.isfile(path):
         # torch.load's own error would be reported below as a corrupt file.
@@ -125,28 +137,17 @@ def read_checkpoint_file(
     # are materialised below, so nothing keeps the file mapped after loading.
     use_mmap = zipfile.is_zipfile(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=use_mmap)
-    except pickle.UnpicklingError as e:
-        match = _UNSUPPORTED_GLOBAL.search(str(e))
-        if match is None:
-            raise _corrupt(path, e) from e
-        raise UntrustedCheckpointError(
-            f"Checkpoint {path} stores a Python object of type {match.group(1)}, which "
-            "torch.load(weights_only=True) refuses because unpickling it can run arbitrary "
-            "code. If you trust this file, load it with Checkpointer(..., trust_pickle=True); "
-            "better, re-save it so it holds only tensors and plain containers."
-        ) from e
-    except (ImportError, AttributeError) as e:
-        if not trust_pickle:
-            raise _corrupt(path, e) from e
-        raise CheckpointError(
-            f"Checkpoint {path} refers to Python code that cannot be imported here: {e}"
-        ) from e
-    except Exception as e:
-        # Damaged bytes surface from deep inside torch.load as many types (RuntimeError from
-        # the zip reader, EOFError, struct.error, UnicodeDecodeError, ...); all mean the
-        # same thing to the user.
-        raise _corrupt(path, e) from e
+        data = _torch_load(path, trust_pickle, use_mmap)
+    except (CorruptCheckpointError, UntrustedCheckpointError) as e:
+        if path.endswith(".pkl"):
+            raise CheckpointError(
+                f"Checkpoint {path} is not a torch checkpoint but, by its .pkl name, a "
+                "Detectron (Caffe2-era) pickle of numpy arrays from detectron2's model zoo, "
+                "which trainkit does not load: detectron2 renames their Caffe2 layer names "
+                "to its own detection models' as it loads them. Use a .pth written by "
+                "torch.save or a Checkpointer (convert the arrays with torch.from_numpy)."
+            ) from e
+        raise
     if not isinstance(data, dict):
         raise CorruptCheckpointError(
             f"Checkpoint {path} holds a {type(data).__name__}, not a dict; it was not written "
@@ -168,6 +169,33 @@ def read_checkpoint_file(
         copied = HostStaging().copy({k: v for k, v in data.items() if k != "model"})
         data = {k: data[k] if k == "model" else copied[k] for k in data}
     return data
+
+
+def _torch_load(path: str, trust_pickle: bool, use_mmap: bool) -> Any:
+    """``torch.load`` onto the CPU, each failure turned into a checkpoint error naming ``path``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=use_mmap)
+    except pickle.UnpicklingError as e:
+        match = _UNSUPPORTED_GLOBAL.search(str(e))
+        if match is None:
+            raise _corrupt(path, e) from e
+        raise UntrustedCheckpointError(
+            f"Checkpoint {path} stores a Python object of type {match.group(1)}, which "
+            "torch.load(weights_only=True) refuses because unpickling it can run arbitrary "
+            "code. If you trust this file, load it with Checkpointer(..., trust_pickle=True); "
+            "better, re-save it so it holds only tensors and plain containers."
+        ) from e
+    except (ImportError, AttributeError) as e:
+        if not trust_pickle:
+            raise _corrupt(path, e) from e
+        raise CheckpointError(
+            f"Checkpoint {path} refers to Python code that cannot be imported here: {e}"
+        ) from e
+    except Exception as e:
+        # Damaged bytes surface from deep inside torch.load as many types (RuntimeError from
+        # the zip reader, EOFError, struct.error, UnicodeDecodeError, ...); all mean the
+        # same thing to the user.
+        raise _corrupt(path, e) from e
 
 
 def _corrupt(path: str, error: BaseException) -> CorruptCheckpointError:

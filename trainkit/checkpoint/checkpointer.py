@@ -35,6 +35,7 @@ from trainkit.checkpoint.model_state import (
     ShapeMismatchError,
     describe_incompatible,
     matched_model_state,
+    missing_keys_without_aliases,
     unwrap_model,
 )
 from trainkit.utils import comm
@@ -359,7 +360,9 @@ class Checkpointer(_FvcoreCheckpointer):
         )
         result = self.model.load_state_dict(state, strict=False)
         incompatible = IncompatibleKeys(
-            list(result.missing_keys), list(result.unexpected_keys), incorrect_shapes
+            missing_keys_without_aliases(self.model, result.missing_keys),
+            list(result.unexpected_keys),
+            incorrect_shapes,
         )
         if any(incompatible):
             self.logger.warning(

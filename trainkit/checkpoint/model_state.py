@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,6 +22,7 @@ __all__ = [
     "describe_incompatible",
     "find_shape_mismatches",
     "matched_model_state",
+    "missing_keys_without_aliases",
     "shape_changing_state_keys",
     "shape_mismatch_message",
     "unwrap_model",
@@ -104,7 +105,7 @@ def matched_model_state(
     incorrect_shapes = _shape_differences(state, model_shapes)
     if strict:
         expected = IncompatibleKeys(
-            missing_keys=sorted(set(model_state) - set(state)),
+            missing_keys=missing_keys_without_aliases(model, set(model_state) - set(state)),
             unexpected_keys=sorted(set(state) - set(model_state)),
             incorrect_shapes=incorrect_shapes,
         )
@@ -119,6 +120,33 @@ def matched_model_state(
     for key, _, _ in incorrect_shapes:
         del state[key]
     return state, incorrect_shapes
+
+
+def missing_keys_without_aliases(model: nn.Module, missing: Iterable[str]) -> list[str]:
+    """Return ``missing`` without the keys whose tensor the checkpoint filled under another name.
+
+    A tied parameter (``self.y = self.x``) is one tensor with two state-dict keys. A
+    checkpoint saved without the alias (or from a model without it) fills the tensor through
+    the other key, so the alias is not missing (fvcore filters such reused keys too).
+
+    Args:
+        model: the model the state was loaded into.
+        missing: its state-dict keys the checkpoint had no entry for.
+
+    Returns:
+        The keys whose tensor no key of the checkpoint filled, sorted.
+    """
+    missing = set(missing)
+    names_of: dict[int, list[str]] = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        names_of.setdefault(id(value), []).append(key)
+    loaded_elsewhere = {
+        key
+        for names in names_of.values()
+        if len(names) > 1 and not missing.issuperset(names)
+        for key in names
+    }
+    return sorted(missing - loaded_elsewhere)
 
 
 def _without_prefixes(state: Any, path: str, model_keys: set[str]) -> Mapping[str, Any]:

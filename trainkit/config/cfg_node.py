@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import yaml
@@ -23,7 +25,9 @@ from trainkit.config.provenance import (
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import PathManager
 
-__all__ = ["CfgNode", "ConfigError"]
+__all__ = ["CfgNode", "ConfigError", "did_you_mean"]
+
+logger = logging.getLogger(__name__)
 
 BASE_KEY = "_BASE_"
 # Where a node keeps the origin of each of its leaves: {key: (origin, value when recorded)}.
@@ -32,6 +36,11 @@ BASE_KEY = "_BASE_"
 _ORIGINS = "__key_origins__"
 # An origin argument of the checked merge: one origin for every key, or one per full key.
 _Origins = Union[Mapping[str, str], str]
+# The tag in PyYAML's "could not determine a constructor for the tag '...'".
+_TAG_IN_PROBLEM = re.compile(r"for the tag '([^']*)'")
+# Tags that build Python objects (tuples, and any class: running code); the safe loader
+# refuses them.
+_PYTHON_TAG_PREFIX = "tag:yaml.org,2002:python/"
 
 
 class ConfigError(UsageError, ValueError):
@@ -49,7 +58,8 @@ class CfgNode(_FvcoreCfgNode):
       accepted where a float is expected, and a list where a tuple is (and vice versa);
     * ``_BASE_`` paths are relative to the including file, followed recursively, and a cycle
       is an error that shows the chain of files;
-    * YAML is always parsed with the safe loader, so a config file cannot run code;
+    * YAML is parsed with the safe loader, so a config file cannot run code; a file with a
+      ``!!python/...`` tag is refused, saying where, unless merged with ``allow_unsafe=True``;
     * every leaf remembers where its value came from (:meth:`get_origin`; see
       :mod:`trainkit.config.provenance`): a file and line, the command line, a script's
       assignment, auto-scaling or run time.
@@ -120,19 +130,19 @@ class CfgNode(_FvcoreCfgNode):
 
         Args:
             filename: the config file.
-            allow_unsafe: ignored; trainkit never runs code from a config (kept for
-                detectron2 compatibility).
+            allow_unsafe: read a file (or ``_BASE_`` file) that the safe loader refuses for a
+                ``!!python/...`` tag with PyYAML's unsafe loader, with a logged warning: such
+                a file can run any code. Only for files you trust.
 
         Raises:
-            ConfigError: On a missing file, a YAML syntax error, a non-mapping document or a
-                ``_BASE_`` cycle.
+            ConfigError: On a missing file, a YAML syntax error, an unsafe tag without
+                ``allow_unsafe``, a non-mapping document or a ``_BASE_`` cycle.
         """
-        del allow_unsafe
-        return cls._load_with_origins(filename)[0]
+        return cls._load_with_origins(filename, allow_unsafe=allow_unsafe)[0]
 
     @classmethod
     def _load_with_origins(
-        cls, filename: str, _chain: tuple[str, ...] = ()
+        cls, filename: str, _chain: tuple[str, ...] = (), allow_unsafe: bool = False
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """Return :meth:`load_yaml_with_base`'s dict and ``{full key: "FILE:LINE"}``."""
         path = os.path.abspath(os.path.expanduser(filename)) if "://" not in filename else filename
@@ -145,7 +155,7 @@ class CfgNode(_FvcoreCfgNode):
         if path in _chain:
             cycle = " -> ".join([*_chain[_chain.index(path) :], path])
             raise ConfigError(f"_BASE_ cycle in config files: {cycle}. Remove one of the links.")
-        data, origins = cls._read_yaml(path, where)
+        data, origins = cls._read_yaml(path, where, allow_unsafe)
         if BASE_KEY not in data:
             return data, origins
         bases = data.pop(BASE_KEY)
@@ -160,7 +170,9 @@ class CfgNode(_FvcoreCfgNode):
             base_path = os.path.expanduser(base)
             if not os.path.isabs(base_path) and "://" not in base_path:
                 base_path = os.path.join(os.path.dirname(path), base_path)
-            base_data, base_origins = cls._load_with_origins(base_path, (*_chain, path))
+            base_data, base_origins = cls._load_with_origins(
+                base_path, (*_chain, path), allow_unsafe
+            )
             _merge_dicts(base_data, merged)
             merged_origins.update(base_origins)
         _merge_dicts(data, merged)
@@ -168,16 +180,33 @@ class CfgNode(_FvcoreCfgNode):
         return merged, merged_origins
 
     @staticmethod
-    def _read_yaml(path: str, where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def _read_yaml(
+        path: str, where: str, allow_unsafe: bool = False
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         try:
-            with PathManager.open(path, "r") as f:
-                # The safe loader, composed first so the nodes give each key's line.
-                loader = yaml.SafeLoader(f)
-                try:
-                    root = loader.get_single_node()
-                    data = loader.construct_document(root) if root is not None else None
-                finally:
-                    loader.dispose()
+            try:
+                root, data = _compose_and_construct(path, yaml.SafeLoader)
+            except yaml.constructor.ConstructorError as e:
+                tag = _python_tag(e)
+                if tag is None:
+                    raise
+                mark = e.problem_mark
+                at = f"{display_path(path)}:{mark.line + 1}" if mark else display_path(path)
+                if not allow_unsafe:
+                    raise ConfigError(
+                        f"{at}{where}: the YAML tag {tag} is refused by design: trainkit reads "
+                        "config files with the safe loader, so a config cannot run code. "
+                        "Write the value as plain YAML, or, for a file you trust, load it with "
+                        "cfg.merge_from_file(path, allow_unsafe=True)."
+                    ) from None
+                logger.warning(
+                    "Loading %s with PyYAML's unsafe loader (allow_unsafe=True; tag %s at %s): "
+                    "a config file loaded this way can run any code.",
+                    display_path(path),
+                    tag,
+                    at,
+                )
+                root, data = _compose_and_construct(path, yaml.UnsafeLoader)
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -204,6 +233,11 @@ class CfgNode(_FvcoreCfgNode):
     def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
         """Merge a YAML file (and its ``_BASE_`` chain) into this config.
 
+        Args:
+            cfg_filename: the config file.
+            allow_unsafe: accept ``!!python/...`` tags (PyYAML's unsafe loader, with a logged
+                warning; see :meth:`load_yaml_with_base`). detectron2 accepts them by default.
+
         Raises:
             ConfigError: On any problem with the file or its keys and values.
         """
@@ -213,7 +247,7 @@ class CfgNode(_FvcoreCfgNode):
             loaded = self.load_yaml_with_base(cfg_filename, allow_unsafe=allow_unsafe)
             origin: _Origins = display_path(os.path.abspath(cfg_filename))
         else:
-            loaded, origin = self._load_with_origins(cfg_filename)
+            loaded, origin = self._load_with_origins(cfg_filename, allow_unsafe=allow_unsafe)
         self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origin)
 
     def merge_from_other_cfg(self, cfg_other: _FvcoreCfgNode) -> None:
@@ -313,18 +347,47 @@ class CfgNode(_FvcoreCfgNode):
             self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
-        known = list(flat_leaves(self))
-        close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
-        if not close:
-            leaf = full_key.rsplit(".", 1)[-1]
-            close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
-        hint = f" Did you mean {close[0]}?" if close else ""
-        if len(close) > 1:
-            hint += f" (other close keys: {', '.join(close[1:])})"
+        hint = did_you_mean(full_key, flat_leaves(self))
         raise ConfigError(
             f"unknown config key {full_key} in {source}.{hint} Every key must exist in "
             f"trainkit/config/defaults.py (or be added to the config before merging)."
         )
+
+
+def _compose_and_construct(path: str, loader_class: type) -> tuple[yaml.Node | None, Any]:
+    # Composed first, so the nodes give each key's line.
+    with PathManager.open(path, "r") as f:
+        loader = loader_class(f)
+        try:
+            root = loader.get_single_node()
+            return root, loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
+
+
+def _python_tag(error: yaml.constructor.ConstructorError) -> str | None:
+    """Return the ``!!python/...`` tag the safe loader refused, or None for another error."""
+    found = _TAG_IN_PROBLEM.search(error.problem or "")
+    if found is None or not found.group(1).startswith(_PYTHON_TAG_PREFIX):
+        return None
+    return "!!" + found.group(1)[len("tag:yaml.org,2002:") :]
+
+
+def did_you_mean(full_key: str, known: Iterable[str]) -> str:
+    """Return `` Did you mean X?`` (with other close keys) for an unknown dotted key, or ``""``.
+
+    Close spellings first; failing those, keys with the same last part (``SOLVER.LR`` and
+    ``TRAIN.LR``). Shared by yacs merges and LazyConfig overrides.
+    """
+    known = list(known)
+    close = difflib.get_close_matches(full_key, known, n=3, cutoff=0.6)
+    if not close:
+        leaf = full_key.rsplit(".", 1)[-1]
+        close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
+    hint = f" Did you mean {close[0]}?" if close else ""
+    if len(close) > 1:
+        hint += f" (other close keys: {', '.join(close[1:])})"
+    return hint
 
 
 def _origin_of(origins: _Origins, full_key: str) -> str | None:
@@ -348,6 +411,9 @@ def _coerce(full_key: str, current: Any, value: Any, source: str) -> Any:
     if given is expected:
         return value
     if expected in (list, tuple) and given in (list, tuple):
+        inner = type(current[0]) if current else None
+        if inner in (list, tuple):  # e.g. a tuple of tuples, which YAML gives as lists
+            return expected(inner(v) if isinstance(v, (list, tuple)) else v for v in value)
         return expected(value)
     if expected is float and given is int:
         return float(value)

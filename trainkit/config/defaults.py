@@ -1,21 +1,28 @@
 """The config schema: every key trainkit reads, with its default, meaning, unit and valid values.
 
 The merge is strict: a key not here cannot be set from a file or the command line, so a new
-key is added here, with a comment.
+key is added here, with a comment. detectron2's keys that trainkit does not have are added to
+the same ``_C`` at the end, from :mod:`trainkit.config.detectron2_defaults`. Where a key is
+in both, the default here is detectron2's unless a comment gives the reason
+(docs/porting_from_detectron2.md has the table).
 """
 
 from __future__ import annotations
 
 from trainkit.config.cfg_node import CfgNode as CN
+from trainkit.config.detectron2_defaults import add_detectron2_keys
 
 _C = CN()
 
-# Schema version of config files; bumped when keys are renamed or moved.
-_C.VERSION = 1
+# Schema version of config files (detectron2's current one). Any int is accepted: trainkit
+# does not rewrite older files' keys as detectron2 does for VERSION 1.
+_C.VERSION = 2
 
 # ---- Model ------------------------------------------------------------------------------
 _C.MODEL = CN()
 # Device the model is built on: "cuda" (launch() picks the GPU from the local rank) or "cpu".
+# Not detectron2's "cuda": trainkit's default has to run on any machine (a CPU-only one fails
+# at build_model with "cuda"); set "cuda" to train on GPUs.
 _C.MODEL.DEVICE = "cpu"
 # Name of a META_ARCH_REGISTRY entry that build_model() instantiates with the cfg.
 _C.MODEL.META_ARCHITECTURE = "ImageClassifier"
@@ -27,9 +34,12 @@ _C.MODEL.WEIGHTS = ""
 _C.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH = False
 # Number of output classes for classification models.
 _C.MODEL.NUM_CLASSES = 6
-# Per-channel pixel mean and std (0-255 scale, RGB) used to normalise inputs in the model.
-_C.MODEL.PIXEL_MEAN = [127.5, 127.5, 127.5]
-_C.MODEL.PIXEL_STD = [64.0, 64.0, 64.0]
+# Per-channel pixel mean and std (0-255 scale, in INPUT.FORMAT's channel order) that models
+# normalise inputs with. detectron2's: ImageNet's mean in BGR order, std 1 (absorbed into the
+# weights of its pretrained backbones). The ImageClassifier reads them only with
+# CLASSIFIER.INPUT_NORM "pixel", on RGB images: give RGB values then.
+_C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
+_C.MODEL.PIXEL_STD = [1.0, 1.0, 1.0]
 
 # Options of the built-in ImageClassifier.
 _C.MODEL.CLASSIFIER = CN()
@@ -58,11 +68,12 @@ _C.INPUT.RANDOM_SCALE = [0.8, 1.2]
 # per image. With aspect-ratio grouping the images of a batch then also share their size,
 # so little padding is left (the shapes dataset: 14 % instead of 32 % of the pixels).
 _C.INPUT.RANDOM_SCALE_PER_BATCH = True
-# Longest side (pixels) a larger training image is shrunk to before the random rescale;
-# smaller images are kept. 0 keeps training images at their size.
-_C.INPUT.MAX_SIZE_TRAIN = 0
-# Longest side (pixels) a larger test image is shrunk to; 0 keeps test images as they are.
-_C.INPUT.MAX_SIZE_TEST = 0
+# Longest side (pixels) of a training image. The built-in mapper shrinks a larger image to it
+# before the random rescale and keeps smaller ones (0: no cap); detectron2's
+# ResizeShortestEdge (build_augmentation) caps the side after resizing to MIN_SIZE_TRAIN.
+_C.INPUT.MAX_SIZE_TRAIN = 1333
+# Longest side (pixels) of a test image, in the same two ways (MIN_SIZE_TEST for the second).
+_C.INPUT.MAX_SIZE_TEST = 1333
 
 # ---- Datasets ---------------------------------------------------------------------------
 _C.DATASETS = CN()
@@ -73,7 +84,7 @@ _C.DATASETS.TEST = ()
 # ---- Data loader ------------------------------------------------------------------------
 _C.DATALOADER = CN()
 # Loader worker processes per rank; 0 loads in the training process.
-_C.DATALOADER.NUM_WORKERS = 2
+_C.DATALOADER.NUM_WORKERS = 4
 # Group training samples into batches of similar aspect ratio (decided from the records'
 # width/height before loading; see ASPECT_RATIO_BINS).
 _C.DATALOADER.ASPECT_RATIO_GROUPING = True
@@ -251,7 +262,8 @@ _C.WANDB = CN()
 # The W&B project the run is logged to.
 _C.WANDB.PROJECT = "trainkit"
 # "online": log to the W&B server (checked, with the login, before training); "offline":
-# only files in OUTPUT_DIR/wandb, uploaded later with `wandb sync`; needs no network.
+# only files in OUTPUT_DIR/wandb (or $WANDB_DIR/wandb when the WANDB_DIR environment
+# variable is set), uploaded later with `wandb sync`; needs no network.
 _C.WANDB.MODE = "online"
 
 # MLflow (WRITERS includes "mlflow").
@@ -268,6 +280,9 @@ _C.WATCHDOG_TIMEOUT_S = 0.0
 # Placeholder for user-defined keys: anything may be added under it.
 _C.GLOBAL = CN(new_allowed=True)
 _C.GLOBAL.HACK = 1.0
+
+# detectron2's keys that trainkit's schema above lacks, with detectron2's defaults.
+add_detectron2_keys(_C)
 
 
 def get_cfg() -> CN:

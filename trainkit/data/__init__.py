@@ -14,6 +14,7 @@ from trainkit.data.build import (
 )
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
+from trainkit.data.dataset_mapper import DatasetMapper
 from trainkit.data.mapping import batch_rng, sample_rng, sample_seed
 from trainkit.data.metafile import MetaFileDataset
 from trainkit.data.rank_dataset import RankDataLoader, RankDataset, RankStream
@@ -27,6 +28,7 @@ from trainkit.data.samplers import (
 __all__ = [
     "DatasetCatalog",
     "DatasetFromList",
+    "DatasetMapper",
     "InferenceSampler",
     "MapDataset",
     "MetaFileDataset",
@@ -52,4 +54,7 @@ __all__ = [
 ]
 
 # Imported last, for its side effect: registers the built-in shapes_train / shapes_val.
-from trainkit.data import datasets  # noqa: E402,F401
+from trainkit.data import (
+    datasets,  # noqa: E402,F401
+    transforms,  # noqa: E402,F401  (detectron2's data.transforms as T)
+)

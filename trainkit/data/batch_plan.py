@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
 from trainkit.config import ConfigError
-from trainkit.data.grouping import Buckets
+from trainkit.data.grouping import Buckets, LazyBucketIds
 from trainkit.data.loader_state import copy_state, load_state, new_state
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
 from trainkit.data.samplers.positions import global_position
@@ -53,6 +53,9 @@ __all__ = [
 # which per batch cost ~15-25 us per record; a block of thousands costs ~0.3 us per record.
 _FIRST_BLOCK = 256
 _MAX_BLOCK = 4096
+
+# Each dataset index's aspect-ratio bucket: all known (an array) or found as the plan goes.
+BucketIds = Union[np.ndarray, LazyBucketIds]
 
 
 def split_batch(
@@ -96,13 +99,15 @@ class BatchPlan:
     """
 
     def __init__(
-        self, sampler: Any, batch_size: int, bucket_ids: np.ndarray | None, state: dict[str, Any]
+        self, sampler: Any, batch_size: int, bucket_ids: BucketIds | None, state: dict[str, Any]
     ) -> None:
         self._sampler, self._batch_size = sampler, batch_size
         self._bucket_ids, self._state = bucket_ids, state
 
     @staticmethod
-    def _num_buckets(bucket_ids: np.ndarray | None) -> int:
+    def _num_buckets(bucket_ids: BucketIds | None) -> int:
+        if isinstance(bucket_ids, LazyBucketIds):
+            return bucket_ids.num_buckets  # every bucket the bins make: they are not read yet
         return 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
 
     def _read(
@@ -112,7 +117,12 @@ class BatchPlan:
         block = _FIRST_BLOCK
         while True:
             indices, ids = read(start, block), self._bucket_ids
-            buckets = itertools.repeat(0) if ids is None else ids[indices].tolist()
+            if ids is None:
+                buckets: Iterable[int] = itertools.repeat(0)
+            elif isinstance(ids, LazyBucketIds):
+                buckets = ids.buckets_of(indices)  # read as each position is reached
+            else:
+                buckets = ids[indices].tolist()
             yield from zip(indices.tolist(), buckets)
             start, block = start + block, min(2 * block, _MAX_BLOCK)
 
@@ -158,11 +168,13 @@ class GlobalBatchPlan(BatchPlan):
         rank: int,
         world_size: int,
         accumulate_steps: int = 1,
-        bucket_ids: np.ndarray | None = None,
+        bucket_ids: BucketIds | None = None,
     ) -> None:
         """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s global stream.
 
-        ``bucket_ids`` (aspect-ratio grouping, or None) holds each dataset index's bucket.
+        ``bucket_ids`` (aspect-ratio grouping, or None) holds each dataset index's bucket
+        (a :class:`~trainkit.data.grouping.LazyBucketIds` finds them as the stream reaches
+        each record: the same on every rank).
         Raises a ``ConfigError`` if the batch does not split evenly (:func:`split_batch`).
         """
         split_batch(global_batch_size, world_size, accumulate_steps)
@@ -214,7 +226,7 @@ class RankBatchPlan(BatchPlan):
         sampler: Iterable[int],
         batch_size: int,
         *,
-        bucket_ids: np.ndarray | None = None,
+        bucket_ids: BucketIds | None = None,
         drop_last: bool = True,
     ) -> None:
         """Plan batches of ``batch_size`` of ``sampler``'s indices (this rank's).
@@ -330,7 +342,7 @@ def make_batch_plan(
     total_batch_size: int | None,
     single_gpu_batch_size: int | None,
     accumulate_steps: int,
-    bucket_ids: np.ndarray | None,
+    bucket_ids: BucketIds | None,
     drop_last: bool,
 ) -> BatchPlan:
     """Return the plan of a map-style train loader over ``sampler``.

@@ -24,7 +24,8 @@ from trainkit.data.catalog import (
     load_catalog_dataset,
 )
 from trainkit.data.common import DatasetFromList, records_and_mapper
-from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.dataset_mapper import DatasetMapper
+from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_bucket_ids
 from trainkit.data.inference_loader import build_detection_test_loader, build_test_loader
 from trainkit.data.loader import TrainLoader
 from trainkit.data.loader_workers import (
@@ -114,7 +115,7 @@ def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -
         )
     if name == "RepeatFactorTrainingSampler":
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-            records, cfg.DATALOADER.REPEAT_THRESHOLD
+            records, cfg.DATALOADER.REPEAT_THRESHOLD, sqrt=cfg.DATALOADER.REPEAT_SQRT
         )
         return RepeatFactorTrainingSampler(factors, seed=seed)
     return TrainingSampler(size, seed=seed)
@@ -137,9 +138,13 @@ def _train_loader_from_config(
     as_stream = getattr(dataset, "as_stream", None)
     if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
         dataset = as_stream()
-    records = dataset if isinstance(dataset, list) else records_and_mapper(dataset)[0]
+    records, own_mapper = (
+        (dataset, None) if isinstance(dataset, list) else records_and_mapper(dataset)
+    )
     if isinstance(dataset, list):
         dataset = DatasetFromList(dataset, copy=False)
+    if mapper is None and own_mapper is None:
+        mapper = DatasetMapper(cfg, True)  # detectron2's default: read and augment images
     # The loader gets the records and this mapper as they are: named after the datasets,
     # with the config's failure limit.
     mapper = as_record_mapper(
@@ -187,24 +192,25 @@ def build_detection_train_loader(
     sampler=None)`` reads ``DATASETS.TRAIN`` (unless ``dataset`` is given; a ``RankDataset``
     is read as its stream of shares), ``SOLVER.IMS_PER_BATCH``, ``SEED`` (if < 0, a shared
     seed is drawn here on every rank) and ``DATALOADER.*``; explicit keyword arguments (e.g.
-    ``aspect_ratio_grouping=False``) override it. The result is
-    :func:`build_batch_data_loader`'s.
+    ``aspect_ratio_grouping=False``) override it. ``mapper=None`` maps with
+    ``DatasetMapper(cfg, True)`` (records need a ``file_name``), unless ``dataset`` is a
+    ``MapDataset`` with its own mapper. The result is :func:`build_batch_data_loader`'s.
 
     Args:
         dataset, mapper, total_batch_size, num_workers, collate_fn: as in
             :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
-            record).
+            record; in this explicit form ``mapper=None`` maps nothing, as in detectron2).
         sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
             be ``None`` for an ``IterableDataset``.
-        aspect_ratio_grouping: batch only samples of similar aspect ratio; the records need
-            ``width`` and ``height``.
+        aspect_ratio_grouping: batch only samples of similar aspect ratio (from the records'
+            ``width`` and ``height``, else from their image headers, read lazily).
         **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
             ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
-            (an indivisible batch size, an unknown sampler, ...), missing record sizes, or an
-            empty dataset.
+            (an indivisible batch size, an unknown sampler, ...), a record with neither a size
+            nor a ``file_name`` under grouping, or an empty dataset.
         ValueError: For a sampler given with an ``IterableDataset``.
         UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
@@ -266,9 +272,10 @@ def build_batch_data_loader(
         mapper: record -> sample, applied by the loader (a ``RecordMapper`` or any
             callable); ``None`` maps nothing, or takes the mapper of a ``MapDataset``.
         aspect_ratio_grouping, aspect_ratio_bins, aspect_ratios: batch only samples of one
-            bucket of ``width / height`` (per dataset index; default: read from the records,
-            which then need both) between ``bins`` (``DATALOADER.ASPECT_RATIO_BINS``;
-            ``(1.0,)`` is detectron2's tall/wide split).
+            bucket of ``width / height`` (per dataset index; default: read from the records'
+            ``width``/``height`` now, or, for records without them, from their images' headers
+            as the plan reaches each record) between ``bins``
+            (``DATALOADER.ASPECT_RATIO_BINS``; ``(1.0,)`` is detectron2's tall/wide split).
         num_workers, prefetch_factor, persistent_workers, pin_memory: the ``DataLoader``'s,
             per rank (workers never persist for a stream dataset).
         collate_fn: list of samples -> batch (default: the list itself).
@@ -281,7 +288,8 @@ def build_batch_data_loader(
 
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and
-            micro-batches, or grouping lacks record sizes.
+            micro-batches, or grouping finds a record with neither a size nor a
+            ``file_name``.
         ValueError: If a map-style dataset has no sampler or a stream has one.
     """
     records, mapper = records_and_mapper(dataset, mapper)
@@ -317,9 +325,11 @@ def build_batch_data_loader(
         logger.info("Stream dataset: batches of %d formed in the loader workers", batch_size)
     else:
         bucket_ids = None
-        if aspect_ratio_grouping:
-            ratios = record_aspect_ratios(records) if aspect_ratios is None else aspect_ratios
-            bucket_ids = aspect_ratio_bucket_ids(np.asarray(ratios), aspect_ratio_bins)
+        if aspect_ratio_grouping and aspect_ratios is None:
+            # Sizes read now from the records; those without: from image headers, lazily.
+            bucket_ids = record_bucket_ids(records, aspect_ratio_bins)
+        elif aspect_ratio_grouping:
+            bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
         source = make_batch_plan(
             sampler,
             total_batch_size,

@@ -2,47 +2,131 @@
 
 The batch plans, the loader workers of a stream dataset, ``AspectRatioGroupedDataset`` and
 ``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
-the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``.
+the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``. A record without
+them (every record of ``load_sem_seg``) is measured by its image's header, only when a plan
+reaches it (:class:`LazyBucketIds`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+import bisect
+import math
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from trainkit.config import ConfigError
+from trainkit.data.image_headers import image_size_from_header
 
-__all__ = ["BucketOf", "Buckets", "aspect_ratio_bucket_ids", "record_aspect_ratios"]
+__all__ = [
+    "BucketOf",
+    "Buckets",
+    "LazyBucketIds",
+    "aspect_ratio_bucket_ids",
+    "record_aspect_ratio",
+    "record_aspect_ratios",
+    "record_bucket_ids",
+]
+
+_TURN_OFF = "or set DATALOADER.ASPECT_RATIO_GROUPING False"
 
 
-def record_aspect_ratios(records: Iterable[dict[str, Any]] | Dataset) -> np.ndarray:
-    """Return ``width / height`` of every record (of a map-style dataset: read one by one).
+def _stated_aspect_ratio(record: Any, index: int | None) -> float | None:
+    """``width / height`` from the record's own fields; None if it lacks one of them."""
+    try:
+        width, height = record["width"], record["height"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if width is None or height is None:  # a loader that writes every key, sizes unknown
+        return None
+    try:
+        width, height = float(width), float(height)
+    except (TypeError, ValueError):
+        width = height = math.nan
+    if not (width > 0 and height > 0):  # also NaN
+        raise ConfigError(
+            f"{_name(record, index)} has the size {record['width']!r}x{record['height']!r}; "
+            f"give it a positive 'width' and 'height', {_TURN_OFF}."
+        )
+    return width / height
+
+
+def _name(record: Any, index: int | None) -> str:
+    """How messages name a record: its dataset index and its file, where known."""
+    name = "a record" if index is None else f"record {index}"
+    file_name = record.get("file_name") if isinstance(record, Mapping) else None
+    return f"{name} ({file_name})" if file_name else name
+
+
+def _file_name(record: Any, index: int | None) -> str:
+    """The image file of a record without ``width``/``height`` (raises if it has none)."""
+    file_name = record.get("file_name") if isinstance(record, Mapping) else None
+    if not isinstance(file_name, str) or not file_name:
+        raise ConfigError(
+            f"{_name(record, index)} has no 'width'/'height' and no 'file_name' to read its "
+            f"image size from; add 'width' and 'height' to the records, {_TURN_OFF}."
+        )
+    return file_name
+
+
+def record_aspect_ratio(record: Any, index: int | None = None) -> float:
+    """Return ``width / height`` of one record: its own fields, else its image's header.
+
+    Args:
+        record: a dataset record (dict).
+        index: its dataset index, named in messages.
 
     Raises:
-        ConfigError: A ``ValueError``: if a record lacks a positive ``width`` or ``height``.
+        ConfigError: A ``ValueError``: if the record has a non-positive size, or neither a
+            size nor a readable image ``file_name``.
+    """
+    ratio = _stated_aspect_ratio(record, index)
+    if ratio is not None:
+        return ratio
+    file_name = _file_name(record, index)
+    try:
+        width, height = image_size_from_header(file_name)
+    except OSError as e:
+        raise ConfigError(
+            f"{_name(record, index)} has no 'width'/'height' and its image cannot be read "
+            f"({type(e).__name__}: {e}); fix 'file_name' or add 'width' and 'height', "
+            f"{_TURN_OFF}."
+        ) from None
+    return width / height
+
+
+def record_aspect_ratios(
+    records: Iterable[dict[str, Any]] | Dataset, *, missing_ok: bool = False
+) -> np.ndarray:
+    """Return ``width / height`` of every record (of a map-style dataset: read one by one).
+
+    Only the records' own ``width``/``height`` are read, never an image.
+
+    Args:
+        records: the unmapped records.
+        missing_ok: give NaN for a record without ``width``/``height`` that has a
+            ``file_name`` (:class:`LazyBucketIds` reads its header later) instead of raising.
+
+    Raises:
+        ConfigError: A ``ValueError``: if a record lacks a positive ``width`` or ``height``
+            (with ``missing_ok``: lacks both them and a ``file_name``).
     """
     if isinstance(records, Dataset):
         dataset = records
         records = (dataset[i] for i in range(len(dataset)))  # type: ignore[arg-type]
     ratios = []
     for i, record in enumerate(records):
-        try:
-            width, height = float(record["width"]), float(record["height"])
-        except (KeyError, TypeError) as e:
+        ratio = _stated_aspect_ratio(record, i)
+        if ratio is None and not missing_ok:
             raise ConfigError(
-                f"record {i} has no 'width'/'height' ({type(e).__name__}: {e}); aspect-ratio "
-                "grouping needs them in every record. Add them, or set "
-                "DATALOADER.ASPECT_RATIO_GROUPING False."
-            ) from None
-        if width <= 0 or height <= 0:
-            raise ConfigError(
-                f"record {i} has a non-positive size {width}x{height}; fix its 'width'/'height', "
-                "or set DATALOADER.ASPECT_RATIO_GROUPING False."
+                f"{_name(record, i)} has no 'width'/'height'; aspect-ratio grouping needs them "
+                f"in every record. Add them, {_TURN_OFF}."
             )
-        ratios.append(width / height)
+        if ratio is None:
+            _file_name(record, i)  # fail now, not when the plan reaches the record
+        ratios.append(math.nan if ratio is None else ratio)
     return np.asarray(ratios, dtype=np.float64)
 
 
@@ -71,8 +155,9 @@ class BucketOf:
 
     def __init__(self, bins: Sequence[float]) -> None:
         """Take ``DATALOADER.ASPECT_RATIO_BINS`` (checked now)."""
-        self.bins = list(bins)
-        aspect_ratio_bucket_ids(np.ones(1), self.bins)
+        aspect_ratio_bucket_ids(np.ones(1), bins)
+        # bisect_right over floats is aspect_ratio_bucket_ids' searchsorted(side="right").
+        self.bins = [float(b) for b in bins]
 
     @property
     def num_buckets(self) -> int:
@@ -80,7 +165,7 @@ class BucketOf:
         return len(self.bins) + 1
 
     def __call__(self, record: Any) -> int:
-        return int(aspect_ratio_bucket_ids(record_aspect_ratios([record]), self.bins)[0])
+        return bisect.bisect_right(self.bins, record_aspect_ratio(record))
 
 
 class Buckets:
@@ -125,3 +210,90 @@ class Buckets:
             batch, self.waiting[bucket] = self.waiting[bucket], []
             if batch:
                 yield batch
+
+
+class LazyBucketIds:
+    """Each dataset index's aspect-ratio bucket, found when a batch plan first asks, then kept.
+
+    Nothing is read when it is built. A record's bucket comes from its ``width``/``height``,
+    else from its image's header (:func:`record_aspect_ratio`), the first time a plan reaches
+    the record; the answer depends only on the record, so every rank, every ``NUM_WORKERS``
+    and a resumed run compose the same batches. The plans run in the training process, which
+    is where this cache lives (loader workers never see it).
+
+    Memory: one byte per record (bucket + 1; 0: not read yet) in a zero-filled numpy array,
+    whose pages the operating system maps only once written, so 300 million records cost at
+    most 300 MB (the eager path's int16 ids cost twice that, all at start), not a Python
+    object per record.
+
+    Cost: a :class:`~trainkit.data.batch_plan.GlobalBatchPlan` runs the whole global stream
+    on every rank, so in the first epoch each of the ``W`` ranks reads the header of every
+    record (``W`` headers per image it decodes itself); later epochs read none. That is
+    accepted rather than shared: a header read is about 0.1 ms (a file open and a parse of
+    its first bytes; after the first rank of a machine, from the page cache), once per
+    record and process for the whole run, while sharing the reads would put a collective, or
+    a segment one rank writes and the others wait for, in the planning of every step.
+    ``benchmarks/data.py`` measures the read and the first epoch's throughput.
+    """
+
+    def __init__(
+        self, records: Any, bins: Sequence[float], known: np.ndarray | None = None
+    ) -> None:
+        """Find the buckets of ``records`` (indexable; unmapped) between ``bins`` lazily.
+
+        ``known`` (optional): a bucket + 1 per record, 0 where it is not known yet.
+        """
+        aspect_ratio_bucket_ids(np.ones(1), bins)  # validates the bins
+        self.bins = [float(b) for b in bins]
+        if len(self.bins) > 254:
+            raise ConfigError(
+                f"DATALOADER.ASPECT_RATIO_BINS has {len(self.bins)} boundaries; at most 254 are "
+                "supported for records without 'width'/'height'."
+            )
+        self.records = records
+        self.num_buckets = len(self.bins) + 1
+        if known is None:
+            known = np.zeros(len(records), dtype=np.uint8)
+        self._known = np.asarray(known, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def __getitem__(self, index: int) -> int:
+        """Return the bucket of dataset index ``index`` (read now if it is not known)."""
+        known = int(self._known[index])
+        if known:
+            return known - 1
+        bucket = bisect.bisect_right(self.bins, record_aspect_ratio(self.records[index], index))
+        self._known[index] = bucket + 1
+        return bucket
+
+    def buckets_of(self, indices: np.ndarray) -> Iterator[int]:
+        """Return an iterator over the buckets of ``indices``, reading each when it is reached."""
+        known = self._known[indices]
+        if known.all():  # the usual case once a stream has passed over the records
+            return iter((known.astype(np.int16) - 1).tolist())
+        # A generator: a plan that stops at the first full bucket reads no further record.
+        return (int(k) - 1 if k else self[i] for i, k in zip(indices.tolist(), known.tolist()))
+
+
+def record_bucket_ids(records: Any, bins: Sequence[float]) -> np.ndarray | LazyBucketIds:
+    """Return every dataset index's aspect-ratio bucket, now or (:class:`LazyBucketIds`) lazily.
+
+    Records with ``width``/``height`` are read all at once, now. If the first record has
+    none, no record is read (the buckets come from image headers as a plan reaches each
+    record); records in between are read now where they have sizes, lazily where not.
+
+    Raises:
+        ConfigError: A ``ValueError``: for bad ``bins``, a non-positive record size, or a
+            record with neither a size nor a ``file_name`` (the first one, or one read now).
+    """
+    if len(records) and _stated_aspect_ratio(records[0], 0) is None:
+        _file_name(records[0], 0)  # a dataset without any image fails now, not at step 0
+        return LazyBucketIds(records, bins)
+    ratios = record_aspect_ratios(records, missing_ok=True)
+    missing = np.isnan(ratios)
+    ids = aspect_ratio_bucket_ids(np.where(missing, 1.0, ratios), bins)
+    if not missing.any():
+        return ids
+    return LazyBucketIds(records, bins, known=np.where(missing, 0, ids.astype(np.int64) + 1))

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.data.catalog import joined_names, load_catalog_dataset
 from trainkit.data.common import MapDataset, records_and_mapper
+from trainkit.data.dataset_mapper import DatasetMapper
 from trainkit.data.loader_workers import (
     PackedCollate,
     check_num_workers,
@@ -115,6 +116,8 @@ def _test_loader_from_config(
     check_num_workers(cfg, "the evaluating process")
     # The given name(s), not DATASETS.TEST: each test set is evaluated on its own.
     dataset = load_catalog_dataset(dataset_name)
+    if mapper is None:
+        mapper = DatasetMapper(cfg, False)  # detectron2's default: read and resize images
     mapper = as_record_mapper(
         mapper,
         name=joined_names(dataset_name),
@@ -144,12 +147,14 @@ def build_detection_test_loader(
 
     Config form: ``build_detection_test_loader(cfg, dataset_name, mapper=None)`` loads the
     named dataset(s) from ``DatasetCatalog`` (one copy of the records per machine) with
-    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers. Each
-    record is seen once across ranks (:class:`InferenceSampler`); the last batch may be smaller.
+    ``TEST.IMS_PER_BATCH`` samples per batch and ``DATALOADER.NUM_WORKERS`` workers;
+    ``mapper=None`` maps with ``DatasetMapper(cfg, False)``. Each record is seen once across
+    ranks (:class:`InferenceSampler`); the last batch may be smaller.
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are.
+        mapper: record -> sample, or ``None`` to use records as they are (explicit form;
+            the config form's ``None`` is ``DatasetMapper(cfg, False)``).
         sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
             ``None`` for an ``IterableDataset``.
         batch_size: samples per batch on this rank.

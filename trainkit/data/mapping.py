@@ -7,6 +7,16 @@ it, so augmentation is the same for any ``NUM_WORKERS`` and after a resume. :fun
 is keyed by the sample's batch, for draws all its samples share (one scale per batch).
 :class:`RecordMapper` is the one place a record is mapped; the loader builders hand the
 user's mapper to the loader as one (``MapDataset`` is a dataset view over one).
+
+Entering a sample's context also seeds numpy's and Python's global generators
+(``np.random.*``, ``random.*``) from the same key, so a project's own augmentations that
+draw from them are exactly resumable and independent of ``NUM_WORKERS`` too. Nothing is
+restored on exit: the generators are left as the last sample's draws made them (with
+``NUM_WORKERS 0`` in the training process itself), a deterministic state either way.
+
+Augmentations (:mod:`trainkit.data.transforms`) draw from :func:`augmentation_rng`: the
+sample's generator inside a loader, a fallback seeded from numpy's global generator outside
+one (a predictor, a notebook), so ``np.random.seed(s)`` makes those draws reproducible.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,16 +42,19 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RecordMapper",
     "as_record_mapper",
+    "augmentation_rng",
     "batch_rng",
     "check_max_failures",
     "sample_context",
     "sample_rng",
     "sample_seed",
+    "seed_global_generators",
 ]
 
 # Keep these generators apart from every other use of (seed, position) pairs.
 _PERSONALIZATION = b"trainkit-sample"
 _BATCH_PERSONALIZATION = b"trainkit-batch"
+_GLOBAL_PERSONALIZATION = b"trainkit-global"
 
 
 @dataclass
@@ -112,11 +126,30 @@ def sample_context(seed: int, position: int, batch: int | None = None) -> Iterat
         )
     nested = _CURRENT.get() is not None
     batch = None if batch is None else int(batch)
-    token = _CURRENT.set(_SampleKey(int(seed), int(position), nested=nested, batch=batch))
+    key = _SampleKey(int(seed), int(position), nested=nested, batch=batch)
+    if not nested:  # a nested record continues the outer sample's global draws
+        seed_global_generators(key.seed, key.position)
+    token = _CURRENT.set(key)
     try:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def seed_global_generators(seed: int, position: int) -> None:
+    """Seed ``np.random`` and ``random`` for the sample at ``(seed, position)``.
+
+    :func:`sample_context` calls it for every record it maps (the cost per record is in
+    the mapper benchmark, ``python -m benchmarks --task mapper``); other code need not.
+    """
+    digest = hashlib.blake2b(
+        f"{seed}:{position}".encode(), digest_size=4, person=_GLOBAL_PERSONALIZATION
+    ).digest()
+    # 32-bit seeds: the cheapest for both (numpy's legacy seeding takes no more; Python's
+    # seeding costs twice as much for 64 bits), and plenty to vary augmentations by record.
+    value = int.from_bytes(digest[:4], "little")
+    np.random.seed(value)
+    random.seed(value)
 
 
 def _current() -> _SampleKey:
@@ -164,6 +197,19 @@ def _generator(kind: str) -> np.random.Generator:
         digest = key.digest(batch=kind == "batch")
         key.generators[kind] = _seeded_generator(digest, shared=None if key.nested else kind)
     return key.generators[kind]
+
+
+def augmentation_rng() -> np.random.Generator:
+    """Return the generator augmentations draw from: :func:`sample_rng` inside a loader.
+
+    Outside a mapper call run by a loader (a predictor, a notebook,
+    ``tools/visualize_data.py``) there is no sample to key on: each call then returns a new
+    generator seeded from numpy's global one, so ``np.random.seed(s)`` beforehand makes the
+    draws reproducible, and nothing raises.
+    """
+    if _CURRENT.get() is not None:
+        return _generator("sample")
+    return _seeded_generator(np.random.bytes(32), shared=None)
 
 
 def sample_seed() -> int:

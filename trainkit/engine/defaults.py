@@ -15,9 +15,17 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode, get_cfg
+from trainkit.config.detectron2_defaults import unused_detectron2_keys
 from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
+from trainkit.engine.lazy_setup import (
+    check_lazy_weights,
+    lazy_value,
+    lazy_values_report,
+    write_lazy_config,
+)
+from trainkit.engine.predictor import DefaultPredictor
 from trainkit.engine.scaling import auto_scale_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
@@ -28,6 +36,7 @@ from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.logger import setup_logger
 
 __all__ = [
+    "DefaultPredictor",
     "DefaultTrainer",
     "OutputDirError",
     "check_output_dir",
@@ -62,7 +71,9 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
     parser = argparse.ArgumentParser(
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config-file", default="", metavar="FILE", help="path to a YAML config")
+    parser.add_argument(
+        "--config-file", default="", metavar="FILE", help="path to a YAML config (or a LazyConfig)"
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -99,42 +110,56 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         "opts",
         default=None,
         nargs=argparse.REMAINDER,
-        help="config overrides as KEY VALUE pairs, e.g. SOLVER.BASE_LR 0.01 SOLVER.MAX_ITER 100",
+        help="config overrides: KEY VALUE pairs for a YAML config (SOLVER.BASE_LR 0.01), "
+        "KEY=VALUE for a LazyConfig (optimizer.lr=0.01)",
     )
     return parser
 
 
-def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNode:
+def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
     rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
     rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
-    (each key that differs from the defaults, and where its value came from) and ``env.txt``.
+    (each key that differs from the defaults, and where its value came from) and ``env.txt``,
+    and logs the detectron2-only keys a file or the command line set that trainkit's code
+    does not read.
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).
 
+    A LazyConfig (an omegaconf ``DictConfig``, as detectron2 accepts) is set up the same way
+    from ``train.output_dir``, ``train.seed`` and ``train.cudnn_benchmark``
+    (:mod:`~trainkit.engine.lazy_setup`): ``config.yaml`` is written with
+    ``LazyConfig.save``, every value is listed with its origin, nothing is rescaled, and the
+    config stays mutable.
+
     Args:
-        cfg: the full config.
+        cfg: the full config: a ``CfgNode`` or a LazyConfig.
         args: the parsed command line (logged), or None.
 
     Returns:
-        ``cfg``, frozen.
+        ``cfg``: frozen if a ``CfgNode``.
 
     Raises:
-        OutputDirError: If ``OUTPUT_DIR`` cannot be created or written.
-        UsageError: If ``MODEL.WEIGHTS`` names no file, or ``--eval-only`` has no weights.
+        OutputDirError: If the output directory cannot be created or written.
+        UsageError: If the weights name no file, or ``--eval-only`` has no weights.
         ScalingError: If the config cannot be scaled to the world size.
         SystemExit: With status 0, after printing, with ``args.print_config``.
     """
+    is_lazy = not isinstance(cfg, CfgNode)
     if getattr(args, "print_config", False):
         _print_config_and_exit(cfg, args)
-    output_dir = cfg.OUTPUT_DIR
+    if is_lazy:
+        output_dir = lazy_value(cfg, ("train.output_dir", "output_dir"), "")
+        check_lazy_weights(cfg, args)
+    else:
+        output_dir = cfg.OUTPUT_DIR
+        _check_weights_argument(cfg, args)
     rank = comm.get_rank()
     if output_dir:
         check_output_dir(output_dir)
-    _check_weights_argument(cfg, args)
     setup_logger(output_dir or None, distributed_rank=rank, name="trainkit")
     setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
     logger.info("Rank %d of %d (local rank %d)", rank, comm.get_world_size(), comm.get_local_rank())
@@ -146,6 +171,29 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         if getattr(args, "config_file", ""):
             with PathManager.open(args.config_file, "r") as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
+    if is_lazy:
+        if rank == 0 and output_dir:
+            write_lazy_config(cfg, output_dir, args)
+        seed_value = int(lazy_value(cfg, ("train.seed",), -1))
+        cudnn_benchmark = bool(lazy_value(cfg, ("train.cudnn_benchmark",), False))
+    else:
+        _scale_and_dump(cfg, output_dir, rank)
+        seed_value, cudnn_benchmark = cfg.SEED, bool(cfg.CUDNN_BENCHMARK)
+    if rank == 0 and output_dir:
+        with atomic_write(os.path.join(output_dir, "env.txt"), "w") as f:
+            f.write(env_table + "\n")
+    # Each rank gets a different seed for its own random ops; the data order uses a
+    # separate seed shared by all ranks (see build_train_loader).
+    seed = seed_all_rng(None if seed_value < 0 else seed_value + rank)
+    logger.info("Seeded torch, numpy and random with %d on rank %d", seed, rank)
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    if not is_lazy:
+        cfg.freeze()  # a LazyConfig stays mutable, as in detectron2 (scripts edit it)
+    return cfg
+
+
+def _scale_and_dump(cfg: CfgNode, output_dir: str, rank: int) -> None:
     # Before the dump, so config.yaml holds the config the run uses. In place: detectron2-style
     # scripts keep using the cfg they passed to default_setup.
     scaled = auto_scale_config(cfg, comm.get_world_size())
@@ -154,23 +202,24 @@ def default_setup(cfg: CfgNode, args: argparse.Namespace | None = None) -> CfgNo
         cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
     if rank == 0 and output_dir:
         origins = format_config_changes(config_changes(cfg, get_cfg()), header=_ORIGINS_HEADER)
-        files = {
-            "config.yaml": cfg.dump(),
-            "config_origins.yaml": origins,
-            "env.txt": env_table + "\n",
-        }
-        for name, text in files.items():
+        for name, text in {"config.yaml": cfg.dump(), "config_origins.yaml": origins}.items():
             with atomic_write(os.path.join(output_dir, name), "w") as f:
                 f.write(text)
         logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
-    # Each rank gets a different seed for its own random ops; the data order uses a
-    # separate seed shared by all ranks (see build_train_loader).
-    seed = seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
-    logger.info("Seeded torch, numpy and random with %d on rank %d", seed, rank)
-    if torch.backends.cudnn.is_available():
-        torch.backends.cudnn.benchmark = bool(cfg.CUDNN_BENCHMARK)
-    cfg.freeze()
-    return cfg
+    if rank == 0:
+        _log_unused_detectron2_keys(cfg)
+
+
+def _log_unused_detectron2_keys(cfg: CfgNode) -> None:
+    # detectron2 accepts its detection keys silently; say once that trainkit's code ignores
+    # the ones a file or the command line set (a project's own code may still read them).
+    unused = unused_detectron2_keys(cfg)
+    if unused:
+        logger.info(
+            "Config keys set but not used by trainkit (detectron2 keys that only a project's "
+            "own code reads): %s",
+            ", ".join(unused),
+        )
 
 
 _ORIGINS_HEADER = (
@@ -179,7 +228,13 @@ _ORIGINS_HEADER = (
 )
 
 
-def _print_config_and_exit(cfg: CfgNode, args: argparse.Namespace) -> None:
+def _print_config_and_exit(cfg: Any, args: argparse.Namespace) -> None:
+    if not isinstance(cfg, CfgNode):
+        # Under torchrun every process gets here (launch starts none); one prints.
+        if os.environ.get("RANK", "0") == "0":
+            header = "Every value of the config: the value, then where it came from."
+            print(lazy_values_report(cfg, args, header), end="", flush=True)  # noqa: T201
+        raise SystemExit(0)
     # The world size the job would have: the process group's, torchrun's, or the flags'.
     if comm.get_world_size() > 1:
         world_size = comm.get_world_size()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from trainkit.utils.env import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from trainkit.engine.default_trainer import DefaultTrainer
+    from trainkit.engine.simple_trainer import SimpleTrainer
 
 __all__ = ["RunState", "resolve_random_seed", "upgrade_run_state", "with_seed"]
 
@@ -39,21 +41,41 @@ class RunState:
     so every rank calls :meth:`prepare_save` right before a save (``PeriodicCheckpointer``
     and ``PreemptionHandler`` do). ``DefaultTrainer.resume_or_load`` shows a resume's order.
 
+    A plain ``SimpleTrainer`` (``tools/lazyconfig_train_net.py``) has no yacs config: give
+    ``output_dir`` and ``seed``, which a ``DefaultTrainer`` reads from its config.
+
     Args:
         trainer: the trainer whose run this is; held through a weak reference, as hooks do.
+        output_dir: where the run's checkpoints go (default: ``trainer.cfg.OUTPUT_DIR``).
+        seed: the train loader's seed (default: ``trainer.cfg.SEED``).
     """
 
-    def __init__(self, trainer: DefaultTrainer) -> None:
+    def __init__(
+        self,
+        trainer: DefaultTrainer | SimpleTrainer,
+        *,
+        output_dir: str | None = None,
+        seed: int | None = None,
+    ) -> None:
         self._trainer_ref = weakref.ref(trainer)
+        self._output_dir = output_dir
+        self._seed = seed
         self._ranks: list[dict[str, Any]] | None = None
         self._ranks_iter = -1
 
     @property
-    def _trainer(self) -> DefaultTrainer:
+    def _trainer(self) -> Any:
         trainer = self._trainer_ref()
         if trainer is None:
             raise RuntimeError("the trainer of this RunState was deleted")
         return trainer
+
+    def _run_dir(self) -> str:
+        # Read at each use: DefaultTrainer replaces its cfg when a resume changes the seed.
+        return self._output_dir if self._output_dir is not None else self._trainer.cfg.OUTPUT_DIR
+
+    def _data_seed(self) -> int | None:
+        return self._seed if self._seed is not None else self._trainer.cfg.SEED
 
     def _local_state(self) -> dict[str, Any]:
         loader = self._trainer.data_loader
@@ -71,8 +93,9 @@ class RunState:
         """
         trainer = self._trainer
         if comm.is_main_process():
-            record_run_id(trainer.cfg.OUTPUT_DIR)
-        with trainer.watchdog.phase("checkpoint"):
+            record_run_id(self._run_dir())
+        watchdog = getattr(trainer, "watchdog", None)  # a SimpleTrainer has none
+        with watchdog.phase("checkpoint") if watchdog is not None else contextlib.nullcontext():
             self._ranks = comm.all_gather(self._local_state())
         self._ranks_iter = trainer.iter
 
@@ -84,7 +107,7 @@ class RunState:
         """
         trainer = self._trainer
         state = trainer.state_dict()
-        state["seed"] = trainer.cfg.SEED
+        state["seed"] = self._data_seed()
         state["world_size"] = world_size = comm.get_world_size()
         if world_size == 1:
             state["ranks"] = [self._local_state()]

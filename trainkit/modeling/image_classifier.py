@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainkit.config import CfgNode, ConfigError
+from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.modeling.build import META_ARCH_REGISTRY
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
@@ -105,22 +106,38 @@ class ImageClassifier(nn.Module):
     mapper does) or post-process predictions.
     """
 
-    def __init__(self, cfg: CfgNode):
-        """Build the network from ``cfg.MODEL``.
+    @configurable
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        channels: Sequence[int] = (16, 32, 64, 96),
+        convs_per_stage: int = 2,
+        size_divisibility: int = 16,
+        input_norm: str = "image",
+        pool: str = "avgmax",
+        label_smoothing: float = 0.0,
+        pixel_mean: Sequence[float] = (127.5, 127.5, 127.5),
+        pixel_std: Sequence[float] = (64.0, 64.0, 64.0),
+    ):
+        """Build the network from ``cfg`` (``ImageClassifier(cfg)``) or from the arguments.
+
+        The arguments are the ``MODEL.CLASSIFIER`` keys (lower case), ``MODEL.NUM_CLASSES``
+        and ``MODEL.PIXEL_MEAN/STD``, with their defaults; a LazyConfig passes them
+        explicitly (``LazyCall(ImageClassifier)(num_classes=6, ...)``).
 
         Raises:
             ConfigError: A ``ValueError`` naming the key, for a value the checks below refuse.
         """
         super().__init__()
-        clf = cfg.MODEL.CLASSIFIER
-        channels = [int(c) for c in clf.CHANNELS]
-        num_classes = int(cfg.MODEL.NUM_CLASSES)
-        self.size_divisibility = divisibility = int(clf.SIZE_DIVISIBILITY)
-        convs_per_stage = int(clf.CONVS_PER_STAGE)
-        self.input_norm = norm = str(clf.INPUT_NORM)
-        self.pool = pool = str(clf.POOL)
-        self.label_smoothing = smoothing = float(clf.LABEL_SMOOTHING)
-        mean, std = list(cfg.MODEL.PIXEL_MEAN), list(cfg.MODEL.PIXEL_STD)
+        channels = [int(c) for c in channels]
+        num_classes = int(num_classes)
+        self.size_divisibility = divisibility = int(size_divisibility)
+        convs_per_stage = int(convs_per_stage)
+        self.input_norm = norm = str(input_norm)
+        self.pool = pool = str(pool)
+        self.label_smoothing = smoothing = float(label_smoothing)
+        mean, std = list(pixel_mean), list(pixel_std)
         norms, pools = ", ".join(_INPUT_NORMS), ", ".join(_POOLS)
         for valid, key, requirement, value in [
             (channels and min(channels) >= 1, "CLASSIFIER.CHANNELS", "positive ints", channels),
@@ -146,6 +163,22 @@ class ImageClassifier(nn.Module):
             _ConvStage(i, o, convs_per_stage) for i, o in zip([3, *channels[:-1]], channels)
         )
         self.head = nn.Linear(channels[-1] * (2 if pool == "avgmax" else 1), num_classes)
+
+    @classmethod
+    def from_config(cls, cfg: CfgNode) -> dict[str, Any]:
+        """Return the arguments ``cfg.MODEL`` gives (see ``__init__``)."""
+        clf = cfg.MODEL.CLASSIFIER
+        return {
+            "num_classes": cfg.MODEL.NUM_CLASSES,
+            "channels": clf.CHANNELS,
+            "convs_per_stage": clf.CONVS_PER_STAGE,
+            "size_divisibility": clf.SIZE_DIVISIBILITY,
+            "input_norm": clf.INPUT_NORM,
+            "pool": clf.POOL,
+            "label_smoothing": clf.LABEL_SMOOTHING,
+            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
+            "pixel_std": cfg.MODEL.PIXEL_STD,
+        }
 
     @property
     def device(self) -> torch.device:

@@ -12,7 +12,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["get_rng_state", "seed_all_rng", "set_rng_state"]
+__all__ = ["TORCH_VERSION", "get_rng_state", "seed_all_rng", "set_rng_state"]
+
+TORCH_VERSION: tuple[int, ...] = tuple(int(x) for x in torch.__version__.split(".")[:2])
+"""torch's (major, minor) version, e.g. ``(2, 4)``, for comparisons like ``>= (1, 8)``."""
 
 
 def seed_all_rng(seed: int | None = None) -> int:

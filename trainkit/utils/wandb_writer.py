@@ -23,11 +23,12 @@ class WandbWriter(trackers.TrackerWriter):
     """Log scalars to a W&B run, with the iteration as the step.
 
     The run lives in ``output_dir/wandb/`` (offline: ``offline-run-*`` directories to upload
-    later with ``wandb sync``); its config is the resolved config with flattened keys
-    (``SOLVER.BASE_LR``). A writer built where ``output_dir/wandb_run_id`` exists continues
-    that run. Online, the server must accept connections and the login work when the writer
-    is built. W&B's client sends scalars in the background; its first error turns the
-    writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
+    later with ``wandb sync``), or, when the ``WANDB_DIR`` environment variable is set, where
+    W&B's own convention puts it (``$WANDB_DIR/wandb/``); its config is the resolved config
+    with flattened keys (``SOLVER.BASE_LR``). A writer built where ``output_dir/wandb_run_id``
+    exists continues that run. Online, the server must accept connections and the login work
+    when the writer is built. W&B's client sends scalars in the background; its first error
+    turns the writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
     """
 
     name = "W&B"
@@ -47,7 +48,8 @@ class WandbWriter(trackers.TrackerWriter):
         """Check W&B and start (or continue) the run.
 
         Args:
-            output_dir: directory of the run: the W&B files and the run id go there.
+            output_dir: directory of the run: the run id goes there, and the W&B files unless
+                ``WANDB_DIR`` is set.
             project: the W&B project.
             mode: ``"online"`` (needs the server and a login) or ``"offline"`` (only local
                 files; no network).
@@ -73,12 +75,14 @@ class WandbWriter(trackers.TrackerWriter):
                 base_url, "WANDB_BASE_URL", "wandb", connect_timeout_s, "set WANDB.MODE offline"
             )
         os.makedirs(output_dir, exist_ok=True)
+        # A user's WANDB_DIR is W&B's documented place for its files: it wins over OUTPUT_DIR.
+        files_dir = os.environ.get("WANDB_DIR") or output_dir
         id_file = os.path.join(output_dir, RUN_ID_FILE)
         run_id = trackers.read_run_id(id_file)
         try:
             self._run = wandb.init(
                 project=project,
-                dir=output_dir,
+                dir=files_dir,
                 mode=mode,
                 id=run_id,
                 resume=None if run_id is None else "allow",
@@ -96,7 +100,7 @@ class WandbWriter(trackers.TrackerWriter):
         self.run_id: str = self._run.id
         trackers.save_run_id(id_file, self.run_id)
         verb = "started" if run_id is None else "continuing"
-        logger.info("W&B: %s run %s (%s) in %s", verb, self.run_id, mode, output_dir)
+        logger.info("W&B: %s run %s (%s) in %s", verb, self.run_id, mode, files_dir)
 
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=iteration)

@@ -1,0 +1,31 @@
+"""detectron2's general-purpose layers: ``Conv2d``, ``ShapeSpec``, ``get_norm``, frozen BN, ..."""
+
+from trainkit.layers.batch_norm import FrozenBatchNorm2d, LayerNorm, get_norm
+from trainkit.layers.shape_spec import ShapeSpec
+from trainkit.layers.wrappers import (
+    BatchNorm2d,
+    Conv2d,
+    ConvTranspose2d,
+    Linear,
+    cat,
+    interpolate,
+    move_device_like,
+    nonzero_tuple,
+    shapes_to_tensor,
+)
+
+__all__ = [
+    "BatchNorm2d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "FrozenBatchNorm2d",
+    "LayerNorm",
+    "Linear",
+    "ShapeSpec",
+    "cat",
+    "get_norm",
+    "interpolate",
+    "move_device_like",
+    "nonzero_tuple",
+    "shapes_to_tensor",
+]

@@ -1,0 +1,101 @@
+"""Placeholders for detectron2's detection-only names: they import, and using one says why not.
+
+trainkit does not do detection (boxes, instances, masks, keypoints, COCO/LVIS/VOC evaluation,
+R-CNN models). Scripts copied from detectron2's ``tools/train_net.py`` import such names even
+when they never use them, so each exists at detectron2's import path as a placeholder made by
+:func:`detection_only`. Importing it, subclassing it (``class MyEvaluator(COCOEvaluator)``) and
+``isinstance`` checks work; calling it, or reading one of its public attributes
+(``BoxMode.XYXY_ABS``), raises :class:`DetectionOnlyError` with one line naming the feature and
+what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from trainkit.utils.errors import UsageError
+
+__all__ = ["DetectionOnlyError", "detection_only", "detection_only_method"]
+
+
+class DetectionOnlyError(UsageError, NotImplementedError):
+    """A detection-only name of detectron2 was used; trainkit does not implement it."""
+
+
+def _message(name: str, feature: str, detectron2_name: str, advice: str) -> str:
+    return (
+        f"{name} is {feature}: keep using detectron2's {detectron2_name} for this part, "
+        f"or {advice}."
+    )
+
+
+def _detection_feature(feature: str) -> str:
+    return f"detection-only ({feature}) and trainkit does not do detection"
+
+
+class _DetectionOnly(type):
+    """Metaclass of the placeholders: creating a subclass works, calling one raises."""
+
+    _detection_only_message: str
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(cls._detection_only_message)
+
+    def __getattr__(cls, key: str) -> NoReturn:
+        # Only called for attributes the class lacks. Dunder and private lookups (pickle,
+        # inspect, pytest collection, typing) must keep seeing an ordinary AttributeError.
+        if key.startswith("_"):
+            raise AttributeError(key)
+        raise DetectionOnlyError(cls._detection_only_message)
+
+
+def detection_only(
+    name: str, module: str, feature: str, advice: str = "", *, reason: str | None = None
+) -> type:
+    """Return a placeholder for detectron2's detection-only ``name`` defined in ``module``.
+
+    Args:
+        name: the name as detectron2 spells it (``"COCOEvaluator"``).
+        module: trainkit's module that exports it (``__name__`` of the caller); the message
+            names detectron2's counterpart of it.
+        feature: what the name does, in a few words (``"COCO box/mask AP evaluation"``).
+        advice: the alternative to keeping detectron2's implementation; the default says to
+            port the code into your project.
+        reason: replaces "detection-only (feature) and trainkit does not do detection" in
+            the message, for the few names trainkit leaves out for another reason.
+
+    Returns:
+        A class whose instantiation (or call, for a detectron2 function) and public attribute
+        reads raise :class:`DetectionOnlyError`.
+    """
+    detectron2_name = f"{module.replace('trainkit.', '', 1)}.{name}"
+    what = reason or _detection_feature(feature)
+    message = _message(name, what, detectron2_name, advice or "port its code into your project")
+    namespace = {
+        "__module__": module,
+        "__qualname__": name,
+        "__doc__": f"Detection-only placeholder for detectron2's ``{name}``: {message}",
+        "_detection_only_message": message,
+    }
+    return _DetectionOnly(name, (), namespace)
+
+
+def detection_only_method(name: str, feature: str, owner: str) -> Callable[..., NoReturn]:
+    """Return a method that raises :class:`DetectionOnlyError` (a detection drawing, ...).
+
+    Args:
+        name: the method's name (``"draw_instance_predictions"``).
+        feature: what it does, in a few words.
+        owner: detectron2's class that has it, from its package (``"utils.visualizer.Visualizer"``).
+    """
+    message = _message(
+        name, _detection_feature(feature), f"{owner}.{name}", "port that drawing into your project"
+    )
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(message)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Detection-only: {message}"
+    return method
