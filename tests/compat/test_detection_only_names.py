@@ -49,6 +49,11 @@ NAMES = {
     "trainkit.evaluation.rotated_coco_evaluation": ["RotatedCOCOEvaluator"],
     "trainkit.modeling": ["GeneralizedRCNNWithTTA", "detector_postprocess"],
     "trainkit.modeling.postprocessing": ["detector_postprocess"],
+    "trainkit.checkpoint.c2_model_loading": [
+        "align_and_update_state_dicts",
+        "convert_basic_c2_names",
+        "convert_c2_detectron_names",
+    ],
     # Not detection-only, but not shipped: the message says to register a backbone instead.
     "trainkit.modeling.backbone.resnet": [
         "ResNet",
