@@ -386,3 +386,35 @@ def test_side_copy_does_not_move_the_resume_tag(tmp_path):
     ckpt.save("model_best", tag_last=False, iteration=4)
     assert (tmp_path / "last_checkpoint").read_text().strip() == "model_0000009.pth"
     assert (tmp_path / "model_best.pth").exists()
+
+
+def test_load_goes_through_the_load_model_override_point(tmp_path, ckpt_log):
+    # Projects subclass DetectionCheckpointer and override fvcore's _load_model (e.g.
+    # unbiased-teacher's teacher/student checkpointer), calling super() and editing the
+    # result: both must take effect through load() and resume_or_load().
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            self.register_buffer("pixel_mean", torch.zeros(2))
+
+    source = Model()
+    source.linear.weight.data.fill_(3.0)
+    state = {k: v for k, v in source.state_dict().items() if k != "pixel_mean"}
+    torch.save({"model": state}, tmp_path / "weights.pth")
+
+    seen = []
+
+    class ProjectCheckpointer(Checkpointer):
+        def _load_model(self, checkpoint):
+            incompatible = super()._load_model(checkpoint)
+            seen.append(list(incompatible.missing_keys))
+            incompatible.missing_keys.remove("pixel_mean")  # filled from the config anyway
+            return incompatible
+
+    target = Model()
+    ProjectCheckpointer(target, str(tmp_path)).load(str(tmp_path / "weights.pth"))
+    assert seen == [["pixel_mean"]]
+    assert torch.equal(target.linear.weight, torch.full((2, 2), 3.0))
+    assert "Loading checkpoint from" in ckpt_log.text  # the log is captured
+    assert "does not fully match" not in ckpt_log.text

@@ -150,6 +150,41 @@ def test_eval_hook_skips_final_eval_after_a_failure():
     assert calls == []
 
 
+def test_eval_hook_evaluates_after_a_project_loop_that_leaves_iter_at_the_last_step():
+    # unbiased-teacher's own train_loop (written for older detectron2) never sets
+    # iter = max_iter; its finished last step still earns the final evaluation.
+    from trainkit.utils.events import EventStorage
+
+    calls = []
+    trainer = _Trainer()
+    trainer.register_hooks([hooks.EvalHook(2, lambda: calls.append(trainer.iter))])
+    trainer.max_iter = 4
+    with EventStorage(0) as trainer.storage:
+        trainer.before_train()
+        for trainer.iter in range(0, 4):
+            trainer.before_step()
+            trainer.run_step()
+            trainer.after_step()
+        trainer.after_train()
+    assert calls == [1, 3]
+
+
+def test_eval_hook_skips_final_eval_when_the_last_step_of_a_project_loop_fails():
+    from trainkit.utils.events import EventStorage
+
+    calls = []
+    trainer = _Trainer()
+    trainer.register_hooks([hooks.EvalHook(2, lambda: calls.append(trainer.iter))])
+    trainer.max_iter = 4
+    with EventStorage(0) as trainer.storage:
+        trainer.before_train()
+        for trainer.iter in range(0, 3):  # the last step (3) never finishes
+            trainer.before_step()
+            trainer.after_step()
+        trainer.after_train()
+    assert calls == [1]
+
+
 def test_eval_metric_from_after_train_reaches_metrics_json(tmp_path):
     path = tmp_path / "metrics.json"
     trainer = _Trainer(step_fn=lambda t: t.storage.put_scalar("total_loss", 1.0))

@@ -229,3 +229,16 @@ class _Const(ParamScheduler):
 
     def __call__(self, where):
         return self.value
+
+
+def test_get_warmup_factor_at_iter_for_projects_own_schedulers():
+    from trainkit.config import ConfigError
+    from trainkit.solver.lr_scheduler import _get_warmup_factor_at_iter
+
+    assert _get_warmup_factor_at_iter("linear", 0, 10, 0.1) == pytest.approx(0.1)
+    assert _get_warmup_factor_at_iter("linear", 5, 10, 0.1) == pytest.approx(0.55)
+    assert _get_warmup_factor_at_iter("linear", 10, 10, 0.1) == 1.0
+    assert _get_warmup_factor_at_iter("constant", 9, 10, 0.1) == pytest.approx(0.1)
+    assert _get_warmup_factor_at_iter("constant", 0, 0, 0.1) == 1.0
+    with pytest.raises(ConfigError, match="warm-up method"):
+        _get_warmup_factor_at_iter("cosine", 0, 10, 0.1)

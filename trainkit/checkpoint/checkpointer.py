@@ -124,6 +124,7 @@ class Checkpointer(_FvcoreCheckpointer):
         self._blocking_context = blocking_context or contextlib.nullcontext
         self._writer = BackgroundWriter()
         self._staging = HostStaging()  # holds one host copy between async saves
+        self._restoring_path = ""  # the file _load_model is loading, for its messages
 
     def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
         """Track one more object under ``key`` (see the constructor's ``checkpointables``).
@@ -347,23 +348,36 @@ class Checkpointer(_FvcoreCheckpointer):
             + "\nMove the broken files away, or start without --resume."
         )
 
-    def _restore(
-        self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
-    ) -> dict[str, Any]:
-        self.logger.info("Loading checkpoint from %s", path)
+    def _load_model(self, checkpoint: dict[str, Any]) -> IncompatibleKeys:
+        """Load ``checkpoint["model"]`` (popped) into the model; fvcore's override point.
+
+        Projects subclass ``DetectionCheckpointer`` and override this to remap or filter
+        names, calling ``super()._load_model(checkpoint)``; what it returns is what the
+        load then reports (a subclass may drop keys from its lists first).
+
+        Returns:
+            The missing and unexpected keys and the entries skipped for their shapes.
+        """
         state, incorrect_shapes = matched_model_state(
             self.model,
             checkpoint.pop("model"),
-            path,
+            self._restoring_path,
             strict=self.strict,
             allow_shape_mismatch=self.allow_shape_mismatch,
         )
         result = self.model.load_state_dict(state, strict=False)
-        incompatible = IncompatibleKeys(
+        return IncompatibleKeys(
             missing_keys_without_aliases(self.model, result.missing_keys),
             list(result.unexpected_keys),
             incorrect_shapes,
         )
+
+    def _restore(
+        self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
+    ) -> dict[str, Any]:
+        self.logger.info("Loading checkpoint from %s", path)
+        self._restoring_path = path
+        incompatible = self._load_model(checkpoint)
         if any(incompatible):
             self.logger.warning(
                 "The checkpoint does not fully match the model:\n%s",

@@ -111,7 +111,11 @@ class DefaultTrainer(TrainerBase):
 
     @_trainer.setter
     def _trainer(self, step: SimpleTrainer) -> None:
-        adopt_config_wiring(self.cfg, step)
+        # A subclass that skips DefaultTrainer.__init__ (as detectron2 projects do: they call
+        # TrainerBase.__init__ and assign _trainer before cfg) keeps the step as it built it.
+        cfg = getattr(self, "cfg", None)
+        if cfg is not None:
+            adopt_config_wiring(cfg, step)
         step.bind_to(self)
         self._step = step
         loader = step.data_loader
@@ -315,9 +319,11 @@ class DefaultTrainer(TrainerBase):
     def data_loader(self, data_loader: Iterable[Any]) -> None:
         self._step.close_data_iterator()
         self._train_loader = data_loader
-        watched = self.watchdog.enabled
+        # No watchdog when a subclass skipped DefaultTrainer.__init__ (see _trainer).
+        watchdog = getattr(self, "watchdog", None)
+        watched = watchdog is not None and watchdog.enabled
         self._step.data_loader = (
-            PhaseMarkingLoader(data_loader, self.watchdog) if watched else data_loader
+            PhaseMarkingLoader(data_loader, watchdog) if watched else data_loader
         )
 
     # ---- evaluation and scaling (detectron2's classmethod/staticmethod API) ---------------

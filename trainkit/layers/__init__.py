@@ -1,6 +1,8 @@
 """detectron2's general-purpose layers: ``Conv2d``, ``ShapeSpec``, ``get_norm``, frozen BN, ..."""
 
+from trainkit.layers.aspp import ASPP
 from trainkit.layers.batch_norm import FrozenBatchNorm2d, LayerNorm, get_norm
+from trainkit.layers.blocks import CNNBlockBase, DepthwiseSeparableConv2d
 from trainkit.layers.shape_spec import ShapeSpec
 from trainkit.layers.wrappers import (
     BatchNorm2d,
@@ -15,9 +17,12 @@ from trainkit.layers.wrappers import (
 )
 
 __all__ = [
+    "ASPP",
     "BatchNorm2d",
+    "CNNBlockBase",
     "Conv2d",
     "ConvTranspose2d",
+    "DepthwiseSeparableConv2d",
     "FrozenBatchNorm2d",
     "LayerNorm",
     "Linear",

@@ -1,8 +1,9 @@
 """Model architectures: the META_ARCH registry, ``build_model`` and the built-in architecture.
 
 Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
-``build_backbone``, ``ShapeSpec``) and, as a detection-only placeholder,
-``GeneralizedRCNNWithTTA``.
+``build_backbone``, ``ShapeSpec``), its semantic segmentation (``SemanticSegmentor``,
+``SEM_SEG_HEADS_REGISTRY``, ``build_sem_seg_head``, ``sem_seg_postprocess``) and, as
+detection-only placeholders, ``GeneralizedRCNNWithTTA`` and ``detector_postprocess``.
 """
 
 from trainkit.layers import ShapeSpec
@@ -12,15 +13,26 @@ from trainkit.layers import ShapeSpec
 from trainkit.modeling import image_classifier  # noqa: F401
 from trainkit.modeling.backbone import BACKBONE_REGISTRY, Backbone, build_backbone
 from trainkit.modeling.build import META_ARCH_REGISTRY, build_model, model_device
+from trainkit.modeling.meta_arch.semantic_seg import (
+    SEM_SEG_HEADS_REGISTRY,
+    SemanticSegmentor,
+    build_sem_seg_head,
+)
+from trainkit.modeling.postprocessing import detector_postprocess, sem_seg_postprocess
 from trainkit.modeling.test_time_augmentation import GeneralizedRCNNWithTTA
 
 __all__ = [
     "ShapeSpec",
     "BACKBONE_REGISTRY",
     "META_ARCH_REGISTRY",
+    "SEM_SEG_HEADS_REGISTRY",
+    "SemanticSegmentor",
     "Backbone",
     "GeneralizedRCNNWithTTA",
     "build_backbone",
     "build_model",
+    "build_sem_seg_head",
+    "detector_postprocess",
+    "sem_seg_postprocess",
     "model_device",
 ]

@@ -177,6 +177,33 @@ def _check_warmup_method(warmup_method: str) -> None:
         )
 
 
+def _get_warmup_factor_at_iter(
+    method: str, iter: int, warmup_iters: int, warmup_factor: float
+) -> float:
+    """Return the warm-up multiplier of the learning rate at iteration ``iter``.
+
+    Private in detectron2 too, but projects' own schedulers (DeepLab's ``WarmupPolyLR``,
+    unbiased-teacher's two-stage schedule) import it from this module, so it keeps the name.
+
+    Args:
+        method: ``"constant"`` (``warmup_factor`` throughout the warm-up) or ``"linear"``
+            (from ``warmup_factor`` at iteration 0 rising to 1 at ``warmup_iters``).
+        iter: the iteration (0-based).
+        warmup_iters: the warm-up's length; from there on the multiplier is 1.
+        warmup_factor: the multiplier at iteration 0.
+
+    Raises:
+        ConfigError: A ``ValueError``: if ``method`` is neither (SOLVER.WARMUP_METHOD).
+    """
+    _check_warmup_method(method)
+    if iter >= warmup_iters:
+        return 1.0
+    if method == "constant":
+        return warmup_factor
+    alpha = iter / warmup_iters
+    return warmup_factor * (1.0 - alpha) + alpha
+
+
 class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     """The warm-up, checks and notice of the old schedulers; subclasses implement :meth:`_decay`.
 
@@ -208,12 +235,9 @@ class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 
     @override
     def get_lr(self) -> list[float]:
-        warmup = 1.0
-        if self.last_epoch < self.warmup_iters:
-            warmup = self.warmup_factor
-            if self.warmup_method == "linear":
-                alpha = self.last_epoch / self.warmup_iters
-                warmup = warmup * (1.0 - alpha) + alpha
+        warmup = _get_warmup_factor_at_iter(
+            self.warmup_method, self.last_epoch, self.warmup_iters, self.warmup_factor
+        )
         return [base_lr * warmup * self._decay() for base_lr in self.base_lrs]
 
 

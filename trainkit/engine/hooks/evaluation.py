@@ -68,6 +68,7 @@ class EvalHook(HookBase):
         self._period = eval_period
         self._func = eval_function
         self._eval_after_train = eval_after_train
+        self._last_step_done = False
 
     def _do_eval(self) -> None:
         results = self._func()
@@ -84,16 +85,19 @@ class EvalHook(HookBase):
     @override
     def after_step(self) -> None:
         cur_iter, max_iter = self.trainer.iter, self.trainer.max_iter
-        if is_period_end(cur_iter, self._period) and not (
-            self._eval_after_train and is_last_iter(cur_iter, max_iter)
-        ):
+        last = is_last_iter(cur_iter, max_iter)
+        self._last_step_done = last
+        if is_period_end(cur_iter, self._period) and not (self._eval_after_train and last):
             self._do_eval()
 
     @override
     def after_train(self) -> None:
         # Only after a completed run: after a failure some ranks may be gone and the
-        # evaluation's gather would hang.
-        if self._eval_after_train and self.trainer.iter >= self.trainer.max_iter:
+        # evaluation's gather would hang. A project's own loop written for older detectron2
+        # (unbiased-teacher's) leaves iter at max_iter - 1 on success, so the last step
+        # having finished counts as well.
+        done = self.trainer.iter >= self.trainer.max_iter or self._last_step_done
+        if self._eval_after_train and done:
             self._do_eval()
 
 

@@ -1,5 +1,18 @@
-"""detectron2's meta-architecture package path: the registry and ``build_model``."""
+"""detectron2's meta_arch package path: registries, ``build_model``, semantic segmentation."""
 
 from trainkit.modeling.meta_arch.build import META_ARCH_REGISTRY, build_model
+from trainkit.modeling.meta_arch.semantic_seg import (
+    SEM_SEG_HEADS_REGISTRY,
+    SemanticSegmentor,
+    SemSegFPNHead,
+    build_sem_seg_head,
+)
 
-__all__ = ["META_ARCH_REGISTRY", "build_model"]
+__all__ = [
+    "META_ARCH_REGISTRY",
+    "SEM_SEG_HEADS_REGISTRY",
+    "SemSegFPNHead",
+    "SemanticSegmentor",
+    "build_model",
+    "build_sem_seg_head",
+]
