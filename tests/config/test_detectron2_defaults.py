@@ -173,6 +173,8 @@ def test_unused_keys_are_those_a_file_or_the_command_line_set(tmp_path):
                 NUM_CLASSES: 80
               RPN:
                 NMS_THRESH: 0.6
+              SEM_SEG_HEAD:
+                NUM_CLASSES: 19
             INPUT:
               MIN_SIZE_TRAIN: (640, 672)
               CROP:
@@ -193,7 +195,9 @@ def test_unused_keys_are_those_a_file_or_the_command_line_set(tmp_path):
         "MODEL.RPN.NMS_THRESH",
         "TEST.AUG.ENABLED",
     ]
+    # SemSegFPNHead reads SEM_SEG_HEAD.NUM_CLASSES: set above, and not listed.
     read = {"INPUT.MIN_SIZE_TRAIN", "INPUT.CROP.ENABLED", "MODEL.BACKBONE.NAME"}
+    read |= {"MODEL.SEM_SEG_HEAD.NUM_CLASSES"}
     assert read <= READ_BY_TRAINKIT <= detectron2_only_keys()
 
 

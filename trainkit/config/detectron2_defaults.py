@@ -29,8 +29,9 @@ __all__ = [
 ]
 
 # Keys added here that trainkit's own code reads: DatasetMapper and build_augmentation (the
-# INPUT keys), DefaultPredictor (MIN_SIZE_TEST, FORMAT), build_backbone (BACKBONE.NAME) and
-# the RepeatFactorTrainingSampler (REPEAT_SQRT).
+# INPUT keys), DefaultPredictor (MIN_SIZE_TEST, FORMAT), build_backbone (BACKBONE.NAME),
+# SemanticSegmentor and SemSegFPNHead (the SEM_SEG_HEAD keys) and the
+# RepeatFactorTrainingSampler (REPEAT_SQRT).
 READ_BY_TRAINKIT = frozenset(
     {
         "INPUT.MIN_SIZE_TRAIN",
@@ -43,6 +44,14 @@ READ_BY_TRAINKIT = frozenset(
         "INPUT.FORMAT",
         "INPUT.MASK_FORMAT",
         "MODEL.BACKBONE.NAME",
+        "MODEL.SEM_SEG_HEAD.NAME",
+        "MODEL.SEM_SEG_HEAD.IN_FEATURES",
+        "MODEL.SEM_SEG_HEAD.IGNORE_VALUE",
+        "MODEL.SEM_SEG_HEAD.NUM_CLASSES",
+        "MODEL.SEM_SEG_HEAD.CONVS_DIM",
+        "MODEL.SEM_SEG_HEAD.COMMON_STRIDE",
+        "MODEL.SEM_SEG_HEAD.NORM",
+        "MODEL.SEM_SEG_HEAD.LOSS_WEIGHT",
         "DATALOADER.REPEAT_SQRT",
     }
 )
