@@ -30,6 +30,9 @@ NAMES = {
     "trainkit.structures.keypoints": ["Keypoints", "heatmaps_to_keypoints"],
     "trainkit.structures.rotated_boxes": ["RotatedBoxes", "pairwise_iou"],
     "trainkit.evaluation": [
+        # detectron2 0.1 exported the Cityscapes base class from the package; projects of
+        # that time (tkianai/ImageClassification.detectron2) import it from there.
+        "CityscapesEvaluator",
         "COCOEvaluator",
         "LVISEvaluator",
         "PascalVOCDetectionEvaluator",
@@ -42,6 +45,7 @@ NAMES = {
     "trainkit.evaluation.lvis_evaluation": ["LVISEvaluator"],
     "trainkit.evaluation.pascal_voc_evaluation": ["PascalVOCDetectionEvaluator"],
     "trainkit.evaluation.cityscapes_evaluation": [
+        "CityscapesEvaluator",
         "CityscapesInstanceEvaluator",
         "CityscapesSemSegEvaluator",
     ],
@@ -63,6 +67,28 @@ NAMES = {
         "DeformBottleneckBlock",
         "build_resnet_backbone",
         "make_stage",
+    ],
+    "trainkit.layers": ["batched_nms", "nms", "nms_rotated", "batched_nms_rotated"],
+    "trainkit.layers.nms": ["batched_nms", "nms", "nms_rotated", "batched_nms_rotated"],
+    "trainkit.modeling.anchor_generator": [
+        "ANCHOR_GENERATOR_REGISTRY",
+        "DefaultAnchorGenerator",
+        "RotatedAnchorGenerator",
+        "build_anchor_generator",
+    ],
+    "trainkit.modeling.box_regression": [
+        "Box2BoxTransform",
+        "Box2BoxTransformRotated",
+        "Box2BoxTransformLinear",
+    ],
+    "trainkit.modeling.matcher": ["Matcher"],
+    "trainkit.modeling.meta_arch.retinanet": ["RetinaNet", "RetinaNetHead", "permute_to_N_HWA_K"],
+    "trainkit.modeling.backbone.fpn": [
+        "FPN",
+        "LastLevelMaxPool",
+        "LastLevelP6P7",
+        "build_resnet_fpn_backbone",
+        "build_retinanet_resnet_fpn_backbone",
     ],
     "trainkit.modeling.test_time_augmentation": ["GeneralizedRCNNWithTTA"],
     "trainkit.data.datasets": ["register_coco_instances", "load_coco_json"],

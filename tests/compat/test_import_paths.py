@@ -26,6 +26,17 @@ PATHS = {
         "default_setup",
         "default_writers",
         "create_ddp_model",
+        # detectron2's engine package star-imports its hooks
+        "LRScheduler",
+        "IterationTimer",
+        "PeriodicWriter",
+        "PeriodicCheckpointer",
+        "BestCheckpointer",
+        "CallbackHook",
+        "EvalHook",
+        "PreciseBN",
+        "TorchProfiler",
+        "TorchMemoryStats",
     ],
     "trainkit.engine.defaults": [
         "DefaultPredictor",

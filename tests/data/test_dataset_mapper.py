@@ -94,6 +94,24 @@ def test_mapper_from_config(seg_dir):
         DatasetMapper(cfg, True)
 
 
+def test_a_subclass_setting_tfm_gens_replaces_the_augmentations(seg_dir):
+    # detectron2 0.1's mapper applied self.tfm_gens; projects of that time set it after
+    # super().__init__ (tkianai/ImageClassification.detectron2 resizes to its input size).
+    class ClassificationMapper(DatasetMapper):
+        def __init__(self, cfg, is_train=True):
+            super().__init__(cfg, is_train)
+            self.tfm_gens = [T.Resize((4, 4)), T.HFlipTransform(4)]
+
+    cfg = get_cfg()
+    mapper = ClassificationMapper(cfg, True)
+    assert [type(a).__name__ for a in mapper.augmentations.augs][0] == "Resize"
+    assert len(mapper.tfm_gens) == 2
+    out = mapper({"file_name": str(seg_dir / "images" / "im1.png")})
+    assert out["image"].shape == (3, 4, 4)
+    # BGR by default: red is channel 2, on the right half once flipped.
+    assert out["image"][2, 0, -1] == 200 and out["image"][2, 0, 0] == 0
+
+
 @pytest.mark.parametrize(
     "argument", ["use_keypoint", "recompute_boxes", "precomputed_proposal_topk"]
 )

@@ -561,6 +561,34 @@ def test_hooks_run_by_priority_and_the_order_is_logged(tmp_path, caplog):
     )
 
 
+def test_build_hooks_keeps_detectron2s_positions(tmp_path):
+    # Projects index the list: [1] = their own LR hook, insert(-1) = before the writer.
+    trainer = RegressionTrainer(_cfg(tmp_path, max_iter=2, workers=0))
+    built = trainer.build_hooks()
+    assert isinstance(built[0], hooks.IterationTimer)
+    assert type(built[1]) is hooks.LRScheduler
+    assert built[2] is None  # PreciseBN's slot, off here
+    assert isinstance(built[-1], hooks.PeriodicWriter)
+
+    class ValLoss(hooks.HookBase):
+        pass
+
+    class PlateauLR(hooks.LRScheduler):
+        pass
+
+    class Trainer(RegressionTrainer):
+        def build_hooks(self):
+            built = super().build_hooks()
+            built[1] = PlateauLR()
+            built.insert(-1, ValLoss())
+            return built
+
+    names = [type(h).__name__ for h in Trainer(_cfg(tmp_path, max_iter=2, workers=0)).hooks]
+    assert names[:3] == ["ProgressWatchdog", "IterationTimer", "PlateauLR"]
+    assert "LRScheduler" not in names
+    assert names[-2:] == ["ValLoss", "PeriodicWriter"]
+
+
 def _ema_cfg(output_dir, **kwargs):
     cfg = _cfg(output_dir, **kwargs)
     cfg.MODEL_EMA.ENABLED = True

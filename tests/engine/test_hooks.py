@@ -370,3 +370,56 @@ def test_hooks_fail_clearly_when_not_registered():
 
     with pytest.raises(RuntimeError, match="Probe is not registered"):
         _ = Probe().trainer
+
+
+def test_lr_scheduler_subclass_reads_detectron2s_attributes():
+    # A detectron2 project replaces after_step and reads the optimizer and the index of the
+    # recorded param group, as detectron2's hook sets them in before_train.
+    seen = {}
+
+    class LossDrivenLR(hooks.LRScheduler):
+        def after_step(self):
+            seen["lr"] = self._optimizer.param_groups[self._best_param_group_id]["lr"]
+            self.scheduler.step()
+
+    optimizer = _sgd(lrs=(1.0, 0.1), sizes=(1, 4))
+    trainer = _Trainer(optimizer)
+    trainer.scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    trainer.register_hooks([LossDrivenLR()])
+    trainer.train(0, 2)
+    assert seen["lr"] == pytest.approx(0.05)  # group 1 (4 params), stepped once before
+    assert hooks.LRScheduler.get_best_param_group_id(optimizer) == 1
+    assert hooks.LRScheduler.get_best_param_group_id(_sgd(lrs=(0.1, 1.0), sizes=(1, 1))) == 1
+
+
+class _HelperLR(torch.optim.lr_scheduler.StepLR):
+    """A scheduler subclass that keeps a helper object: its state_dict sweeps it in."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, step_size=1, gamma=0.5)
+        self._warmup = MultiStepParamScheduler([1.0, 0.1], milestones=[3], num_updates=6)
+
+
+def test_hook_state_leaves_out_what_weights_only_cannot_load(caplog):
+    optimizer = _sgd()
+    trainer = _Trainer(optimizer)
+    trainer.scheduler = _HelperLR(optimizer)
+    trainer.register_hooks([hooks.LRScheduler()])
+    trainer.train(0, 3)
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.hook_base"):
+        state = trainer.state_dict()["hooks"]["LRScheduler"]
+        trainer.state_dict()
+    assert "_warmup" not in state and state["last_epoch"] == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # once per entry, not at every checkpoint
+    assert (
+        "state['_warmup'] is a fvcore.common.param_scheduler.MultiStepParamScheduler"
+        in (warnings[0])
+    )
+
+    resumed = _Trainer(_sgd())
+    resumed.scheduler = _HelperLR(resumed.optimizer)
+    resumed.register_hooks([hooks.LRScheduler()])
+    resumed.load_state_dict(trainer.state_dict())
+    assert resumed.scheduler.last_epoch == 3
+    assert isinstance(resumed.scheduler._warmup, MultiStepParamScheduler)  # the constructor's

@@ -5,6 +5,7 @@ from trainkit.checkpoint._files import (
     CheckpointError,
     CorruptCheckpointError,
     UntrustedCheckpointError,
+    find_unsafe_value,
     read_checkpoint_file,
 )
 from trainkit.checkpoint.checkpointer import Checkpointable, Checkpointer
@@ -32,6 +33,7 @@ __all__ = [
     "ShapeMismatchError",
     "UntrustedCheckpointError",
     "find_shape_mismatches",
+    "find_unsafe_value",
     "read_checkpoint_file",
     "shape_changing_state_keys",
     "shape_mismatch_message",

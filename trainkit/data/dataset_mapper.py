@@ -163,6 +163,22 @@ class DatasetMapper:
             record.pop("annotations", None)
         return record
 
+    @property
+    def tfm_gens(self) -> list[T.Augmentation | T.Transform]:
+        """detectron2 0.1's name of :attr:`augmentations`, as a list."""
+        return list(self.augmentations.augs)
+
+    @tfm_gens.setter
+    def tfm_gens(self, augmentations: Sequence[T.Augmentation | T.Transform]) -> None:
+        # Subclasses written for detectron2 0.1 replace the augmentations by assigning
+        # `self.tfm_gens` after __init__; detectron2 0.2+ silently ignores that (so such a
+        # project trains on the default resize), trainkit applies it as its author meant.
+        self.augmentations = T.AugmentationList(augmentations)
+        logger.info(
+            "[DatasetMapper] tfm_gens (detectron2 0.1's name) replaces the augmentations: %s",
+            self.augmentations,
+        )
+
     def __repr__(self) -> str:
         return (
             f"DatasetMapper(is_train={self.is_train}, image_format={self.image_format!r}, "

@@ -102,7 +102,10 @@ class DefaultTrainer(TrainerBase):
         self.model_ema = (
             hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None
         )
-        self.register_hooks(self.build_hooks())
+        # The watchdog is the job's, not one of the default hooks a subclass rearranges:
+        # registered first (it runs before the timer), it leaves build_hooks' list in
+        # detectron2's positions.
+        self.register_hooks([self.watchdog, *self.build_hooks()])
 
     @property
     def _trainer(self) -> SimpleTrainer:
@@ -162,18 +165,22 @@ class DefaultTrainer(TrainerBase):
             "evaluated; override build_evaluator in your trainer (see tools/train_net.py)."
         )
 
-    def build_hooks(self) -> list[HookBase]:
-        """Return the default hooks in their canonical order (each edge's reason below)."""
+    def build_hooks(self) -> list[HookBase | None]:
+        """Return the default hooks in their canonical order (each edge's reason below).
+
+        The list keeps detectron2's positions, which projects index: ``[0]`` the
+        ``IterationTimer``, ``[1]`` the ``LRScheduler`` (``hooks[1] = MyLRHook()``), ``[2]``
+        ``PreciseBN`` or ``None``, and ``[-1]`` the ``PeriodicWriter`` on the main process, so
+        ``hooks.insert(-1, hook)`` puts a hook before the writer. trainkit's own hooks come
+        between. A ``None`` entry is skipped when registering.
+        """
         cfg = self.cfg
         has_bn = any(isinstance(m, BATCH_NORM_TYPES) for m in self.model.modules())
-        hooks_list: list[HookBase | None] = [
+        return [
             # HookPriority.HIGHEST: the timer times everything after it.
-            self.watchdog,
             hooks.IterationTimer(),
             # So the logged lr is the one used for the step.
             hooks.LRScheduler(),
-            # HookPriority.HIGH: after the optimizer step, before anything saves or evaluates.
-            self.model_ema,
             # Changes the model before it is saved or evaluated.
             hooks.PreciseBN(
                 cfg.TEST.EVAL_PERIOD,
@@ -183,6 +190,9 @@ class DefaultTrainer(TrainerBase):
             )
             if cfg.TEST.PRECISE_BN.ENABLED and has_bn
             else None,
+            # HookPriority.HIGH: after the optimizer step, before anything saves or evaluates
+            # (PreciseBN included, whatever the list order).
+            self.model_ema,
             # Saves before evaluation, so a crash in eval loses nothing.
             hooks.PeriodicCheckpointer(
                 self.checkpointer,
@@ -199,11 +209,12 @@ class DefaultTrainer(TrainerBase):
             early_stopping_from_config(cfg),
             hooks.SkippedRecordsCounter(cfg.WRITER_PERIOD),
             # HookPriority.LOWEST: the writers see every metric of the step.
+            # Its slot stays (None) on the other ranks, so a hook inserted at -1 lands at the
+            # same place on every rank and collectives in hooks keep one order.
             hooks.PeriodicWriter(self.build_writers(), period=cfg.WRITER_PERIOD)
             if comm.is_main_process()
             else None,
         ]
-        return [h for h in hooks_list if h is not None]
 
     def build_writers(self) -> list[EventWriter]:
         """Return the writers ``WRITERS`` names (:func:`~trainkit.engine.writers.build_writers`)."""

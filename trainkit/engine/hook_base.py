@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainkit.checkpoint import find_unsafe_value
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ class HookDispatch:
     def __init__(self) -> None:
         self.hooks: list[HookBase] = []
         self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
+        self._warned_unsaved: set[tuple[str, str]] = set()
 
     def add(self, hooks: list[HookBase]) -> None:
         """Insert ``hooks`` by priority (ties keep registration order), reindex the phases."""
@@ -172,8 +174,33 @@ class HookDispatch:
             if state and key in states:
                 raise ValueError(f"Two hooks save state under the same name {key!r}")
             if state:
-                states[key] = state
+                states[key] = self._loadable(key, state)
         return states
+
+    def _loadable(self, key: str, state: dict[str, Any]) -> dict[str, Any]:
+        """Return ``state`` without the entries that ``weights_only`` loading cannot read.
+
+        A torch scheduler's ``state_dict`` is its ``__dict__``, so a subclass's helpers (a
+        config, an fvcore ``ParamScheduler``) come along; detectron2 pickles them, trainkit's
+        checkpoints cannot hold them. They are made again by the hook's constructor on resume,
+        so leaving them out (with a warning, once) is what lets such a hook save at all.
+        """
+        if not isinstance(state, dict):
+            return state
+        kept = {}
+        for name, value in state.items():
+            unsafe = find_unsafe_value(value, f"hook {key}'s state[{name!r}]")
+            if unsafe is None:
+                kept[name] = value
+            elif (key, str(name)) not in self._warned_unsaved:
+                self._warned_unsaved.add((key, str(name)))
+                logger.warning(
+                    "Not checkpointed: %s, which torch.load(weights_only=True) cannot read "
+                    "back; on resume it keeps what the hook's constructor made. Store tensors "
+                    "and plain containers to have it saved.",
+                    unsafe,
+                )
+        return kept
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Give each hook its saved state; log hooks without one and states without a hook."""

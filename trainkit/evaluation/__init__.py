@@ -5,6 +5,7 @@ here and from their module paths as placeholders that explain themselves when us
 """
 
 from trainkit.evaluation.cityscapes_evaluation import (
+    CityscapesEvaluator,
     CityscapesInstanceEvaluator,
     CityscapesSemSegEvaluator,
 )
@@ -27,6 +28,7 @@ from trainkit.evaluation.validation import loss_evaluation_context, validation_l
 __all__ = [
     "COCOEvaluator",
     "COCOPanopticEvaluator",
+    "CityscapesEvaluator",
     "CityscapesInstanceEvaluator",
     "CityscapesSemSegEvaluator",
     "ClassificationEvaluator",

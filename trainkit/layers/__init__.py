@@ -3,6 +3,7 @@
 from trainkit.layers.aspp import ASPP
 from trainkit.layers.batch_norm import FrozenBatchNorm2d, LayerNorm, get_norm
 from trainkit.layers.blocks import CNNBlockBase, DepthwiseSeparableConv2d
+from trainkit.layers.nms import batched_nms, batched_nms_rotated, nms, nms_rotated
 from trainkit.layers.shape_spec import ShapeSpec
 from trainkit.layers.wrappers import (
     BatchNorm2d,
@@ -27,10 +28,14 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "ShapeSpec",
+    "batched_nms",
+    "batched_nms_rotated",
     "cat",
     "get_norm",
     "interpolate",
     "move_device_like",
+    "nms",
+    "nms_rotated",
     "nonzero_tuple",
     "shapes_to_tensor",
 ]

@@ -174,6 +174,10 @@ class LRScheduler(HookBase):
 
     The recorded ``lr`` is that of the param group with the most parameters (ties go to the
     larger lr), the "main" lr for the usual bias/norm group splits.
+
+    Subclasses that replace ``after_step`` may read what detectron2's hook offers them from
+    ``before_train`` on: ``self._optimizer`` (the optimizer stepped), ``self.scheduler`` and
+    ``self._best_param_group_id`` (the index of that main param group).
     """
 
     def __init__(
@@ -196,6 +200,7 @@ class LRScheduler(HookBase):
         # train()), applied in before_train.
         self._pending_state: dict[str, Any] | None = None
         self._main_param_group: dict[str, Any] = {}
+        self._best_param_group_id = 0
         self._stepped_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     @property
@@ -245,8 +250,16 @@ class LRScheduler(HookBase):
         if self._pending_state is not None:
             self._stepped_scheduler.load_state_dict(self._pending_state)
             self._pending_state = None
+        # Kept resolved under detectron2's attribute names: subclasses read them.
+        self._optimizer = optimizer
+        self._best_param_group_id = self.get_best_param_group_id(optimizer)
+        self._main_param_group = optimizer.param_groups[self._best_param_group_id]
+
+    @staticmethod
+    def get_best_param_group_id(optimizer: torch.optim.Optimizer) -> int:
+        """Return the index of the param group whose lr is recorded (see the class docstring)."""
         groups = optimizer.param_groups
-        self._main_param_group = max(groups, key=lambda g: (len(g["params"]), g["lr"]))
+        return max(range(len(groups)), key=lambda i: (len(groups[i]["params"]), groups[i]["lr"]))
 
     @override
     def after_step(self) -> None:
