@@ -97,6 +97,16 @@ def test_resize_shortest_edge_sampling():
         T.ResizeShortestEdge(3, sample_style="uniform")
 
 
+def test_resize_shortest_edge_chooses_from_a_config_list():
+    # LazyCall(ResizeShortestEdge)(short_edge_length=[...]) passes an omegaconf ListConfig,
+    # which refuses numpy integers as indices.
+    from omegaconf import ListConfig
+
+    aug = T.ResizeShortestEdge(ListConfig([2, 8]), sample_style="choice")
+    chosen = {run(aug, GRID, position=p)[0].image.shape[0] for p in range(40)}
+    assert chosen == {2, 8}
+
+
 def test_resize_scale_and_random_resize():
     # Target 8x8 at scale 1..1: fit a 4x6 image inside -> factor 8/6.
     out = run(T.ResizeScale(1.0, 1.0, 8, 8), GRID)[0]

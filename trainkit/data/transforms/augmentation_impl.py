@@ -168,7 +168,8 @@ class ResizeShortestEdge(Augmentation):
         if self.is_range and lengths[0] != lengths[1]:
             size = int(augmentation_rng().integers(lengths[0], lengths[1] + 1))
         elif not self.is_range and len(lengths) > 1:
-            size = int(lengths[augmentation_rng().integers(len(lengths))])
+            # An int index: a config's sequence (omegaconf's) refuses numpy integers.
+            size = int(lengths[int(augmentation_rng().integers(len(lengths)))])
         else:  # one possible length (the test-time resize): nothing to draw
             size = int(lengths[0])
         if size == 0:
