@@ -344,6 +344,34 @@ def test_origins_name_the_file_line_the_imported_file_and_the_command_line(tmp_p
     assert rows["point._target_"].origin.endswith("main.py:5")
 
 
+def test_origins_of_computed_values_after_a_relative_import(tmp_path):
+    # A computed value after a relative import: its source text is the config's own.
+    _write(tmp_path / "common" / "base.py", "train = dict(max_iter=100)\n")
+    main = _write(
+        tmp_path / "main.py",
+        """
+        from .common.base import train
+        from trainkit import model_zoo
+        optimizer = model_zoo.get_config("common/optim.py").SGD
+        """,
+    )
+    cfg = LazyConfig.load(main)
+    rows = {row.key: row for row in lazy_config_values(cfg, main, [])}
+    assert rows["optimizer.lr"].origin.endswith(
+        'main.py:4 (model_zoo.get_config("common/optim.py").SGD)'
+    )
+    assert rows["train.max_iter"].origin.endswith("base.py:1")
+
+
+def test_instantiate_builds_the_items_of_a_tuple_in_a_config():
+    cfg = LazyConfig.apply_overrides(
+        DictConfig({"pair": L(make_pair)(first=(L(Point)(x=1), 2))}, flags={"allow_objects": True}),
+        [],
+    )
+    first, _ = instantiate(cfg.pair)
+    assert list(first) == [Point(1), 2]
+
+
 def test_import_trainkit_config_does_not_import_omegaconf():
     code = "import sys, trainkit.config, trainkit.engine; print('omegaconf' in sys.modules)"
     out = subprocess.run(
