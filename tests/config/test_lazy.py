@@ -160,8 +160,11 @@ def test_load_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.py:\d+: Python syntax error"):
         LazyConfig.load(bad)
     missing_import = _write(tmp_path / "imp.py", "from .nothing import x\n")
-    with pytest.raises(ConfigError, match=r"needs the file .*nothing\.py, which does not exist"):
+    # ImportError too, as detectron2 raises for a config's bad relative imports.
+    with pytest.raises(ImportError, match=r"needs the file .*nothing\.py, which does not exist"):
         LazyConfig.load(missing_import)
+    with pytest.raises(ImportError, match=r"relative import of a directory"):
+        LazyConfig.load(_write(tmp_path / "dir_import.py", "from . import nothing\n"))
     with pytest.raises(ConfigError, match=r"no top-level value 'trian'\. Did you mean train\?"):
         LazyConfig.load(_write(tmp_path / "t.py", "train = dict(a=1)\n"), "trian")
 
@@ -300,6 +303,10 @@ def test_bad_overrides_are_one_line_errors(override, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
         LazyConfig.apply_overrides(_rich_config(), [override])
     assert "\n" not in str(info.value)
+    if "=" in override and not override.startswith("~"):
+        # A key that is not there is also a KeyError, as detectron2 raises.
+        assert isinstance(info.value, KeyError)
+        assert not str(info.value).startswith("'")
 
 
 def test_to_py_writes_one_line_per_value():
