@@ -1,8 +1,8 @@
 """Model architectures: the META_ARCH registry, ``build_model`` and the built-in architecture.
 
 Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
-``build_backbone``, ``ShapeSpec``) and, as a detection-only placeholder,
-``GeneralizedRCNNWithTTA``.
+``build_backbone``, ``ShapeSpec``) and, as detection-only placeholders,
+``GeneralizedRCNN``, ``ProposalNetwork``, ``RetinaNet`` and ``GeneralizedRCNNWithTTA``.
 """
 
 from trainkit.layers import ShapeSpec
@@ -12,6 +12,7 @@ from trainkit.layers import ShapeSpec
 from trainkit.modeling import image_classifier  # noqa: F401
 from trainkit.modeling.backbone import BACKBONE_REGISTRY, Backbone, build_backbone
 from trainkit.modeling.build import META_ARCH_REGISTRY, build_model, model_device
+from trainkit.modeling.meta_arch import GeneralizedRCNN, ProposalNetwork, RetinaNet
 from trainkit.modeling.test_time_augmentation import GeneralizedRCNNWithTTA
 
 __all__ = [
@@ -19,7 +20,10 @@ __all__ = [
     "BACKBONE_REGISTRY",
     "META_ARCH_REGISTRY",
     "Backbone",
+    "GeneralizedRCNN",
     "GeneralizedRCNNWithTTA",
+    "ProposalNetwork",
+    "RetinaNet",
     "build_backbone",
     "build_model",
     "model_device",
