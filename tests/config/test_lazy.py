@@ -77,6 +77,13 @@ def test_instantiate_builds_nested_calls_depth_first_and_lists_item_by_item():
     assert instantiate([L(Point)(x=9)]) == [Point(9)]
 
 
+def test_lazycall_of_a_dataclass_keeps_its_import_path():
+    # omegaconf would make a dataclass type a config of its fields.
+    cfg = L(DPoint)(x=1)
+    assert cfg._target_ == "tests.config.test_lazy.DPoint"
+    assert instantiate(cfg) == DPoint(1)
+
+
 def test_instantiate_accepts_dotted_targets_and_passes_other_values_through():
     assert instantiate({"_target_": "tests.config.test_lazy.Point", "x": 5}) == Point(5)
     assert instantiate(3) == 3 and instantiate("text") == "text"

@@ -14,6 +14,7 @@ reads back (detectron2 #3482, #3225), or says in one line which value it cannot 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 import sys
 import types
@@ -82,7 +83,12 @@ class LazyCall:
                 f"LazyCall({_target_name(self._target)}) takes keyword arguments only (a config "
                 "names every value it sets); pass them as name=value."
             )
-        kwargs[_TARGET] = self._target
+        target = self._target
+        if isinstance(target, type) and dataclasses.is_dataclass(target):
+            # omegaconf would turn a dataclass type into a config of its fields (a
+            # "structured config"): keep its import path instead, as detectron2 does.
+            target = _convert_target_to_string(target)
+        kwargs[_TARGET] = target
         return DictConfig(content=kwargs, flags={"allow_objects": True})
 
 
