@@ -84,6 +84,15 @@ def test_lazycall_of_a_dataclass_keeps_its_import_path():
     assert instantiate(cfg) == DPoint(1)
 
 
+def test_a_dataclass_instance_argument_keeps_its_type_also_after_save(tmp_path):
+    cfg = L(make_pair)(first=DPoint(1, 2))
+    assert instantiate(cfg) == (DPoint(1, 2), None)
+    LazyConfig.save(cfg, str(tmp_path / "c.yaml"))
+    assert instantiate(LazyConfig.load(str(tmp_path / "c.yaml"))) == (DPoint(1, 2), None)
+    cfg.second = DPoint(3)  # assigned later: omegaconf keeps its type
+    assert instantiate(cfg) == (DPoint(1, 2), DPoint(3))
+
+
 def test_instantiate_accepts_dotted_targets_and_passes_other_values_through():
     assert instantiate({"_target_": "tests.config.test_lazy.Point", "x": 5}) == Point(5)
     assert instantiate(3) == 3 and instantiate("text") == "text"

@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 _TARGET = "_target_"
 
 
+def _is_dataclass_type(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
 def _tuple_config_type() -> tuple[type, ...]:
     import omegaconf
 
@@ -45,7 +49,7 @@ def instantiate(cfg: Any) -> Any:
             do not fit its signature (with the closest parameter names), or a value is
             missing (``???``). Errors raised by the target itself propagate unchanged.
     """
-    from omegaconf import ListConfig
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
     if isinstance(cfg, ListConfig):
@@ -57,6 +61,9 @@ def instantiate(cfg: Any) -> Any:
         # omegaconf >= 2.4 keeps a config's tuples as TupleConfig (older versions made them
         # lists): their items are built too, and the target gets a plain tuple.
         return tuple(instantiate(x) for x in cfg)
+    if isinstance(cfg, DictConfig) and _is_dataclass_type(OmegaConf.get_type(cfg)):
+        # A dataclass instance assigned into a config became a config of its fields.
+        return OmegaConf.to_object(cfg)
     if not (isinstance(cfg, Mapping) and _TARGET in cfg):
         return cfg
     try:

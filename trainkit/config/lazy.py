@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
+from trainkit.config.instantiate import dump_dataclass
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.registry import _convert_target_to_string, locate
@@ -89,6 +90,11 @@ class LazyCall:
             # "structured config"): keep its import path instead, as detectron2 does.
             target = _convert_target_to_string(target)
         kwargs[_TARGET] = target
+        for key, value in kwargs.items():
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                # An argument that is a dataclass instance (ShapeSpec(...)) would become a
+                # config of its fields and lose its type; describe it as its own call.
+                kwargs[key] = _dict_config(dump_dataclass(value))
         return DictConfig(content=kwargs, flags={"allow_objects": True})
 
 
