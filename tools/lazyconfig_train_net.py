@@ -19,7 +19,9 @@ something else, add keys to your config and copy this file.
 Unlike detectron2's, ``--resume`` continues bit for bit, as ``tools/train_net.py`` does: the
 checkpoints hold the run state (every rank's RNG states and loader position,
 :class:`~trainkit.engine.run_state.RunState`), so every rank runs the checkpoint hook (it
-gathers them). A LazyConfig is not rescaled to ``--num-gpus``: the batch in the config is
+gathers them). A data config without a ``seed`` (detectron2's ``common/data/*.py``) lets the
+loader draw one; a resume then continues the checkpoint's stream with the seed it saved.
+A LazyConfig is not rescaled to ``--num-gpus``: the batch in the config is
 the total over all processes, and the lr and length stay as written.
 """
 
@@ -89,11 +91,8 @@ def do_train(args: argparse.Namespace, cfg: Any) -> None:
     trainer_class = AMPTrainer if cfg.train.amp.enabled else SimpleTrainer
     trainer = trainer_class(model, train_loader, optimizer)
     output_dir = cfg.train.output_dir
-    run_state = RunState(
-        trainer,
-        output_dir=output_dir,
-        seed=OmegaConf.select(cfg, "dataloader.train.seed", default=None),
-    )
+    # The data seed of the config, else the one the loader drew (shared by all ranks).
+    run_state = RunState(trainer, output_dir=output_dir)
     # The run state is saved under "trainer", where detectron2 saves the trainer's state.
     checkpointer = DetectionCheckpointer(model, output_dir, trainer=run_state)
     trainer.register_hooks(
@@ -140,7 +139,19 @@ def resume_or_load(
     )
     if not (resume and checkpointer.has_checkpoint()):
         return 0
-    run_state.load_state_dict(upgrade_run_state(checkpoint))
+    state = upgrade_run_state(checkpoint)
+    saved_seed = state.get("seed")
+    if (
+        OmegaConf.select(cfg, "dataloader.train.seed", default=None) is None
+        and saved_seed is not None
+        and saved_seed != getattr(trainer.data_loader, "seed", saved_seed)
+    ):
+        # The config leaves the data seed to be drawn (detectron2's configs do), and this
+        # process drew another one: continue the checkpoint's data stream instead.
+        logger.info("Continuing the data stream of the checkpoint (seed %d)", saved_seed)
+        cfg.dataloader.train.seed = saved_seed
+        trainer.reset_data_loader(lambda: instantiate(cfg.dataloader.train))
+    run_state.load_state_dict(state)
     # The checkpoint holds the last finished iteration; continue with the next one.
     return trainer.iter + 1
 

@@ -24,7 +24,7 @@ def test_model_zoo_urls_are_not_supported(url):
     message = str(info.value)
     assert "\n" not in message and "not found" not in message
     assert "detectron2 model-zoo URL, which trainkit does not support" in message
-    assert "MODEL.WEIGHTS" in message
+    assert "MODEL.WEIGHTS" in message and "train.init_checkpoint" in message
 
 
 @pytest.mark.parametrize(

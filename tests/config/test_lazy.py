@@ -77,6 +77,22 @@ def test_instantiate_builds_nested_calls_depth_first_and_lists_item_by_item():
     assert instantiate([L(Point)(x=9)]) == [Point(9)]
 
 
+def test_lazycall_of_a_dataclass_keeps_its_import_path():
+    # omegaconf would make a dataclass type a config of its fields.
+    cfg = L(DPoint)(x=1)
+    assert cfg._target_ == "tests.config.test_lazy.DPoint"
+    assert instantiate(cfg) == DPoint(1)
+
+
+def test_a_dataclass_instance_argument_keeps_its_type_also_after_save(tmp_path):
+    cfg = L(make_pair)(first=DPoint(1, 2))
+    assert instantiate(cfg) == (DPoint(1, 2), None)
+    LazyConfig.save(cfg, str(tmp_path / "c.yaml"))
+    assert instantiate(LazyConfig.load(str(tmp_path / "c.yaml"))) == (DPoint(1, 2), None)
+    cfg.second = DPoint(3)  # assigned later: omegaconf keeps its type
+    assert instantiate(cfg) == (DPoint(1, 2), DPoint(3))
+
+
 def test_instantiate_accepts_dotted_targets_and_passes_other_values_through():
     assert instantiate({"_target_": "tests.config.test_lazy.Point", "x": 5}) == Point(5)
     assert instantiate(3) == 3 and instantiate("text") == "text"
@@ -160,8 +176,11 @@ def test_load_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.py:\d+: Python syntax error"):
         LazyConfig.load(bad)
     missing_import = _write(tmp_path / "imp.py", "from .nothing import x\n")
-    with pytest.raises(ConfigError, match=r"needs the file .*nothing\.py, which does not exist"):
+    # ImportError too, as detectron2 raises for a config's bad relative imports.
+    with pytest.raises(ImportError, match=r"needs the file .*nothing\.py, which does not exist"):
         LazyConfig.load(missing_import)
+    with pytest.raises(ImportError, match=r"relative import of a directory"):
+        LazyConfig.load(_write(tmp_path / "dir_import.py", "from . import nothing\n"))
     with pytest.raises(ConfigError, match=r"no top-level value 'trian'\. Did you mean train\?"):
         LazyConfig.load(_write(tmp_path / "t.py", "train = dict(a=1)\n"), "trian")
 
@@ -300,6 +319,10 @@ def test_bad_overrides_are_one_line_errors(override, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
         LazyConfig.apply_overrides(_rich_config(), [override])
     assert "\n" not in str(info.value)
+    if "=" in override and not override.startswith("~"):
+        # A key that is not there is also a KeyError, as detectron2 raises.
+        assert isinstance(info.value, KeyError)
+        assert not str(info.value).startswith("'")
 
 
 def test_to_py_writes_one_line_per_value():
@@ -342,6 +365,34 @@ def test_origins_name_the_file_line_the_imported_file_and_the_command_line(tmp_p
     assert rows["point.x"].origin == "command line" and rows["point.x"].value == 3
     assert rows["point._target_"].value == "tests.config.test_lazy.Point"
     assert rows["point._target_"].origin.endswith("main.py:5")
+
+
+def test_origins_of_computed_values_after_a_relative_import(tmp_path):
+    # A computed value after a relative import: its source text is the config's own.
+    _write(tmp_path / "common" / "base.py", "train = dict(max_iter=100)\n")
+    main = _write(
+        tmp_path / "main.py",
+        """
+        from .common.base import train
+        from trainkit import model_zoo
+        optimizer = model_zoo.get_config("common/optim.py").SGD
+        """,
+    )
+    cfg = LazyConfig.load(main)
+    rows = {row.key: row for row in lazy_config_values(cfg, main, [])}
+    assert rows["optimizer.lr"].origin.endswith(
+        'main.py:4 (model_zoo.get_config("common/optim.py").SGD)'
+    )
+    assert rows["train.max_iter"].origin.endswith("base.py:1")
+
+
+def test_instantiate_builds_the_items_of_a_tuple_in_a_config():
+    cfg = LazyConfig.apply_overrides(
+        DictConfig({"pair": L(make_pair)(first=(L(Point)(x=1), 2))}, flags={"allow_objects": True}),
+        [],
+    )
+    first, _ = instantiate(cfg.pair)
+    assert list(first) == [Point(1), 2]
 
 
 def test_import_trainkit_config_does_not_import_omegaconf():

@@ -39,6 +39,16 @@ def test_unknown_name_lists_registered_names_and_suggests():
     assert "Did you mean 'coco_2017_train'" in message and "'voc_train'" in message
 
 
+def test_detectron2_builtin_dataset_names_say_trainkit_does_not_register_them():
+    DatasetCatalog.register("shapes_train", list)
+    with pytest.raises(KeyError) as info:
+        DatasetCatalog.get("coco_2017_val_100")
+    message = str(info.value)
+    assert "\n" not in message and "'shapes_train'" in message
+    assert "'coco_2017_val_100' is one of detectron2's builtin datasets" in message
+    assert "DatasetCatalog.register(name, func)" in message
+
+
 def test_metadata_is_set_once():
     meta = MetadataCatalog.get("toy")
     meta.thing_classes = ["a", "b"]

@@ -119,6 +119,16 @@ def test_aspect_ratio_grouped_dataset_groups_by_orientation():
     assert [[s["width"] for s in b] for b in batches] == [[20, 30, 40], [5, 6, 7]]
 
 
+def test_aspect_ratio_grouping_buckets_stay_below_the_batch_after_a_break():
+    # detectron2 projects read dataset._buckets as a list of buckets.
+    samples = [{"width": w, "height": h} for w, h in [(1, 0), (0, 1), (1, 0), (0, 1)]]
+    dataset = AspectRatioGroupedDataset(samples, 2)
+    for _ in range(3):
+        next(iter(dataset))  # stop after the first batch
+        assert len(dataset._buckets) == 2
+        assert all(len(bucket) < 2 for bucket in dataset._buckets)
+
+
 class _Stream(torch.utils.data.IterableDataset):
     def __init__(self, items):
         self.items = items

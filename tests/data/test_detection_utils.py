@@ -121,3 +121,26 @@ def test_check_metadata_consistency(caplog):
     finally:
         for name in ("du_a", "du_b", "du_c"):
             MetadataCatalog.remove(name)
+
+
+def test_detectron2_download_urls_are_refused_in_one_line():
+    from trainkit.utils.errors import UsageError
+
+    with pytest.raises(UsageError, match="detectron2 download URL.*pass its local path"):
+        utils.read_image("detectron2://assets/Landscape_5.jpg", "RGB")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "annotations_to_instances",
+        "transform_instance_annotations",
+        "gen_crop_transform_with_instance",
+    ],
+)
+def test_detection_functions_import_and_say_they_are_detection_only(name):
+    from trainkit.utils.detection_only import DetectionOnlyError
+
+    with pytest.raises(DetectionOnlyError, match=f"{name} is detection-only") as info:
+        getattr(utils, name)([], (4, 4))
+    assert "\n" not in str(info.value)

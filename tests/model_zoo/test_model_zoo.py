@@ -96,6 +96,24 @@ def test_unknown_configs_and_trained_weights_are_one_line_usage_errors():
         assert "no model zoo weights" in message and "detectron2://" in message
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_1x.py",
+        "COCO-Detection/faster_rcnn_R_50_FPN_1x.yaml",
+        "common/data/coco.py",
+        "common/models/mask_rcnn_fpn.py",
+    ],
+)
+def test_detectron2_detection_configs_say_they_are_detection_only(path):
+    with pytest.raises(MissingFileError) as info:
+        model_zoo.get_config(path)
+    message = str(info.value)
+    assert "\n" not in message and "Did you mean" not in message
+    assert f"{path!r} is one of detectron2's detection configs" in message
+    assert "detection-only" in message
+
+
 def test_detectron2_import_path():
     from trainkit.model_zoo.model_zoo import get_checkpoint_url
 

@@ -91,8 +91,9 @@ def local_checkpoint_path(path_manager: Any, path: str) -> str:
         raise CheckpointError(
             f"Checkpoint {path!r} is a detectron2 model-zoo URL, which trainkit does not "
             "support: its models are detectors and its ImageNet backbones Detectron pickles "
-            "(.pkl) of another model's layer names. Set MODEL.WEIGHTS to a torch checkpoint "
-            "(.pth) of your own model, or '' to start from its initialisation."
+            "(.pkl) of another model's layer names. Set MODEL.WEIGHTS (train.init_checkpoint in "
+            "a LazyConfig: detectron2's common/train.py defaults to such a URL) to a torch "
+            "checkpoint (.pth) of your own model, or '' to start from its initialisation."
         )
     fix = (
         "Check the path (MODEL.WEIGHTS or the argument to load), or pass '' to start from the "

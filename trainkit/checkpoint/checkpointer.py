@@ -30,6 +30,7 @@ from trainkit.checkpoint._files import (
     local_checkpoint_path,
     read_checkpoint_file,
 )
+from trainkit.checkpoint.c2_model_loading import align_and_update_state_dicts
 from trainkit.checkpoint.model_state import (
     IncompatibleKeys,
     ShapeMismatchError,
@@ -47,6 +48,22 @@ __all__ = ["Checkpointable", "Checkpointer"]
 logger = logging.getLogger(__name__)
 
 _TAG_FILE = "last_checkpoint"
+
+
+_MATCHING_HEURISTICS = "matching_heuristics"
+
+
+def _split_matching_heuristics(path: str) -> tuple[str, bool]:
+    """``"w.pth?matching_heuristics=True"`` -> ``("w.pth", True)``; other paths as they are."""
+    base, sep, query = path.rpartition("?")
+    if not sep or not query.startswith(_MATCHING_HEURISTICS + "="):
+        return path, False
+    value = query.split("=", 1)[1]
+    if value not in ("True", "False", "true", "false", "1", "0"):
+        raise CheckpointError(
+            f"{path!r}: matching_heuristics must be True or False, got {value!r}."
+        )
+    return base, value in ("True", "true", "1")
 
 
 class Checkpointable(Protocol):
@@ -276,6 +293,9 @@ class Checkpointer(_FvcoreCheckpointer):
 
         Args:
             path: a local path or any path ``PathManager`` resolves; ``""`` loads nothing.
+                With ``?matching_heuristics=True`` appended (detectron2's syntax), weights
+                named without the model's prefixes load by suffix matching
+                (:func:`~trainkit.checkpoint.c2_model_loading.align_and_update_state_dicts`).
             checkpointables: names of checkpointables to restore; ``None`` means all,
                 ``[]`` only the model.
 
@@ -293,8 +313,14 @@ class Checkpointer(_FvcoreCheckpointer):
         if not path:
             self.logger.info("No checkpoint given; the model keeps its initialisation.")
             return {}
+        path, matching_heuristics = _split_matching_heuristics(path)
         local_path = local_checkpoint_path(self.path_manager, path)
         checkpoint = read_checkpoint_file(local_path, trust_pickle=self.trust_pickle)
+        if matching_heuristics:
+            model_state = unwrap_model(self.model).state_dict()
+            checkpoint["model"] = align_and_update_state_dicts(
+                model_state, checkpoint["model"], c2_conversion=False
+            )
         return self._restore(checkpoint, local_path, checkpointables)
 
     def resume_or_load(

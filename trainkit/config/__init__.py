@@ -5,6 +5,7 @@ omegaconf, which is imported only when one of them is used.
 """
 
 from trainkit.config.cfg_node import CfgNode, ConfigError
+from trainkit.config.compat import downgrade_config, upgrade_config
 from trainkit.config.configurable import configurable
 from trainkit.config.defaults import get_cfg
 from trainkit.config.instantiate import instantiate
@@ -16,6 +17,8 @@ __all__ = [
     "LazyCall",
     "LazyConfig",
     "configurable",
+    "downgrade_config",
     "get_cfg",
     "instantiate",
+    "upgrade_config",
 ]

@@ -14,6 +14,7 @@ from typing import Any, Union
 import yaml
 from fvcore.common.config import CfgNode as _FvcoreCfgNode
 
+from trainkit.config.compat import upgrade_partial
 from trainkit.config.provenance import (
     ORIGIN_CODE,
     ORIGIN_COMMAND_LINE,
@@ -248,6 +249,9 @@ class CfgNode(_FvcoreCfgNode):
             origin: _Origins = display_path(os.path.abspath(cfg_filename))
         else:
             loaded, origin = self._load_with_origins(cfg_filename, allow_unsafe=allow_unsafe)
+        if "VERSION" in self:
+            # A file of an older detectron2 VERSION: its renamed keys become today's.
+            upgrade_partial(loaded, cfg_filename)
         self._merge_checked(loaded, source=f"file {cfg_filename}", origins=origin)
 
     def merge_from_other_cfg(self, cfg_other: _FvcoreCfgNode) -> None:

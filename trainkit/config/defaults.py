@@ -14,8 +14,9 @@ from trainkit.config.detectron2_defaults import add_detectron2_keys
 
 _C = CN()
 
-# Schema version of config files (detectron2's current one). Any int is accepted: trainkit
-# does not rewrite older files' keys as detectron2 does for VERSION 1.
+# Schema version of config files (detectron2's current one, compat.LATEST_VERSION). A file
+# of an older version (0 or 1, or without VERSION but with MODEL.WEIGHT) has its renamed keys
+# upgraded when merged, as in detectron2 (trainkit.config.compat).
 _C.VERSION = 2
 
 # ---- Model ------------------------------------------------------------------------------

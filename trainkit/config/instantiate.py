@@ -18,13 +18,25 @@ logger = logging.getLogger(__name__)
 _TARGET = "_target_"
 
 
+def _is_dataclass_type(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _tuple_config_type() -> tuple[type, ...]:
+    import omegaconf
+
+    tuple_config = getattr(omegaconf, "TupleConfig", None)
+    return (tuple_config,) if tuple_config is not None else ()
+
+
 def instantiate(cfg: Any) -> Any:
     """Build what ``cfg`` describes, arguments first (depth first), as detectron2 does.
 
     A mapping with ``_target_`` is called: ``_target_(**other keys)``, each argument
     instantiated first; ``_target_`` is a callable or its dotted import path. A list (or
-    ``ListConfig``) is instantiated item by item. Anything else, a mapping without
-    ``_target_`` included, is returned as it is.
+    ``ListConfig``) is instantiated item by item, and so is a tuple, which omegaconf >= 2.4
+    keeps as a ``TupleConfig`` (the result is a plain tuple). Anything else, a mapping
+    without ``_target_`` included, is returned as it is.
 
     Args:
         cfg: a ``LazyCall`` description, a list of them, or any value.
@@ -37,7 +49,7 @@ def instantiate(cfg: Any) -> Any:
             do not fit its signature (with the closest parameter names), or a value is
             missing (``???``). Errors raised by the target itself propagate unchanged.
     """
-    from omegaconf import ListConfig
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
     if isinstance(cfg, ListConfig):
@@ -45,6 +57,13 @@ def instantiate(cfg: Any) -> Any:
     if isinstance(cfg, list):
         # Many constructors take lists of objects (augmentations, hooks, layers).
         return [instantiate(x) for x in cfg]
+    if isinstance(cfg, _tuple_config_type()):
+        # omegaconf >= 2.4 keeps a config's tuples as TupleConfig (older versions made them
+        # lists): their items are built too, and the target gets a plain tuple.
+        return tuple(instantiate(x) for x in cfg)
+    if isinstance(cfg, DictConfig) and _is_dataclass_type(OmegaConf.get_type(cfg)):
+        # A dataclass instance assigned into a config became a config of its fields.
+        return OmegaConf.to_object(cfg)
     if not (isinstance(cfg, Mapping) and _TARGET in cfg):
         return cfg
     try:

@@ -14,6 +14,7 @@ reads back (detectron2 #3482, #3225), or says in one line which value it cannot 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 import sys
 import types
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
+from trainkit.config.instantiate import dump_dataclass
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.registry import _convert_target_to_string, locate
@@ -32,6 +34,19 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = ["LazyCall", "LazyConfig"]
+
+
+class _ConfigImportError(ConfigError, ImportError):
+    """A relative import in a config file that cannot be done (detectron2 raises ImportError)."""
+
+
+class _OverrideKeyError(ConfigError, KeyError):
+    """An override of a key that does not exist (detectron2, through omegaconf: KeyError)."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; a user reads it as a sentence.
+        return str(self.args[0]) if self.args else ""
+
 
 # The __package__ of every config file this module executes: its relative imports are then
 # resolved by file path (see _config_import), and the functions it defines carry this
@@ -69,7 +84,17 @@ class LazyCall:
                 f"LazyCall({_target_name(self._target)}) takes keyword arguments only (a config "
                 "names every value it sets); pass them as name=value."
             )
-        kwargs[_TARGET] = self._target
+        target = self._target
+        if isinstance(target, type) and dataclasses.is_dataclass(target):
+            # omegaconf would turn a dataclass type into a config of its fields (a
+            # "structured config"): keep its import path instead, as detectron2 does.
+            target = _convert_target_to_string(target)
+        kwargs[_TARGET] = target
+        for key, value in kwargs.items():
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                # An argument that is a dataclass instance (ShapeSpec(...)) would become a
+                # config of its fields and lose its type; describe it as its own call.
+                kwargs[key] = _dict_config(dump_dataclass(value))
         return DictConfig(content=kwargs, flags={"allow_objects": True})
 
 
@@ -265,19 +290,19 @@ def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
             if is_new and depth == len(parts) - 1:
                 return
             hint = did_you_mean(key, flat_config_items(cfg))
-            raise ConfigError(
+            raise _OverrideKeyError(
                 f"unknown config key {key} in the command-line overrides.{hint} Prefix it "
                 f"with + to add a new key (+{key}=VALUE)."
             )
         if isinstance(node, ListConfig) and part.isdigit():
             if int(part) >= len(node):
-                raise ConfigError(
+                raise _OverrideKeyError(
                     f"cannot set {key}: {prefix} is a list of {len(node)} items, so index "
                     f"{part} does not exist; set {prefix} to a longer list instead."
                 )
             node = node[int(part)]
             continue
-        raise ConfigError(
+        raise _OverrideKeyError(
             f"cannot set {key}: {prefix or 'the config'} holds {type(node).__name__} "
             f"{node!r}, not a group of keys; set {prefix} itself."
         )
@@ -325,16 +350,16 @@ def _config_import(
         return builtins.__import__(name, globals, locals, fromlist, level)
     importer = str(globals["__file__"])  # type: ignore[index]
     if not name:
-        raise ConfigError(
-            f"{importer}: 'from {'.' * level} import ...' is not supported in a config file; "
-            "import names from a file: from .FILE import NAME."
+        raise _ConfigImportError(
+            f"{importer}: 'from {'.' * level} import ...' (a relative import of a directory) is "
+            "not supported in a config file; import names from a file: from .FILE import NAME."
         )
     directory = os.path.dirname(importer)
     for _ in range(level - 1):
         directory = os.path.dirname(directory)
     path = os.path.join(directory, *name.split(".")) + ".py"
     if not PathManager.isfile(path):
-        raise ConfigError(
+        raise _ConfigImportError(
             f"{importer}: 'from {'.' * level}{name} import ...' needs the file {path}, which "
             "does not exist."
         )

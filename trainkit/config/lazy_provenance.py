@@ -80,8 +80,8 @@ def _py_origins(path: str, seen: frozenset[str]) -> dict[str, str]:
     for statement in tree.body:
         where = f"{shown}:{statement.lineno}"
         if isinstance(statement, ast.ImportFrom) and statement.level > 0 and statement.module:
-            source = _relative_file(path, statement.module, statement.level)
-            imported = _py_origins(source, seen | {real})
+            imported_file = _relative_file(path, statement.module, statement.level)
+            imported = _py_origins(imported_file, seen | {real})
             for alias in statement.names:
                 name = alias.asname or alias.name
                 _set(origins, name, where)

@@ -18,19 +18,29 @@ import numpy as np
 from trainkit.config import CfgNode, ConfigError
 from trainkit.data import transforms as T
 from trainkit.data.catalog import MetadataCatalog
+from trainkit.utils.detection_only import detection_only
+from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import PathManager
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SizeMismatchError",
+    "annotations_to_instances",
+    "annotations_to_instances_rotated",
     "build_augmentation",
     "build_transform_gen",
     "check_image_size",
     "check_metadata_consistency",
     "convert_PIL_to_numpy",
     "convert_image_to_rgb",
+    "create_keypoint_hflip_indices",
+    "filter_empty_instances",
+    "gen_crop_transform_with_instance",
     "read_image",
+    "transform_instance_annotations",
+    "transform_keypoint_annotations",
+    "transform_proposals",
 ]
 
 # RGB (0-1) <-> YUV by ITU-R BT.601; rows are output channels.
@@ -112,9 +122,15 @@ def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa
 
     Raises:
         OSError: If the file cannot be read or decoded (a loader skips such a record).
+        UsageError: For a ``detectron2://`` URL (detectron2's downloads).
     """
     from PIL import Image
 
+    if file_name.startswith("detectron2://"):
+        raise UsageError(
+            f"{file_name!r} is a detectron2 download URL (its model zoo and sample files), "
+            "which trainkit does not fetch; download the file and pass its local path."
+        )
     # iopath adds nothing for a local file but costs ~20 us an image; URLs go through it.
     opener = PathManager.open if "://" in file_name else open
     with opener(file_name, "rb") as f:
@@ -209,3 +225,25 @@ def check_metadata_consistency(key: str, dataset_names: Sequence[str]) -> None:
                 f"datasets {dataset_names[0]!r} and {name!r} have different metadata {key!r}; "
                 "train or evaluate them together only if they agree"
             )
+
+
+# detectron2's detection functions of this module: they import, and calling one says why not.
+_ANNOTATIONS = "turning annotations into Instances"
+annotations_to_instances = detection_only("annotations_to_instances", __name__, _ANNOTATIONS)
+annotations_to_instances_rotated = detection_only(
+    "annotations_to_instances_rotated", __name__, _ANNOTATIONS
+)
+filter_empty_instances = detection_only("filter_empty_instances", __name__, "filtering Instances")
+transform_instance_annotations = detection_only(
+    "transform_instance_annotations", __name__, "moving boxes, masks and keypoints with a transform"
+)
+transform_keypoint_annotations = detection_only(
+    "transform_keypoint_annotations", __name__, "moving keypoints with a transform"
+)
+transform_proposals = detection_only("transform_proposals", __name__, "moving box proposals")
+create_keypoint_hflip_indices = detection_only(
+    "create_keypoint_hflip_indices", __name__, "keypoint flip pairs"
+)
+gen_crop_transform_with_instance = detection_only(
+    "gen_crop_transform_with_instance", __name__, "a crop around an instance's box"
+)

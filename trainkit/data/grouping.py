@@ -182,6 +182,14 @@ class Buckets:
         self.batch_size = batch_size
         self.waiting: dict[Hashable, list[Any]] = {} if waiting is None else waiting
 
+    def __iter__(self) -> Iterator[list[Any]]:
+        """Iterate over the waiting items of each bucket (detectron2's list of buckets)."""
+        return iter(list(self.waiting.values()))
+
+    def __len__(self) -> int:
+        """Return the number of buckets that have been used."""
+        return len(self.waiting)
+
     @classmethod
     def from_lists(cls, batch_size: int, lists: Sequence[list[Any]]) -> Buckets:
         """Start from the waiting items of buckets ``0, 1, ...`` as a position stores them."""

@@ -108,6 +108,9 @@ class TrainLoader:
         records: the unmapped records (or the stream) the loader reads.
         num_skipped_records: records that failed to map (and were replaced or skipped) in
             the batches returned so far.
+        seed: the key of ``sample_rng()`` and of the workers' base seeds (the sampler's
+            seed when the loader was built without one); a resume continues the same
+            stream only with the same seed.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class TrainLoader:
         """
         self.num_skipped_records = 0
         self.records = records
+        self.seed = seed
         self._last_items: list[list[int]] = []
         kwargs = worker_kwargs(loader_kwargs or {}, seed)
         if isinstance(source, StreamBatches):

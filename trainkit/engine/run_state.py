@@ -47,7 +47,8 @@ class RunState:
     Args:
         trainer: the trainer whose run this is; held through a weak reference, as hooks do.
         output_dir: where the run's checkpoints go (default: ``trainer.cfg.OUTPUT_DIR``).
-        seed: the train loader's seed (default: ``trainer.cfg.SEED``).
+        seed: the train loader's seed (default: ``trainer.cfg.SEED``, or without a config
+            the ``seed`` attribute of the trainer's loader).
     """
 
     def __init__(
@@ -75,7 +76,12 @@ class RunState:
         return self._output_dir if self._output_dir is not None else self._trainer.cfg.OUTPUT_DIR
 
     def _data_seed(self) -> int | None:
-        return self._seed if self._seed is not None else self._trainer.cfg.SEED
+        if self._seed is not None:
+            return self._seed
+        trainer = self._trainer
+        cfg = getattr(trainer, "cfg", None)
+        # Without a yacs config (a SimpleTrainer), the loader knows the seed it was built with.
+        return cfg.SEED if cfg is not None else getattr(trainer.data_loader, "seed", None)
 
     def _local_state(self) -> dict[str, Any]:
         loader = self._trainer.data_loader

@@ -46,6 +46,33 @@ def _available() -> list[str]:
     return sorted(names)
 
 
+# The folders and files of detectron2's configs/ that describe detection: its model zoo's
+# tasks, and the data and model parts of configs/common/ (train.py, optim.py and the
+# schedules are task-agnostic and shipped).
+_DETECTRON2_DETECTION_CONFIGS = (
+    "COCO-Detection/",
+    "COCO-InstanceSegmentation/",
+    "COCO-Keypoints/",
+    "COCO-PanopticSegmentation/",
+    "Cityscapes/",
+    "Detectron1-Comparisons/",
+    "LVISv0.5-InstanceSegmentation/",
+    "LVISv1-InstanceSegmentation/",
+    "Misc/",
+    "PascalVOC-Detection/",
+    "new_baselines/",
+    "quick_schedules/",
+    "common/data/",
+    "common/models/",
+    "Base-RCNN-",
+    "Base-RetinaNet",
+)
+
+
+def _is_detectron2_detection_config(config_path: str) -> bool:
+    return config_path.lstrip("./").startswith(_DETECTRON2_DETECTION_CONFIGS)
+
+
 def get_config_file(config_path: str) -> str:
     """Return the path of a shipped config.
 
@@ -54,12 +81,20 @@ def get_config_file(config_path: str) -> str:
             ``"common/train.py"``.
 
     Raises:
-        MissingFileError: If trainkit ships no such config (the message lists the closest).
+        MissingFileError: If trainkit ships no such config: the message lists the closest,
+            or says that one of detectron2's detection configs is detection-only.
     """
     for root in _config_roots():
         path = root / config_path
         if path.is_file():
             return str(path)
+    if _is_detectron2_detection_config(config_path):
+        raise MissingFileError(
+            f"{config_path!r} is one of detectron2's detection configs (detection models, "
+            "COCO-style data and evaluators), which are detection-only and not shipped by "
+            "trainkit: keep detectron2 for it, or write a config for your own model on "
+            "trainkit's common/train.py, common/optim.py and common/coco_schedule.py."
+        )
     available = _available()
     hint = did_you_mean(config_path, available)
     raise MissingFileError(

@@ -3,7 +3,8 @@
 Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
 ``build_backbone``, ``ShapeSpec``), its semantic segmentation (``SemanticSegmentor``,
 ``SEM_SEG_HEADS_REGISTRY``, ``build_sem_seg_head``, ``sem_seg_postprocess``) and, as
-detection-only placeholders, ``GeneralizedRCNNWithTTA`` and ``detector_postprocess``.
+detection-only placeholders, ``GeneralizedRCNN``, ``ProposalNetwork``, ``RetinaNet``,
+``GeneralizedRCNNWithTTA`` and ``detector_postprocess``.
 """
 
 from trainkit.layers import ShapeSpec
@@ -13,6 +14,7 @@ from trainkit.layers import ShapeSpec
 from trainkit.modeling import image_classifier  # noqa: F401
 from trainkit.modeling.backbone import BACKBONE_REGISTRY, Backbone, build_backbone
 from trainkit.modeling.build import META_ARCH_REGISTRY, build_model, model_device
+from trainkit.modeling.meta_arch import GeneralizedRCNN, ProposalNetwork, RetinaNet
 from trainkit.modeling.meta_arch.semantic_seg import (
     SEM_SEG_HEADS_REGISTRY,
     SemanticSegmentor,
@@ -28,7 +30,10 @@ __all__ = [
     "SEM_SEG_HEADS_REGISTRY",
     "SemanticSegmentor",
     "Backbone",
+    "GeneralizedRCNN",
     "GeneralizedRCNNWithTTA",
+    "ProposalNetwork",
+    "RetinaNet",
     "build_backbone",
     "build_model",
     "build_sem_seg_head",

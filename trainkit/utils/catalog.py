@@ -24,6 +24,18 @@ def _unknown_name_message(kind: str, name: str, known: list[str], how_to_add: st
     return f"{kind} {name!r} is not registered.{hint} Registered: {listed}. {how_to_add}"
 
 
+# Name prefixes of the datasets detectron2 registers when it is imported
+# (detectron2/data/datasets/builtin.py).
+_DETECTRON2_BUILTIN_DATASETS = (
+    "coco_",
+    "keypoints_coco_",
+    "lvis_",
+    "cityscapes_",
+    "voc_",
+    "ade20k_",
+)
+
+
 class _Catalog:
     """What both catalogs share: entries by name, in the order they were added."""
 
@@ -84,6 +96,14 @@ class _DatasetCatalog(_Catalog):
         """
         if name not in self._entries:
             how = "Register it with DatasetCatalog.register(name, func) or fix DATASETS.TRAIN/TEST."
+            if name.startswith(_DETECTRON2_BUILTIN_DATASETS):
+                how = (
+                    f"{name!r} is one of detectron2's builtin datasets (COCO, LVIS, VOC, "
+                    "Cityscapes, ADE20K), which trainkit does not register (most are detection "
+                    "data, all need their files): register it yourself with "
+                    "DatasetCatalog.register(name, func), e.g. with load_sem_seg for semantic "
+                    "segmentation, or fix DATASETS.TRAIN/TEST."
+                )
             raise UnknownNameError(_unknown_name_message("Dataset", name, self.list(), how))
         return self._entries[name]()
 

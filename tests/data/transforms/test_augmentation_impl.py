@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from trainkit.data import MapDataset
 from trainkit.data import transforms as T
@@ -95,6 +96,29 @@ def test_resize_shortest_edge_sampling():
         T.ResizeShortestEdge((1, 2, 3))
     with pytest.raises(ValueError, match="sample_style"):
         T.ResizeShortestEdge(3, sample_style="uniform")
+
+
+def test_resize_shortest_edge_chooses_from_a_config_list():
+    # LazyCall(ResizeShortestEdge)(short_edge_length=[...]) passes an omegaconf ListConfig,
+    # which refuses numpy integers as indices.
+    from omegaconf import ListConfig
+
+    aug = T.ResizeShortestEdge(ListConfig([2, 8]), sample_style="choice")
+    chosen = {run(aug, GRID, position=p)[0].image.shape[0] for p in range(40)}
+    assert chosen == {2, 8}
+
+
+def _scripted_resize(image):
+    h, w = T.ResizeShortestEdge.get_output_shape(image.shape[-2], image.shape[-1], 6, 10)
+    return torch.nn.functional.interpolate(image[None], size=(h, w))
+
+
+def test_resize_shortest_edge_output_shape_works_in_torchscript():
+    scripted = torch.jit.script(_scripted_resize)
+    for shape in [(3, 4, 4), (3, 2, 30)]:
+        image = torch.rand(shape)
+        assert torch.equal(scripted(image), _scripted_resize(image))
+    assert scripted(torch.rand(3, 2, 30)).shape[-2:] == (1, 10)  # capped at 10
 
 
 def test_resize_scale_and_random_resize():

@@ -127,3 +127,14 @@ def test_fvcore_transforms_are_the_same_classes():
     for name in ("Transform", "TransformList", "NoOpTransform", "HFlipTransform", "VFlipTransform",
                  "CropTransform", "PadTransform", "BlendTransform", "ScaleTransform"):  # fmt: skip
         assert getattr(T, name) is getattr(F, name)
+
+
+def test_rotated_boxes_follow_flips_and_resizes():
+    boxes = np.array([[4.0, 4.0, 2.0, 1.0, 0.0], [4.0, 4.0, 2.0, 1.0, 90.0]])
+    resized = T.ResizeTransform(10, 10, 10, 20).apply_rotated_box(boxes.copy())  # x * 2
+    # Along the x axis the width doubles; turned by 90 degrees the height does.
+    np.testing.assert_allclose(resized, [[8, 4, 4, 1, 0], [8, 4, 2, 2, 90]], atol=1e-9)
+    flipped = T.HFlipTransform(10).apply_rotated_box(boxes.copy())
+    np.testing.assert_allclose(flipped, [[6, 4, 2, 1, 0], [6, 4, 2, 1, -90]])
+    both = T.TransformList([T.HFlipTransform(10), T.NoOpTransform()])
+    np.testing.assert_allclose(both.apply_rotated_box(boxes.copy()), flipped)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from fvcore.transforms.transform import HFlipTransform, NoOpTransform, Transform, VFlipTransform
 
 from trainkit.data.mapping import augmentation_rng
@@ -131,8 +132,11 @@ class ResizeShortestEdge(Augmentation):
     """Scale the shorter side to a drawn length, the longer one capped at ``max_size``.
 
     A drawn length of 0 leaves the image as it is (``INPUT.MIN_SIZE_TEST 0``).
+    :meth:`get_output_shape` can be used in TorchScript (``torch.jit.script``), as in
+    detectron2, for models that resize their own input.
     """
 
+    @torch.jit.unused
     def __init__(
         self,
         short_edge_length: int | Sequence[int],
@@ -162,13 +166,15 @@ class ResizeShortestEdge(Augmentation):
             )
         self._init(locals())
 
-    def get_transform(self, image: np.ndarray) -> Transform:
+    @torch.jit.unused
+    def get_transform(self, image: np.ndarray) -> Any:  # Any: TorchScript cannot type Transform
         h, w = image.shape[:2]
         lengths = self.short_edge_length
         if self.is_range and lengths[0] != lengths[1]:
             size = int(augmentation_rng().integers(lengths[0], lengths[1] + 1))
         elif not self.is_range and len(lengths) > 1:
-            size = int(lengths[augmentation_rng().integers(len(lengths))])
+            # An int index: a config's sequence (omegaconf's) refuses numpy integers.
+            size = int(lengths[int(augmentation_rng().integers(len(lengths)))])
         else:  # one possible length (the test-time resize): nothing to draw
             size = int(lengths[0])
         if size == 0:

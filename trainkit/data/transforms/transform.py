@@ -292,3 +292,32 @@ class PILColorTransform(ColorTransform):
         from PIL import Image
 
         return np.asarray(self.op(Image.fromarray(img)))
+
+
+# ---- rotated boxes ----------------------------------------------------------------------
+# ``transform.apply_rotated_box(boxes)`` for ``Nx5`` arrays of (x_center, y_center, width,
+# height, angle in degrees, counter-clockwise), registered on fvcore's types as detectron2
+# does, with detectron2's formulas (so that its rotated-box code gets the same numbers).
+
+
+def _hflip_rotated_box(transform: HFlipTransform, boxes: np.ndarray) -> np.ndarray:
+    boxes[:, 0] = transform.width - boxes[:, 0]
+    boxes[:, 4] = -boxes[:, 4]
+    return boxes
+
+
+def _resize_rotated_box(transform: ResizeTransform, boxes: np.ndarray) -> np.ndarray:
+    sx, sy = transform.new_w / transform.w, transform.new_h / transform.h
+    theta = np.deg2rad(boxes[:, 4])
+    cos, sin = np.cos(theta), np.sin(theta)
+    boxes[:, 0] *= sx
+    boxes[:, 1] *= sy
+    boxes[:, 2] *= np.hypot(sx * cos, sy * sin)
+    boxes[:, 3] *= np.hypot(sx * sin, sy * cos)
+    boxes[:, 4] = np.rad2deg(np.arctan2(sx * sin, sy * cos))
+    return boxes
+
+
+HFlipTransform.register_type("rotated_box", _hflip_rotated_box)
+ResizeTransform.register_type("rotated_box", _resize_rotated_box)
+NoOpTransform.register_type("rotated_box", lambda transform, boxes: boxes)
