@@ -410,7 +410,8 @@ def test_hook_state_leaves_out_what_weights_only_cannot_load(caplog):
         state = trainer.state_dict()["hooks"]["LRScheduler"]
         trainer.state_dict()
     assert "_warmup" not in state and state["last_epoch"] == 3
-    warnings = [r.getMessage() for r in caplog.records]
+    # Only this hook's records: other loggers may warn too, depending on the tests run before.
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trainkit.engine.hook_base"]
     assert len(warnings) == 1  # once per entry, not at every checkpoint
     assert (
         "state['_warmup'] is a fvcore.common.param_scheduler.MultiStepParamScheduler"
