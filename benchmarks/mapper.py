@@ -5,6 +5,15 @@ sample context (which also seeds ``np.random`` and ``random``). The baseline is
 detectron2's ``DatasetMapper`` doing the same work when ``--d2-root`` names a detectron2
 source checkout, otherwise the same work written with plain PIL and numpy. A second table
 gives the per-record cost of seeding the global generators beside the mapper's time.
+
+What the plain baseline stands for: the pixel work of detectron2's mapper, done the way its
+``read_image`` and ``ResizeTransform`` do it (PIL open, EXIF read, ``convert("RGB")``, BGR as
+the reversed view ``[:, :, ::-1]``, a bilinear PIL resize to the same size, a flip drawn from
+``np.random``, a contiguous CHW tensor), without the rest of detectron2's per-call work: its
+``copy.deepcopy`` of the record (the baseline copies it shallowly, as trainkit does), its
+iopath open, its ``AugInput``/``Augmentation``/``TransformList`` objects and
+``np.random.choice`` of the one training size. It is therefore a stricter bar than
+detectron2's mapper itself, which does all of the above on top.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def test_allow_unsafe_loads_python_tags_with_a_warning(tmp_path, caplog):
     (tmp_path / "base.yaml").write_text("SOLVER:\n  STEPS: !!python/tuple [10, 20]\n")
     (tmp_path / "leaf.yaml").write_text("_BASE_: base.yaml\nSEED: 3\n")
     cfg = get_cfg()
-    with caplog.at_level(logging.WARNING, logger="trainkit.config.cfg_node"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.config.yaml_files"):
         cfg.merge_from_file(str(tmp_path / "leaf.yaml"), allow_unsafe=True)
     assert (cfg.SOLVER.STEPS, cfg.SEED) == ((10, 20), 3)
     assert cfg.get_origin("SOLVER.STEPS").endswith("base.yaml:2")
@@ -137,7 +137,7 @@ def test_allow_unsafe_loads_python_tags_with_a_warning(tmp_path, caplog):
     # a file the safe loader reads is read with it, without a warning
     (tmp_path / "safe.yaml").write_text("SOLVER:\n  STEPS: [10, 20]\n")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="trainkit.config.cfg_node"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.config.yaml_files"):
         get_cfg().merge_from_file(str(tmp_path / "safe.yaml"), allow_unsafe=True)
     assert not caplog.records
 

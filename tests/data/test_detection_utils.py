@@ -42,6 +42,26 @@ def test_read_image_applies_the_exif_orientation(tmp_path):
     assert utils.read_image(str(path), "RGB").shape == (6, 4, 3)
 
 
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P"])
+def test_bgr_is_read_as_a_contiguous_array_from_any_mode(tmp_path, mode):
+    # PIL packs BGR itself: no reversed view that every later resize would have to copy.
+    path = tmp_path / f"image_{mode}.png"
+    Image.fromarray(RED_LEFT).convert(mode).save(path)
+    bgr = utils.read_image(str(path), "BGR")
+    assert bgr.flags.c_contiguous and bgr.shape == (4, 6, 3)
+    np.testing.assert_array_equal(bgr, RED_LEFT[:, :, ::-1])
+
+
+def test_bgr_of_an_exif_rotated_image_is_its_rotated_rgb_reversed(tmp_path):
+    path = tmp_path / "rotated.png"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(RED_LEFT).save(path, exif=exif)
+    rgb, bgr = utils.read_image(str(path), "RGB"), utils.read_image(str(path), "BGR")
+    assert rgb.shape == (6, 4, 3) and rgb[0, 0, 0] == 255 and rgb[5, 0, 0] == 0  # left went up
+    np.testing.assert_array_equal(bgr, rgb[:, :, ::-1])
+
+
 def test_read_image_of_a_broken_file_raises_oserror(tmp_path):
     path = tmp_path / "broken.png"
     path.write_bytes(b"not an image")

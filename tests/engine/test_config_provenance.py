@@ -129,6 +129,7 @@ def test_random_seed_drawn_by_the_trainer_has_a_run_time_origin(tmp_path):
     cfg.OUTPUT_DIR = str(tmp_path)
     cfg.SOLVER.IMS_PER_BATCH = 4
     cfg.DATALOADER.ASPECT_RATIO_GROUPING = False
+    cfg.DATALOADER.NUM_WORKERS = 0  # the default (4, detectron2's) would fork for nothing here
     cfg.DATASETS.TEST = ()
     assert cfg.SEED < 0
     trainer = _TinyTrainer(cfg)

@@ -27,8 +27,12 @@ def _load_tool():
 
 
 def _short_run(output_dir, max_iter=6, period=3):
-    # A few small steps in this process: no loader workers, the 200-image minival for eval.
+    # A few small steps in this process: no loader workers, the 200-image minival for eval,
+    # and a narrower model on 32-px images (the tool's flow is under test, not accuracy).
     return [
+        "model.channels=[8,16]",
+        "dataloader.train.mapper.max_size_train=32",
+        "dataloader.test.mapper.max_size_test=32",
         f"train.output_dir={output_dir}",
         f"train.max_iter={max_iter}",
         f"train.checkpointer.period={period}",

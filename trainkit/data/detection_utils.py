@@ -64,13 +64,20 @@ def convert_PIL_to_numpy(image: Any, format: str | None) -> np.ndarray:  # noqa:
             [0, 1]), any other PIL mode, or ``None`` to keep the file's own mode.
     """
     if format is not None:
-        # PIL has no BGR or YUV mode: read RGB and convert below.
-        image = image.convert("RGB" if format in ("BGR", "YUV-BT.601") else format)
+        # PIL has no BGR or YUV mode: read RGB and convert below. An image already in the
+        # mode needs no convert(), which would only copy it.
+        mode = "RGB" if format in ("BGR", "YUV-BT.601") else format
+        if image.mode != mode:
+            image = image.convert(mode)
+    if format == "BGR":
+        # PIL packs the channels in BGR order itself: a C-contiguous array, where a reversed
+        # view of RGB (``[:, :, ::-1]``) would cost a strided copy (~5x the read) in the first
+        # transform that needs contiguous pixels (every PIL resize).
+        width, height = image.size
+        return np.frombuffer(image.tobytes("raw", "BGR"), np.uint8).reshape(height, width, 3)
     array = np.asarray(image)
     if format == "L":
         return np.expand_dims(array, -1)  # PIL drops the channel axis of grey images
-    if format == "BGR":
-        return array[:, :, ::-1]
     if format == "YUV-BT.601":
         return np.dot(array / 255.0, _RGB_TO_YUV.T)
     return array
@@ -100,13 +107,15 @@ def convert_image_to_rgb(image: Any, format: str) -> np.ndarray:  # noqa: A002
 
 def _apply_exif_orientation(image: Any) -> Any:
     """Turn ``image`` upright as its EXIF orientation says (cameras store it rotated)."""
-    from PIL import ImageOps
-
     try:
         orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # a broken EXIF block: keep the pixels as they are
         return image
-    return image if orientation == 1 else ImageOps.exif_transpose(image)
+    if orientation == 1:
+        return image
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(image)
 
 
 def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa: A002

@@ -21,13 +21,12 @@ one (a predictor, a notebook), so ``np.random.seed(s)`` makes those draws reprod
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import hashlib
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,29 +110,48 @@ _CURRENT: contextvars.ContextVar[_SampleKey | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def sample_context(seed: int, position: int, batch: int | None = None) -> Iterator[None]:
+class _SampleContext:
+    """What :func:`sample_context` returns: a class rather than a ``contextlib`` generator,
+    which costs a few microseconds more on every record a loader maps."""
+
+    __slots__ = ("_key", "_token")
+
+    def __init__(self, key: _SampleKey) -> None:
+        self._key = key
+        self._token: contextvars.Token[_SampleKey | None] | None = None
+
+    def __enter__(self) -> None:
+        key = self._key
+        key.nested = _CURRENT.get() is not None
+        if not key.nested:  # a nested record continues the outer sample's global draws
+            seed_global_generators(key.seed, key.position)
+        self._token = _CURRENT.set(key)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+
+
+def sample_context(seed: int, position: int, batch: int | None = None) -> _SampleContext:
     """Make :func:`sample_rng` / :func:`sample_seed` answer for ``(seed, position)`` inside.
+
+    Use it as ``with sample_context(seed, position):``.
 
     Args:
         seed: the loader's shared seed (>= 0).
         position: the sample's global stream position (>= 0).
         batch: a key the samples of one batch share (:func:`batch_rng`); ``None``: their own.
+
+    Raises:
+        ValueError: If ``seed`` or ``position`` is negative.
     """
     if seed < 0 or position < 0:
         raise ValueError(
             f"sample seed and position must be >= 0, got seed={seed}, position={position}"
         )
-    nested = _CURRENT.get() is not None
     batch = None if batch is None else int(batch)
-    key = _SampleKey(int(seed), int(position), nested=nested, batch=batch)
-    if not nested:  # a nested record continues the outer sample's global draws
-        seed_global_generators(key.seed, key.position)
-    token = _CURRENT.set(key)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+    return _SampleContext(_SampleKey(int(seed), int(position), batch=batch))
 
 
 def seed_global_generators(seed: int, position: int) -> None:
