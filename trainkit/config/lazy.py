@@ -13,12 +13,9 @@ reads back (detectron2 #3482, #3225), or says in one line which value it cannot 
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import os
 import sys
-import types
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +23,8 @@ import yaml
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
 from trainkit.config.instantiate import dump_dataclass
+from trainkit.config.lazy_files import LOADER_PACKAGE, as_config, dict_config, exec_config_file
+from trainkit.config.lazy_overrides import apply_overrides
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.registry import _convert_target_to_string, locate
@@ -36,22 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["LazyCall", "LazyConfig"]
 
 
-class _ConfigImportError(ConfigError, ImportError):
-    """A relative import in a config file that cannot be done (detectron2 raises ImportError)."""
-
-
-class _OverrideKeyError(ConfigError, KeyError):
-    """An override of a key that does not exist (detectron2, through omegaconf: KeyError)."""
-
-    def __str__(self) -> str:
-        # KeyError quotes its message; a user reads it as a sentence.
-        return str(self.args[0]) if self.args else ""
-
-
-# The __package__ of every config file this module executes: its relative imports are then
-# resolved by file path (see _config_import), and the functions it defines carry this
-# prefix in __module__, which is how save() knows that they cannot be imported back.
-_LOADER_PACKAGE = "trainkit._cfg_loader"
 _TARGET = "_target_"
 _EXTENSIONS = (".py", ".yaml", ".yml")
 
@@ -94,7 +77,7 @@ class LazyCall:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 # An argument that is a dataclass instance (ShapeSpec(...)) would become a
                 # config of its fields and lose its type; describe it as its own call.
-                kwargs[key] = _dict_config(dump_dataclass(value))
+                kwargs[key] = dict_config(dump_dataclass(value))
         return DictConfig(content=kwargs, flags={"allow_objects": True})
 
 
@@ -132,7 +115,7 @@ class LazyConfig:
         if not PathManager.isfile(filename):
             raise MissingFileError(f"LazyConfig file not found: {filename}. Check the path.")
         if filename.endswith(".py"):
-            namespace = _exec_config_file(filename)
+            namespace = exec_config_file(filename)
         else:
             with PathManager.open(filename, "r") as f:
                 try:
@@ -145,13 +128,13 @@ class LazyConfig:
             namespace = OmegaConf.create(data or {}, flags={"allow_objects": True})
         if keys is not None:
             if isinstance(keys, str):
-                return _as_config(_top_level(namespace, keys, filename))
-            return tuple(_as_config(_top_level(namespace, key, filename)) for key in keys)
+                return as_config(_top_level(namespace, keys, filename))
+            return tuple(as_config(_top_level(namespace, key, filename)) for key in keys)
         if not filename.endswith(".py"):
             return namespace
-        return _dict_config(
+        return dict_config(
             {
-                name: _as_config(value)
+                name: as_config(value)
                 for name, value in namespace.items()
                 if _is_config_value(value) and not name.startswith("_")
             }
@@ -211,26 +194,7 @@ class LazyConfig:
                 exist (with the closest existing keys), a key below a plain value, or a
                 deletion (``~KEY``, not supported).
         """
-        from omegaconf import OmegaConf
-
-        for override in overrides:
-            key, sep, text = override.partition("=")
-            key = key.strip()
-            if key.startswith("~"):
-                raise ConfigError(
-                    f"config override {override!r} deletes a key, which is not supported; set "
-                    "the key to null instead."
-                )
-            if not sep or not key.lstrip("+"):
-                raise ConfigError(
-                    f"config override {override!r} is not KEY=VALUE; write it like "
-                    "train.max_iter=100 (LazyConfig overrides use '=', not a space)."
-                )
-            is_new = key.startswith("+")
-            key = key.lstrip("+")
-            _check_override_key(cfg, key, is_new)
-            OmegaConf.update(cfg, key, parse_override_value(text), merge=True, force_add=is_new)
-        return cfg
+        return apply_overrides(cfg, overrides)
 
     @staticmethod
     def to_py(cfg: Any, prefix: str = "cfg.") -> str:
@@ -246,129 +210,6 @@ class LazyConfig:
         except Exception:  # noqa: BLE001 - an interpolation that does not resolve yet
             data = OmegaConf.to_container(cfg, resolve=False)
         return "\n".join(_py_lines(data, prefix)) + "\n"
-
-
-def parse_override_value(text: str) -> Any:
-    """Return the value of one ``KEY=VALUE`` override: ``VALUE`` read as YAML, else as a string."""
-    text = text.strip()
-    if not text:
-        return ""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def flat_config_items(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Return ``{"a.b.c": value}`` for every leaf of a LazyConfig (lists are leaves).
-
-    Interpolations are not resolved; ``_target_`` callables stay objects.
-    """
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(flat_config_items(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
-    from omegaconf import DictConfig, ListConfig
-
-    node = cfg
-    parts = key.split(".")
-    for depth, part in enumerate(parts):
-        prefix = ".".join(parts[:depth])
-        if isinstance(node, DictConfig):
-            if part in node.keys():
-                node = node[part] if _present(node, part) else None
-                continue
-            if is_new and depth == len(parts) - 1:
-                return
-            hint = did_you_mean(key, flat_config_items(cfg))
-            raise _OverrideKeyError(
-                f"unknown config key {key} in the command-line overrides.{hint} Prefix it "
-                f"with + to add a new key (+{key}=VALUE)."
-            )
-        if isinstance(node, ListConfig) and part.isdigit():
-            if int(part) >= len(node):
-                raise _OverrideKeyError(
-                    f"cannot set {key}: {prefix} is a list of {len(node)} items, so index "
-                    f"{part} does not exist; set {prefix} to a longer list instead."
-                )
-            node = node[int(part)]
-            continue
-        raise _OverrideKeyError(
-            f"cannot set {key}: {prefix or 'the config'} holds {type(node).__name__} "
-            f"{node!r}, not a group of keys; set {prefix} itself."
-        )
-
-
-def _present(node: Any, key: str) -> bool:
-    # A "???" (missing) value is a key without a value yet: it may be set, not walked into.
-    from omegaconf import OmegaConf
-
-    return not OmegaConf.is_missing(node, key)
-
-
-def _exec_config_file(filename: str) -> dict[str, Any]:
-    """Execute a ``.py`` config in a fresh namespace whose relative imports load by path."""
-    with PathManager.open(filename, "r") as f:
-        source = f.read()
-    try:
-        code = compile(source, filename, "exec")  # the file name appears in tracebacks
-    except SyntaxError as e:
-        raise ConfigError(
-            f"{filename}:{e.lineno}: Python syntax error in the config ({e.msg})"
-        ) from None
-    module_name = f"{_LOADER_PACKAGE}{uuid.uuid4().hex[:8]}"
-    namespace: dict[str, Any] = {
-        "__file__": filename,
-        "__name__": f"{module_name}.{os.path.splitext(os.path.basename(filename))[0]}",
-        "__package__": module_name,
-        # Our import only for this file's statements: builtins.__import__ stays untouched,
-        # so other threads and modules imported meanwhile are unaffected.
-        "__builtins__": {**vars(builtins), "__import__": _config_import},
-    }
-    exec(code, namespace)  # noqa: S102 - running a config file is what loading it means
-    return namespace
-
-
-def _config_import(
-    name: str,
-    globals: Mapping[str, Any] | None = None,  # noqa: A002 - __import__'s signature
-    locals: Mapping[str, Any] | None = None,  # noqa: A002
-    fromlist: Sequence[str] = (),
-    level: int = 0,
-) -> Any:
-    package = (globals or {}).get("__package__") or ""
-    if level == 0 or not package.startswith(_LOADER_PACKAGE):
-        return builtins.__import__(name, globals, locals, fromlist, level)
-    importer = str(globals["__file__"])  # type: ignore[index]
-    if not name:
-        raise _ConfigImportError(
-            f"{importer}: 'from {'.' * level} import ...' (a relative import of a directory) is "
-            "not supported in a config file; import names from a file: from .FILE import NAME."
-        )
-    directory = os.path.dirname(importer)
-    for _ in range(level - 1):
-        directory = os.path.dirname(directory)
-    path = os.path.join(directory, *name.split(".")) + ".py"
-    if not PathManager.isfile(path):
-        raise _ConfigImportError(
-            f"{importer}: 'from {'.' * level}{name} import ...' needs the file {path}, which "
-            "does not exist."
-        )
-    module = types.ModuleType(f"{package}.{name}")
-    module.__dict__.update(_exec_config_file(path))
-    for attribute in fromlist:
-        if attribute in module.__dict__:
-            setattr(module, attribute, _as_config(module.__dict__[attribute]))
-    return module
 
 
 def _top_level(namespace: Any, key: str, filename: str) -> Any:
@@ -387,17 +228,6 @@ def _is_config_value(value: Any) -> bool:
     return isinstance(value, (DictConfig, ListConfig, dict))
 
 
-def _as_config(value: Any) -> Any:
-    # Top-level dicts of a config file become DictConfigs, so they can be edited by attribute.
-    return _dict_config(value) if isinstance(value, dict) else value
-
-
-def _dict_config(value: dict[str, Any]) -> DictConfig:
-    from omegaconf import DictConfig
-
-    return DictConfig(value, flags={"allow_objects": True})
-
-
 def _target_name(target: Any) -> str:
     if isinstance(target, str):
         return target
@@ -410,7 +240,7 @@ def _target_name(target: Any) -> str:
 def _importable_name(value: Any) -> str | None:
     """The import path that locates ``value`` back, or None (a lambda, a config's function)."""
     module = getattr(value, "__module__", None) or ""
-    if module.startswith(_LOADER_PACKAGE) or "<" in getattr(value, "__qualname__", "<"):
+    if module.startswith(LOADER_PACKAGE) or "<" in getattr(value, "__qualname__", "<"):
         return None
     try:
         name = _convert_target_to_string(value)

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trainkit.config.lazy import flat_config_items
+from trainkit.config.lazy_overrides import flat_config_items
 from trainkit.config.provenance import (
     ORIGIN_CODE,
     ORIGIN_COMMAND_LINE,

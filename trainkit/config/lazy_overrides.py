@@ -1,0 +1,111 @@
+"""Command-line overrides of a LazyConfig (``KEY=VALUE``), refusing keys that do not exist."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from trainkit.config.cfg_node import ConfigError, did_you_mean
+
+__all__ = ["apply_overrides", "flat_config_items", "parse_override_value"]
+
+
+class _OverrideKeyError(ConfigError, KeyError):
+    """An override of a key that does not exist (detectron2, through omegaconf: KeyError)."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; a user reads it as a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
+    """Set values from ``KEY=VALUE`` strings in place (see ``LazyConfig.apply_overrides``)."""
+    from omegaconf import OmegaConf
+
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        key = key.strip()
+        if key.startswith("~"):
+            raise ConfigError(
+                f"config override {override!r} deletes a key, which is not supported; set "
+                "the key to null instead."
+            )
+        if not sep or not key.lstrip("+"):
+            raise ConfigError(
+                f"config override {override!r} is not KEY=VALUE; write it like "
+                "train.max_iter=100 (LazyConfig overrides use '=', not a space)."
+            )
+        is_new = key.startswith("+")
+        key = key.lstrip("+")
+        _check_override_key(cfg, key, is_new)
+        OmegaConf.update(cfg, key, parse_override_value(text), merge=True, force_add=is_new)
+    return cfg
+
+
+def parse_override_value(text: str) -> Any:
+    """Return the value of one ``KEY=VALUE`` override: ``VALUE`` read as YAML, else as a string."""
+    text = text.strip()
+    if not text:
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def flat_config_items(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Return ``{"a.b.c": value}`` for every leaf of a LazyConfig (lists are leaves).
+
+    Interpolations are not resolved; ``_target_`` callables stay objects.
+    """
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(flat_config_items(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
+    from omegaconf import DictConfig, ListConfig
+
+    node = cfg
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        prefix = ".".join(parts[:depth])
+        if isinstance(node, DictConfig):
+            if part in node.keys():
+                node = node[part] if _present(node, part) else None
+                continue
+            if is_new and depth == len(parts) - 1:
+                return
+            hint = did_you_mean(key, flat_config_items(cfg))
+            raise _OverrideKeyError(
+                f"unknown config key {key} in the command-line overrides.{hint} Prefix it "
+                f"with + to add a new key (+{key}=VALUE)."
+            )
+        if isinstance(node, ListConfig) and part.isdigit():
+            if int(part) >= len(node):
+                raise _OverrideKeyError(
+                    f"cannot set {key}: {prefix} is a list of {len(node)} items, so index "
+                    f"{part} does not exist; set {prefix} to a longer list instead."
+                )
+            node = node[int(part)]
+            continue
+        raise _OverrideKeyError(
+            f"cannot set {key}: {prefix or 'the config'} holds {type(node).__name__} "
+            f"{node!r}, not a group of keys; set {prefix} itself."
+        )
+
+
+def _present(node: Any, key: str) -> bool:
+    # A "???" (missing) value is a key without a value yet: it may be set, not walked into.
+    from omegaconf import OmegaConf
+
+    return not OmegaConf.is_missing(node, key)
