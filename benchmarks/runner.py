@@ -23,6 +23,7 @@ from typing import Any
 from benchmarks.checkpoint import bench_checkpoint
 from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
+from benchmarks.device import bench_device
 from benchmarks.eval import bench_eval
 from benchmarks.goodput import bench_goodput
 from benchmarks.import_cost import bench_import_cost
@@ -53,6 +54,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "eval": bench_eval,
     "goodput": bench_goodput,
     "import_cost": bench_import_cost,
+    "device": bench_device,
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +107,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--records", type=float, help="data_memory records (1e6)")
     parser.add_argument("--meta-records", type=float, help="metafile records (1e7)")
     parser.add_argument("--reads", type=float, help="metafile random reads per process (2e5)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="device task: where the trainer and the hand loop run (cuda needs a GPU)",
+    )
     parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
     parser.add_argument(
         "--d2-root",

@@ -25,6 +25,7 @@ TASKS = [
     "eval",
     "goodput",
     "import_cost",
+    "device",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -55,7 +56,7 @@ def quick_run(tmp_path_factory):
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -86,8 +87,8 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     tables = _tables(stdout)
     # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 4 (map-style, stream,
     # grouping sizes, padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1,
-    # goodput 1, import_cost 1
-    assert len(tables) == 20
+    # goodput 1, import_cost 1, device 1
+    assert len(tables) == 21
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -214,3 +215,12 @@ def test_import_cost_json(quick_run):
     assert cost["torch_s"] > 0 and cost["engine_s"] > 0
     assert cost["ratio"] == pytest.approx(cost["engine_s"] / cost["torch_s"])
     assert cost["added_modules"]["trainkit"] > 10
+
+
+def test_device_json(quick_run):
+    device = quick_run[1]["device"]
+    # --quick on the CPU: both models, eager only (compiling takes minutes there).
+    assert sorted(device) == ["classifier/eager", "resnet50/eager"]
+    for row in device.values():
+        assert row["trainkit_s"] > 0 and row["plain_s"] > 0 and row["compiled"] is False
+        assert row["ratio"] == row["trainkit_s"] / row["plain_s"]
