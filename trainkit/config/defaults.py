@@ -25,6 +25,10 @@ _C.MODEL = CN()
 # Not detectron2's "cuda": trainkit's default has to run on any machine (a CPU-only one fails
 # at build_model with "cuda"); set "cuda" to train on GPUs.
 _C.MODEL.DEVICE = "cpu"
+# Convert the model's 4-D weights to channels-last (NHWC) memory when it is built, and (the
+# built-in ImageClassifier) its padded input batch too: convolutions then run in the layout
+# tensor cores prefer. Same results to rounding; a model without 4-D weights is warned about.
+_C.MODEL.CHANNELS_LAST = False
 # Name of a META_ARCH_REGISTRY entry that build_model() instantiates with the cfg.
 _C.MODEL.META_ARCHITECTURE = "ImageClassifier"
 # Path or URL of weights to load before training or for --eval-only; "" means none.
