@@ -111,6 +111,11 @@ _C.DATALOADER.PREFETCH_FACTOR = 2
 _C.DATALOADER.PERSISTENT_WORKERS = False
 # Copy batches into page-locked memory (faster host-to-GPU copies); only useful with CUDA.
 _C.DATALOADER.PIN_MEMORY = False
+# With MODEL.DEVICE cuda, copy the next batch's tensors to the GPU on a side stream while the
+# current step runs (pinned first if PIN_MEMORY did not pin them; one copy per dtype). The
+# model then gets its inputs on the GPU. Off: the model copies them itself. No effect on the
+# CPU. Checkpoints record only the batches consumed, so resuming is exact either way.
+_C.DATALOADER.PREFETCH_TO_DEVICE = True
 # Consecutive records that may fail to load before the loader gives up with an error.
 _C.DATALOADER.MAX_CONSECUTIVE_FAILURES = 20
 
