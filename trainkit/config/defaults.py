@@ -25,6 +25,10 @@ _C.MODEL = CN()
 # Not detectron2's "cuda": trainkit's default has to run on any machine (a CPU-only one fails
 # at build_model with "cuda"); set "cuda" to train on GPUs.
 _C.MODEL.DEVICE = "cpu"
+# Convert the model's 4-D weights to channels-last (NHWC) memory when it is built, and (the
+# built-in ImageClassifier) its padded input batch too: convolutions then run in the layout
+# tensor cores prefer. Same results to rounding; a model without 4-D weights is warned about.
+_C.MODEL.CHANNELS_LAST = False
 # Name of a META_ARCH_REGISTRY entry that build_model() instantiates with the cfg.
 _C.MODEL.META_ARCHITECTURE = "ImageClassifier"
 # Path or URL of weights to load before training or for --eval-only; "" means none.
@@ -107,6 +111,11 @@ _C.DATALOADER.PREFETCH_FACTOR = 2
 _C.DATALOADER.PERSISTENT_WORKERS = False
 # Copy batches into page-locked memory (faster host-to-GPU copies); only useful with CUDA.
 _C.DATALOADER.PIN_MEMORY = False
+# With MODEL.DEVICE cuda, copy the next batch's tensors to the GPU on a side stream while the
+# current step runs (pinned first if PIN_MEMORY did not pin them; one copy per dtype). The
+# model then gets its inputs on the GPU. Off: the model copies them itself. No effect on the
+# CPU. Checkpoints record only the batches consumed, so resuming is exact either way.
+_C.DATALOADER.PREFETCH_TO_DEVICE = True
 # Consecutive records that may fail to load before the loader gives up with an error.
 _C.DATALOADER.MAX_CONSECUTIVE_FAILURES = 20
 

@@ -33,6 +33,7 @@ __all__ = [
     "PackedCollate",
     "check_num_workers",
     "loader_kwargs",
+    "map_leaves",
     "pack_batch",
     "pack_in_worker",
     "start_iterator",
@@ -153,12 +154,15 @@ def _packable(value: Any) -> bool:
     )
 
 
-def _map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """``tree`` (lists, tuples and dicts, by exact type) with ``fn`` applied to each leaf."""
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """Return ``tree`` (lists, tuples and dicts, by exact type) with ``fn`` applied to each leaf.
+
+    Anything else is a leaf, subclasses of those containers included: they travel as they are.
+    """
     if type(tree) in (list, tuple):
-        return type(tree)(_map_leaves(fn, item) for item in tree)
+        return type(tree)(map_leaves(fn, item) for item in tree)
     if type(tree) is dict:
-        return {key: _map_leaves(fn, item) for key, item in tree.items()}
+        return {key: map_leaves(fn, item) for key, item in tree.items()}
     return fn(tree)
 
 
@@ -169,7 +173,7 @@ def pack_batch(batch: Any) -> Any:
     gain), or when two of them share memory (packing would separate them).
     """
     leaves: list[torch.Tensor] = []
-    _map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)
+    map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)
     if len(leaves) < 2:
         return batch
     pointers = [t.untyped_storage().data_ptr() for t in leaves if t.numel()]
@@ -187,7 +191,7 @@ def pack_batch(batch: Any) -> Any:
             offset += tensor.numel()
         buffers.append(torch.cat([t.reshape(-1) for t in tensors]))
     # Each packed tensor becomes its slot (the ids of live tensors are unique).
-    return PackedBatch(_map_leaves(lambda leaf: slots.get(id(leaf), leaf), batch), buffers)
+    return PackedBatch(map_leaves(lambda leaf: slots.get(id(leaf), leaf), batch), buffers)
 
 
 def _rebuild(leaf: Any, buffers: list[torch.Tensor]) -> Any:
@@ -217,7 +221,7 @@ def unpack_batch(batch: Any) -> Any:
     """Return the batch :func:`pack_batch` packed (views of its buffers), or ``batch`` as is."""
     if type(batch) is not PackedBatch:
         return batch
-    return _map_leaves(lambda leaf: _rebuild(leaf, batch.buffers), batch.structure)
+    return map_leaves(lambda leaf: _rebuild(leaf, batch.buffers), batch.structure)
 
 
 def pack_in_worker(batch: Any) -> Any:

@@ -84,8 +84,15 @@ class RunState:
         return cfg.SEED if cfg is not None else getattr(trainer.data_loader, "seed", None)
 
     def _local_state(self) -> dict[str, Any]:
-        loader = self._trainer.data_loader
-        data = loader.state_dict() if hasattr(loader, "state_dict") else None
+        trainer = self._trainer
+        # The step trainer knows which batches were consumed (a DefaultTrainer's is
+        # `_trainer`, detectron2's name): those drawn ahead must be read again on resume.
+        step = getattr(trainer, "_trainer", trainer)
+        if hasattr(step, "loader_state_dict"):
+            data = step.loader_state_dict()
+        else:  # a trainer of its own making, not a SimpleTrainer
+            loader = trainer.data_loader
+            data = loader.state_dict() if hasattr(loader, "state_dict") else None
         return {"rng": get_rng_state(), "data": data}
 
     def prepare_save(self) -> None:

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from trainkit.data.device_prefetch import DevicePrefetcher
 from trainkit.engine.step_metrics import (
     MetricEntry,
     gather_and_file,
@@ -45,6 +46,12 @@ class SimpleTrainer(TrainerBase):
     their gradients, each loss weighted by its share of the step's samples (``1/k`` for equal
     sizes): the update of one batch k times larger. DDP all-reduces only the last
     micro-batch (``no_sync``). Hooks, the schedule and the metrics count steps.
+
+    **Prefetching.** With ``prefetch_device`` set (``DefaultTrainer``: on CUDA, unless
+    ``DATALOADER.PREFETCH_TO_DEVICE`` is off) the loader's iterator is wrapped in a
+    :class:`~trainkit.data.device_prefetch.DevicePrefetcher`: the next batch is drawn and
+    copied to that device while the current step runs. :meth:`loader_state_dict` is the
+    loader's position after the batches consumed, which checkpoints save.
 
     **Metrics** follow detectron2's ``gather_metric_period``: only the steps that end a period
     are recorded, each gathered over ranks then. With ``record_every_step=True``
@@ -103,6 +110,9 @@ class SimpleTrainer(TrainerBase):
         self.record_every_step = record_every_step
         self.accumulate_steps = accumulate_steps
         self._data_loader_iter_obj: Iterator[Any] | None = None
+        # Where batches are moved ahead of their step (None: used as the loader gives them;
+        # "cpu": drawn ahead without a copy, which the CPU tests of resuming use).
+        self.prefetch_device: torch.device | None = None
         self._num_batches_read = 0
         self._metric_buffer: list[MetricEntry] = []
         # The loss names (and prefix) of the previous step and the metric names from them.
@@ -186,7 +196,10 @@ class SimpleTrainer(TrainerBase):
         # Created on first use, not in __init__: starting loader workers is expensive and a
         # trainer built only to evaluate or to load a checkpoint never needs them.
         if self._data_loader_iter_obj is None:
-            self._data_loader_iter_obj = iter(self.data_loader)
+            iterator = iter(self.data_loader)
+            if self.prefetch_device is not None:
+                iterator = DevicePrefetcher(iterator, self.prefetch_device, loader=self.data_loader)
+            self._data_loader_iter_obj = iterator
         return self._data_loader_iter_obj
 
     def _next_batches(self) -> tuple[list[Any], float]:
@@ -211,8 +224,25 @@ class SimpleTrainer(TrainerBase):
         self.data_loader = data_loader_builder()
 
     def close_data_iterator(self) -> None:
-        """Drop the data iterator so its loader workers exit now; the loader keeps its position."""
+        """Drop the data iterator so its loader workers exit now; the loader keeps its position.
+
+        Batches drawn ahead and not consumed are given back: the loader's next iterator
+        starts with them.
+        """
+        if isinstance(self._data_loader_iter_obj, DevicePrefetcher):
+            self._data_loader_iter_obj.close()
         self._data_loader_iter_obj = None
+
+    def loader_state_dict(self) -> dict[str, Any] | None:
+        """Return the loader's position after the batches consumed (``None``: it has none).
+
+        Batches drawn ahead and not consumed yet do not count, so a checkpoint resumes with
+        the first of them.
+        """
+        if isinstance(self._data_loader_iter_obj, DevicePrefetcher):
+            return self._data_loader_iter_obj.state_dict()
+        loader = self.data_loader
+        return loader.state_dict() if hasattr(loader, "state_dict") else None
 
     # ---- metrics --------------------------------------------------------------------------
     def record_metrics(

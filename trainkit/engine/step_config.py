@@ -19,7 +19,12 @@ from trainkit.engine.amp_trainer import AMPTrainer, default_precision
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.utils.errors import UsageError
 
-__all__ = ["adopt_config_wiring", "build_step_trainer", "check_step_arithmetic"]
+__all__ = [
+    "adopt_config_wiring",
+    "build_step_trainer",
+    "check_step_arithmetic",
+    "prefetch_device",
+]
 
 
 def build_step_trainer(
@@ -45,6 +50,19 @@ def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
     check_step_arithmetic(cfg, step)
     step.gather_metric_period = cfg.WRITER_PERIOD
     step.record_every_step = True
+    step.prefetch_device = prefetch_device(cfg, step.model)
+
+
+def prefetch_device(cfg: CfgNode, model: nn.Module) -> torch.device | None:
+    """Return where a step trainer moves batches ahead of their step, or ``None``.
+
+    The device of ``model``'s parameters when it is a GPU and ``DATALOADER.PREFETCH_TO_DEVICE``
+    is on; on the CPU there is nothing to copy, so no prefetcher (not even its bookkeeping).
+    """
+    if not cfg.DATALOADER.PREFETCH_TO_DEVICE:
+        return None
+    device = next((p.device for p in model.parameters()), None)
+    return device if device is not None and device.type == "cuda" else None
 
 
 def check_step_arithmetic(cfg: CfgNode, step: SimpleTrainer) -> None:

@@ -11,7 +11,7 @@ from trainkit.config import CfgNode, ConfigError
 from trainkit.utils.errors import UnknownNameError
 from trainkit.utils.registry import Registry
 
-__all__ = ["META_ARCH_REGISTRY", "build_model", "model_device"]
+__all__ = ["META_ARCH_REGISTRY", "build_model", "model_device", "to_channels_last"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ def build_model(cfg: CfgNode) -> nn.Module:
         cfg: the config.
 
     Returns:
-        The model, in training mode, on ``cfg.MODEL.DEVICE``.
+        The model, in training mode, on ``cfg.MODEL.DEVICE``; with ``MODEL.CHANNELS_LAST``
+        its 4-D weights in channels-last memory (:func:`to_channels_last`).
 
     Raises:
         UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
@@ -77,5 +78,30 @@ def build_model(cfg: CfgNode) -> nn.Module:
             "not a torch.nn.Module"
         )
     model.to(device)
+    if cfg.MODEL.CHANNELS_LAST:
+        to_channels_last(model)
     logger.info("Model:\n%s", model)
     return model
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    """Convert ``model``'s 4-D parameters and buffers to channels-last memory, in place.
+
+    Convolutions whose weight is channels-last run channels-last (NHWC), the layout GPU
+    tensor cores prefer, converting a contiguous input on the way; a model that makes its
+    4-D input channels-last itself (the built-in ``ImageClassifier`` with ``channels_last``)
+    saves that conversion. Results are the same up to rounding. Call it before wrapping the
+    model in DDP, so gradient buckets take the parameters' layout.
+
+    Returns:
+        ``model``. A model with no 4-D parameter is returned unchanged, with a warning: there
+        is nothing channels-last could speed up.
+    """
+    if not any(p.dim() == 4 for p in model.parameters()):
+        logger.warning(
+            "MODEL.CHANNELS_LAST is on but %s has no 4-D (convolution) weights, so it changes "
+            "nothing; set MODEL.CHANNELS_LAST False.",
+            type(model).__name__,
+        )
+        return model
+    return model.to(memory_format=torch.channels_last)

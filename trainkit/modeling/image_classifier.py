@@ -119,12 +119,14 @@ class ImageClassifier(nn.Module):
         label_smoothing: float = 0.0,
         pixel_mean: Sequence[float] = (127.5, 127.5, 127.5),
         pixel_std: Sequence[float] = (64.0, 64.0, 64.0),
+        channels_last: bool = False,
     ):
         """Build the network from ``cfg`` (``ImageClassifier(cfg)``) or from the arguments.
 
-        The arguments are the ``MODEL.CLASSIFIER`` keys (lower case), ``MODEL.NUM_CLASSES``
-        and ``MODEL.PIXEL_MEAN/STD``, with their defaults; a LazyConfig passes them
-        explicitly (``LazyCall(ImageClassifier)(num_classes=6, ...)``).
+        The arguments are the ``MODEL.CLASSIFIER`` keys (lower case), ``MODEL.NUM_CLASSES``,
+        ``MODEL.PIXEL_MEAN/STD`` and ``MODEL.CHANNELS_LAST`` (the padded input batch is made
+        channels-last; ``build_model`` converts the weights), with their defaults; a
+        LazyConfig passes them explicitly (``LazyCall(ImageClassifier)(num_classes=6, ...)``).
 
         Raises:
             ConfigError: A ``ValueError`` naming the key, for a value the checks below refuse.
@@ -137,6 +139,7 @@ class ImageClassifier(nn.Module):
         self.input_norm = norm = str(input_norm)
         self.pool = pool = str(pool)
         self.label_smoothing = smoothing = float(label_smoothing)
+        self.channels_last = bool(channels_last)
         mean, std = list(pixel_mean), list(pixel_std)
         norms, pools = ", ".join(_INPUT_NORMS), ", ".join(_POOLS)
         for valid, key, requirement, value in [
@@ -178,6 +181,7 @@ class ImageClassifier(nn.Module):
             "label_smoothing": clf.LABEL_SMOOTHING,
             "pixel_mean": cfg.MODEL.PIXEL_MEAN,
             "pixel_std": cfg.MODEL.PIXEL_STD,
+            "channels_last": cfg.MODEL.CHANNELS_LAST,
         }
 
     @property
@@ -221,6 +225,8 @@ class ImageClassifier(nn.Module):
             h, w = image.shape[-2:]
             batch[i, :, :h, :w] = self._normalize(image.float())
             mask[i, :, :h, :w] = 1.0
+        if self.channels_last:  # every conv and masked op after this keeps the layout
+            batch = batch.contiguous(memory_format=torch.channels_last)
         return batch, mask
 
     def _global_pool(self, x: Tensor, mask: Tensor) -> Tensor:
