@@ -181,11 +181,14 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     results: dict[str, Any] = {}
+    # Issue 22 retired the tiny MLP's 1.05 (a ~0.2 ms step measures Python overhead, not a
+    # trainer): it must not get worse than the 1.31 measured then; a real step (>= 5 ms, the
+    # ImageClassifier) stays within 1.03.
     cases = [
-        ("tiny MLP, 1 process", "mlp", 1.05),
+        ("tiny MLP, 1 process", "mlp", 1.31),
         ("tiny MLP, 2 processes (Gloo DDP)", "ddp", 1.10),
         ("tiny MLP, 1 process, 4 micro-batches per step (ACCUMULATE_STEPS 4)", "accum", 1.05),
-        ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.02),
+        ("ImageClassifier (shapes, 64 px, batch 16), 1 process", "clf", 1.03),
     ]
     rows = []
     for label, key, target in cases:
