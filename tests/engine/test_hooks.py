@@ -424,3 +424,26 @@ def test_hook_state_leaves_out_what_weights_only_cannot_load(caplog):
     resumed.load_state_dict(trainer.state_dict())
     assert resumed.scheduler.last_epoch == 3
     assert isinstance(resumed.scheduler._warmup, MultiStepParamScheduler)  # the constructor's
+
+
+def test_model_ema_update_matches_torchs_averaged_model():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from trainkit.engine.hooks.ema import _update_average
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    make = lambda: AveragedModel(  # noqa: E731
+        model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True
+    )
+    ours, torchs = make(), make()
+    for _ in range(3):
+        model(torch.randn(8, 3))  # moves the BN statistics and num_batches_tracked
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        _update_average(ours, model, get_ema_multi_avg_fn(0.9))
+        torchs.update_parameters(model)
+    for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()):
+        assert torch.equal(a, b)
+    assert int(ours.n_averaged) == 3 and ours.n_averaged.device.type == "cpu"
