@@ -168,10 +168,12 @@ class _NaNModel(RegressionModel):
     def __init__(self):
         super().__init__()
         self.calls = 0
+        self.seen = []  # each training step's inputs
 
     def forward(self, batch):
         out = super().forward(batch)
         if self.training:
+            self.seen.append(torch.stack([b["x"] for b in batch]))
             if self.calls in self.nan_steps:
                 out = {"loss_mse": out["loss_mse"] * float("nan")}
             self.calls += 1
@@ -209,11 +211,18 @@ def test_a_periodic_checkpoint_after_a_bad_step_is_not_written_and_resume_contin
     assert (tmp_path / "model_0000003.pth").exists()
     assert not (tmp_path / "model_0000007.pth").exists()
     assert (tmp_path / "last_checkpoint").read_text().strip() == "model_0000003.pth"
-    # What the docs say to do next: resume from the last good checkpoint (here the bad
-    # records are simply gone: the model no longer injects the NaN).
+    bad_inputs = trainer.model.seen[5]
+    # What the docs say to do next: find the bad step's records from the last good
+    # checkpoint, then resume (here the bad records are simply gone: no NaN is injected).
     resumed = _nan_trainer(())(cfg)
     resumed.resume_or_load(resume=True)
     assert resumed.start_iter == 4
+    batches = iter(resumed.data_loader)
+    for _ in range(5 - resumed.start_iter):
+        next(batches)
+    assert torch.equal(torch.stack([b["x"] for b in next(batches)]), bad_inputs)
+    resumed = _nan_trainer(())(cfg)  # a fresh loader
+    resumed.resume_or_load(resume=True)
     resumed.train()
     assert (tmp_path / "model_final.pth").exists()
     assert all(v == v for v, _ in resumed.storage.history("total_loss").values())

@@ -189,12 +189,13 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
 
     Returns:
         ``torch.optim.SGD`` or ``torch.optim.AdamW`` (a clipping subclass when
-        SOLVER.CLIP_GRADIENTS.ENABLED).
+        SOLVER.CLIP_GRADIENTS.ENABLED), fused, foreach or a loop as SOLVER.OPTIMIZER_IMPL
+        says (by default fused when every parameter is on CUDA).
 
     Raises:
-        ConfigError: A ``ValueError``: if SOLVER.OPTIMIZER is unknown, a rate, momentum or
-            decay is negative, Nesterov is asked without momentum, or the model has nothing
-            to train.
+        ConfigError: A ``ValueError``: if SOLVER.OPTIMIZER or OPTIMIZER_IMPL is unknown, a
+            rate, momentum or decay is negative, Nesterov is asked without momentum, or the
+            model has nothing to train.
     """
     solver = cfg.SOLVER
     for key in ("BASE_LR", "MOMENTUM", "WEIGHT_DECAY", "WEIGHT_DECAY_NORM", "BIAS_LR_FACTOR"):
