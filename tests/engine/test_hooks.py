@@ -1,12 +1,14 @@
+import itertools
 import json
 import logging
+import warnings
 
 import pytest
 import torch
 from fvcore.common.param_scheduler import MultiStepParamScheduler
 from torch import nn
 
-from trainkit.engine import hooks
+from trainkit.engine import SimpleTrainer, hooks
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.utils.events import JSONWriter
 
@@ -447,3 +449,38 @@ def test_model_ema_update_matches_torchs_averaged_model():
     for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()):
         assert torch.equal(a, b)
     assert int(ours.n_averaged) == 3 and ours.n_averaged.device.type == "cpu"
+
+
+def test_device_wait_counter_tells_the_models_waits_from_the_trainers(caplog):
+    from trainkit.engine.hooks import DeviceWaitCounter
+    from trainkit.engine.hooks.device_waits import SYNC_WARNING
+
+    class _WaitingModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 1)
+            self.calls = 0
+
+        def forward(self, batch):
+            if self.calls in (1, 2, 4):  # what set_sync_debug_mode("warn") says at a wait
+                warnings.warn(SYNC_WARNING, stacklevel=1)
+            self.calls += 1
+            return {"loss": self.linear(batch).square().mean()}
+
+    def hook_waits(trainer):
+        if trainer.iter == 2:
+            warnings.warn(SYNC_WARNING, stacklevel=1)
+
+    model = _WaitingModel()
+    trainer = SimpleTrainer(
+        model, itertools.repeat(torch.ones(4, 2)), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    counter = DeviceWaitCounter(period=5)
+    trainer.register_hooks([counter, hooks.CallbackHook(after_step=hook_waits)])
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.hooks.device_waits"):
+        trainer.train(0, 8)
+    # Step 4 ends a period (and 7 is the last): its wait is by design, not counted.
+    assert counter.waits == {"model": 2, "trainer": 1}
+    assert counter.num_steps_counted == 6
+    assert "Iteration 1 waited for the device" in caplog.text and "the model's" in caplog.text
+    assert "Iteration 2 waited for the device" in caplog.text and "the trainer's" in caplog.text

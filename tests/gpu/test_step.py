@@ -177,3 +177,24 @@ def test_a_nan_on_cuda_names_the_first_bad_step_and_no_later_checkpoint(tmp_path
     assert "noticed at iteration 4" in str(info.value)
     assert set(info.value.losses) == {"loss_cls", "total_loss"}
     assert not list(tmp_path.glob("*.pth"))  # model_0000004 would hold the NaN step's update
+
+
+class _ModelThatWaits(_TinyConvNet):
+    def forward(self, batch):
+        losses = super().forward(batch)
+        if losses["loss_cls"].item() > 1e9:  # a wait inside the model's forward
+            raise AssertionError("unreachable")
+        return losses
+
+
+def test_a_wait_inside_the_model_is_reported_as_the_models():
+    model = _ModelThatWaits().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    trainer = AMPTrainer(
+        model, _batches(), optimizer, gather_metric_period=10, record_every_step=True
+    )
+    counter = hooks.DeviceWaitCounter(period=10)
+    trainer.register_hooks([counter, hooks.IterationTimer()])
+    trainer.train(0, 12)
+    assert counter.num_steps_counted == 10  # all but 9 (a period end) and 11 (the last)
+    assert counter.waits == {"model": 10, "trainer": 0}

@@ -266,7 +266,7 @@ class SimpleTrainer(TrainerBase):
         else:
             # Read every step (free on the CPU), so a non-finite loss never reaches the
             # optimizer. The sum is non-finite whenever a term is: checking it covers all.
-            total = total_loss.detach().float().item()
+            total = total_loss.item()
             if not math.isfinite(total):
                 raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
             if is_recorded:
