@@ -475,12 +475,12 @@ def test_device_wait_counter_tells_the_models_waits_from_the_trainers(caplog):
     trainer = SimpleTrainer(
         model, itertools.repeat(torch.ones(4, 2)), torch.optim.SGD(model.parameters(), lr=0.1)
     )
-    counter = DeviceWaitCounter(period=5)
+    counter = DeviceWaitCounter(period=5, warmup_iter=1)
     trainer.register_hooks([counter, hooks.CallbackHook(after_step=hook_waits)])
     with caplog.at_level(logging.WARNING, logger="trainkit.engine.hooks.device_waits"):
         trainer.train(0, 8)
-    # Step 4 ends a period (and 7 is the last): its wait is by design, not counted.
+    # Step 0 warms up, step 4 ends a period (and 7 is the last): not counted.
     assert counter.waits == {"model": 2, "trainer": 1}
-    assert counter.num_steps_counted == 6
+    assert counter.num_steps_counted == 5
     assert "Iteration 1 waited for the device" in caplog.text and "the model's" in caplog.text
     assert "Iteration 2 waited for the device" in caplog.text and "the trainer's" in caplog.text

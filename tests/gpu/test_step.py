@@ -196,5 +196,6 @@ def test_a_wait_inside_the_model_is_reported_as_the_models():
     counter = hooks.DeviceWaitCounter(period=10)
     trainer.register_hooks([counter, hooks.IterationTimer()])
     trainer.train(0, 12)
-    assert counter.num_steps_counted == 10  # all but 9 (a period end) and 11 (the last)
-    assert counter.waits == {"model": 10, "trainer": 0}
+    # All but 0-1 (warm-up), 9 (a period end) and 11 (the last); one .item() each.
+    assert counter.num_steps_counted == 8
+    assert counter.waits["model"] >= 8 and counter.waits["trainer"] == 0

@@ -31,9 +31,9 @@ class DeviceWaitCounter(HookBase):
     it comes from inside ``compute_losses`` (the model's forward), else as the trainer's. The
     first wait of each kind is logged with its source line. Steps that end a ``period`` (the
     writer period: metrics are read then, and checkpoints written) wait by design and are
-    not counted. trainkit's own step waits for nothing between periods
-    (``tests/gpu/test_step.py``), so a count under ``"trainer"`` points to a hook or a step
-    override.
+    not counted, nor are the first ``warmup_iter`` steps. trainkit's own step waits for
+    nothing between periods (``tests/gpu/test_step.py``), so a count under ``"trainer"``
+    points to a hook or a step override.
 
     Attributes:
         waits: ``{"model": n, "trainer": m}`` over the counted steps.
@@ -42,9 +42,17 @@ class DeviceWaitCounter(HookBase):
 
     priority = HookPriority.HIGHEST
 
-    def __init__(self, period: int) -> None:
-        """Count every step but those ending a ``period`` (the ``WRITER_PERIOD``) and the last."""
+    def __init__(self, period: int, warmup_iter: int = 2) -> None:
+        """Count every step but those ending a ``period`` (the ``WRITER_PERIOD``) and the last.
+
+        Args:
+            period: the writer period.
+            warmup_iter: the first steps, not counted: they create the optimizer's state,
+                the scaler's and the CUDA libraries' handles (cuDNN's autotuning with
+                ``CUDNN_BENCHMARK``), once per run.
+        """
         self._period = period
+        self._warmup_iter = warmup_iter
         self.waits = {"model": 0, "trainer": 0}
         self.num_steps_counted = 0
         self._window: contextlib.ExitStack | None = None
@@ -55,6 +63,8 @@ class DeviceWaitCounter(HookBase):
         self._close_window()
         trainer = self.trainer
         cur_iter = trainer.iter
+        if cur_iter < trainer.start_iter + self._warmup_iter:
+            return
         if is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, trainer.max_iter):
             return
         self._window = stack = contextlib.ExitStack()
