@@ -97,7 +97,7 @@ def test_a_skipped_step_is_logged_and_counted_and_the_schedule_advances(caplog):
             gather_metric_period=1,
         )
     assert trainer.num_skipped_steps == 1
-    assert "Iteration 1: the gradient scaler found inf/NaN gradients" in caplog.text
+    assert "skipped 1 optimizer step(s) in iteration 1 (1 so far)" in caplog.text
     assert trainer.iter == 4
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**4)
     counts = trainer.storage.history("[metric]amp_skipped_steps").values()
@@ -113,3 +113,27 @@ def test_skipped_step_leaves_the_weights_unchanged():
     )
     trainer.train(0, 1)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_skipped_steps_are_counted_on_the_device_and_read_at_the_period_end(fused, caplog):
+    model = _Model(inf_grad_steps=(2,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, fused=fused)
+    trainer = AMPTrainer(model, _data(), optimizer, gather_metric_period=5, precision=torch.float16)
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.amp_trainer"):
+        trainer.train(0, 10)
+    # One read per period: iteration 4 (counting steps 0-3) and 9 (steps 0-8).
+    counts = trainer.storage.history("[metric]amp_skipped_steps").values()
+    assert [(v, i) for v, i in counts] == [(1, 4), (1, 9)]
+    assert caplog.text.count("skipped 1 optimizer step(s) in iterations 0-3 (1 so far)") == 1
+    assert "skipped" not in caplog.text.split("(1 so far)")[1]  # not warned again
+    assert isinstance(trainer._skipped_on_device, torch.Tensor)  # a device count, not an int
+    assert trainer.num_skipped_steps == 1
+
+
+def test_the_skipped_count_is_resumed():
+    first, _, _ = _run(AMPTrainer, steps=3, precision=torch.float16, inf_grad_steps=(0,))
+    state = first.state_dict()
+    second, _, _ = _run(AMPTrainer, steps=0, precision=torch.float16)
+    second.load_state_dict(state)
+    assert second.num_skipped_steps == 1

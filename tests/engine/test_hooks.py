@@ -1,12 +1,14 @@
+import itertools
 import json
 import logging
+import warnings
 
 import pytest
 import torch
 from fvcore.common.param_scheduler import MultiStepParamScheduler
 from torch import nn
 
-from trainkit.engine import hooks
+from trainkit.engine import SimpleTrainer, hooks
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.utils.events import JSONWriter
 
@@ -424,3 +426,61 @@ def test_hook_state_leaves_out_what_weights_only_cannot_load(caplog):
     resumed.load_state_dict(trainer.state_dict())
     assert resumed.scheduler.last_epoch == 3
     assert isinstance(resumed.scheduler._warmup, MultiStepParamScheduler)  # the constructor's
+
+
+def test_model_ema_update_matches_torchs_averaged_model():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from trainkit.engine.hooks.ema import _update_average
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    make = lambda: AveragedModel(  # noqa: E731
+        model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True
+    )
+    ours, torchs = make(), make()
+    for _ in range(3):
+        model(torch.randn(8, 3))  # moves the BN statistics and num_batches_tracked
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        _update_average(ours, model, get_ema_multi_avg_fn(0.9))
+        torchs.update_parameters(model)
+    for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()):
+        assert torch.equal(a, b)
+    assert int(ours.n_averaged) == 3 and ours.n_averaged.device.type == "cpu"
+
+
+def test_device_wait_counter_tells_the_models_waits_from_the_trainers(caplog):
+    from trainkit.engine.hooks import DeviceWaitCounter
+    from trainkit.engine.hooks.device_waits import SYNC_WARNING
+
+    class _WaitingModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 1)
+            self.calls = 0
+
+        def forward(self, batch):
+            if self.calls in (1, 2, 4):  # what set_sync_debug_mode("warn") says at a wait
+                warnings.warn(SYNC_WARNING, stacklevel=1)
+            self.calls += 1
+            return {"loss": self.linear(batch).square().mean()}
+
+    def hook_waits(trainer):
+        if trainer.iter == 2:
+            warnings.warn(SYNC_WARNING, stacklevel=1)
+
+    model = _WaitingModel()
+    trainer = SimpleTrainer(
+        model, itertools.repeat(torch.ones(4, 2)), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    counter = DeviceWaitCounter(period=5, warmup_iter=1)
+    trainer.register_hooks([counter, hooks.CallbackHook(after_step=hook_waits)])
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.hooks.device_waits"):
+        trainer.train(0, 8)
+    # Step 0 warms up, step 4 ends a period (and 7 is the last): not counted.
+    assert counter.waits == {"model": 2, "trainer": 1}
+    assert counter.num_steps_counted == 5
+    assert "Iteration 1 waited for the device" in caplog.text and "the model's" in caplog.text
+    assert "Iteration 2 waited for the device" in caplog.text and "the trainer's" in caplog.text

@@ -1,5 +1,5 @@
 """launch(..., max_restarts=N): restarts on torch.distributed.elastic, resumes, never retries
-a user error or a pre-emption."""
+a user error, a pre-emption or a non-finite loss."""
 
 import logging
 import os
@@ -13,7 +13,10 @@ from tests.engine.test_default_trainer import _assert_same, _train, _two_rank_ru
 from trainkit.config import ConfigError
 from trainkit.engine import hooks
 from trainkit.engine.hooks.preemption import TrainingPreempted
+from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.launcher import LaunchError, launch
+from trainkit.launcher.elastic import JobFailed, should_restart
+from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainkit.launcher.restarts import is_restart, record_run_id, restart_count, run_id
 from trainkit.utils import UsageError, comm
 
@@ -112,6 +115,39 @@ def test_a_preempted_job_is_not_restarted(tmp_path):
     with pytest.raises(LaunchError, match="pre-empted") as info:
         launch(_preempted, 2, args=(str(tmp_path),), max_restarts=2)
     assert info.value.exit_code == 75
+    assert _rounds(tmp_path) == ["round0"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "exit_code", "restarts"),
+    [
+        ("error", 1, True),
+        ("stall", 124, True),
+        ("usage", 2, False),
+        ("preempted", PREEMPTED_EXIT_CODE, False),
+        ("non_finite", NON_FINITE_EXIT_CODE, False),
+        ("error", NON_FINITE_EXIT_CODE, False),  # a rank's own status, however it was seen
+    ],
+)
+def test_which_failures_are_restarted(kind, exit_code, restarts):
+    failure = JobFailed("it failed", 0, exit_code, kind)
+    assert should_restart(failure, restart_count=0, max_restarts=2) is restarts
+    assert should_restart(failure, restart_count=2, max_restarts=2) is False
+
+
+def _non_finite_on_rank_one(directory):
+    _mark_round(directory)
+    comm.synchronize()
+    if comm.get_rank() == 1:  # a CPU loss checked every step: only its own rank sees it
+        raise NonFiniteLossError(7, {"loss_cls": float("nan")})
+    time.sleep(30)  # busy, as rank 0 would be in the all-reduce: the guard ends it with 65
+
+
+@pytest.mark.distributed
+def test_a_non_finite_loss_is_not_restarted(tmp_path):
+    with pytest.raises(LaunchError, match="iteration=7") as info:
+        launch(_non_finite_on_rank_one, 2, args=(str(tmp_path),), max_restarts=2)
+    assert info.value.exit_code == NON_FINITE_EXIT_CODE
     assert _rounds(tmp_path) == ["round0"]
 
 

@@ -113,3 +113,15 @@ def test_training_without_label_is_explained():
     model = build_model(_cfg())
     with pytest.raises(KeyError, match="label"):
         model([{"image": _image(16, 16, 0)}])
+
+
+def test_inputs_already_on_the_model_device_are_used_as_they_are():
+    # What a device prefetcher delivers: images (and labels) already on the model's device.
+    from trainkit.modeling.image_classifier import _to_device
+
+    image = _image(16, 16, seed=0)
+    assert _to_device(image, torch.device("cpu")) is image
+    model = build_model(_cfg())
+    model.train()
+    losses = model([{"image": _image(16, 20, seed=1), "label": 2}])
+    assert set(losses) == {"loss_cls"} and losses["loss_cls"].dtype == torch.float32

@@ -242,3 +242,21 @@ def test_get_warmup_factor_at_iter_for_projects_own_schedulers():
     assert _get_warmup_factor_at_iter("constant", 0, 0, 0.1) == 1.0
     with pytest.raises(ConfigError, match="warm-up method"):
         _get_warmup_factor_at_iter("cosine", 0, 10, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("impl", "expected"),
+    [("", (False, None)), ("fused", (True, None)), ("foreach", (None, True))],
+)
+def test_optimizer_impl_picks_torch_implementation(impl, expected):
+    # On the CPU "" keeps torch's default; fused would be chosen only with every parameter
+    # on CUDA (tests/gpu/test_step.py).
+    optimizer = build_optimizer(_cfg(OPTIMIZER_IMPL=impl), _Net())
+    group = optimizer.param_groups[0]
+    assert (group["fused"] or False, group["foreach"]) == (expected[0] or False, expected[1])
+
+
+def test_for_loop_impl_and_unknown_impl():
+    assert build_optimizer(_cfg(OPTIMIZER_IMPL="for_loop"), _Net()).defaults["foreach"] is False
+    with pytest.raises(ValueError, match="SOLVER.OPTIMIZER_IMPL 'cuda'"):
+        build_optimizer(_cfg(OPTIMIZER_IMPL="cuda"), _Net())

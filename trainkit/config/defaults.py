@@ -190,6 +190,21 @@ _C.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 1.0
 _C.SOLVER.CLIP_GRADIENTS.NORM_TYPE = 2.0
 # Mixed precision: fp16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU.
 _C.SOLVER.AMP = CN({"ENABLED": False})
+# The autocast dtype with AMP.ENABLED: "" (the device's usual type: float16 on a GPU, bfloat16
+# on the CPU), "float16" (with a GradScaler; its skipped steps are [metric]amp_skipped_steps)
+# or "bfloat16" (no scaler).
+_C.SOLVER.AMP.PRECISION = ""
+# Check losses for NaN/inf on their device, read only when metrics are synchronised
+# (WRITER_PERIOD) and before every checkpoint, so a step never waits for the GPU; the error
+# still names the first bad step, and no checkpoint holds its update. None: True when the
+# model is on a GPU, False on the CPU (where reading a loss every step costs nothing);
+# True/False force it. See docs/device.md.
+_C.SOLVER.DEFERRED_CHECKS = None
+# How the optimizer's step is computed: "" (fused where torch has a fused kernel for the
+# optimizer and every parameter is on a GPU — it takes the AMP scaler's state on the device
+# without a wait — else torch's default), "fused", "foreach" or "for_loop" (one parameter at
+# a time).
+_C.SOLVER.OPTIMIZER_IMPL = ""
 # Micro-batches per optimizer step (gradient accumulation), >= 1. An iteration is one
 # optimizer step: MAX_ITER, the LR schedule, checkpoint and eval periods count steps.
 # IMS_PER_BATCH stays the images of one step summed over all ranks, so each rank maps

@@ -35,9 +35,14 @@ class AMPTrainer(SimpleTrainer):
     * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips,
       logs or checks gradients sees their true values (config clipping, inside the
       optimizer step, sees them too);
-    * a step the scaler skips (inf/NaN gradients) is logged and counted: the count is
-      recorded as ``[metric]amp_skipped_steps`` with the other metrics. The iteration and
+    * a step the scaler skips (inf/NaN gradients) is counted on the device, without a wait:
+      the count is read when metrics are synchronised, recorded as
+      ``[metric]amp_skipped_steps`` and logged as a warning when it grew. The iteration and
       the LR schedule advance as for any step (torch's ``GradScaler`` convention).
+
+    The step never waits for the device when the optimizer takes the scaler's state on the
+    device (torch's fused optimizers, ``fused=True``: what ``build_optimizer`` builds on
+    CUDA); with another optimizer ``GradScaler.step`` reads whether to skip, a wait per step.
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class AMPTrainer(SimpleTrainer):
         *,
         record_every_step: bool = False,
         accumulate_steps: int = 1,
+        deferred_checks: bool | None = None,
     ) -> None:
         """Set up the step; the arguments not listed here are :class:`SimpleTrainer`'s.
 
@@ -73,6 +79,7 @@ class AMPTrainer(SimpleTrainer):
             async_write_metrics,
             record_every_step=record_every_step,
             accumulate_steps=accumulate_steps,
+            deferred_checks=deferred_checks,
         )
         param = next(model.parameters(), None)
         self.autocast_device = param.device.type if param is not None else "cpu"
@@ -81,7 +88,24 @@ class AMPTrainer(SimpleTrainer):
             grad_scaler = torch.amp.GradScaler(self.autocast_device)
         self.grad_scaler = grad_scaler
         self.log_grad_scaler = log_grad_scaler
-        self.num_skipped_steps = 0
+        # Skipped steps: counted on the device (_skipped_on_device) and read at the period
+        # end; _skipped_read is the count last read (what the warnings compare against).
+        self._skipped_on_device: torch.Tensor | None = None
+        self._skipped_read = 0
+        self._report_from_iter = 0  # the first iteration the next warning covers
+        self._skipped_before_device = 0  # loaded from a checkpoint, added to the device count
+        if grad_scaler is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            logger.info(
+                "%s is not a fused optimizer: GradScaler.step reads whether to skip each "
+                "float16 step, a wait for the device per step (build it with fused=True).",
+                type(optimizer).__name__,
+            )
+
+    @property
+    def num_skipped_steps(self) -> int:
+        """Optimizer steps the gradient scaler skipped so far (reading it waits for the device)."""
+        on_device = self._skipped_on_device
+        return self._skipped_before_device + (int(on_device.item()) if on_device is not None else 0)
 
     @override
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
@@ -108,20 +132,14 @@ class AMPTrainer(SimpleTrainer):
         if scaler is None:
             super().optimizer_step()
             return
-        scale_before = scaler.get_scale()
         scaler.step(self.optimizer)
+        found_inf = _found_inf(scaler, self.optimizer)  # before update(), which clears it
         scaler.update()
-        # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
-        if (scale := scaler.get_scale()) < scale_before:
-            self.num_skipped_steps += 1
-            logger.warning(
-                "Iteration %d: the gradient scaler found inf/NaN gradients and skipped the "
-                "optimizer step (%d skipped so far); loss scale %g -> %g",
-                self.iter,
-                self.num_skipped_steps,
-                scale_before,
-                scale,
-            )
+        if found_inf is None:
+            return
+        if self._skipped_on_device is None:
+            self._skipped_on_device = torch.zeros((), dtype=torch.long, device=found_inf.device)
+        self._skipped_on_device += found_inf.to(torch.long)
 
     @override
     def record_metrics(
@@ -135,8 +153,21 @@ class AMPTrainer(SimpleTrainer):
         super().record_metrics(loss_dict, data_time, prefix, total_loss=total_loss)
         if self.grad_scaler is None or not is_period_end(self.iter, self.gather_metric_period):
             return
-        # Counted up to the previous step: this step's update has not happened yet.
-        self.storage.put_scalar("[metric]amp_skipped_steps", self.num_skipped_steps, False)
+        # Read here, with the period's metrics: counted up to the previous step (this step's
+        # update has not happened yet).
+        skipped = self.num_skipped_steps
+        self.storage.put_scalar("[metric]amp_skipped_steps", skipped, False)
+        if skipped > self._skipped_read:
+            first, last = self._report_from_iter, self.iter - 1
+            logger.warning(
+                "The gradient scaler found inf/NaN gradients and skipped %d optimizer step(s) "
+                "in %s (%d so far); loss scale now %g",
+                skipped - self._skipped_read,
+                f"iteration {last}" if first >= last else f"iterations {first}-{last}",
+                skipped,
+                self.grad_scaler.get_scale(),
+            )
+        self._skipped_read, self._report_from_iter = skipped, self.iter
         if self.log_grad_scaler:
             self.storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale(), False)
 
@@ -145,7 +176,7 @@ class AMPTrainer(SimpleTrainer):
         state = super().state_dict()
         if self.grad_scaler is not None:
             state["grad_scaler"] = self.grad_scaler.state_dict()
-            state["amp_skipped_steps"] = self.num_skipped_steps
+            state["amp_skipped_steps"] = self.num_skipped_steps  # at a save: a wait is fine
         return state
 
     @override
@@ -153,4 +184,41 @@ class AMPTrainer(SimpleTrainer):
         super().load_state_dict(state)
         if self.grad_scaler is not None and "grad_scaler" in state:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
-            self.num_skipped_steps = int(state.get("amp_skipped_steps", 0))
+            self._skipped_before_device = int(state.get("amp_skipped_steps", 0))
+            self._skipped_on_device = None
+            self._skipped_read = self._skipped_before_device
+            self._report_from_iter = int(state.get("iteration", -1)) + 1
+
+
+def _found_inf(
+    scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
+) -> torch.Tensor | None:
+    """Return 1 on the device if ``scaler`` skipped ``optimizer``'s step, else 0 (no wait).
+
+    ``GradScaler`` has no public way to say whether it skipped without reading the scale
+    (``get_scale()``: a wait). Its per-optimizer record of inf/NaN found on each device is
+    private, so it is read here only; if torch renames it, this warns and returns None (the
+    count then stays 0: loud, not silently wrong).
+    """
+    if not scaler.is_enabled():
+        return None
+    try:
+        per_device = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+    except (AttributeError, KeyError, TypeError):
+        per_device = None
+    if per_device is None:
+        if not getattr(scaler, "_trainkit_warned", False):
+            scaler._trainkit_warned = True  # type: ignore[attr-defined]
+            logger.warning(
+                "Cannot read GradScaler's inf/NaN record (torch %s changed its internals): "
+                "[metric]amp_skipped_steps stays 0 and skipped steps are not reported.",
+                torch.__version__,
+            )
+        return None
+    values = list(per_device.values())
+    if not values:  # no parameter had a gradient: nothing was checked, nothing skipped
+        return None
+    found = values[0]
+    for value in values[1:]:  # several devices (model parallel): each one's flag, summed
+        found = found + value.to(found.device, non_blocking=True)
+    return (found > 0).reshape(())

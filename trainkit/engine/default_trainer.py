@@ -131,6 +131,10 @@ class DefaultTrainer(TrainerBase):
     def _end_early(self) -> None:
         self._step._end_early()
 
+    def flush_pending_checks(self) -> None:
+        """Raise now if a deferred loss check found a non-finite step (see the step trainer)."""
+        self._step.flush_pending_checks()
+
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
     def build_model(cls, cfg: CfgNode) -> nn.Module:

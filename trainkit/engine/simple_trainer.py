@@ -15,8 +15,10 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from trainkit.data.device_prefetch import DevicePrefetcher
+from trainkit.engine.deferred_checks import DeferredLossCheck
 from trainkit.engine.step_metrics import (
     MetricEntry,
+    NonFiniteLossError,
     gather_and_file,
     host_values,
     metric_names,
@@ -58,9 +60,14 @@ class SimpleTrainer(TrainerBase):
     (``DefaultTrainer``) every step's losses are kept and synchronised at the end of each
     period and at the last iteration, so a CUDA step never waits for the device.
 
-    A non-finite loss raises ``FloatingPointError``: a CPU loss every step, before the
-    optimizer step; a device loss when metrics are synchronised (up to ``period - 1`` steps
-    may have applied by then, the price of not syncing every step).
+    **Non-finite losses** raise :class:`~trainkit.engine.step_metrics.NonFiniteLossError` (a
+    ``FloatingPointError``) naming the first bad step and its loss terms. With
+    ``deferred_checks`` (by default: when the loss is on a device, not the CPU) no loss is
+    read per step: the first bad step is noted on the device
+    (:class:`~trainkit.engine.deferred_checks.DeferredLossCheck`) and read when metrics are
+    synchronised and by :meth:`flush_pending_checks`, which every checkpoint path calls
+    first; up to ``period - 1`` updates from the bad step on may have been applied by then,
+    but no checkpoint holds them. Without, each step's loss is read before its update.
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class SimpleTrainer(TrainerBase):
         *,
         record_every_step: bool = False,
         accumulate_steps: int = 1,
+        deferred_checks: bool | None = None,
     ) -> None:
         """Set up the step.
 
@@ -89,6 +97,9 @@ class SimpleTrainer(TrainerBase):
                 on the same process group).
             record_every_step: see the class docstring.
             accumulate_steps: micro-batches per optimizer step.
+            deferred_checks: check losses for NaN/inf on their device, read at the period
+                end and before checkpoints (True), or read every step (False); ``None``:
+                True for losses on a device, False on the CPU (where reading costs nothing).
 
         Raises:
             ValueError: If ``gather_metric_period`` or ``accumulate_steps`` is not positive.
@@ -109,6 +120,8 @@ class SimpleTrainer(TrainerBase):
         self.zero_grad_before_forward = zero_grad_before_forward
         self.record_every_step = record_every_step
         self.accumulate_steps = accumulate_steps
+        self.deferred_checks = deferred_checks
+        self._pending_check = DeferredLossCheck()
         self._data_loader_iter_obj: Iterator[Any] | None = None
         # Where batches are moved ahead of their step (None: used as the loader gives them;
         # "cpu": drawn ahead without a copy, which the CPU tests of resuming use).
@@ -272,26 +285,63 @@ class SimpleTrainer(TrainerBase):
             self.record_every_step and is_last_iter(cur_iter, self.max_iter)
         )
         is_recorded = self.record_every_step or is_gather_iter
-        if total_loss.is_cpu:
-            # Reading a CPU tensor waits for no device, so check every step (recorded or not)
-            # and never let a non-finite loss reach the optimizer. The sum is non-finite
-            # whenever a term is, so checking it covers every term.
+        is_deferred = self.deferred_checks
+        if is_deferred is None:
+            is_deferred = not total_loss.is_cpu
+        values: list[Any]
+        if is_deferred:
+            # Noted on the device, read at the period end or before a checkpoint: no wait.
+            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
+            self._pending_check.add(cur_iter, names, values)
+        else:
+            # Read every step (free on the CPU), so a non-finite loss never reaches the
+            # optimizer. The sum is non-finite whenever a term is: checking it covers all.
             total = total_loss.item()
             if not math.isfinite(total):
                 raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
             if is_recorded:
-                values: list[Any] = host_values(loss_dict, names, total)
-        elif is_recorded:
-            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
+                values = host_values(loss_dict, names, total)
         if is_recorded:
             self._metric_buffer.append((cur_iter, names, values, data_time))
         if is_gather_iter:
             self._file_buffered_metrics()
 
+    def flush_pending_checks(self) -> None:
+        """Raise now if a step since the last check had a non-finite loss (deferred checks).
+
+        Checkpoint paths call it right before saving, so that no checkpoint holds weights
+        updated from a non-finite loss; it waits for the device only when steps are pending.
+
+        Raises:
+            NonFiniteLossError: On every rank, naming the first bad step of any rank.
+
+        Collective:
+            ``all_gather`` over all ranks when there are several: every rank calls it at the
+            same step (the checkpoint hooks do).
+        """
+        self._pending_check.check(collective=True)
+
+    @override
+    def after_train(self) -> None:
+        # Training ended: check the steps since the last period end too; the hooks'
+        # after_train (writers, checkpoint waits) still runs when this raises.
+        try:
+            self.flush_pending_checks()
+        finally:
+            super().after_train()
+
     def _file_buffered_metrics(self) -> None:
         # Collective: every rank files at the same iterations, and stops after the same step.
-        if self._metric_buffer:
-            buffered, self._metric_buffer = self._metric_buffer, []
+        buffered, self._metric_buffer = self._metric_buffer, []
+        try:
+            self.flush_pending_checks()
+        except NonFiniteLossError as e:
+            # File the steps before the bad one (each rank the same ones), then stop.
+            buffered = [entry for entry in buffered if entry[0] < e.iteration]
+            if buffered:
+                gather_and_file(buffered, self.storage)
+            raise
+        if buffered:
             gather_and_file(buffered, self.storage)
 
     # The loop stopped (TrainerBase.request_stop) before the next gather iteration.
@@ -325,6 +375,9 @@ class SimpleTrainer(TrainerBase):
     # ---- resumable state ------------------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
+        # The last guard for a checkpoint saved by code that did not flush first: this rank's
+        # pending steps (the checkpoint paths flush every rank's before).
+        self._pending_check.check(collective=False)
         state = super().state_dict()
         state["optimizer"] = self.optimizer.state_dict()
         return state

@@ -14,28 +14,69 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.config import CfgNode
+from trainkit.config import CfgNode, ConfigError
 from trainkit.engine.amp_trainer import AMPTrainer, default_precision
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.utils.errors import UsageError
 
 __all__ = [
     "adopt_config_wiring",
+    "amp_precision",
     "build_step_trainer",
     "check_step_arithmetic",
+    "deferred_checks",
     "prefetch_device",
 ]
+
+_PRECISIONS = {"": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def build_step_trainer(
     cfg: CfgNode, model: nn.Module, data_loader: Iterable[Any], optimizer: torch.optim.Optimizer
 ) -> SimpleTrainer:
-    """Return the step trainer ``cfg`` describes (``SOLVER.AMP.ENABLED``, ``ACCUMULATE_STEPS``).
+    """Return the step trainer ``cfg`` describes (``SOLVER.AMP.*``, ``ACCUMULATE_STEPS``).
 
     It is wired when assigned to ``DefaultTrainer._trainer`` (:func:`adopt_config_wiring`).
+
+    Raises:
+        ConfigError: If ``SOLVER.AMP.PRECISION`` is not one of its values.
     """
-    step_cls = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
-    return step_cls(model, data_loader, optimizer, accumulate_steps=cfg.SOLVER.ACCUMULATE_STEPS)
+    precision = amp_precision(cfg)
+    accumulate_steps = cfg.SOLVER.ACCUMULATE_STEPS
+    if not cfg.SOLVER.AMP.ENABLED:
+        return SimpleTrainer(model, data_loader, optimizer, accumulate_steps=accumulate_steps)
+    return AMPTrainer(
+        model, data_loader, optimizer, precision=precision, accumulate_steps=accumulate_steps
+    )
+
+
+def amp_precision(cfg: CfgNode) -> torch.dtype | None:
+    """Return the autocast dtype ``SOLVER.AMP.PRECISION`` names (``None``: the device's usual).
+
+    Raises:
+        ConfigError: If it is not ``""``, ``"float16"`` or ``"bfloat16"``.
+    """
+    name = cfg.SOLVER.AMP.PRECISION
+    if name not in _PRECISIONS:
+        raise ConfigError(
+            f"SOLVER.AMP.PRECISION must be '', 'float16' or 'bfloat16', got {name!r}; use '' "
+            "for the device's usual type (float16 on a GPU, bfloat16 on the CPU)."
+        )
+    return _PRECISIONS[name]
+
+
+def deferred_checks(cfg: CfgNode) -> bool | None:
+    """Return ``SOLVER.DEFERRED_CHECKS`` (``None``: decided by the losses' device).
+
+    Raises:
+        ConfigError: If it is not None, True or False.
+    """
+    value = cfg.SOLVER.DEFERRED_CHECKS
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(
+            f"SOLVER.DEFERRED_CHECKS must be None (auto), True or False, got {value!r}."
+        )
+    return value
 
 
 def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
@@ -51,6 +92,7 @@ def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
     step.gather_metric_period = cfg.WRITER_PERIOD
     step.record_every_step = True
     step.prefetch_device = prefetch_device(cfg, step.model)
+    step.deferred_checks = deferred_checks(cfg)
 
 
 def prefetch_device(cfg: CfgNode, model: nn.Module) -> torch.device | None:
@@ -87,9 +129,13 @@ def check_step_arithmetic(cfg: CfgNode, step: SimpleTrainer) -> None:
             f"DefaultTrainer._trainer {'uses' if is_amp else 'does not use'} mixed precision; "
             f"assign {wanted} or its subclass, or change SOLVER.AMP.ENABLED."
         )
-    if is_amp and step.precision != default_precision(step.autocast_device):
+    if not is_amp:
+        return
+    wanted = amp_precision(cfg) or default_precision(step.autocast_device)
+    if step.precision != wanted:
         raise UsageError(
             f"the {name} assigned to DefaultTrainer._trainer autocasts to {step.precision}, "
-            f"but SOLVER.AMP.ENABLED runs {default_precision(step.autocast_device)} on "
-            f"{step.autocast_device}; build it without a precision argument."
+            f"but SOLVER.AMP.PRECISION={cfg.SOLVER.AMP.PRECISION!r} runs {wanted} on "
+            f"{step.autocast_device}; build it with precision=amp_precision(cfg) (from "
+            "trainkit.engine.step_config) or change SOLVER.AMP.PRECISION."
         )

@@ -14,10 +14,19 @@ from typing import Any
 
 import torch
 
+from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
 from trainkit.utils import comm
 from trainkit.utils.events import EventStorage
 
-__all__ = ["MetricEntry", "gather_and_file", "host_values", "metric_names", "sum_losses"]
+__all__ = [
+    "MetricEntry",
+    "NonFiniteLossError",
+    "gather_and_file",
+    "host_values",
+    "metric_names",
+    "raise_non_finite",
+    "sum_losses",
+]
 
 MetricEntry = tuple[int, tuple[str, ...], list[Any], float]
 """(iteration, metric names, values as floats or detached scalar tensors, data time in s)."""
@@ -110,12 +119,41 @@ def gather_and_file(
         raise_non_finite(*non_finite)
 
 
-def raise_non_finite(cur_iter: int, names: tuple[str, ...], values: list[float]) -> None:
-    """Raise detectron2's error for a loss that became infinite or NaN."""
-    raise FloatingPointError(
-        f"Loss became infinite or NaN at iteration={cur_iter}! "
-        f"loss_dict = {dict(zip(names, values))}"
-    )
+class NonFiniteLossError(FloatingPointError):
+    """A loss became infinite or NaN; the job ends with ``NON_FINITE_EXIT_CODE`` (65).
+
+    detectron2 raises a ``FloatingPointError`` with the same message prefix, which this is.
+    Restarts do not retry it (the run would fail the same way); ``docs/device.md`` shows how
+    to go on past the records that caused it.
+
+    Attributes:
+        iteration: the first step whose loss was not finite (0-based, as in ``metrics.json``).
+        losses: that step's loss terms and ``total_loss``, as floats.
+        exit_code: :data:`trainkit.launcher.protocol.NON_FINITE_EXIT_CODE`.
+    """
+
+    def __init__(self, iteration: int, losses: dict[str, float], noticed_at: int | None = None):
+        """Describe step ``iteration``'s losses (noticed at step ``noticed_at``, if later)."""
+        noticed = (
+            f" (noticed at iteration {noticed_at}; no checkpoint holds the steps since)"
+            if noticed_at is not None and noticed_at != iteration
+            else ""
+        )
+        super().__init__(
+            f"Loss became infinite or NaN at iteration={iteration}! loss_dict = {losses}"
+            f"{noticed}. Resume from the last checkpoint (--resume) after lowering "
+            "SOLVER.BASE_LR or leaving out the records that cause it (docs/device.md)."
+        )
+        self.iteration = iteration
+        self.losses = losses
+        self.exit_code = NON_FINITE_EXIT_CODE
+
+
+def raise_non_finite(
+    cur_iter: int, names: tuple[str, ...], values: list[float], noticed_at: int | None = None
+) -> None:
+    """Raise :class:`NonFiniteLossError` (detectron2's message) for step ``cur_iter``'s losses."""
+    raise NonFiniteLossError(cur_iter, dict(zip(names, values)), noticed_at)
 
 
 def _check_same_loss_names(cur_iter: int, names_per_rank: list[tuple[str, ...]]) -> None:

@@ -55,7 +55,8 @@ class TrainerBase:
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
 
-    and call only :meth:`request_stop` (and read :attr:`stop_reason`).
+    and call only :meth:`request_stop` (and read :attr:`stop_reason`), and, before they
+    write a checkpoint, :meth:`flush_pending_checks`.
     """
 
     iter: _ProgressField[int] = _ProgressField()
@@ -237,6 +238,13 @@ class TrainerBase:
             "Training stopped early after iteration %d of %d: %s", self.iter, self.max_iter, reason
         )
         return True
+
+    def flush_pending_checks(self) -> None:
+        """Raise now for a step whose check was deferred (nothing here); call before saving.
+
+        Step trainers that check losses on the device override it
+        (:meth:`SimpleTrainer.flush_pending_checks`).
+        """
 
     def _end_early(self) -> None:
         """At a :meth:`request_stop`, before ``after_train``: finish what the step deferred.

@@ -45,10 +45,10 @@ from trainkit.launcher.job_store import (
     read_abort,
     serve_store,
 )
-from trainkit.launcher.protocol import PREEMPTED_EXIT_CODE
+from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
 
-__all__ = ["JobFailed", "run_agent"]
+__all__ = ["JobFailed", "run_agent", "should_restart"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ class JobFailed(Exception):
     Attributes:
         rank: global rank of the process that failed first (None if unknown).
         exit_code: the status the job should end with (2 for a user error).
-        kind: ``"error"``, ``"usage"``, ``"stall"``, ``"preempted"`` or ``"signal"``.
+        kind: ``"error"``, ``"usage"``, ``"stall"``, ``"preempted"``, ``"non_finite"`` or
+            ``"signal"``.
     """
 
     def __init__(self, message: str, rank: int | None, exit_code: int, kind: str = "error"):
@@ -107,8 +108,7 @@ def run_agent(
 ) -> list[Any]:
     """Run this machine's share of the job under torch's elastic agent, to its end.
 
-    A user error or a pre-emption ends the job; any other failure starts the next round
-    while restarts are left.
+    A failed round starts the next one when :func:`should_restart` says so.
 
     Returns:
         ``main_func``'s return values of this machine's processes, by local rank.
@@ -146,7 +146,7 @@ def run_agent(
                         return [result.return_values[r] for r in sorted(result.return_values)]
                     local_ranks = {w.global_rank for w in agent.get_worker_group().workers}
                     failure = failures.describe(result, local_ranks)
-                    if failure.kind in ("usage", "preempted") or job.restart_count == max_restarts:
+                    if not should_restart(failure, job.restart_count, max_restarts):
                         raise failure
                     job = dataclasses.replace(job, restart_count=job.restart_count + 1)
                     logger.warning(
@@ -161,6 +161,23 @@ def run_agent(
             if num_machines > 1:
                 time.sleep(1.0)  # keep serving the store until the others read the failure
             raise
+
+
+# Failures a new round would repeat: a user error; a non-finite loss (the round would resume
+# from the same checkpoint on the same records); a pre-emption (the scheduler requeues it).
+_FINAL_KINDS = ("usage", "preempted", "non_finite")
+
+
+def should_restart(failure: JobFailed, restart_count: int, max_restarts: int) -> bool:
+    """Return whether a job whose round ended on ``failure`` starts another round.
+
+    Args:
+        failure: how the round ended.
+        restart_count: the rounds restarted so far.
+        max_restarts: the most restarts allowed (``launch(..., max_restarts=N)``).
+    """
+    is_final = failure.kind in _FINAL_KINDS or failure.exit_code == NON_FINITE_EXIT_CODE
+    return not is_final and restart_count < max_restarts
 
 
 # ---- the rendezvous and what the agent saw ----------------------------------------------------
@@ -245,6 +262,8 @@ class _Failures:
         codes = {r["exit_code"] for r in reports.values()} | {code}
         if codes == {PREEMPTED_EXIT_CODE}:
             return JobFailed(_PREEMPTED, rank, PREEMPTED_EXIT_CODE, "preempted")
+        if code == NON_FINITE_EXIT_CODE and reports.get(rank, {}).get("message"):
+            return JobFailed(reports[rank]["message"], rank, code, "non_finite")
         if code == USAGE_EXIT_CODE and rank in reports:  # before it joined the job's store
             return JobFailed(reports[rank]["message"], rank, code, "usage")
         if code < 0:

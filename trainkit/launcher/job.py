@@ -32,6 +32,7 @@ from trainkit.launcher.job_store import (
 from trainkit.launcher.protocol import (
     HEARTBEAT_KEY,
     JOB_STORE_VAR,
+    NON_FINITE_EXIT_CODE,
     RESTART_COUNT_VAR,
     WATCHDOG_EXIT_CODE,
     describe_stall,
@@ -216,10 +217,15 @@ def _post_failure(
     """Tell the other processes (and the launchers) that this one failed, unless it is an echo."""
     if isinstance(error, SystemExit) and error.code in (None, 0):
         return
-    if getattr(error, "exit_code", None) is not None:
+    exit_code = getattr(error, "exit_code", None)
+    if exit_code is not None and exit_code != NON_FINITE_EXIT_CODE:
         return  # an agreed stop (pre-emption): every rank stops the same way, after a barrier
     code, kind = 1, "error"
-    if isinstance(error, UsageError):
+    if exit_code == NON_FINITE_EXIT_CODE:
+        # Posted, not agreed: a loss checked on the CPU at every step stops only its own
+        # rank; the others, waiting in the gradients' all-reduce, must stop with its status.
+        message, code, kind = f"rank {rank}: {error}", NON_FINITE_EXIT_CODE, "non_finite"
+    elif isinstance(error, UsageError):
         message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
         with contextlib.suppress(Exception):
             store.set(_USAGE_KEY, message)

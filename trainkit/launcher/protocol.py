@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HEARTBEAT_KEY",
     "JOB_STORE_VAR",
+    "NON_FINITE_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "RESTART_COUNT_VAR",
     "WATCHDOG_EXIT_CODE",
@@ -34,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a run stopped by a signal after saving a checkpoint (sysexits' TEMPFAIL)."""
+
+NON_FINITE_EXIT_CODE = 65
+"""Exit status of a run stopped by a non-finite loss (sysexits' DATAERR). Restarts do not retry
+it: resumed from the same checkpoint on the same records, the run would fail the same way."""
 
 WATCHDOG_EXIT_CODE = 124
 """Exit status of a process the watchdog ended (like timeout(1))."""

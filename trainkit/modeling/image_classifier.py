@@ -215,7 +215,7 @@ class ImageClassifier(nn.Module):
         """
         if len(batched_inputs) == 0:
             raise ValueError("ImageClassifier got an empty batch")
-        images = [x["image"].to(self.device, non_blocking=True) for x in batched_inputs]
+        images = [_to_device(x["image"], self.device) for x in batched_inputs]
         size = self.size_divisibility
         height = math.ceil(max(image.shape[-2] for image in images) / size) * size
         width = math.ceil(max(image.shape[-1] for image in images) / size) * size
@@ -262,6 +262,22 @@ class ImageClassifier(nn.Module):
                 "ImageClassifier in training mode needs a 'label' in every input dict; use a "
                 "mapper that keeps it (ClassificationDatasetMapper) or call model.eval()."
             ) from None
-        targets = torch.as_tensor(labels, device=logits.device)
+        # Built on the CPU and copied without a wait (torch.as_tensor(..., device=cuda) would
+        # copy from pageable memory, which blocks the host until the device catches up).
+        targets = _to_device(torch.tensor(labels), logits.device)
         loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
         return {"loss_cls": loss}
+
+
+def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """Return ``tensor`` on ``device`` without making the host wait for a CUDA device.
+
+    A tensor already there (a device prefetcher delivered it) is returned as it is; a CPU
+    tensor goes to CUDA from pinned memory (pinned here unless the loader pinned it), the
+    only source a ``non_blocking`` copy does not wait on.
+    """
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

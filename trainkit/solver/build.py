@@ -189,12 +189,13 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
 
     Returns:
         ``torch.optim.SGD`` or ``torch.optim.AdamW`` (a clipping subclass when
-        SOLVER.CLIP_GRADIENTS.ENABLED).
+        SOLVER.CLIP_GRADIENTS.ENABLED), fused, foreach or a loop as SOLVER.OPTIMIZER_IMPL
+        says (by default fused when every parameter is on CUDA).
 
     Raises:
-        ConfigError: A ``ValueError``: if SOLVER.OPTIMIZER is unknown, a rate, momentum or
-            decay is negative, Nesterov is asked without momentum, or the model has nothing
-            to train.
+        ConfigError: A ``ValueError``: if SOLVER.OPTIMIZER or OPTIMIZER_IMPL is unknown, a
+            rate, momentum or decay is negative, Nesterov is asked without momentum, or the
+            model has nothing to train.
     """
     solver = cfg.SOLVER
     for key in ("BASE_LR", "MOMENTUM", "WEIGHT_DECAY", "WEIGHT_DECAY_NORM", "BIAS_LR_FACTOR"):
@@ -232,8 +233,36 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
             f"Unknown SOLVER.OPTIMIZER {name!r}; choose one of {', '.join(_OPTIMIZERS)}, or "
             "override DefaultTrainer.build_optimizer for another optimizer."
         )
+    kwargs.update(_implementation(str(solver.OPTIMIZER_IMPL), model))
     optimizer_cls = maybe_add_gradient_clipping(cfg, optimizer_cls)
     return optimizer_cls(params, lr=solver.BASE_LR, weight_decay=solver.WEIGHT_DECAY, **kwargs)
+
+
+_IMPLEMENTATIONS: dict[str, dict[str, Any]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "for_loop": {"foreach": False},
+}
+
+
+def _implementation(name: str, model: nn.Module) -> dict[str, Any]:
+    """Return the optimizer arguments SOLVER.OPTIMIZER_IMPL asks for.
+
+    ``""`` is fused when every parameter is a floating tensor on CUDA: a fused optimizer
+    takes ``GradScaler``'s scale and inf/NaN flag on the device, so a float16 step skips
+    without the host reading the flag (a wait per step); elsewhere torch's default
+    (foreach on CUDA, a loop over parameters on the CPU).
+    """
+    if name in _IMPLEMENTATIONS:
+        return dict(_IMPLEMENTATIONS[name])
+    if name:
+        raise ConfigError(
+            f"Unknown SOLVER.OPTIMIZER_IMPL {name!r}; choose '' (fused on a GPU), 'fused', "
+            "'foreach' or 'for_loop'."
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    on_cuda = all(p.is_cuda and p.is_floating_point() for p in params)
+    return {"fused": True} if params and on_cuda else {}
 
 
 def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMultiplier:

@@ -78,10 +78,11 @@ class PeriodicCheckpointer(HookBase):
     def after_step(self) -> None:
         if self._periodic is None:
             return
-        if self._run_state is not None and is_time(
-            self.trainer, self._period, self._periodic.max_iter
-        ):
-            self._run_state.prepare_save()
+        if is_time(self.trainer, self._period, self._periodic.max_iter):
+            # Every rank, before the save: no checkpoint holds a non-finite step's update.
+            self.trainer.flush_pending_checks()
+            if self._run_state is not None:
+                self._run_state.prepare_save()
         self._periodic.step(self.trainer.iter)
 
     @override
@@ -90,6 +91,7 @@ class PeriodicCheckpointer(HookBase):
         if trainer.stop_reason is not None and trainer.iter < trainer.max_iter:
             # Stopped early (TrainerBase.request_stop): the last iteration's model_final was
             # never written. Write it now; it records the stop, so --resume does not train on.
+            trainer.flush_pending_checks()
             if self._run_state is not None:
                 self._run_state.prepare_save()
             self._checkpointer.save(f"{self._file_prefix}_final", iteration=trainer.iter)
@@ -155,6 +157,9 @@ class BestCheckpointer(HookBase):
         return self.rule.best_iter
 
     def _check(self, may_stop: bool) -> None:
+        # On every rank at each evaluation (a save follows only where the metric improved):
+        # the best checkpoint never holds a non-finite step's update.
+        self.trainer.flush_pending_checks()
         rule, previous = self.rule, self.rule.best_metric
         shared = rule.patience is not None
         if update_from_storage(

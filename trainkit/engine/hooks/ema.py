@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
+import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from typing_extensions import override
@@ -88,7 +90,7 @@ class ModelEMA(HookBase):
 
     @override
     def after_step(self) -> None:
-        self._get_averaged().update_parameters(self._source())
+        _update_average(self._get_averaged(), self._source(), get_ema_multi_avg_fn(self.decay))
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -104,6 +106,31 @@ class ModelEMA(HookBase):
         self._pending_state = state
         if self._averaged is not None or self._model is not None:
             self._get_averaged()  # else the trainer's model is known in before_train
+
+
+def _update_average(averaged: AveragedModel, model: nn.Module, multi_avg_fn: Any) -> None:
+    """Do ``averaged.update_parameters(model)`` without waiting for the device.
+
+    torch's ``update_parameters`` copies its update count (a CPU tensor) to the device at
+    every call, a blocking copy; the EMA rule does not use the count, so it is left on the
+    CPU. The tensors are grouped by device and dtype as torch groups them, so the update is
+    the same, bit for bit.
+    """
+    averaged_tensors = itertools.chain(averaged.module.parameters(), averaged.module.buffers())
+    model_tensors = itertools.chain(model.parameters(), model.buffers())
+    pairs = [(a.detach(), m.detach()) for a, m in zip(averaged_tensors, model_tensors)]
+    if int(averaged.n_averaged) == 0:  # the first update copies (as torch's does)
+        for a, m in pairs:
+            a.copy_(m)
+    else:
+        groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = {}
+        for a, m in pairs:
+            group = groups.setdefault((a.device, a.dtype), ([], []))
+            group[0].append(a)
+            group[1].append(m.to(a.device))
+        for averaged_group, model_group in groups.values():
+            multi_avg_fn(averaged_group, model_group, averaged.n_averaged)
+    averaged.n_averaged += 1
 
 
 def load_ema_weights(model: nn.Module, path: str) -> bool:

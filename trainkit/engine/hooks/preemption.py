@@ -101,6 +101,8 @@ class PreemptionHandler(HookBase):
             requested = flags[0] if flags else None
         if requested is None or is_last_iter(trainer.iter, trainer.max_iter):
             return  # the last iteration saves model_final anyway
+        # A non-finite step since the last check ends the run (exit 65) instead of a save.
+        trainer.flush_pending_checks()
         if self._run_state is not None:
             self._run_state.prepare_save()
         name = f"model_{trainer.iter:07d}"
