@@ -9,9 +9,9 @@ hand-written loop doing the same work (same batches, already on the device; same
 schedule and precision), alternating; then the same with the model compiled; and the
 host-device waits per step between writer periods, the trainer's and the model's apart.
 
-Waits are counted with ``torch.cuda.set_sync_debug_mode("warn")``: torch warns once per
-operation that makes the host wait for the device. A wait inside the model's forward is
-the model's; every other wait between two period ends is the trainer's (target: 0).
+Waits are counted by ``hooks.DeviceWaitCounter`` (torch's sync debug mode): a wait inside
+the model's forward is the model's; every other wait between two period ends is the
+trainer's (target: 0).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import itertools
 import os
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,7 +33,7 @@ from benchmarks.measure import alternate, median
 from benchmarks.report import log_to_file, print_table, target_text, verdict
 from benchmarks.shapes import batches_of, mapped_samples, shapes_cfg
 from trainkit.config import CfgNode, get_cfg
-from trainkit.engine import AMPTrainer, HookBase, SimpleTrainer, default_writers, hooks
+from trainkit.engine import AMPTrainer, SimpleTrainer, default_writers, hooks
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 
@@ -257,70 +255,20 @@ def _time_pair(
 
 
 # ---- waits --------------------------------------------------------------------------------
-class _WaitCounter(HookBase):
-    """Counts torch's sync warnings per step and inside the model's forward."""
-
-    def __init__(self, model: nn.Module, log: list[warnings.WarningMessage]) -> None:
-        self.log = log
-        self.step_waits: list[tuple[int, int]] = []  # (iteration, waits in that step)
-        self.model_waits = 0
-        self._mark = 0
-        forward = model.forward
-
-        def counted_forward(*args: Any, **kwargs: Any) -> Any:
-            before = _sync_warnings(self.log)
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self.model_waits += _sync_warnings(self.log) - before
-
-        model.forward = counted_forward  # type: ignore[method-assign]
-
-    def before_step(self) -> None:
-        self._mark = _sync_warnings(self.log)
-
-    def after_step(self) -> None:
-        self.step_waits.append((self.trainer.iter, _sync_warnings(self.log) - self._mark))
-
-
-def _sync_warnings(log: list[warnings.WarningMessage]) -> int:
-    return sum("synchroniz" in str(w.message) for w in log)
-
-
-@contextlib.contextmanager
-def _sync_debug_warn() -> Iterator[list[warnings.WarningMessage]]:
-    with warnings.catch_warnings(record=True) as log:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield log
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-
 def _count_waits(case: dict[str, Any], device: str) -> dict[str, float]:
     """Waits per step between period ends (two periods): the trainer's and the model's."""
     if device != "cuda":
         return {"trainer": float("nan"), "model": float("nan")}
-    iters = 2 * WRITER_PERIOD
+    iters = 2 * WRITER_PERIOD + 1
     model = case["model"]()
+    counter = hooks.DeviceWaitCounter(WRITER_PERIOD)
     with tempfile.TemporaryDirectory(prefix="trainkit-bench-waits-") as out_dir:
         trainer = _build_trainer(model, case["batches"], iters, case["precision"], out_dir)
-        with log_to_file(os.path.join(out_dir, "log.txt")), _sync_debug_warn() as log:
-            counter = _WaitCounter(model, log)
-            # Wrapping the forward after the trainer holds the model keeps the count honest.
-            trainer.register_hooks([counter])
+        trainer.register_hooks([counter])
+        with log_to_file(os.path.join(out_dir, "log.txt")):
             trainer.train(0, iters)
-    inner = [
-        waits
-        for it, waits in counter.step_waits
-        if (it + 1) % WRITER_PERIOD != 0 and it not in (0, iters - 1)
-    ]
-    steps = max(1, len(inner))
-    total = sum(inner)
-    # The model's waits happen in every step alike; charge their per-step share.
-    model_per_step = counter.model_waits / max(1, len(counter.step_waits))
-    return {"trainer": max(0.0, total / steps - model_per_step), "model": model_per_step}
+    steps = max(1, counter.num_steps_counted)
+    return {name: count / steps for name, count in counter.waits.items()}
 
 
 def bench_device(args: argparse.Namespace) -> dict[str, Any]:
