@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.modeling.compile import compile_from_config
 from trainkit.utils.errors import UnknownNameError
 from trainkit.utils.registry import Registry
 
@@ -56,7 +57,8 @@ def build_model(cfg: CfgNode) -> nn.Module:
         cfg: the config.
 
     Returns:
-        The model, in training mode, on ``cfg.MODEL.DEVICE``.
+        The model, in training mode, on ``cfg.MODEL.DEVICE``; with ``MODEL.COMPILE.ENABLED``
+        its ``compiled_methods`` compiled (:func:`trainkit.modeling.compile.compile_model`).
 
     Raises:
         UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
@@ -78,4 +80,7 @@ def build_model(cfg: CfgNode) -> nn.Module:
         )
     model.to(device)
     logger.info("Model:\n%s", model)
+    if cfg.MODEL.COMPILE.ENABLED:
+        # The network part only (the compile seam); DDP, if any, wraps the model afterwards.
+        compile_from_config(model, cfg)
     return model
