@@ -174,3 +174,24 @@ def test_cache_dir_goes_to_the_environment_unless_the_user_set_one(tmp_path, mon
     assert set_compile_cache_dir(cache) == cache and os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert set_compile_cache_dir(cache) == str(tmp_path / "mine")
+
+
+@pytest.mark.slow  # inductor generates and compiles C++: a minute on 2 cores
+def test_inductor_cache_in_output_dir_is_found_by_a_second_run(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    batch = _batch([(20, 30), (30, 20)])
+    losses = []
+    for _run in range(2):  # the second run: a fresh model in the same OUTPUT_DIR
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = build_model(_cfg(True, backend="inductor", output_dir=str(tmp_path)))
+        losses.append(model(batch)["loss_cls"].detach())
+    cache = tmp_path / "compile_cache"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert any(p.is_file() for p in cache.rglob("*"))
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1  # the second run read the graph
+    torch.testing.assert_close(losses[1], losses[0])
