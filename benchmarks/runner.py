@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.checkpoint import bench_checkpoint
+from benchmarks.compile import bench_compile
 from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
 from benchmarks.eval import bench_eval
@@ -53,6 +54,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "eval": bench_eval,
     "goodput": bench_goodput,
     "import_cost": bench_import_cost,
+    "compile": bench_compile,
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
