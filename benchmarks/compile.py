@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.measure import alternate, median
 from benchmarks.report import print_table, target_text, verdict
 from trainkit.config import get_cfg
 from trainkit.data import build_train_loader
@@ -60,7 +61,6 @@ def _steps(model: Any, optimizer: Any, batches: list[Any]) -> list[float]:
 
 def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
     """Eager vs compiled steps/s, graphs, cold and warm-cache warm-up."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     quick = bool(args.quick)
     cache_dir = tempfile.mkdtemp(prefix="trainkit_compile_cache_")
     cfg_e, cfg_c = _cfg(False, cache_dir), _cfg(True, cache_dir)
@@ -71,11 +71,8 @@ def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(0)
     eager = build_model(cfg_e)
-    opt = build_optimizer(cfg_e, eager)
-    _steps(eager, opt, timed[:2])
-    start = time.perf_counter()
-    _steps(eager, opt, timed)
-    eager_step = (time.perf_counter() - start) / len(timed)
+    eager_opt = build_optimizer(cfg_e, eager)
+    _steps(eager, eager_opt, timed[:2])
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -87,9 +84,21 @@ def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
     graphs_seen = compile_stats(model).graphs
     _steps(model, opt, batches)  # every shape seen: must add no graph
     stats = compile_stats(model)
-    start = time.perf_counter()
-    _steps(model, opt, timed)
-    compiled_step = (time.perf_counter() - start) / len(timed)
+
+    def per_step(m: Any, o: Any) -> Any:
+        def run() -> float:
+            begin = time.perf_counter()
+            _steps(m, o, timed)
+            return (time.perf_counter() - begin) / len(timed)
+
+        return run
+
+    # Alternated rounds: a busy phase of a shared machine is not charged to one side.
+    samples = alternate(
+        {"eager": per_step(eager, eager_opt), "compiled": per_step(model, opt)},
+        rounds=2 if quick else 5,
+    )
+    eager_step, compiled_step = median(samples["eager"]), median(samples["compiled"])
 
     # Warm cache: Dynamo forgets its graphs, the inductor's cache on disk stays.
     torch._dynamo.reset()
