@@ -107,6 +107,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--records", type=float, help="data_memory records (1e6)")
     parser.add_argument("--meta-records", type=float, help="metafile records (1e7)")
     parser.add_argument("--reads", type=float, help="metafile random reads per process (2e5)")
+    parser.add_argument(
+        "--compile-batches",
+        type=int,
+        help="compile task: training batches of the main job (120; fewer cover fewer shapes)",
+    )
     parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
     parser.add_argument(
         "--d2-root",

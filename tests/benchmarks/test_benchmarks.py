@@ -25,6 +25,7 @@ TASKS = [
     "eval",
     "goodput",
     "import_cost",
+    "compile",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -214,3 +215,13 @@ def test_import_cost_json(quick_run):
     assert cost["torch_s"] > 0 and cost["engine_s"] > 0
     assert cost["ratio"] == pytest.approx(cost["engine_s"] / cost["torch_s"])
     assert cost["added_modules"]["trainkit"] > 10
+
+
+def test_compile_json(quick_run):
+    _, results = quick_run
+    compile_ = results["compile"]
+    assert compile_["backend"] == "aot_eager"  # --quick: traces, generates no code
+    assert compile_["planned_training_graphs"] == 8
+    # Every graph the first pass compiled is reused by the second: no recompile.
+    assert compile_["graphs_after_second_pass"] == compile_["graphs_after_first_pass"]
+    assert compile_["graph_breaks"] == 0
