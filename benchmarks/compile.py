@@ -63,6 +63,18 @@ def _steps(model: Any, optimizer: Any, batches: list[Any]) -> list[float]:
 def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
     """Eager vs compiled steps/s, graphs, cold and warm-cache warm-up."""
     quick = bool(args.quick)
+    # One torch thread, as the data task's step times: with two on a shared 2-core machine,
+    # OpenMP's spinning threads made eager steps 15x slower (3 s instead of 0.2 s) whenever
+    # another job ran.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _bench(quick, args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     # --quick checks the task runs: Dynamo traces, AOTAutograd runs, no code is generated.
     backend = "aot_eager" if quick else "inductor"
     cache_dir = tempfile.mkdtemp(prefix="trainkit_compile_cache_")
@@ -147,8 +159,8 @@ def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
     ]  # fmt: skip
     print_table(
         f"torch.compile on the main job (CPU, {backend}, {len(batches)} batches of "
-        f"{cfg_c.SOLVER.IMS_PER_BATCH}; eager {eager_step * 1e3:.0f} ms/step, compiled "
-        f"{compiled_step * 1e3:.0f} ms/step{', --quick' if quick else ''})",
+        f"{cfg_c.SOLVER.IMS_PER_BATCH}, 1 torch thread; eager {eager_step * 1e3:.0f} ms/step, "
+        f"compiled {compiled_step * 1e3:.0f} ms/step{', --quick' if quick else ''})",
         ["measure", "value", "target", "PASS/MISS"],
         rows,
     )
