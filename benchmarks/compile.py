@@ -68,16 +68,22 @@ def bench_compile(args: argparse.Namespace) -> dict[str, Any]:
     # another job ran.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the task's own cache, cold at first
     try:
-        return _bench(quick, args)
+        with tempfile.TemporaryDirectory(prefix="trainkit_compile_cache_") as cache_dir:
+            return _bench(quick, args, cache_dir)
     finally:
         torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = env
 
 
-def _bench(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
+def _bench(quick: bool, args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
     # --quick checks the task runs: Dynamo traces, AOTAutograd runs, no code is generated.
     backend = "aot_eager" if quick else "inductor"
-    cache_dir = tempfile.mkdtemp(prefix="trainkit_compile_cache_")
     cfg_e, cfg_c = _cfg(False, cache_dir), _cfg(True, cache_dir, backend)
     train_plan = build_model(cfg_c).shape_plans[0]
     # Enough batches that every planned shape turns up (120 do on the main job).
