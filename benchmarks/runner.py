@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.checkpoint import bench_checkpoint
+from benchmarks.compile import bench_compile
 from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
 from benchmarks.device import bench_device
@@ -55,6 +56,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "goodput": bench_goodput,
     "import_cost": bench_import_cost,
     "device": bench_device,
+    "compile": bench_compile,
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,6 +114,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="cpu",
         choices=["cpu", "cuda"],
         help="device task: where the trainer and the hand loop run (cuda needs a GPU)",
+    )
+    parser.add_argument(
+        "--compile-batches",
+        type=int,
+        help="compile task: training batches of the main job (120; fewer cover fewer shapes)",
     )
     parser.add_argument("--workdir", help="where the metafile and checkpoint tasks write")
     parser.add_argument(

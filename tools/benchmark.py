@@ -5,7 +5,7 @@ Usage::
     python tools/benchmark.py --task TASK [TASK ...] [--json OUT] [--quick | --write-docs]
 
     TASK: sampler, data_memory, metafile, train, data, launch, checkpoint, eval, goodput,
-          import_cost or all
+          import_cost, compile or all
 
 ``--write-docs`` puts each task's tables (with the command, the date and the machine) into
 ``docs/performance.md``, keeping the page's hand-written explanations; ``--quick`` (tiny

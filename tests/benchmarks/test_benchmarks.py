@@ -26,6 +26,7 @@ TASKS = [
     "goodput",
     "import_cost",
     "device",
+    "compile",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -224,3 +225,13 @@ def test_device_json(quick_run):
     for row in device.values():
         assert row["trainkit_s"] > 0 and row["plain_s"] > 0 and row["compiled"] is False
         assert row["ratio"] == row["trainkit_s"] / row["plain_s"]
+
+
+def test_compile_json(quick_run):
+    _, results = quick_run
+    compile_ = results["compile"]
+    assert compile_["backend"] == "aot_eager"  # --quick: traces, generates no code
+    assert compile_["planned_training_graphs"] == 8
+    # Every graph the first pass compiled is reused by the second: no recompile.
+    assert compile_["graphs_after_second_pass"] == compile_["graphs_after_first_pass"]
+    assert compile_["graph_breaks"] == 0

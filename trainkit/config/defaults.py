@@ -63,6 +63,24 @@ _C.MODEL.CLASSIFIER.POOL = "avgmax"
 # Label smoothing of the cross-entropy loss, in [0, 1); 0 is plain cross-entropy.
 _C.MODEL.CLASSIFIER.LABEL_SMOOTHING = 0.0
 
+# torch.compile of the model's tensor-in, tensor-out part (the methods its compiled_methods
+# names; see trainkit.modeling.compile). Batches are then padded to the few shapes the
+# padding rule plans from INPUT.MAX_SIZE_*, RANDOM_SCALE, ASPECT_RATIO_BINS and the batch
+# sizes (trainkit.modeling.shape_plan), so the number of graphs is known at start.
+_C.MODEL.COMPILE = CN()
+# Compile the model (default off: the first steps then take minutes on a CPU).
+_C.MODEL.COMPILE.ENABLED = False
+# torch.compile's mode: "" (its default), "reduce-overhead", "max-autotune" or
+# "max-autotune-no-cudagraphs"; only with BACKEND "inductor".
+_C.MODEL.COMPILE.MODE = ""
+# torch.compile's backend: "inductor" (generates code); "aot_eager" or "eager" only trace
+# (for checking that a model compiles, quickly).
+_C.MODEL.COMPILE.BACKEND = "inductor"
+# Directory of the inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR); "" means
+# OUTPUT_DIR/compile_cache, where a restarted or resumed run finds its graphs again. An
+# environment variable TORCHINDUCTOR_CACHE_DIR set by the user wins.
+_C.MODEL.COMPILE.CACHE_DIR = ""
+
 # ---- Input (the built-in mapper) --------------------------------------------------------
 _C.INPUT = CN()
 # Probability of a horizontal flip of a training image; 0 disables it.

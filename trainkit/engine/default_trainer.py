@@ -212,6 +212,8 @@ class DefaultTrainer(TrainerBase):
             # TEST.EARLY_STOP: right after the evaluation it reads (same priority, later).
             early_stopping_from_config(cfg),
             hooks.SkippedRecordsCounter(cfg.WRITER_PERIOD),
+            # MODEL.COMPILE: graph counts, at the writer period like the other metrics.
+            hooks.CompileMetrics(cfg.WRITER_PERIOD) if cfg.MODEL.COMPILE.ENABLED else None,
             # HookPriority.LOWEST: the writers see every metric of the step.
             # Its slot stays (None) on the other ranks, so a hook inserted at -1 lands at the
             # same place on every rank and collectives in hooks keep one order.

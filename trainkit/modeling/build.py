@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.modeling.compile import compile_from_config
 from trainkit.utils.errors import UnknownNameError
 from trainkit.utils.registry import Registry
 
@@ -57,7 +58,9 @@ def build_model(cfg: CfgNode) -> nn.Module:
 
     Returns:
         The model, in training mode, on ``cfg.MODEL.DEVICE``; with ``MODEL.CHANNELS_LAST``
-        its 4-D weights in channels-last memory (:func:`to_channels_last`).
+        its 4-D weights in channels-last memory (:func:`to_channels_last`);
+        with ``MODEL.COMPILE.ENABLED``
+        its ``compiled_methods`` compiled (:func:`trainkit.modeling.compile.compile_model`).
 
     Raises:
         UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
@@ -81,6 +84,9 @@ def build_model(cfg: CfgNode) -> nn.Module:
     if cfg.MODEL.CHANNELS_LAST:
         to_channels_last(model)
     logger.info("Model:\n%s", model)
+    if cfg.MODEL.COMPILE.ENABLED:
+        # The network part only (the compile seam); DDP, if any, wraps the model afterwards.
+        compile_from_config(model, cfg)
     return model
 
 

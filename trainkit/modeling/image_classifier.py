@@ -12,6 +12,8 @@ from torch import Tensor, nn
 
 from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.modeling.build import META_ARCH_REGISTRY
+from trainkit.modeling.compile import call_compiled
+from trainkit.modeling.shape_plan import ShapePlan, shape_plans_from_config
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
 
@@ -104,7 +106,17 @@ class ImageClassifier(nn.Module):
     Output: ``{"loss_cls": cross-entropy}`` (with ``MODEL.CLASSIFIER.LABEL_SMOOTHING``) in
     training mode, logits [N, NUM_CLASSES] in eval mode. It does not resize images (the
     mapper does) or post-process predictions.
+
+    Compiling (``MODEL.COMPILE.ENABLED``): steps 1-2 stay eager; steps 3-4 and the loss are
+    the methods ``train_network`` and ``eval_network`` that ``compiled_methods`` names
+    (:mod:`trainkit.modeling.compile`). With ``shape_plans`` each batch is padded to a
+    planned shape (:mod:`trainkit.modeling.shape_plan`), its batch dimension included: the
+    added samples have an all-zero mask, so they count in neither the loss, nor the BN
+    statistics, nor the returned logits.
     """
+
+    # The compile seam: the tensor-in, tensor-out methods compile_model compiles.
+    compiled_methods = ("train_network", "eval_network")
 
     @configurable
     def __init__(
@@ -120,6 +132,7 @@ class ImageClassifier(nn.Module):
         pixel_mean: Sequence[float] = (127.5, 127.5, 127.5),
         pixel_std: Sequence[float] = (64.0, 64.0, 64.0),
         channels_last: bool = False,
+        shape_plans: tuple[ShapePlan | None, ShapePlan | None] | None = None,
     ):
         """Build the network from ``cfg`` (``ImageClassifier(cfg)``) or from the arguments.
 
@@ -127,6 +140,9 @@ class ImageClassifier(nn.Module):
         ``MODEL.PIXEL_MEAN/STD`` and ``MODEL.CHANNELS_LAST`` (the padded input batch is made
         channels-last; ``build_model`` converts the weights), with their defaults; a
         LazyConfig passes them explicitly (``LazyCall(ImageClassifier)(num_classes=6, ...)``).
+        ``shape_plans``: the (training, evaluation) padding plans; None pads to the batch's own
+        size rounded to ``size_divisibility``. From a config they are planned when
+        MODEL.COMPILE.ENABLED.
 
         Raises:
             ConfigError: A ``ValueError`` naming the key, for a value the checks below refuse.
@@ -166,6 +182,7 @@ class ImageClassifier(nn.Module):
             _ConvStage(i, o, convs_per_stage) for i, o in zip([3, *channels[:-1]], channels)
         )
         self.head = nn.Linear(channels[-1] * (2 if pool == "avgmax" else 1), num_classes)
+        self.shape_plans = shape_plans
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> dict[str, Any]:
@@ -182,6 +199,7 @@ class ImageClassifier(nn.Module):
             "pixel_mean": cfg.MODEL.PIXEL_MEAN,
             "pixel_std": cfg.MODEL.PIXEL_STD,
             "channels_last": cfg.MODEL.CHANNELS_LAST,
+            "shape_plans": shape_plans_from_config(cfg) if cfg.MODEL.COMPILE.ENABLED else None,
         }
 
     @property
@@ -211,16 +229,23 @@ class ImageClassifier(nn.Module):
         Returns:
             Images [N, 3, H, W] (float, normalised, zero padding) and a mask [N, 1, H, W]
             that is 1 on real pixels and 0 on padding. H and W are the largest height and
-            width in the batch rounded up to ``size_divisibility``.
+            width in the batch rounded up to ``size_divisibility``; with a shape plan for the
+            current mode, N, H and W are the plan's (rows past the inputs are all padding).
         """
         if len(batched_inputs) == 0:
             raise ValueError("ImageClassifier got an empty batch")
         images = [_to_device(x["image"], self.device) for x in batched_inputs]
-        size = self.size_divisibility
-        height = math.ceil(max(image.shape[-2] for image in images) / size) * size
-        width = math.ceil(max(image.shape[-1] for image in images) / size) * size
-        batch = images[0].new_zeros((len(images), 3, height, width), dtype=torch.float32)
-        mask = batch.new_zeros((len(images), 1, height, width))
+        height = max(image.shape[-2] for image in images)
+        width = max(image.shape[-1] for image in images)
+        plan = None if self.shape_plans is None else self.shape_plans[0 if self.training else 1]
+        if plan is None:
+            size = self.size_divisibility
+            num = len(images)
+            height, width = (math.ceil(v / size) * size for v in (height, width))
+        else:
+            num, height, width = plan.batch_shape(height, width, len(images))
+        batch = images[0].new_zeros((num, 3, height, width), dtype=torch.float32)
+        mask = batch.new_zeros((num, 1, height, width))
         for i, image in enumerate(images):
             h, w = image.shape[-2:]
             batch[i, :, :h, :w] = self._normalize(image.float())
@@ -243,18 +268,43 @@ class ImageClassifier(nn.Module):
             pooled.append(x.masked_fill(mask == 0, float("-inf")).amax(dim=(2, 3)))
         return torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]
 
+    def _logits(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Stages, pooling and head: logits [N, C] of a padded batch; 0 rows for empty samples."""
+        valid = mask.flatten(1).amax(dim=1, keepdim=True) > 0  # [N, 1]: False for added rows
+        for stage in self.stages:
+            x, mask = stage(x, mask)
+        # An added sample pools to -inf (max over no pixel): zero it, so no inf or NaN
+        # reaches the head, the loss or the gradients.
+        pooled = torch.where(valid, self._global_pool(x, mask), 0.0)
+        return self.head(pooled)
+
+    def eval_network(self, images: Tensor, mask: Tensor) -> Tensor:
+        """Return the logits [N, C] of a preprocessed batch (the compiled part, eval mode)."""
+        return self._logits(images, mask)
+
+    def train_network(self, images: Tensor, mask: Tensor, labels: Tensor) -> Tensor:
+        """Return the mean cross-entropy over the batch's real samples (compiled, training).
+
+        Args:
+            images, mask: from :meth:`preprocess_image`.
+            labels: int64 [N], anything for the added (all-padding) rows.
+        """
+        logits = self._logits(images, mask)
+        weights = mask.flatten(1).amax(dim=1)  # 1 for a real sample, 0 for an added one
+        losses = F.cross_entropy(
+            logits, labels, label_smoothing=self.label_smoothing, reduction="none"
+        )
+        return (losses * weights).sum() / weights.sum()
+
     def forward(self, batched_inputs: list[dict[str, Any]]) -> dict[str, Tensor] | Tensor:
         """Return ``{"loss_cls": ...}`` in training mode, logits [N, C] in eval mode.
 
         Raises:
             KeyError: In training mode, if an input has no ``"label"``.
         """
-        x, mask = self.preprocess_image(batched_inputs)
-        for stage in self.stages:
-            x, mask = stage(x, mask)
-        logits = self.head(self._global_pool(x, mask))
+        images, mask = self.preprocess_image(batched_inputs)
         if not self.training:
-            return logits
+            return call_compiled(self, "eval_network", images, mask)[: len(batched_inputs)]
         try:
             labels = [int(inp["label"]) for inp in batched_inputs]
         except KeyError:
@@ -262,10 +312,16 @@ class ImageClassifier(nn.Module):
                 "ImageClassifier in training mode needs a 'label' in every input dict; use a "
                 "mapper that keeps it (ClassificationDatasetMapper) or call model.eval()."
             ) from None
+        labels += [0] * (images.shape[0] - len(labels))  # the added rows' weight is 0
         # Built on the CPU and copied without a wait (torch.as_tensor(..., device=cuda) would
         # copy from pageable memory, which blocks the host until the device catches up).
-        targets = _to_device(torch.tensor(labels), logits.device)
-        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        targets = _to_device(torch.tensor(labels), images.device)
+        if torch.is_grad_enabled():
+            loss = call_compiled(self, "train_network", images, mask, targets)
+        else:
+            # Training mode without gradients (TEST.VAL_LOSS, PreciseBN) runs eager: in the
+            # compiled function it would be a second graph per shape (Dynamo guards on it).
+            loss = self.train_network(images, mask, targets)
         return {"loss_cls": loss}
 
 

@@ -6,6 +6,7 @@ Each reads only the trainer surface :class:`~trainkit.engine.train_loop.TrainerB
 
 from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.engine.hooks.checkpointing import BestCheckpointer, PeriodicCheckpointer
+from trainkit.engine.hooks.compile_metrics import CompileMetrics
 from trainkit.engine.hooks.device_waits import DeviceWaitCounter
 from trainkit.engine.hooks.early_stopping import EarlyStopping, ImprovementRule
 from trainkit.engine.hooks.ema import ModelEMA, load_ema_weights
@@ -22,6 +23,7 @@ from trainkit.engine.hooks.profiling import TorchMemoryStats, TorchProfiler
 __all__ = [
     "BestCheckpointer",
     "CallbackHook",
+    "CompileMetrics",
     "DeviceWaitCounter",
     "EarlyStopping",
     "EvalHook",
