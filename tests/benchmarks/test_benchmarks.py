@@ -231,7 +231,7 @@ def test_compile_json(quick_run):
     _, results = quick_run
     compile_ = results["compile"]
     assert compile_["backend"] == "aot_eager"  # --quick: traces, generates no code
-    assert compile_["planned_training_graphs"] == 8
+    assert compile_["planned_training_graphs"] == 7
     # Every graph the first pass compiled is reused by the second: no recompile.
     assert compile_["graphs_after_second_pass"] == compile_["graphs_after_first_pass"]
     assert compile_["graph_breaks"] == 0
