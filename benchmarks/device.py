@@ -35,6 +35,7 @@ from benchmarks.shapes import batches_of, mapped_samples, shapes_cfg
 from trainkit.config import CfgNode, get_cfg
 from trainkit.engine import AMPTrainer, SimpleTrainer, default_writers, hooks
 from trainkit.modeling import build_model
+from trainkit.modeling.compile import call_compiled, compile_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 
 WRITER_PERIOD = 20
@@ -70,6 +71,8 @@ class _Bottleneck(nn.Module):
 class ResNet50Sized(nn.Module):
     """ResNet-50's layout (25.6 M parameters); a batch is ``(images, labels)`` on the device."""
 
+    compiled_methods = ("network",)  # the compile seam (trainkit.modeling.compile)
+
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
         self.stem = nn.Sequential(
@@ -93,7 +96,7 @@ class ResNet50Sized(nn.Module):
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
         images, labels = batch
-        logits = self.network(images)
+        logits = call_compiled(self, "network", images)
         return {"loss_cls": F.cross_entropy(logits, labels)} if self.training else logits
 
 
@@ -105,12 +108,21 @@ def _classifier_case(device: str, quick: bool) -> dict[str, Any]:
     batches = [
         [{**s, "image": s["image"].to(device)} for s in batch] for batch in batches_of(samples, 32)
     ]
+
+    def model(compiled: bool) -> nn.Module:
+        # Compiled through the config, as a user would: the seam plus the padding plan.
+        run_cfg = cfg.clone()
+        run_cfg.MODEL.COMPILE.ENABLED = compiled
+        run_cfg.OUTPUT_DIR = tempfile.mkdtemp(prefix="trainkit-bench-device-")
+        torch.manual_seed(0)
+        return build_model(run_cfg)
+
     return {
         "label": "ImageClassifier (main job: shapes, <= 64 px, batch 32, fp32)",
-        "model": lambda: build_model(cfg),
+        "model": model,
         "batches": batches,
         "precision": None,
-        "iters": 3 if quick else 200,
+        "iters": 3 if quick else 100,
     }
 
 
@@ -129,9 +141,12 @@ def _resnet_case(device: str, quick: bool) -> dict[str, Any]:
         for _ in range(4)
     ]
 
-    def model() -> nn.Module:
+    def model(compiled: bool) -> nn.Module:
         torch.manual_seed(0)
-        return ResNet50Sized().to(device, memory_format=torch.channels_last)
+        net = ResNet50Sized().to(device, memory_format=torch.channels_last)
+        if compiled:
+            compile_model(net)
+        return net
 
     return {
         "label": f"ResNet-50-sized ({size} px, batch {batch}, "
@@ -139,7 +154,7 @@ def _resnet_case(device: str, quick: bool) -> dict[str, Any]:
         "model": model,
         "batches": batches,
         "precision": precision,
-        "iters": 2 if quick else (20 if device == "cpu" else 60),
+        "iters": 2 if quick else (20 if device == "cpu" else 30),
     }
 
 
@@ -151,12 +166,6 @@ def _solver_cfg(iters: int) -> CfgNode:
     cfg.SOLVER.STEPS = (max(1, iters * 2 // 3),)
     cfg.SOLVER.WARMUP_ITERS = max(1, iters // 10)
     return cfg
-
-
-def _compile(model: nn.Module) -> nn.Module:
-    """Compile the model's tensor-in, tensor-out part in place (its ``network``)."""
-    model.network = torch.compile(model.network)  # type: ignore[method-assign]
-    return model
 
 
 def _sync(device: str) -> None:
@@ -223,11 +232,8 @@ def _run_plain(case: dict[str, Any], model: nn.Module, device: str) -> float:
 
 
 def _time_pair(
-    case: dict[str, Any], device: str, rounds: int, compiled: bool
+    case: dict[str, Any], template: nn.Module, device: str, rounds: int
 ) -> dict[str, list[float]]:
-    template = case["model"]()
-    if compiled:
-        _compile(template)
 
     def fresh() -> nn.Module:
         # A compiled model is reused (recompiling each round would time the compiler);
@@ -255,12 +261,11 @@ def _time_pair(
 
 
 # ---- waits --------------------------------------------------------------------------------
-def _count_waits(case: dict[str, Any], device: str) -> dict[str, float]:
+def _count_waits(case: dict[str, Any], model: nn.Module, device: str) -> dict[str, float]:
     """Waits per step between period ends (two periods): the trainer's and the model's."""
     if device != "cuda":
         return {"trainer": float("nan"), "model": float("nan")}
     iters = 2 * WRITER_PERIOD + 1
-    model = case["model"]()
     counter = hooks.DeviceWaitCounter(WRITER_PERIOD)
     with tempfile.TemporaryDirectory(prefix="trainkit-bench-waits-") as out_dir:
         trainer = _build_trainer(model, case["batches"], iters, case["precision"], out_dir)
@@ -285,11 +290,12 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for key, make in [("classifier", _classifier_case), ("resnet50", _resnet_case)]:
         case = make(device, quick)
-        waits = _count_waits(case, device)
         for compiled in (False, True):
             if compiled and quick:
                 continue  # compiling takes minutes on the CPU; --quick checks the wiring only
-            samples = _time_pair(case, device, rounds, compiled)
+            model = case["model"](compiled)
+            samples = _time_pair(case, model, device, rounds)
+            waits = _count_waits(case, model, device)
             tk, plain = median(samples["trainkit"]), median(samples["plain"])
             ratio = tk / plain
             name = f"{key}/{'compiled' if compiled else 'eager'}"
