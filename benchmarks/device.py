@@ -122,7 +122,7 @@ def _classifier_case(device: str, quick: bool) -> dict[str, Any]:
         "model": model,
         "batches": batches,
         "precision": None,
-        "iters": 3 if quick else 100,
+        "iters": 3 if quick else 300,
     }
 
 

@@ -260,3 +260,35 @@ def test_for_loop_impl_and_unknown_impl():
     assert build_optimizer(_cfg(OPTIMIZER_IMPL="for_loop"), _Net()).defaults["foreach"] is False
     with pytest.raises(ValueError, match="SOLVER.OPTIMIZER_IMPL 'cuda'"):
         build_optimizer(_cfg(OPTIMIZER_IMPL="cuda"), _Net())
+
+
+def _momentum_after_a_skipped_first_step(impl):
+    cfg = get_cfg()
+    cfg.SOLVER.OPTIMIZER = "SGD"
+    cfg.SOLVER.MOMENTUM = 0.9
+    cfg.SOLVER.OPTIMIZER_IMPL = impl
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = build_optimizer(cfg, model)
+    scaler = torch.amp.GradScaler("cpu")
+    generator = torch.Generator().manual_seed(1)
+    for step in range(3):
+        optimizer.zero_grad()
+        loss = model(torch.randn(8, 4, generator=generator)).square().mean()
+        if step == 0:
+            loss = loss * float("inf")  # the scaler skips this step, as at a float16 start
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+    return model.weight.detach(), optimizer.state[model.weight]["momentum_buffer"]
+
+
+def test_fused_sgd_after_a_skipped_first_step_matches_the_loop():
+    # torch's fused SGD leaves its momentum buffers uninitialised when the first step is
+    # skipped (found on an H100: NaN weights two steps into a float16 run).
+    fused_weight, fused_momentum = _momentum_after_a_skipped_first_step("fused")
+    loop_weight, loop_momentum = _momentum_after_a_skipped_first_step("for_loop")
+    assert torch.isfinite(fused_momentum).all()
+    torch.testing.assert_close(fused_momentum, loop_momentum)
+    torch.testing.assert_close(fused_weight, loop_weight)

@@ -235,7 +235,24 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
         )
     kwargs.update(_implementation(str(solver.OPTIMIZER_IMPL), model))
     optimizer_cls = maybe_add_gradient_clipping(cfg, optimizer_cls)
-    return optimizer_cls(params, lr=solver.BASE_LR, weight_decay=solver.WEIGHT_DECAY, **kwargs)
+    optimizer = optimizer_cls(params, lr=solver.BASE_LR, weight_decay=solver.WEIGHT_DECAY, **kwargs)
+    if canonical == "SGD" and kwargs.get("fused") and solver.MOMENTUM > 0:
+        _zero_momentum_buffers(optimizer)
+    return optimizer
+
+
+def _zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fused SGD zero momentum buffers before its first step.
+
+    torch's fused SGD creates them with ``empty_like`` on its first step and lets the kernel
+    fill them; when ``GradScaler`` skips that step (inf/NaN gradients, the usual start of a
+    float16 run) the kernel does not run, and the next step reads uninitialised memory (NaN
+    weights on a GPU). From zero, the first update is the same as torch's (momentum * 0 +
+    grad = grad, SGD's dampening being 0 here).
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
 
 
 _IMPLEMENTATIONS: dict[str, dict[str, Any]] = {
