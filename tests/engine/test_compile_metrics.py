@@ -50,10 +50,16 @@ def test_graph_counts_are_written_at_the_period(tmp_path):
     assert trainer.storage.history("compile/graph_breaks").latest() == 0
 
 
-def test_a_method_at_the_recompile_limit_is_warned_about(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    trainer = _trainer(tmp_path, period=1)
-    with caplog.at_level(logging.WARNING, logger="trainkit.engine.hooks.compile_metrics"):
-        trainer.train(0, 2)
-    warnings = [r.message for r in caplog.records if "recompile_limit=1" in r.message]
+def test_a_method_at_the_recompile_limit_is_warned_about(tmp_path, caplog):
+    # torch's own patch, not monkeypatch: undoing a monkeypatch on torch's config module
+    # deletes the option (later tests then fail with "recompile_limit does not exist").
+    with torch._dynamo.config.patch(recompile_limit=1):
+        trainer = _trainer(tmp_path, period=1)
+        with caplog.at_level(logging.WARNING, logger="trainkit.engine.hooks.compile_metrics"):
+            trainer.train(0, 2)
+    warnings = [
+        r.message
+        for r in caplog.records
+        if r.name == "trainkit.engine.hooks.compile_metrics" and "recompile_limit=1" in r.message
+    ]
     assert len(warnings) == 1 and "train_network" in warnings[0] and "EAGER" in warnings[0]
