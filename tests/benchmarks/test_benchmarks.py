@@ -88,8 +88,8 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     tables = _tables(stdout)
     # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 4 (map-style, stream,
     # grouping sizes, padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1,
-    # goodput 1, import_cost 1, device 1
-    assert len(tables) == 21
+    # goodput 1, import_cost 1, device 1, compile 1
+    assert len(tables) == 22
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
