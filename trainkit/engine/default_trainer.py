@@ -131,9 +131,9 @@ class DefaultTrainer(TrainerBase):
     def _end_early(self) -> None:
         self._step._end_early()
 
-    def flush_pending_checks(self) -> None:
+    def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now if a deferred loss check found a non-finite step (see the step trainer)."""
-        self._step.flush_pending_checks()
+        self._step.flush_pending_checks(collective=collective)
 
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod

@@ -306,20 +306,24 @@ class SimpleTrainer(TrainerBase):
         if is_gather_iter:
             self._file_buffered_metrics()
 
-    def flush_pending_checks(self) -> None:
+    def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now if a step since the last check had a non-finite loss (deferred checks).
 
         Checkpoint paths call it right before saving, so that no checkpoint holds weights
         updated from a non-finite loss; it waits for the device only when steps are pending.
 
+        Args:
+            collective: every rank calls it at this step, and all agree on the earliest bad
+                step of any rank. ``False`` checks this rank's losses only: for a save that
+                only some ranks make (detectron2 registers its checkpointer on rank 0 alone).
+
         Raises:
-            NonFiniteLossError: On every rank, naming the first bad step of any rank.
+            NonFiniteLossError: Naming the first bad step (of any rank when ``collective``).
 
         Collective:
-            ``all_gather`` over all ranks when there are several: every rank calls it at the
-            same step (the checkpoint hooks do).
+            ``all_gather`` over all ranks when ``collective`` and there are several.
         """
-        self._pending_check.check(collective=True)
+        self._pending_check.check(collective=collective)
 
     @override
     def after_train(self) -> None:

@@ -239,8 +239,10 @@ class TrainerBase:
         )
         return True
 
-    def flush_pending_checks(self) -> None:
+    def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now for a step whose check was deferred (nothing here); call before saving.
+
+        ``collective``: every rank calls it at this step (see the step trainer's).
 
         Step trainers that check losses on the device override it
         (:meth:`SimpleTrainer.flush_pending_checks`).

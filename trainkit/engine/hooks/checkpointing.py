@@ -79,8 +79,10 @@ class PeriodicCheckpointer(HookBase):
         if self._periodic is None:
             return
         if is_time(self.trainer, self._period, self._periodic.max_iter):
-            # Every rank, before the save: no checkpoint holds a non-finite step's update.
-            self.trainer.flush_pending_checks()
+            # Before the save: no checkpoint holds a non-finite step's update. Agreed by every
+            # rank when the hook runs on every rank (DefaultTrainer's, with a run state); a
+            # detectron2-style hook registered on rank 0 alone checks that rank's losses.
+            self.trainer.flush_pending_checks(collective=self._run_state is not None)
             if self._run_state is not None:
                 self._run_state.prepare_save()
         self._periodic.step(self.trainer.iter)
@@ -91,7 +93,7 @@ class PeriodicCheckpointer(HookBase):
         if trainer.stop_reason is not None and trainer.iter < trainer.max_iter:
             # Stopped early (TrainerBase.request_stop): the last iteration's model_final was
             # never written. Write it now; it records the stop, so --resume does not train on.
-            trainer.flush_pending_checks()
+            trainer.flush_pending_checks(collective=self._run_state is not None)
             if self._run_state is not None:
                 self._run_state.prepare_save()
             self._checkpointer.save(f"{self._file_prefix}_final", iteration=trainer.iter)
@@ -157,11 +159,13 @@ class BestCheckpointer(HookBase):
         return self.rule.best_iter
 
     def _check(self, may_stop: bool) -> None:
-        # On every rank at each evaluation (a save follows only where the metric improved):
-        # the best checkpoint never holds a non-finite step's update.
-        self.trainer.flush_pending_checks()
+        # At each evaluation (a save follows only where the metric improved): the best
+        # checkpoint never holds a non-finite step's update. Agreed by every rank only with
+        # patience (the hook is collective then); else, as detectron2 registers it anywhere,
+        # each rank checks its own losses.
         rule, previous = self.rule, self.rule.best_metric
         shared = rule.patience is not None
+        self.trainer.flush_pending_checks(collective=shared)
         if update_from_storage(
             rule, self.trainer.storage, self._val_metric, shared=shared, strict=False
         ):
