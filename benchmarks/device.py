@@ -319,11 +319,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                     "compiled" if compiled else "eager",
                     1.0 / tk,
                     1.0 / plain,
+                    waits["trainer"],
+                    waits["model"],
                     ratio,
                     target_text(target, higher_is_better=False),
                     results[name]["verdict"],
-                    waits["trainer"],
-                    waits["model"],
                 ]
             )
     print_table(
@@ -337,11 +337,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
             "mode",
             "trainkit steps/s",
             "hand-written steps/s",
+            "trainer waits/step",
+            "model waits/step",
             "time ratio",
             "target",
             "PASS/MISS",
-            "trainer waits/step",
-            "model waits/step",
         ],
         rows,
     )
