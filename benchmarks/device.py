@@ -32,7 +32,7 @@ from torch import nn
 from benchmarks.measure import alternate, median
 from benchmarks.report import log_to_file, print_table, target_text, verdict
 from benchmarks.shapes import batches_of, mapped_samples, shapes_cfg
-from trainkit.config import CfgNode, get_cfg
+from benchmarks.train import solver_cfg
 from trainkit.engine import AMPTrainer, SimpleTrainer, default_writers, hooks
 from trainkit.modeling import build_model
 from trainkit.modeling.compile import call_compiled, compile_model
@@ -158,16 +158,6 @@ def _resnet_case(device: str, quick: bool) -> dict[str, Any]:
     }
 
 
-def _solver_cfg(iters: int) -> CfgNode:
-    cfg = get_cfg()
-    cfg.SOLVER.OPTIMIZER = "SGD"
-    cfg.SOLVER.BASE_LR = 0.01
-    cfg.SOLVER.MAX_ITER = iters
-    cfg.SOLVER.STEPS = (max(1, iters * 2 // 3),)
-    cfg.SOLVER.WARMUP_ITERS = max(1, iters // 10)
-    return cfg
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -176,7 +166,7 @@ def _sync(device: str) -> None:
 def _build_trainer(
     model: nn.Module, batches: list[Any], iters: int, precision: Any, out_dir: str
 ) -> SimpleTrainer:
-    cfg = _solver_cfg(iters)
+    cfg = solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     kwargs = {"gather_metric_period": WRITER_PERIOD, "record_every_step": True}
@@ -208,7 +198,7 @@ def _run_trainer(case: dict[str, Any], model: nn.Module, device: str, out_dir: s
 def _run_plain(case: dict[str, Any], model: nn.Module, device: str) -> float:
     """The same work by hand: batch, forward (autocast), backward, step, LR step."""
     iters, precision = case["iters"], case["precision"]
-    cfg = _solver_cfg(iters)
+    cfg = solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     data = iter(itertools.cycle(case["batches"]))

@@ -49,7 +49,8 @@ def _mlp_batches(count: int = 16, batch_size: int = 32) -> list[tuple[torch.Tens
     ]
 
 
-def _solver_cfg(max_iter: int) -> CfgNode:
+def solver_cfg(max_iter: int) -> CfgNode:
+    """The SGD config of the trainer and hand-loop runs: warm-up, then one LR step."""
     cfg = get_cfg()
     cfg.SOLVER.BASE_LR = 0.01
     cfg.SOLVER.MAX_ITER = max_iter
@@ -68,7 +69,7 @@ def _run_trainkit(
     ema: bool = False,
 ) -> float:
     """``SimpleTrainer`` with DefaultTrainer's timing, lr and writer hooks: s per iteration."""
-    cfg = _solver_cfg(iters)
+    cfg = solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     trainer = SimpleTrainer(
@@ -97,7 +98,7 @@ def _run_trainkit(
 
 def _run_plain(model: nn.Module, batches: list[Any], iters: int, *, accumulate: int = 1) -> float:
     """The same work written by hand: next batch(es), forward, backward, step, lr step."""
-    cfg = _solver_cfg(iters)
+    cfg = solver_cfg(iters)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer)
     data = iter(itertools.cycle(batches))
