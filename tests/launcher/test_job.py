@@ -136,3 +136,22 @@ def test_guard_of_rank_zero_posts_a_stall(store):
     assert stopped and stopped[0]["rank"] == 1 and stopped[0]["exit_code"] == 124
     assert "rank 1 stopped making progress" in stopped[0]["message"]
     assert job_store.read_abort(round_store)["rank"] == 1  # posted for every other process
+
+
+def test_a_rank_whose_peer_vanished_stops_with_the_cause_the_peer_posted(store):
+    # Rank 0's all-reduce fails with "Connection closed by peer" when rank 3 exits; its log
+    # must name rank 3's exception, which rank 3 posts just before exiting.
+    echo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [::1]:1")
+    assert job._is_secondary(echo)
+    assert not job._is_secondary(ValueError("boom"))
+    round_store = dist.PrefixStore("r", store)
+    cause = {"rank": 3, "message": "rank 3 raised an exception", "exit_code": 1}
+    threading.Timer(0.3, job_store.post_abort, (round_store, cause)).start()
+    assert job._wait_for_abort(round_store) == cause  # posted after the echo was seen
+
+
+def test_a_vanished_peer_that_posted_nothing_is_waited_for_a_moment_only(store):
+    round_store = dist.PrefixStore("r", store)
+    start = time.monotonic()
+    assert job._wait_for_abort(round_store) is None  # SIGKILLed: the launcher names it
+    assert job._SETTLE_S <= time.monotonic() - start < job._SETTLE_S + 2

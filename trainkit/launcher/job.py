@@ -160,6 +160,12 @@ def run_in_job(
             return main_func(*args)
         except BaseException as e:
             guard.stop()  # this process reports its own failure
+            if _is_secondary(e):
+                # A peer vanished mid-collective: stop with the cause it posted (if any)
+                # rather than with the echo, so this process's log names the failing rank.
+                record = _wait_for_abort(round_store)
+                if record is not None:
+                    (on_abort or _exit_for)(record)
             _post_failure(store, round_store, env.rank, e)
             raise
         finally:
@@ -229,12 +235,33 @@ def _post_failure(
         message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
         with contextlib.suppress(Exception):
             store.set(_USAGE_KEY, message)
-    elif any(m in f"{type(error).__name__}: {error}" for m in _SECONDARY_MARKERS):
-        time.sleep(_SETTLE_S)  # a peer vanished: let the launcher see that peer first
-        return
+    elif _is_secondary(error):
+        return  # a peer vanished and posted nothing (killed): the launcher names it
     else:
         message = f"rank {rank} raised an exception:\n{traceback.format_exc()}"
     post_abort(round_store, _failure(rank, message, code, kind))
+
+
+def _is_secondary(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because a peer process vanished."""
+    return any(m in f"{type(error).__name__}: {error}" for m in _SECONDARY_MARKERS)
+
+
+def _wait_for_abort(round_store: dist.Store) -> dict[str, Any] | None:
+    """The failure a peer posted, waiting up to ``_SETTLE_S`` for it; None if none came.
+
+    The wait also lets the agent (which names the first process it sees die) see the peer
+    die before this process.
+    """
+    deadline = time.monotonic() + _SETTLE_S
+    while True:
+        with contextlib.suppress(RuntimeError, dist.DistError):  # the store's host is gone
+            record = read_abort(round_store)
+            if record is not None:
+                return record
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def _failure(rank: int | None, message: str, exit_code: int = 1, kind: str = "error") -> dict:
