@@ -116,6 +116,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="device task: where the trainer and the hand loop run (cuda needs a GPU)",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        help="device task: alternating runs of the trainer and the hand loop per case (3); "
+        "more settle a ratio on a noisy machine",
+    )
+    parser.add_argument(
+        "--eager-only",
+        action="store_true",
+        help="device task: leave out the compiled cases (their warm-up takes minutes)",
+    )
+    parser.add_argument(
         "--compile-batches",
         type=int,
         help="compile task: training batches of the main job (120; fewer cover fewer shapes)",
