@@ -282,6 +282,21 @@ def test_under_torchrun_a_user_error_stops_every_later_round_at_once(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_under_torchrun_a_non_finite_loss_stops_every_later_round_at_once(tmp_path):
+    out = tmp_path / "out"
+    command = _standalone(out, max_restarts=2, config=["SOLVER.MAX_ITER", "30"])
+    result = subprocess.run(
+        command, cwd=ROOT, env=_env("nan_at_iter:5"), capture_output=True, text=True, timeout=300
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log[-3000:]
+    assert "a restart would meet the non-finite loss an earlier round stopped on" in log
+    # torchrun restarted twice; training ran in the first round only
+    assert log.count("Starting training from iteration") == 1, log[-3000:]  # rank 0 logs
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_under_torchrun_the_watchdog_names_the_stalled_rank(tmp_path):
     out = tmp_path / "out"
     command = _standalone(out, config=["SOLVER.MAX_ITER", "200", "WATCHDOG_TIMEOUT_S", "5"])

@@ -47,6 +47,7 @@ __all__ = ["JobEnvironment", "default_backend", "run_in_job"]
 logger = logging.getLogger(__name__)
 
 _USAGE_KEY = "trainkit/usage_error"  # a user error ended a round: later rounds stop at once
+_NON_FINITE_KEY = "trainkit/non_finite"  # so did a non-finite loss (it would come again)
 _GUARD_POLL_S = 0.25
 _STALL_POLL_S = 1.0
 # A rank whose collective failed because a peer vanished waits this long before exiting,
@@ -148,6 +149,16 @@ def run_in_job(
         # Under torchrun --max-restarts the agent restarts a job that ended on a user error
         # anyway; this round stops at once.
         raise UsageError(store.get(_USAGE_KEY).decode())
+    if store.check([_NON_FINITE_KEY]):
+        # Resumed from the same checkpoint on the same records, the round would train up to
+        # the same step and fail there again: stop before training, with the same status.
+        logger.error(
+            "Not starting round %d: a restart would meet the non-finite loss an earlier "
+            "round stopped on. %s",
+            index,
+            store.get(_NON_FINITE_KEY).decode(),
+        )
+        raise SystemExit(NON_FINITE_EXIT_CODE)
     round_store = dist.PrefixStore(prefix, store)
     exported = {
         RESTART_COUNT_VAR: str(index),
@@ -231,6 +242,8 @@ def _post_failure(
         # Posted, not agreed: a loss checked on the CPU at every step stops only its own
         # rank; the others, waiting in the gradients' all-reduce, must stop with its status.
         message, code, kind = f"rank {rank}: {error}", NON_FINITE_EXIT_CODE, "non_finite"
+        with contextlib.suppress(Exception):
+            store.set(_NON_FINITE_KEY, message)
     elif isinstance(error, UsageError):
         message, code, kind = user_message(error), USAGE_EXIT_CODE, "usage"
         with contextlib.suppress(Exception):
