@@ -117,6 +117,7 @@ def test_failure_on_one_machine_stops_the_other():
     assert "stopped from another machine" in text
 
 
+@pytest.mark.slow  # 16 processes: a stress test of free ports and rendezvous (28 s in CI)
 @pytest.mark.distributed
 def test_eight_jobs_started_at_once_all_succeed():
     with ThreadPoolExecutor(max_workers=8) as pool:
