@@ -32,10 +32,20 @@ from trainkit.data.catalog import dataset_sizes, joined_names, load_catalog_data
 from trainkit.data.common import records_and_mapper
 from trainkit.data.grouping import record_bucket_ids
 
-__all__ = ["RecordIds", "StepRecords", "build_train_plan", "steps_records"]
+__all__ = [
+    "RecordIds",
+    "RecordsNotPlannedError",
+    "StepRecords",
+    "build_train_plan",
+    "steps_records",
+]
 
 # A record's own ids, shown after its dataset and index (the first it has).
 _RECORD_KEYS = ("image_id", "file_name")
+
+
+class RecordsNotPlannedError(ConfigError):
+    """No plan knows a step's records before the run (a stream dataset, or ``SEED < 0``)."""
 
 
 @dataclass(frozen=True)
@@ -146,14 +156,15 @@ def build_train_plan(
         ``(records, plan)``: the unmapped records (indexed by dataset index) and the plan.
 
     Raises:
-        ConfigError: A ``ValueError``: as ``check_train_loader_config`` for ``world_size``,
-            for a seed < 0 (a run draws it when it starts) or a stream dataset (its loader
-            workers form the batches, no plan does), and as the catalog for the datasets.
+        ConfigError: A ``ValueError``: as ``check_train_loader_config`` for ``world_size``
+            and as the catalog for the datasets.
+        RecordsNotPlannedError: A ``ConfigError``: for a seed < 0 (a run draws it when it
+            starts) or a stream dataset (its loader workers form the batches, no plan does).
     """
     check_train_loader_config(cfg, world_size)
     seed = cfg.SEED if seed is None else seed
     if seed < 0:
-        raise ConfigError(
+        raise RecordsNotPlannedError(
             f"SEED={seed}: a run draws its data seed when it starts, so its records are not "
             "known before; set SEED >= 0 to fix them."
         )
@@ -163,7 +174,7 @@ def build_train_plan(
         )
     records, _ = records_and_mapper(dataset)
     if isinstance(records, IterableDataset) or callable(getattr(records, "as_stream", None)):
-        raise ConfigError(
+        raise RecordsNotPlannedError(
             f"DATASETS.TRAIN {joined_names(cfg.DATASETS.TRAIN)!r} is a stream dataset: its "
             "loader workers form the batches, so no plan lists a step's records."
         )
