@@ -64,6 +64,8 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         "  Two machines (run on each, with its own --machine-rank):\n"
         f"    {sys.argv[0]} --config-file cfg.yaml --num-gpus 8 --num-machines 2 "
         "--machine-rank 0 --dist-url tcp://HOST0:29500\n"
+        f"  What 128 GPUs would do (here, in seconds): {sys.argv[0]} --config-file cfg.yaml "
+        "--dry-run --num-gpus 8 --num-machines 16\n"
     )
     # Every script built the detectron2 way starts here: from now on an uncaught user error
     # ends it with one line and exit status 2 (see trainkit.utils.errors).

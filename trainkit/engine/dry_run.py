@@ -159,6 +159,11 @@ def _resume_state(
         "step": None,
     }
     check_same_recipe(cfg, state["world_size"], world_size)
+    if last is not None and last + 1 >= cfg.SOLVER.MAX_ITER:
+        report["notes"].append(
+            f"--resume: the checkpoint ends the run (SOLVER.MAX_ITER {cfg.SOLVER.MAX_ITER}); "
+            "resuming trains nothing"
+        )
     seed = state["seed"] if cfg.SEED < 0 and state["seed"] is not None else None
     data = continued_position(state, world_size)
     if data is None:
