@@ -64,6 +64,8 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         "  Two machines (run on each, with its own --machine-rank):\n"
         f"    {sys.argv[0]} --config-file cfg.yaml --num-gpus 8 --num-machines 2 "
         "--machine-rank 0 --dist-url tcp://HOST0:29500\n"
+        f"  What 128 GPUs would do (here, in seconds): {sys.argv[0]} --config-file cfg.yaml "
+        "--dry-run --num-gpus 8 --num-machines 16\n"
     )
     # Every script built the detectron2 way starts here: from now on an uncaught user error
     # ends it with one line and exit status 2 (see trainkit.utils.errors).
@@ -98,6 +100,31 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         help="print every config key that differs from the defaults, with its value and where "
         "it came from (FILE:LINE, command line, auto-scaling), then exit without training",
     )
+    dry_run = parser.add_argument_group(
+        "dry run",
+        "show what a job of --num-gpus x --num-machines processes would do, on this machine, "
+        "in seconds: the scaled recipe, what auto-scaling refuses, the records of the first "
+        "steps per rank and micro-batch, and with --resume where the data stream continues. "
+        "Nothing is trained and no process is started (exit status 2 if the job would be "
+        "refused).",
+    )
+    dry_run.add_argument(
+        "--dry-run", action="store_true", help="print the dry run, then exit without training"
+    )
+    dry_run.add_argument(
+        "--dry-run-json",
+        metavar="FILE",
+        action=_DryRunJson,
+        help="also write it to FILE as JSON ({recipe, steps: [{step, rank, micro_batch, "
+        "record_ids}], ...}); implies --dry-run",
+    )
+    dry_run.add_argument(
+        "--dry-run-steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="the optimizer steps whose records the dry run lists (default 3)",
+    )
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -116,6 +143,16 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
     return parser
 
 
+class _DryRunJson(argparse.Action):
+    """``--dry-run-json FILE``: keep FILE and ask for the dry run."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.dry_run = True
+
+
 def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
@@ -128,6 +165,8 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).
+    With ``args.dry_run`` (``--dry-run``) it prints the job's dry run
+    (:func:`~trainkit.engine.dry_run.run_dry_run`) and exits, the same way: nothing is written.
 
     A LazyConfig (an omegaconf ``DictConfig``, as detectron2 accepts) is set up the same way
     from ``train.output_dir``, ``train.seed`` and ``train.cudnn_benchmark``
@@ -146,11 +185,16 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         OutputDirError: If the output directory cannot be created or written.
         UsageError: If the weights name no file, or ``--eval-only`` has no weights.
         ScalingError: If the config cannot be scaled to the world size.
-        SystemExit: With status 0, after printing, with ``args.print_config``.
+        SystemExit: With status 0, after printing, with ``args.print_config``; after a dry
+            run, 0, or 2 if the job would be refused.
     """
     is_lazy = not isinstance(cfg, CfgNode)
     if getattr(args, "print_config", False):
         _print_config_and_exit(cfg, args)
+    if getattr(args, "dry_run", False):
+        from trainkit.engine.dry_run import run_dry_run  # the data package, only for it
+
+        run_dry_run(cfg, args)
     if is_lazy:
         output_dir = lazy_value(cfg, ("train.output_dir", "output_dir"), "")
         check_lazy_weights(cfg, args)

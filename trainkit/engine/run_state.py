@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     from trainkit.engine.default_trainer import DefaultTrainer
     from trainkit.engine.simple_trainer import SimpleTrainer
 
-__all__ = ["RunState", "resolve_random_seed", "upgrade_run_state", "with_seed"]
+__all__ = [
+    "RunState",
+    "continued_position",
+    "resolve_random_seed",
+    "upgrade_run_state",
+    "with_seed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -147,16 +153,14 @@ class RunState:
         """
         trainer = self._trainer
         trainer.load_state_dict(state)
-        world_size, ranks = comm.get_world_size(), state.get("ranks")
-        if ranks is not None and state.get("world_size") == world_size:
-            mine = ranks[comm.get_rank()]
-            if mine["data"] is not None:
-                trainer.data_loader.load_state_dict(mine["data"])
-            set_rng_state(mine["rng"])
-            return
-        data = ranks[0]["data"] if ranks else None
-        if is_global_position(data):
+        world_size, rank, ranks = comm.get_world_size(), comm.get_rank(), state.get("ranks")
+        data = continued_position(state, world_size, rank)
+        if data is not None:
             trainer.data_loader.load_state_dict(data)
+        if ranks is not None and state.get("world_size") == world_size:
+            set_rng_state(ranks[rank]["rng"])
+            return
+        if data is not None:
             afresh = (
                 "the data stream continues where it stopped, the per-rank random streams "
                 "(dropout, anything outside sample_rng/batch_rng) start afresh."
@@ -171,6 +175,25 @@ class RunState:
             world_size,
             afresh,
         )
+
+
+def continued_position(
+    state: dict[str, Any], world_size: int, rank: int = 0
+) -> dict[str, Any] | None:
+    """Return the loader position rank ``rank`` of a job of ``world_size`` continues from.
+
+    The rank's own position on the checkpoint's world size; on another, rank 0's if it is a
+    position in the global stream (any world size continues it); else None (the data order
+    starts afresh).
+
+    Args:
+        state: the checkpoint's ``"trainer"`` entry in today's layout (:func:`upgrade_run_state`).
+    """
+    ranks = state.get("ranks")
+    if ranks is not None and state.get("world_size") == world_size:
+        return ranks[rank]["data"]
+    data = ranks[0]["data"] if ranks else None
+    return data if is_global_position(data) else None
 
 
 def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from trainkit.config import CfgNode, ConfigError
 from trainkit.config.provenance import ORIGIN_AUTO_SCALING, record_changes
 
 __all__ = [
+    "SCALED_KEYS",
     "SCALE_MODES",
     "ScalingError",
     "accumulate_steps_for",
@@ -42,6 +43,14 @@ _PERIODS = (
     "SOLVER.STEPS",
     "SOLVER.CHECKPOINT_PERIOD",
     "TEST.EVAL_PERIOD",
+)
+# Every key a rule may change: the recipe of a job (what --dry-run shows).
+SCALED_KEYS = (
+    "SOLVER.IMS_PER_BATCH",
+    "SOLVER.BASE_LR",
+    "SOLVER.ACCUMULATE_STEPS",
+    *_PERIODS,
+    "SOLVER.REFERENCE_WORLD_SIZE",
 )
 
 

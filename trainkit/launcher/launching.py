@@ -69,8 +69,9 @@ def launch(
     * one process and no restarts: ``main_func`` runs in this process.
     * otherwise torch.distributed.elastic's agent spawns and watches this machine's
       processes, and restarts the job after a failure (:mod:`trainkit.launcher.elastic`).
-    * ``args`` holds the parsed command line of ``--print-config``: ``main_func(*args)`` runs
-      once here, without a process group (``default_setup`` prints and exits).
+    * ``args`` holds the parsed command line of ``--print-config`` or ``--dry-run``:
+      ``main_func(*args)`` runs once here, without a process group (``default_setup`` prints
+      and exits), whatever the number of processes asked for.
 
     Args:
         main_func: a module-level function (it is pickled into spawned processes).
@@ -99,7 +100,10 @@ def launch(
             names the global rank.
     """
     install_usage_error_handler()
-    if any(getattr(arg, "print_config", False) is True for arg in args):
+    if any(
+        getattr(arg, "print_config", False) is True or getattr(arg, "dry_run", False) is True
+        for arg in args
+    ):
         return [main_func(*args)]
     from trainkit.launcher.job import JobEnvironment, run_in_job
     from trainkit.launcher.slurm import slurm_variables

@@ -1,0 +1,228 @@
+"""The dry run: the recipe auto-scaling makes, its refusals, and the records real ranks read.
+
+A float64 regression model keeps a ledger of the record ids of each micro-batch it sees (as in
+test_topology); the dry run's listing of the same steps must equal it, per rank and
+micro-batch, for a fresh run and after a resume.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.dist import run_on_ranks
+from trainkit.config import ConfigError, get_cfg
+from trainkit.data import DatasetCatalog
+from trainkit.engine import DefaultTrainer, default_argument_parser, default_setup, hooks, launch
+from trainkit.engine.scaling import SCALED_KEYS, auto_scale_config
+from trainkit.utils import comm
+from trainkit.utils.env import seed_all_rng
+from trainkit.utils.errors import UsageError
+from trainkit.utils.events import get_event_storage
+
+_NAME = "dry_run_test_train"
+_W = torch.tensor([1.5, -2.0, 0.5, 3.0], dtype=torch.float64)
+
+
+def _records(n=60):
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(n, 4))
+    sizes = rng.integers(20, 60, size=(n, 2))
+    return [
+        {"image_id": i, "x": x.tolist(), "y": float(x @ _W.numpy()), "width": int(w),
+         "height": int(h)}
+        for i, (x, (w, h)) in enumerate(zip(xs, sizes))
+    ]  # fmt: skip
+
+
+def _register():
+    # In the test process and in each spawned rank (which imports this module afresh).
+    if _NAME not in DatasetCatalog.list():
+        DatasetCatalog.register(_NAME, _records)
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    _register()
+    yield
+    DatasetCatalog.remove(_NAME)
+
+
+def _mapper(record):
+    return {"id": record["image_id"], "x": torch.tensor(record["x"], dtype=torch.float64),
+            "y": torch.tensor(record["y"], dtype=torch.float64)}  # fmt: skip
+
+
+class _LedgerModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 1).double()
+        self.ledger = {}  # step -> the record ids of each micro-batch, in order
+
+    def forward(self, batch):
+        self.ledger.setdefault(get_event_storage().iter, []).append([b["id"] for b in batch])
+        pred = self.linear(torch.stack([b["x"] for b in batch])).squeeze(1)
+        return {"loss_mse": nn.functional.mse_loss(pred, torch.stack([b["y"] for b in batch]))}
+
+
+class _Trainer(DefaultTrainer):
+    @classmethod
+    def build_model(cls, cfg):
+        return _LedgerModel()
+
+    @classmethod
+    def build_train_loader(cls, cfg):
+        from trainkit.data import build_train_loader
+
+        return build_train_loader(cfg, mapper=_mapper)
+
+
+class _StopAfter(hooks.HookBase):
+    def __init__(self, step):
+        self.step = step
+
+    def after_step(self):
+        if self.trainer.iter == self.step:
+            raise KeyboardInterrupt
+
+
+_OPTS = [
+    "DATASETS.TRAIN", (_NAME,), "SEED", 5, "DATALOADER.NUM_WORKERS", 0,
+    "DATALOADER.ASPECT_RATIO_GROUPING", True, "DATALOADER.ASPECT_RATIO_BINS", [0.8, 1.25],
+    "SOLVER.IMS_PER_BATCH", 8, "SOLVER.BASE_LR", 0.02, "SOLVER.MAX_ITER", 10,
+    "SOLVER.STEPS", (7,), "SOLVER.WARMUP_ITERS", 2, "SOLVER.CHECKPOINT_PERIOD", 3,
+    "SOLVER.SCALE_MODE", "accumulate", "SOLVER.REFERENCE_WORLD_SIZE", 1,
+    "SOLVER.ACCUMULATE_STEPS", 4, "WRITER_PERIOD", 100,
+]  # fmt: skip
+
+
+def _cfg(output_dir, opts=()):
+    cfg = get_cfg()
+    cfg.merge_from_list([*_OPTS, "OUTPUT_DIR", str(output_dir), *opts])
+    return cfg
+
+
+def _main(args):
+    """A detectron2-style script's main: the dry run needs nothing more of it."""
+    cfg = get_cfg()
+    cfg.merge_from_list(args.opts)
+    default_setup(cfg, args)
+    raise AssertionError("default_setup returned: the dry run did not stop the script")
+
+
+def _dry_run(tmp_path, flags, opts=()):
+    """Run the dry run through launch() as a script does; return (exit status, JSON)."""
+    path = tmp_path / "dry_run.json"
+    args = default_argument_parser().parse_args(
+        ["--dry-run-json", str(path), *flags]
+        + [str(v) for v in (*_OPTS, "OUTPUT_DIR", tmp_path, *opts)]  # as typed
+    )
+    with pytest.raises(SystemExit) as stop:
+        launch(_main, args.num_gpus, num_machines=args.num_machines, args=(args,))
+    return stop.value.code, json.loads(path.read_text())
+
+
+def _by_slot(report):
+    return {(s["step"], s["rank"], s["micro_batch"]): s["record_ids"] for s in report["steps"]}
+
+
+def _ids(ids):
+    return [f"{_NAME}[{i}] image_id={i}" for i in ids]
+
+
+@pytest.mark.parametrize("num_gpus, num_machines", [(2, 1), (64, 16)])
+def test_the_recipe_is_auto_scale_configs_for_the_world_size(tmp_path, num_gpus, num_machines):
+    world_size = num_gpus * num_machines
+    opts = ["SOLVER.IMS_PER_BATCH", 2048] if world_size > 8 else []
+    code, report = _dry_run(
+        tmp_path, ["--num-gpus", str(num_gpus), "--num-machines", str(num_machines)], opts
+    )
+    assert code == 0 and report["refused"] == [] and report["world_size"] == world_size
+    scaled = auto_scale_config(_cfg(tmp_path, opts), world_size)
+    expected = {key: scaled[key.split(".")[0]][key.split(".")[1]] for key in SCALED_KEYS}
+    assert report["recipe"] == {k: list(v) if isinstance(v, tuple) else v
+                                for k, v in expected.items()}  # fmt: skip
+    # accumulate: 4 micro-batches written for 1 process; 2 processes take 2 each, 1024 one.
+    accumulate = 2 if world_size == 2 else 1
+    assert report["recipe"]["SOLVER.ACCUMULATE_STEPS"] == accumulate
+    batch = report["recipe"]["SOLVER.IMS_PER_BATCH"]
+    assert report["micro_batch_size"] == batch // (world_size * accumulate)
+    slots = _by_slot(report)
+    assert len(slots) == 3 * world_size * accumulate  # --dry-run-steps defaults to 3
+    for step in range(3):
+        ids = [i for (s, _, _), ids in slots.items() if s == step for i in ids]
+        assert len(ids) == batch  # each slot its share, the whole batch once per step
+    assert not (tmp_path / "config.yaml").exists()  # a dry run writes nothing else
+
+
+def test_what_auto_scaling_refuses_is_a_line_of_the_report(tmp_path, capsys):
+    code, report = _dry_run(
+        tmp_path, ["--num-gpus", "64", "--num-machines", "16"], ["SOLVER.SCALE_MODE", "linear"]
+    )
+    assert code == 2 and report["steps"] == []
+    (reason,) = report["refused"]
+    assert reason.startswith("auto_scale_workers: SOLVER.MAX_ITER=10, written for")
+    assert f"Refused: {reason}\n" in capsys.readouterr().out
+
+
+def test_a_config_error_stays_the_usual_error(tmp_path):
+    with pytest.raises(ConfigError, match="SOLVER.IMS_PER_BATCH=8 is not a positive multiple"):
+        _dry_run(tmp_path, ["--num-gpus", "3"], ["SOLVER.REFERENCE_WORLD_SIZE", 0])
+
+
+def test_the_flags_are_checked(tmp_path):
+    with pytest.raises(UsageError, match="--dry-run-steps must be >= 0"):
+        _dry_run(tmp_path, ["--dry-run-steps", "-1"])
+
+
+def _train(output_dir, stop_after=None, resume=False):
+    _register()
+    seed_all_rng(1 + comm.get_rank())
+    trainer = _Trainer(_cfg(output_dir))  # scaled to the world size by the trainer
+    if stop_after is not None:
+        trainer.register_hooks([_StopAfter(stop_after)])
+    trainer.resume_or_load(resume=resume)
+    try:
+        trainer.train()
+    except KeyboardInterrupt:
+        pass
+    model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
+    return comm.all_gather(model.ledger)  # by rank
+
+
+def test_a_resumed_dry_run_starts_at_the_checkpoints_step(tmp_path):
+    (ledger,) = _train(tmp_path, stop_after=2)  # its checkpoint: after iteration 2
+    code, report = _dry_run(tmp_path, ["--resume", "--dry-run-steps", "2"])
+    assert code == 0
+    assert report["resume"]["checkpoint"].endswith("model_0000002.pth")
+    assert report["resume"]["iteration"] == report["resume"]["step"] == 3
+    _, fresh = _dry_run(tmp_path, ["--dry-run-steps", "5"])
+    assert _by_slot(report) == {k: v for k, v in _by_slot(fresh).items() if k[0] >= 3}
+    # The run itself read what the dry run lists for the steps it trained.
+    assert {(s, 0, j): _ids(ids) for s, mbs in ledger.items() for j, ids in enumerate(mbs)} == {
+        k: v for k, v in _by_slot(fresh).items() if k[0] <= 2
+    }
+
+
+@pytest.mark.slow
+def test_the_listed_records_are_those_two_real_processes_read(tmp_path):
+    stopped = run_on_ranks(_train, 2, args=(str(tmp_path), 5), timeout_s=180)[0]
+    code, resumed_listing = _dry_run(
+        tmp_path, ["--num-gpus", "2", "--resume", "--dry-run-steps", "4"]
+    )
+    assert code == 0 and resumed_listing["resume"]["step"] == 6
+    resumed = run_on_ranks(_train, 2, args=(str(tmp_path), None, True), timeout_s=180)[0]
+    _, listing = _dry_run(tmp_path, ["--num-gpus", "2", "--dry-run-steps", "6"])
+
+    def read(ledgers):
+        return {(step, rank, j): _ids(ids) for rank, ledger in enumerate(ledgers)
+                for step, mbs in ledger.items() for j, ids in enumerate(mbs)}  # fmt: skip
+
+    # 2 processes x 2 micro-batches (accumulate: 4 written for 1 process), steps 0-5, then
+    # the resumed run's steps 6-9.
+    assert read(stopped) == _by_slot(listing)
+    assert read(resumed) == _by_slot(resumed_listing)
+    assert sorted({k[0] for k in read(resumed)}) == [6, 7, 8, 9]
