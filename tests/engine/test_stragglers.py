@@ -1,18 +1,24 @@
 """Slow ranks named, in one process: the phase clock, the marks of a step, the detector, config."""
 
 import itertools
+import json
 import logging
+import socket
+import time
 
 import pytest
 import torch
 from torch import nn
 
+from tests.dist import run_on_ranks
 from trainkit.config import ConfigError, get_cfg
-from trainkit.engine import SimpleTrainer
+from trainkit.data import build_train_loader
+from trainkit.engine import DefaultTrainer, SimpleTrainer
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
 from trainkit.engine.phase_clock import PhaseClock, mark_when_backward_computed
 from trainkit.engine.straggler_rule import StragglerRule
 from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
+from trainkit.utils import comm
 from trainkit.utils.events import EventStorage
 
 
@@ -172,3 +178,86 @@ def test_no_detector_with_one_process_or_when_disabled():
     cfg = get_cfg()
     cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS = 0.3, 2  # stricter is fine
     assert build_straggler_detector(cfg, None) is None  # one process: nobody to compare
+
+
+# ---- a real 2-process run: rank 1's mapper is slow -------------------------------------------
+_SLOW_MAPPER_S = 0.02
+
+
+def _records(n=64):
+    return [{"id": i, "x": [float(i % 7), 1.0]} for i in range(n)]
+
+
+def _slow_on_rank_1(record):
+    # NUM_WORKERS 0: the mapper runs in the training process, whose rank it can read.
+    if comm.get_rank() == 1:
+        time.sleep(_SLOW_MAPPER_S)
+    return torch.tensor(record["x"])
+
+
+class _SlowDataTrainer(DefaultTrainer):
+    @classmethod
+    def build_model(cls, cfg):
+        torch.manual_seed(0)
+        return _StackNet()
+
+    @classmethod
+    def build_train_loader(cls, cfg):
+        return build_train_loader(cfg, mapper=_slow_on_rank_1, dataset=_records())
+
+
+class _StackNet(_Net):
+    def forward(self, batch):
+        return super().forward(torch.stack(batch))
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _train_with_a_slow_rank(output_dir):
+    cfg = get_cfg()
+    cfg.OUTPUT_DIR = output_dir
+    cfg.SEED = 3
+    cfg.DATALOADER.NUM_WORKERS = 0
+    cfg.DATALOADER.ASPECT_RATIO_GROUPING = False
+    cfg.SOLVER.IMS_PER_BATCH = 4  # 2 records a step on each rank: rank 1 waits 40 ms for data
+    cfg.SOLVER.BASE_LR = 0.01
+    cfg.SOLVER.MAX_ITER = 25
+    cfg.SOLVER.STEPS = ()
+    cfg.SOLVER.CHECKPOINT_PERIOD = 1000
+    cfg.WRITER_PERIOD = 5  # periods end at 4 (warm-up), 9, 14, 19 (named), 24 (named)
+    cfg.WRITERS = ("json",)
+    handler = _ListHandler()
+    logging.getLogger("trainkit").addHandler(handler)
+    try:
+        _SlowDataTrainer(cfg).train()
+    finally:
+        logging.getLogger("trainkit").removeHandler(handler)
+    return [m for m in handler.messages if m.startswith("Slow rank")]
+
+
+@pytest.mark.slow
+def test_two_processes_name_the_rank_whose_mapper_is_slow(tmp_path):
+    logs = run_on_ranks(_train_with_a_slow_rank, 2, args=(str(tmp_path),), timeout_s=120)
+    assert logs[1] == []  # only rank 0 logs
+    assert len(logs[0]) == 2, logs[0]  # at iterations 19 and 24
+    host = socket.gethostname()
+    for message in logs[0]:
+        assert f"rank 1 (host {host}, local rank 1)" in message
+        assert "slow phase is 'data'" in message
+    lines = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    by_iter = {line["iteration"]: line for line in lines}
+    assert "straggler/count" not in by_iter[4]  # the warm-up period is not compared
+    for cur_iter in (9, 14):
+        assert by_iter[cur_iter]["straggler/count"] == 0
+        assert by_iter[cur_iter]["straggler/ratio"] > 1.5
+    for cur_iter in (19, 24):
+        line = by_iter[cur_iter]
+        assert (line["straggler/count"], line["straggler/rank"]) == (1, 1)
+        assert line["straggler/phase/data"] > 0.5 * 2 * _SLOW_MAPPER_S
