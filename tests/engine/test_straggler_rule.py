@@ -1,6 +1,7 @@
 """The slow-rank rule on injected timings: who is named, after how many periods, which phase."""
 
 import random
+import statistics
 
 import pytest
 
@@ -126,3 +127,17 @@ def test_a_new_world_size_starts_the_counts_again():
 def test_bad_arguments(margin, periods):
     with pytest.raises(ValueError):
         StragglerRule(margin, periods)
+
+
+def test_the_others_median_is_the_median_of_the_other_ranks():
+    rng = random.Random(0)
+    for world_size in (2, 3, 4, 5, 9):
+        own = [rng.choice([0.5, 1.0, 2.0, rng.random()]) for _ in range(world_size)]
+        rule = StragglerRule(margin=1e-6, periods=1)
+        named = {r.rank: r for r in rule.update([{"data": s} for s in own])}
+        for rank, seconds in enumerate(own):
+            others = statistics.median(own[:rank] + own[rank + 1 :])
+            if rank in named:
+                assert named[rank].others_s == pytest.approx(others)
+            else:
+                assert seconds < others * (1 + 1e-6) + 1e-9

@@ -114,9 +114,13 @@ class StragglerRule:
         if len(figures) < 2:
             return []
         own = [own_work_s(phases) for phases in figures]
+        # One sort for all ranks: each rank's others' median is read around its position.
+        order = sorted(range(len(own)), key=own.__getitem__)
+        ascending = [own[rank] for rank in order]
         named = []
-        for rank, rank_own_s in enumerate(own):
-            others_s = statistics.median(own[:rank] + own[rank + 1 :])
+        for position, rank in enumerate(order):
+            rank_own_s = own[rank]
+            others_s = _median_without(ascending, position)
             ratio = rank_own_s / others_s if others_s > 0 else 1.0
             self.max_ratio = max(self.max_ratio, ratio)
             # "At least": a rank exactly 1 + margin times slower, summed in floats, is named.
@@ -129,3 +133,16 @@ class StragglerRule:
                 in_a_row = self._slow_in_a_row[rank]
                 named.append(SlowRank(rank, ratio, phase, excess_s, rank_own_s, others_s, in_a_row))
         return sorted(named, key=lambda slow: -slow.ratio)
+
+
+def _median_without(ascending: Sequence[float], position: int) -> float:
+    """The median of ``ascending`` (sorted, at least 2 values) without the one at ``position``."""
+    num_others = len(ascending) - 1
+
+    def other(i: int) -> float:  # the i-th smallest of the others
+        return ascending[i if i < position else i + 1]
+
+    middle = num_others // 2
+    if num_others % 2:
+        return other(middle)
+    return (other(middle - 1) + other(middle)) / 2
