@@ -496,6 +496,9 @@ def test_an_assigned_step_adopts_the_configs_wiring(tmp_path):
     assert step.record_every_step
     assert step.data_loader is not trainer.data_loader  # watched: waiting counts as 'data'
     assert step.data_loader.loader is trainer.data_loader
+    # The step names its phases to the watchdog; one process: no straggler detector.
+    assert step.phase_listener == trainer.watchdog.enter
+    assert trainer.stragglers is None and step.rank_figures is None
     trainer.train()
     # Every step's loss is recorded (synchronised every WRITER_PERIOD = 3 steps, at the end).
     assert [it for _, it in trainer.storage.history("loss_mse").values()] == list(range(7))

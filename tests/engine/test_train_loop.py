@@ -184,9 +184,10 @@ def test_metrics_of_every_step_are_gathered_at_period_ends(monkeypatch):
 
     def fake_all_gather(obj):
         # Pretend a second rank saw twice the loss and a longer data wait.
-        gathered_at.append([cur_iter for cur_iter, _, _, _ in obj])
-        other = [(i, names, [2 * v for v in values], d + 1.0) for i, names, values, d in obj]
-        return [obj, other]
+        buffered, shared = obj  # the metrics and what rides along (nothing here)
+        gathered_at.append([cur_iter for cur_iter, _, _, _ in buffered])
+        other = [(i, names, [2 * v for v in values], d + 1.0) for i, names, values, d in buffered]
+        return [obj, (other, shared)]
 
     monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)
     trainer = _simple(period=4, record_every_step=True)
@@ -256,8 +257,8 @@ def test_step_metrics_wait_as_floats_and_reach_the_storage_at_period_ends():
 
 def test_ranks_returning_different_loss_names_are_named(monkeypatch):
     def fake_all_gather(obj):
-        other = [(i, ("loss_other", "total_loss"), values, d) for i, _, values, d in obj]
-        return [obj, other]
+        other = [(i, ("loss_other", "total_loss"), values, d) for i, _, values, d in obj[0]]
+        return [obj, (other, None)]
 
     monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)
     trainer = _simple()
@@ -270,7 +271,7 @@ def test_metrics_average_over_ranks(monkeypatch):
     monkeypatch.setattr(
         step_metrics.comm,
         "all_gather",
-        lambda obj: [obj, [(i, n, [3 * v for v in values], d) for i, n, values, d in obj]],
+        lambda obj: [obj, ([(i, n, [3 * v for v in vs], d) for i, n, vs, d in obj[0]], None)],
     )
     trainer = _simple(lr=0.0)
     local = []
@@ -456,7 +457,7 @@ def test_without_record_every_step_only_period_ends_are_recorded(monkeypatch):
     gathered_at = []
 
     def fake_all_gather(obj):
-        gathered_at.append([cur_iter for cur_iter, _, _, _ in obj])
+        gathered_at.append([cur_iter for cur_iter, _, _, _ in obj[0]])
         return [obj]
 
     monkeypatch.setattr(step_metrics.comm, "all_gather", fake_all_gather)

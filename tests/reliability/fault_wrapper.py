@@ -16,6 +16,8 @@ launch() spawns (they import this file as their main module). Faults:
   $TRAINKIT_TEST_MARKER (so a test knows the process is inside that step).
 * ``stall_data_on_rank:R:K``: on rank R, mapping the K-th training record takes 120 s (a
   hung file system, as far as the job can tell).
+* ``slow_data_on_rank:R:S``: on rank R, mapping every training record takes S seconds more
+  (a slow disk on one machine: the straggler detector names that rank, phase ``data``).
 
 Independently of the fault, ``TRAINKIT_TEST_LEDGER=DIR`` makes every process append one JSON
 line per training forward to ``DIR/ledger.<pid>.jsonl``: the job's round (its store
@@ -180,6 +182,22 @@ elif KIND == "stall_data_on_rank":
         return original_mapper_call(self, record)
 
     ClassificationDatasetMapper.__call__ = stalling_call
+elif KIND == "slow_data_on_rank":
+    import time
+
+    from trainkit.data.mappers import ClassificationDatasetMapper
+
+    original_slow_call = ClassificationDatasetMapper.__call__
+    slow_rank_str, _, delay_str = ARG.partition(":")
+
+    def slow_call(self, record):
+        from trainkit.utils import comm
+
+        if self.is_train and comm.get_rank() == int(slow_rank_str):
+            time.sleep(float(delay_str))
+        return original_slow_call(self, record)
+
+    ClassificationDatasetMapper.__call__ = slow_call
 elif KIND in ("worker_dies", "mapper_raises"):
     from trainkit.data.mappers import ClassificationDatasetMapper
 

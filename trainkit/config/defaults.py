@@ -320,6 +320,17 @@ _C.MLFLOW.EXPERIMENT = "trainkit"
 # Seconds a rank may go without finishing a phase (data, step, checkpoint, eval) before the
 # watchdog stops the job; 0 disables the watchdog.
 _C.WATCHDOG_TIMEOUT_S = 0.0
+# Slow ranks named (docs/runs_and_metrics.md, "Slow ranks"): at every WRITER_PERIOD the ranks
+# compare their own work per step (every phase but waiting in collectives); a rank at least
+# 1 + MARGIN times the median of the other ranks' for PERIODS periods in a row is named in the
+# log and in the metrics (straggler/*).
+_C.STRAGGLER = CN()
+# Compare the ranks (True) or not (False); with one process there is nothing to compare.
+_C.STRAGGLER.ENABLED = True
+# How much slower than the others' median a rank must be: 0.5 is 50 %; in (0, 0.5].
+_C.STRAGGLER.MARGIN = 0.5
+# Writer periods in a row a rank must be that slow to be named; 1, 2 or 3.
+_C.STRAGGLER.PERIODS = 3
 # Placeholder for user-defined keys: anything may be added under it.
 _C.GLOBAL = CN(new_allowed=True)
 _C.GLOBAL.HACK = 1.0

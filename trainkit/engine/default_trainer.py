@@ -24,6 +24,7 @@ from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
+from trainkit.engine.stragglers import build_straggler_detector
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.engine.writers import build_writers
@@ -82,6 +83,10 @@ class DefaultTrainer(TrainerBase):
         # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
         store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
         self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
+        # Slow ranks named (STRAGGLER.*): it times the phases the watchdog tracks.
+        self.stragglers = build_straggler_detector(cfg, _device_of(model))
+        if self.stragglers is not None:
+            self.watchdog.add_phase_listener(self.stragglers.enter)
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.run_state = RunState(self)
@@ -119,6 +124,12 @@ class DefaultTrainer(TrainerBase):
         cfg = getattr(self, "cfg", None)
         if cfg is not None:
             adopt_config_wiring(cfg, step)
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None:
+            # The step names its phases to the watchdog, which passes them on to the
+            # straggler detector; the detector's figures travel with the period's metrics.
+            step.phase_listener = watchdog.enter
+            step.rank_figures = getattr(self, "stragglers", None)
         step.bind_to(self)
         self._step = step
         loader = step.data_loader
@@ -338,7 +349,7 @@ class DefaultTrainer(TrainerBase):
         self._train_loader = data_loader
         # No watchdog when a subclass skipped DefaultTrainer.__init__ (see _trainer).
         watchdog = getattr(self, "watchdog", None)
-        watched = watchdog is not None and watchdog.enabled
+        watched = watchdog is not None and watchdog.tracks_phases
         self._step.data_loader = (
             PhaseMarkingLoader(data_loader, watchdog) if watched else data_loader
         )
@@ -387,3 +398,7 @@ class DefaultTrainer(TrainerBase):
         """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
         self._step.load_state_dict(state["_trainer"])
+
+
+def _device_of(model: nn.Module) -> torch.device | None:
+    return next((p.device for p in model.parameters()), None)

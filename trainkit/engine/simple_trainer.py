@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ from typing_extensions import override
 
 from trainkit.data.device_prefetch import DevicePrefetcher
 from trainkit.engine.deferred_checks import DeferredLossCheck
+from trainkit.engine.phase_clock import mark_when_backward_computed
 from trainkit.engine.step_metrics import (
     MetricEntry,
     NonFiniteLossError,
@@ -28,6 +30,9 @@ from trainkit.engine.step_metrics import (
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils.events import get_event_storage
 from trainkit.utils.periodic import is_last_iter, is_period_end
+
+if TYPE_CHECKING:
+    from trainkit.engine.stragglers import RankFigures
 
 __all__ = ["SimpleTrainer"]
 
@@ -68,6 +73,11 @@ class SimpleTrainer(TrainerBase):
     synchronised and by :meth:`flush_pending_checks`, which every checkpoint path calls
     first; up to ``period - 1`` updates from the bad step on may have been applied by then,
     but no checkpoint holds them. Without, each step's loss is read before its update.
+
+    **Phases.** ``phase_listener`` (``DefaultTrainer``: the watchdog's ``enter``) hears each
+    phase start: ``data``, ``forward/backward``, ``collective`` (DDP's wait for the gradient
+    all-reduce after this rank's backward; the period's metrics sync), ``optimizer``.
+    ``rank_figures`` (the straggler detector) travel with each period's metrics.
     """
 
     def __init__(
@@ -131,6 +141,8 @@ class SimpleTrainer(TrainerBase):
         # The loss names (and prefix) of the previous step and the metric names from them.
         self._loss_keys: tuple[tuple[str, ...], str] = ((), "")
         self._metric_names: tuple[str, ...] = ()
+        self.phase_listener: Callable[[str], None] | None = None
+        self.rank_figures: RankFigures | None = None
 
     # ---- the step -------------------------------------------------------------------------
     @override
@@ -140,24 +152,31 @@ class SimpleTrainer(TrainerBase):
                 "The model was switched to eval mode during training; a hook that evaluates "
                 "must restore model.train() (inference_on_dataset does)."
             )
+        self._enter_phase("data")
         batches, data_time_s = self._next_batches()
+        self._enter_phase("forward/backward")
         weights = _micro_batch_weights(batches)
         if self.zero_grad_before_forward:
             self.optimizer.zero_grad()
         step_losses: dict[str, torch.Tensor] = {}
         total_loss: torch.Tensor | None = None
         for j, batch in enumerate(batches):
-            with self._gradient_sync(is_last=j == len(batches) - 1):
+            is_last = j == len(batches) - 1
+            with self._gradient_sync(is_last=is_last):
                 with self.forward_context():
                     loss_dict = self.compute_losses(batch)
                 if j == 0 and not self.zero_grad_before_forward:
                     self.optimizer.zero_grad()
                 total = sum_losses(loss_dict)
-                self.backward(total if weights is None else total * weights[j])
+                loss = total if weights is None else total * weights[j]
+                if is_last:
+                    self._mark_gradient_wait(loss)
+                self.backward(loss)
             if weights is None:
                 step_losses, total_loss = loss_dict, total
             else:
                 _add_weighted(step_losses, loss_dict, weights[j])
+        self._enter_phase("optimizer")
         self.after_backward()
         self.record_metrics(step_losses, data_time_s, total_loss=total_loss)
         self.optimizer_step()
@@ -195,6 +214,15 @@ class SimpleTrainer(TrainerBase):
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients."""
         self.optimizer.step()
+
+    def _enter_phase(self, phase: str) -> None:
+        if self.phase_listener is not None:
+            self.phase_listener(phase)
+
+    def _mark_gradient_wait(self, loss: torch.Tensor) -> None:
+        # Only DDP waits for peers inside backward (the gradient all-reduce).
+        if self.phase_listener is not None and isinstance(self.model, DistributedDataParallel):
+            mark_when_backward_computed(loss, functools.partial(self.phase_listener, "collective"))
 
     def _gradient_sync(self, *, is_last: bool) -> contextlib.AbstractContextManager[Any]:
         # DDP all-reduces on every backward unless told not to: only the last micro-batch
@@ -304,7 +332,9 @@ class SimpleTrainer(TrainerBase):
         if is_recorded:
             self._metric_buffer.append((cur_iter, names, values, data_time))
         if is_gather_iter:
+            self._enter_phase("collective")
             self._file_buffered_metrics()
+            self._enter_phase("optimizer")
 
     def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now if a step since the last check had a non-finite loss (deferred checks).
@@ -345,8 +375,13 @@ class SimpleTrainer(TrainerBase):
             if buffered:
                 gather_and_file(buffered, self.storage)
             raise
-        if buffered:
-            gather_and_file(buffered, self.storage)
+        if not buffered:
+            return
+        figures = self.rank_figures
+        share = None if figures is None else functools.partial(figures.collect, self.iter)
+        per_rank = gather_and_file(buffered, self.storage, share=share)
+        if figures is not None:
+            figures.compare(per_rank, self.storage)
 
     # The loop stopped (TrainerBase.request_stop) before the next gather iteration.
     _end_early = _file_buffered_metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,8 +57,12 @@ def host_values(
 
 
 def gather_and_file(
-    buffered: list[MetricEntry], storage: EventStorage, *, always_check: bool = False
-) -> None:
+    buffered: list[MetricEntry],
+    storage: EventStorage,
+    *,
+    always_check: bool = False,
+    share: Callable[[], Any] | None = None,
+) -> list[Any]:
     """Synchronise buffered metrics and put the rank average into ``storage``.
 
     ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this
@@ -69,6 +73,11 @@ def gather_and_file(
         storage: where to file the averages.
         always_check: check for NaN/inf even values this rank checked already (one
             process, CPU losses).
+        share: called once the device values are on the host (so after the device reached
+            this point); what it returns travels with the metrics to every rank.
+
+    Returns:
+        What ``share`` returned on each rank (index = rank); ``None`` entries without it.
 
     Raises:
         FloatingPointError: On every rank, after filing the steps before it, if a value is
@@ -91,7 +100,9 @@ def gather_and_file(
             (i, names, [next(host) if isinstance(v, torch.Tensor) else v for v in values], d)
             for i, names, values, d in buffered
         ]
-    all_ranks = comm.all_gather(buffered)
+    shared = share() if share is not None else None
+    # One all_gather per period: the figures ride along with the metrics.
+    all_ranks, all_shared = zip(*comm.all_gather((buffered, shared)))
     # CPU losses of this process were checked at every step; averages and values read
     # from a device only now are checked here.
     check_finite = always_check or bool(device_values) or len(all_ranks) > 1
@@ -117,6 +128,7 @@ def gather_and_file(
             storage.put_scalar_series(name, points)
     if non_finite is not None:
         raise_non_finite(*non_finite)
+    return list(all_shared)
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -26,15 +26,17 @@ _PUBLISH_PERIOD_S = 1.0
 class ProgressWatchdog(HookBase):
     """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
 
-    The rank records its phase (``data``, ``forward/backward``, ``checkpoint``, ``eval``,
-    ``hooks``) and when it entered it; a daemon thread publishes that every second to the
+    The rank records its phase (``data``, ``forward/backward``, ``optimizer``,
+    ``collective`` (waiting in a collective, marked by the step trainer), ``checkpoint``,
+    ``eval``, ``hooks``) and when it entered it; a daemon thread publishes that every second to the
     job's store (under launch, torchrun or srun), where the job's guard applies
     :func:`~trainkit.launcher.protocol.find_stalled_rank` and ends every process with status
     124, long before a collective would time out. In one process (no store) the thread
     checks this rank itself and ends the process with a message.
 
     As a hook it marks each step's phases; code that does other long work marks it with
-    :meth:`phase`.
+    :meth:`phase`. Listeners (:meth:`add_phase_listener`: the straggler detector's clock)
+    hear every phase change.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -63,6 +65,7 @@ class ProgressWatchdog(HookBase):
         self._since = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._phase_listeners: list[Callable[[str], None]] = []
 
     priority = HookPriority.HIGHEST
 
@@ -79,12 +82,23 @@ class ProgressWatchdog(HookBase):
         """Whether a timeout is set."""
         return self.timeout_s > 0
 
+    @property
+    def tracks_phases(self) -> bool:
+        """Whether phase changes are used: a timeout is set or someone listens."""
+        return self.enabled or bool(self._phase_listeners)
+
+    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(phase)`` at every phase change, after recording it."""
+        self._phase_listeners.append(listener)
+
     def enter(self, phase: str, iteration: int | None = None) -> None:
-        """Record that this rank starts ``phase`` (cheap: two attribute writes)."""
+        """Record that this rank starts ``phase`` (cheap: attribute writes, the listeners)."""
         self._phase = phase
         if iteration is not None:
             self._iteration = iteration
         self._since = self._clock()
+        for listener in self._phase_listeners:
+            listener(phase)
 
     @contextlib.contextmanager
     def phase(self, name: str, then: str = "hooks") -> Iterator[None]:

@@ -1,0 +1,170 @@
+"""Slow ranks named: every rank's phase times compared at each writer period.
+
+:class:`StragglerDetector` times this rank's phases (:class:`~trainkit.engine.phase_clock.
+PhaseClock`, fed by the stall watchdog's phase changes), sends them with each period's
+metrics (the one ``all_gather`` the step makes then) and applies
+:class:`~trainkit.engine.straggler_rule.StragglerRule` to every rank's: a rank named goes to
+the log on rank 0 and to the metrics as ``straggler/*``. The rule and what "own work" holds
+are documented in ``docs/runs_and_metrics.md`` ("Slow ranks").
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any, Protocol
+
+import torch
+
+from trainkit.config import CfgNode, ConfigError
+from trainkit.engine.phase_clock import PhaseClock
+from trainkit.engine.straggler_rule import SlowRank, StragglerRule
+from trainkit.utils import comm
+from trainkit.utils.event_storage import EventStorage
+
+__all__ = ["RankFigures", "StragglerDetector", "build_straggler_detector"]
+
+logger = logging.getLogger(__name__)
+
+# The documented rule's limits: a config may be stricter (smaller, fewer), never looser.
+_MAX_MARGIN = 0.5
+_MAX_PERIODS = 3
+
+
+class RankFigures(Protocol):
+    """What a step trainer sends with each period's metrics (``SimpleTrainer.rank_figures``)."""
+
+    def collect(self, cur_iter: int) -> Any:
+        """Return this rank's figures; every rank calls it at the same step."""
+
+    def compare(self, per_rank: list[Any], storage: EventStorage) -> Any:
+        """Use every rank's figures (index = rank); record metrics into ``storage``."""
+
+
+class StragglerDetector:
+    """Time this rank's phases and compare every rank's at each writer period.
+
+    ``DefaultTrainer`` wires it: the watchdog passes each phase change to :meth:`enter`; the
+    step trainer calls :meth:`collect` when it synchronises a period's metrics, sends the
+    result with them, and hands every rank's to :meth:`compare`. The first period is a
+    warm-up (allocation, loader workers starting, autotuning differ between ranks) and is
+    not compared.
+
+    It cannot see a slow rank whose slowness is all in a collective (a slow network link)
+    or in a checkpoint or an evaluation; see ``docs/runs_and_metrics.md``.
+
+    Args:
+        rule: the rule applied to each period's figures.
+        rank: this process's global rank (rank 0 logs).
+        local_rank: its rank within its machine.
+        host: its machine's name.
+        device: the training device (CUDA events time phases on a GPU).
+    """
+
+    def __init__(
+        self,
+        rule: StragglerRule,
+        *,
+        rank: int,
+        local_rank: int,
+        host: str,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.rule = rule
+        self.clock = PhaseClock(device)
+        self._rank = rank
+        self._where = {"host": host, "local_rank": local_rank}
+        self._last_iter: int | None = None
+
+    def enter(self, phase: str) -> None:
+        """Note that this rank starts ``phase`` (the watchdog's phase listener)."""
+        self.clock.enter(phase)
+
+    def collect(self, cur_iter: int) -> dict[str, Any] | None:
+        """Return this rank's seconds per step in each phase since the previous period.
+
+        Called at the same point of the same step on every rank, so each rank's figures
+        cover the same steps. ``None`` for the first period (the warm-up).
+
+        Args:
+            cur_iter: the step whose metrics are being synchronised.
+        """
+        phases_s = self.clock.take()
+        last_iter, self._last_iter = self._last_iter, cur_iter
+        if last_iter is None:
+            return None
+        num_steps = max(cur_iter - last_iter, 1)
+        per_step_s = {phase: seconds / num_steps for phase, seconds in phases_s.items()}
+        return {**self._where, "phases_s": per_step_s}
+
+    def compare(
+        self, per_rank: list[dict[str, Any] | None], storage: EventStorage
+    ) -> list[SlowRank]:
+        """Apply the rule to every rank's figures; record ``straggler/*``, log on rank 0.
+
+        Args:
+            per_rank: what :meth:`collect` returned on each rank (index = rank).
+            storage: where the period's metrics go.
+
+        Returns:
+            The ranks named in this period, slowest first.
+        """
+        if not per_rank or any(figures is None for figures in per_rank):
+            return []
+        named = self.rule.update([figures["phases_s"] for figures in per_rank])
+        storage.put_scalar("straggler/count", len(named), smoothing_hint=False)
+        storage.put_scalar("straggler/ratio", self.rule.max_ratio, smoothing_hint=False)
+        if named:
+            slowest = named[0]
+            storage.put_scalar("straggler/rank", slowest.rank, smoothing_hint=False)
+            storage.put_scalar(
+                f"straggler/phase/{slowest.phase}", slowest.excess_s, smoothing_hint=False
+            )
+        if self._rank == 0:
+            for slow in named:
+                figures = per_rank[slow.rank]
+                logger.warning(
+                    "Slow rank: rank %d (host %s, local rank %d) did %.2fx the own work of the "
+                    "other ranks' median (%.4f s vs %.4f s per step) for %d writer periods in "
+                    "a row; its slow phase is '%s' (+%.4f s per step). The other ranks wait "
+                    "for it in collectives.",
+                    slow.rank,
+                    figures["host"],
+                    figures["local_rank"],
+                    slow.ratio,
+                    slow.own_work_s,
+                    slow.others_s,
+                    slow.periods_in_a_row,
+                    slow.phase,
+                    slow.excess_s,
+                )
+        return named
+
+
+def build_straggler_detector(cfg: CfgNode, device: torch.device | None) -> StragglerDetector | None:
+    """Return the detector ``STRAGGLER.*`` asks for, or ``None`` (disabled, or one process).
+
+    Raises:
+        ConfigError: If ``STRAGGLER.MARGIN`` or ``STRAGGLER.PERIODS`` is looser than the
+            documented rule or not positive.
+    """
+    margin, periods = cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS
+    if not 0 < margin <= _MAX_MARGIN:
+        raise ConfigError(
+            f"STRAGGLER.MARGIN must be in (0, {_MAX_MARGIN}], got {margin}; a rank is named "
+            f"when at least 1 + MARGIN times slower, and the rule allows at most {_MAX_MARGIN}."
+        )
+    if not 1 <= periods <= _MAX_PERIODS:
+        raise ConfigError(
+            f"STRAGGLER.PERIODS must be in 1..{_MAX_PERIODS}, got {periods}; it is how many "
+            f"writer periods in a row a rank must be slow to be named."
+        )
+    if not cfg.STRAGGLER.ENABLED or comm.get_world_size() < 2:
+        return None
+    return StragglerDetector(
+        StragglerRule(margin, periods),
+        rank=comm.get_rank(),
+        local_rank=comm.get_local_rank(),
+        host=socket.gethostname(),
+        device=device,
+    )
