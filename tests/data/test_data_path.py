@@ -136,6 +136,7 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     assert _STACKS["stream"] == [
         *planned,
         ("batch_plan.py", "__iter__"),
+        ("batch_plan.py", "_compose"),  # the step's whole batch (step_records lists it too)
         ("batch_plan.py", "_read"),
     ]
     # Loading (a worker, here in-process): the mapped batch -> the record mapper -> user.

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainkit.config import get_cfg
-from trainkit.data.build import _train_sampler
+from trainkit.data.build import build_train_sampler
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
@@ -211,6 +211,6 @@ def test_repeat_sqrt_key_chooses_the_rule(sqrt, factor):
     cfg.merge_from_list(["DATALOADER.REPEAT_THRESHOLD", 0.5, "DATALOADER.REPEAT_SQRT", sqrt])
     cfg.DATALOADER.SAMPLER_TRAIN = "RepeatFactorTrainingSampler"
     records = [{"annotations": [{"category_id": 0}]}] * 9 + [{"annotations": [{"category_id": 1}]}]
-    sampler = _train_sampler(cfg, records, len(records), seed=0)
+    sampler = build_train_sampler(cfg, records, seed=0)
     counts = np.bincount(take(sampler, 20000), minlength=10)
     assert counts[9] / counts[:9].mean() == pytest.approx(factor, rel=0.1)

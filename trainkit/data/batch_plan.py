@@ -14,9 +14,13 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
 2. Optimizer step ``s`` owns the next ``B = SOLVER.IMS_PER_BATCH`` records of it: positions
    ``[s*B, (s+1)*B)``, or, with grouping, the first bucket to reach ``B`` records (each record
    joins its bucket in stream order; the others wait for a later step).
-3. The batch is dealt to ``W x k`` slots: micro-batch ``j`` of rank ``r`` is slot
-   ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no grouping
-   this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
+3. The batch is dealt to ``W x k`` slots (:func:`deal`): micro-batch ``j`` of rank ``r`` is
+   slot ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no
+   grouping this is detectron2's rank-strided split (rank ``r`` gets positions
+   ``r, r + W, ...``).
+
+Steps 1-2 are :meth:`GlobalBatchPlan.step_batches`, which composes the whole batches without
+moving the plan (:mod:`trainkit.data.step_records` lists every rank's records with it).
 
 So a step's records and the order of steps are the same for every ``W`` and ``k``, and the
 position after a step is valid for any topology. Each rank computes the whole global stream
@@ -43,6 +47,7 @@ __all__ = [
     "BatchPlan",
     "GlobalBatchPlan",
     "RankBatchPlan",
+    "deal",
     "make_batch_plan",
     "micro_batch_size",
     "split_batch",
@@ -87,6 +92,11 @@ def split_batch(
             f"pick a positive multiple of {parts} or change --num-gpus."
         )
     return total // parts
+
+
+def deal(batch: list[Any], slot: int, num_slots: int) -> list[Any]:
+    """Return slot ``slot`` of a step's ``batch`` dealt to ``num_slots = W x k`` (step 3 above)."""
+    return batch[slot::num_slots]
 
 
 class BatchPlan:
@@ -188,26 +198,60 @@ class GlobalBatchPlan(BatchPlan):
         super().__init__(sampler, global_batch_size, bucket_ids, state)
         self._rank, self._world_size, self._accumulate = rank, world_size, accumulate_steps
 
-    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
-        state = self.state_dict()
-        w, k, num_buckets = self._world_size, self._accumulate, len(state["buckets"])
+    @property
+    def world_size(self) -> int:
+        """The processes ``W`` each step's batch is dealt to."""
+        return self._world_size
+
+    @property
+    def accumulate_steps(self) -> int:
+        """The micro-batches ``k`` per process and step (``SOLVER.ACCUMULATE_STEPS``)."""
+        return self._accumulate
+
+    def step_batches(
+        self, state: dict[str, Any] | None = None
+    ) -> Iterator[tuple[int, list[list[int]], dict[str, Any]]]:
+        """Yield ``(step, batch, after)`` from loader position ``state`` on (default: the plan's).
+
+        ``batch`` is the optimizer step's ``[dataset index, global position]`` pairs in dealing
+        order (:func:`deal`), ``after`` the ``position`` and ``buckets`` where the next step
+        starts; a state inside a step starts with that whole step. The plan does not move.
+        Raises as :meth:`load_state_dict` for a state of another plan.
+        """
+        state = self.state_dict() if state is None else load_state(state, self._state)
+        return self._compose(state)
+
+    def _compose(
+        self, state: dict[str, Any]
+    ) -> Iterator[tuple[int, list[list[int]], dict[str, Any]]]:
+        num_buckets = len(state["buckets"])
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
-        # Where the current step's batch starts: kept until its last micro-batch is returned.
-        start = {"position": state["position"], "buckets": state["buckets"]}
-        steps, micro = state["steps"], state["micro"]
+        step = state["steps"]
         records = self._read(self._sampler.global_indices, state["position"])
         for position, (index, bucket) in enumerate(records, state["position"]):
             batch = buckets.add(bucket, [index, position])
-            if batch is None:
-                continue
-            after = {"position": position + 1, "buckets": buckets.to_lists(num_buckets)}
+            if batch is not None:
+                yield (
+                    step,
+                    batch,
+                    {"position": position + 1, "buckets": buckets.to_lists(num_buckets)},
+                )
+                step += 1
+
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        state = self.state_dict()
+        w, k = self._world_size, self._accumulate
+        # Where the current step's batch starts: kept until its last micro-batch is returned.
+        start = {"position": state["position"], "buckets": state["buckets"]}
+        micro = state["micro"]
+        for steps, batch, after in self._compose(state):
             for j in range(micro, k):
                 last = j + 1 == k
                 moved = after if last else start
                 self._state = {**state, **moved, "steps": steps + last, "micro": (j + 1) % k}
                 # Not copied: a state's lists are new for every step and never changed.
-                yield batch[j * w + self._rank :: w * k], steps, dict(self._state)
-            start, steps, micro = after, steps + 1, 0
+                yield deal(batch, j * w + self._rank, w * k), steps, dict(self._state)
+            start, micro = after, 0
 
 
 class RankBatchPlan(BatchPlan):

@@ -50,6 +50,7 @@ __all__ = [
     "build_batch_data_loader",
     "build_detection_test_loader",
     "build_detection_train_loader",
+    "build_train_sampler",
     "build_test_loader",
     "build_train_loader",
     "check_train_loader_config",
@@ -102,23 +103,40 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
         BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
 
 
-def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
-    """The sampler ``DATALOADER.SAMPLER_TRAIN`` names (checked before), with the shared seed.
+def build_train_sampler(
+    cfg: CfgNode,
+    records: Sequence[Any],
+    seed: int,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> GlobalStreamSampler:
+    """Return the training sampler ``DATALOADER.SAMPLER_TRAIN`` names, with the shared seed.
 
-    ``records`` are the unmapped records, read by ``RepeatFactorTrainingSampler`` only.
+    Args:
+        cfg: the config (checked before by :func:`check_train_loader_config`).
+        records: the unmapped records (read by ``RepeatFactorTrainingSampler`` only; the
+            others read their length).
+        seed: the data seed, the same on every rank.
+        rank, world_size: whose share the sampler yields (default: this process's).
     """
     name = cfg.DATALOADER.SAMPLER_TRAIN
     logger.info("Using training sampler %s with seed %d", name, seed)
+    size, shard = len(records), {"rank": rank, "world_size": world_size}
     if name == "RandomSubsetTrainingSampler":
         return RandomSubsetTrainingSampler(
-            size, cfg.DATALOADER.RANDOM_SUBSET_RATIO, seed_shuffle=seed, seed_subset=seed
+            size,
+            cfg.DATALOADER.RANDOM_SUBSET_RATIO,
+            seed_shuffle=seed,
+            seed_subset=seed,
+            **shard,
         )
     if name == "RepeatFactorTrainingSampler":
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
             records, cfg.DATALOADER.REPEAT_THRESHOLD, sqrt=cfg.DATALOADER.REPEAT_SQRT
         )
-        return RepeatFactorTrainingSampler(factors, seed=seed)
-    return TrainingSampler(size, seed=seed)
+        return RepeatFactorTrainingSampler(factors, seed=seed, **shard)
+    return TrainingSampler(size, seed=seed, **shard)
 
 
 def _train_loader_from_config(
@@ -154,7 +172,7 @@ def _train_loader_from_config(
     )
     if sampler is None and not isinstance(dataset, IterableDataset):
         # The unmapped records (read by RepeatFactorTrainingSampler only).
-        sampler = _train_sampler(cfg, records, len(dataset), seed)
+        sampler = build_train_sampler(cfg, records, seed)
     elif sampler is None:
         logger.info("No sampler: the train dataset is an IterableDataset")
     return {

@@ -24,6 +24,7 @@ __all__ = [
     "DatasetCatalog",
     "Metadata",
     "MetadataCatalog",
+    "dataset_sizes",
     "get_detection_dataset_dicts",
     "joined_names",
     "load_catalog_dataset",
@@ -209,3 +210,26 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
     """
     found = _named_datasets(_names(names), filter_empty)
     return found if isinstance(found, Dataset) else DatasetFromList(found, copy=False)
+
+
+def dataset_sizes(names: str | Sequence[str], *, filter_empty: bool = False) -> list[int]:
+    """Return how many records each named dataset adds to :func:`load_catalog_dataset`'s.
+
+    Each catalog function is called again and its records counted, not kept, so dataset
+    index ``i`` of the joined dataset is record ``i - sum(sizes[:n])`` of the ``n``-th name.
+
+    Args:
+        names, filter_empty: as for :func:`load_catalog_dataset`.
+
+    Raises:
+        ConfigError, UnknownNameError: As :func:`load_catalog_dataset`.
+    """
+    names = _names(names)
+    sizes = []
+    for name in names:
+        part = _catalog_part(names, name)
+        if isinstance(part, Dataset):
+            sizes.append(len(part))  # type: ignore[arg-type]  # an unsized one raises
+        else:
+            sizes.append(sum(keep_record(r, filter_empty=filter_empty) for r in part))
+    return sizes
