@@ -320,6 +320,14 @@ _C.MLFLOW.EXPERIMENT = "trainkit"
 # Seconds a rank may go without finishing a phase (data, step, checkpoint, eval) before the
 # watchdog stops the job; 0 disables the watchdog.
 _C.WATCHDOG_TIMEOUT_S = 0.0
+
+# Debugging aids; each costs time, so all are off by default.
+_C.DEBUG = CN()
+# With CUDA: record the allocator's history of allocations during training
+# (torch.cuda.memory._record_memory_history), so that a device out-of-memory error saves the
+# allocator's snapshot in OUTPUT_DIR/failed_steps/iter_<N>/ (open it at
+# https://pytorch.org/memory_viz). Slows every allocation; ignored without CUDA.
+_C.DEBUG.CUDA_MEMORY_HISTORY = False
 # Placeholder for user-defined keys: anything may be added under it.
 _C.GLOBAL = CN(new_allowed=True)
 _C.GLOBAL.HACK = 1.0
