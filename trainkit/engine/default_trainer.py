@@ -297,6 +297,8 @@ class DefaultTrainer(TrainerBase):
                 failed_steps.capture(e)
             raise
         finally:
+            if failed_steps is not None:
+                failed_steps.after_train()
             self._step.close_data_iterator()
             # With SOLVER.CHECKPOINT_ASYNC the last checkpoint may still be being written
             # (also one saved by a hook after the checkpoint hook's after_train).

@@ -152,8 +152,8 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 class FailedStepCapture:
     """Write the failing step's folder for one ``DefaultTrainer`` (see the module docstring).
 
-    ``DefaultTrainer.train`` calls :meth:`before_train` and, when the loop raises,
-    :meth:`capture`.
+    ``DefaultTrainer.train`` calls :meth:`before_train`, :meth:`capture` when the loop
+    raises, then :meth:`after_train`.
 
     Args:
         trainer: the trainer; held through a weak reference, as hooks do.
@@ -176,9 +176,14 @@ class FailedStepCapture:
         """Note where the loop starts; with ``DEBUG.CUDA_MEMORY_HISTORY``, record allocations."""
         trainer = self._trainer
         self._start = (trainer.start_iter, trainer._trainer.loader_state_dict())
-        if trainer.cfg.DEBUG.CUDA_MEMORY_HISTORY and torch.cuda.is_available():
-            # Costs time on every allocation; kept until the process ends, like the run.
+        if self._records_memory():
+            # Costs time on every allocation: only while training (after_train stops it).
             torch.cuda.memory._record_memory_history(max_entries=_MEMORY_HISTORY_ENTRIES)
+
+    def after_train(self) -> None:
+        """Stop recording allocations (after :meth:`capture`, which may save them)."""
+        if self._records_memory():
+            torch.cuda.memory._record_memory_history(enabled=None)
 
     def capture(self, error: BaseException) -> str | None:
         """Write the folder of the step ``error`` ended, if it is a step's failure.
