@@ -56,7 +56,14 @@ from trainkit.utils.env import seed_all_rng
 from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventStorage
 
-__all__ = ["BadRecord", "ReplayReport", "load_trainer_class", "replay_failed_step"]
+__all__ = [
+    "BadRecord",
+    "ReplayError",
+    "ReplayReport",
+    "load_trainer_class",
+    "replay_config",
+    "replay_failed_step",
+]
 
 logger = logging.getLogger(__name__)
 
