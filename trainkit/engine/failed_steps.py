@@ -82,6 +82,11 @@ def record_ids(cfg: CfgNode, records: Any) -> RecordIds:
     A loader built from records given in code (``build_train_loader(cfg, dataset=...)``)
     has no catalog names; its records are then named by their dataset index.
     """
+    names = cfg.DATASETS.TRAIN
+    names = [names] if isinstance(names, str) else list(names)
+    if len(names) == 1 and len(records) > 0:
+        # One dataset: its size is the records' (no second read of its catalog entry).
+        return RecordIds(records, names, [len(records)])
     try:
         return RecordIds.from_config(cfg, records)
     except (KeyError, ValueError):
