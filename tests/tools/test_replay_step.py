@@ -5,9 +5,11 @@ step-records function so that rank 1 gets it at step 37) writes model_0000019.pt
 checkpoint, CHECKPOINT_PERIOD 20) and, untagged, model_0000036.pth: the weights before step
 37. The replay starts from model_0000019, replays steps 20..36 with both ranks' batches in one
 process, and must reach model_0000036's weights bit for bit, then name the record and the
-loss term of step 37.
+loss term of step 37. The command's output, options and exit status are tested on the
+one-process run of tests/engine/test_failed_steps.py (fast).
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -18,6 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.test_failed_steps import (
+    POISON,
+    cfg_for,
+    poison,  # noqa: F401  # the fixture
+    poison_record_of,
+    train,
+)
 from trainkit.config import get_cfg
 from trainkit.data.step_records import build_train_plan, steps_records
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
@@ -100,3 +109,42 @@ def test_a_poisoned_record_is_captured_and_replayed_on_one_process(tmp_path):
     assert replayed.keys() == saved.keys()
     different = [k for k in saved if not torch.equal(replayed[k], saved[k])]
     assert not different
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("replay_step", ROOT / "tools" / "replay_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.usefixtures("poison")
+def test_the_command_prints_the_report_saves_the_weights_and_exits_as_the_run(tmp_path, capsys):
+    cfg = cfg_for(tmp_path)
+    index = poison_record_of(cfg, 9)
+    train(cfg)
+    capsys.readouterr()  # the run's log
+    tool = _tool()
+    folder = tmp_path / "failed_steps" / "iter_9"
+    weights = tmp_path / "w" / "before.pth"
+    args = tool.parse_args([str(folder), "--save-weights", str(weights)])
+    assert tool.main(args) == NON_FINITE_EXIT_CODE
+    # The report (log lines, which also go to stdout, left out).
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[")]
+    assert out[:3] == [
+        "replayed step 8",
+        "Replayed steps 8..8 from model_0000007.pth",
+        "Step 9: the failure is reproduced",
+    ]
+    bad = f"failed_steps_regression[{index}] (rank 0 micro-batch 0): loss_mse, loss_l1"
+    assert f"  bad record: {bad}" in out
+    saved = torch.load(weights, weights_only=True)
+    assert saved["iteration"] == 8 and "hidden.weight" in saved["model"]
+    # Started from the step itself (a checkpoint given): nothing replayed before it.
+    POISON["index"] = -1
+    args = tool.parse_args([str(folder), "--checkpoint", str(tmp_path / "model_0000007.pth")])
+    step = json.loads((folder / "step.json").read_text())
+    step["iteration"] = 8
+    (folder / "step.json").write_text(json.dumps(step))
+    assert tool.main(args) == 0
+    assert "Step 8: did NOT fail in the replay" in capsys.readouterr().out
