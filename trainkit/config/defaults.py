@@ -331,6 +331,14 @@ _C.STRAGGLER.ENABLED = True
 _C.STRAGGLER.MARGIN = 0.5
 # Writer periods in a row a rank must be that slow to be named; 1, 2 or 3.
 _C.STRAGGLER.PERIODS = 3
+
+# Debugging aids; each costs time, so all are off by default.
+_C.DEBUG = CN()
+# With CUDA: record the allocator's history of allocations during training
+# (torch.cuda.memory._record_memory_history), so that a device out-of-memory error saves the
+# allocator's snapshot in OUTPUT_DIR/failed_steps/iter_<N>/ (open it at
+# https://pytorch.org/memory_viz). Slows every allocation; ignored without CUDA.
+_C.DEBUG.CUDA_MEMORY_HISTORY = False
 # Placeholder for user-defined keys: anything may be added under it.
 _C.GLOBAL = CN(new_allowed=True)
 _C.GLOBAL.HACK = 1.0

@@ -15,6 +15,7 @@ from trainkit.config import CfgNode
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
 from trainkit.engine.ddp import create_ddp_model
+from trainkit.engine.failed_steps import FailedStepCapture
 from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
@@ -90,6 +91,7 @@ class DefaultTrainer(TrainerBase):
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.run_state = RunState(self)
+        self.failed_steps = FailedStepCapture(self)
         self.checkpointer = Checkpointer(
             model,
             cfg.OUTPUT_DIR,
@@ -284,16 +286,30 @@ class DefaultTrainer(TrainerBase):
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
 
         The results are :meth:`test`'s (validation losses go to the writers only); rank 0
-        checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. After a stop
+        checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. A step that
+        fails (an exception, a non-finite loss, out of memory) is captured in
+        ``OUTPUT_DIR/failed_steps/iter_<N>/`` first
+        (:class:`~trainkit.engine.failed_steps.FailedStepCapture`). After a stop
         (:meth:`TrainerBase.request_stop`) ``model_final.pth`` records it: resuming that run
         does not train (:class:`~trainkit.engine.hooks.PeriodicCheckpointer`).
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
         """
+        # A subclass that skipped DefaultTrainer.__init__ has none (see _trainer).
+        failed_steps = getattr(self, "failed_steps", None)
+        if failed_steps is not None:
+            failed_steps.before_train()
         try:
             super().train(self.start_iter, self.max_iter)
+        except BaseException as e:
+            # Written by the rank that finds the failure, before the launcher hears of it.
+            if failed_steps is not None:
+                failed_steps.capture(e)
+            raise
         finally:
+            if failed_steps is not None:
+                failed_steps.after_train()
             self._step.close_data_iterator()
             # With SOLVER.CHECKPOINT_ASYNC the last checkpoint may still be being written
             # (also one saved by a hook after the checkpoint hook's after_train).

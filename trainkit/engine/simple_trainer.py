@@ -133,6 +133,7 @@ class SimpleTrainer(TrainerBase):
         self.deferred_checks = deferred_checks
         self._pending_check = DeferredLossCheck()
         self._data_loader_iter_obj: Iterator[Any] | None = None
+        self._step_batches: list[Any] = []  # the micro-batches of the step in progress
         # Where batches are moved ahead of their step (None: used as the loader gives them;
         # "cpu": drawn ahead without a copy, which the CPU tests of resuming use).
         self.prefetch_device: torch.device | None = None
@@ -155,6 +156,8 @@ class SimpleTrainer(TrainerBase):
         self._enter_phase("data")
         batches, data_time_s = self._next_batches()
         self._enter_phase("forward/backward")
+        # Kept while the step runs: a failure's capture records their shapes (failed_steps).
+        self._step_batches = batches
         weights = _micro_batch_weights(batches)
         if self.zero_grad_before_forward:
             self.optimizer.zero_grad()
@@ -180,6 +183,7 @@ class SimpleTrainer(TrainerBase):
         self.after_backward()
         self.record_metrics(step_losses, data_time_s, total_loss=total_loss)
         self.optimizer_step()
+        self._step_batches = []
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Return the context the forward pass runs in (none here; autocast in AMPTrainer)."""

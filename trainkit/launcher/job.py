@@ -241,7 +241,9 @@ def _post_failure(
     if exit_code == NON_FINITE_EXIT_CODE:
         # Posted, not agreed: a loss checked on the CPU at every step stops only its own
         # rank; the others, waiting in the gradients' all-reduce, must stop with its status.
-        message, code, kind = f"rank {rank}: {error}", NON_FINITE_EXIT_CODE, "non_finite"
+        # With the exception's notes (the failing step's folder), as a traceback shows them.
+        notes = "".join(f"\n{note}" for note in getattr(error, "__notes__", ()))
+        message, code, kind = f"rank {rank}: {error}{notes}", NON_FINITE_EXIT_CODE, "non_finite"
         with contextlib.suppress(Exception):
             store.set(_NON_FINITE_KEY, message)
     elif isinstance(error, UsageError):

@@ -75,7 +75,8 @@ def _report_uncaught(
         # A trainkit outcome with its own status (a failed rank, a pre-empted run): its
         # message is the report (the failed rank's traceback included); the launcher's own
         # stack would only be noise.
-        _write_line(str(exc))
+        # Its notes too (the failing step's folder), as a traceback would end with them.
+        _write_line("".join([str(exc), *(f"\n{note}" for note in getattr(exc, "__notes__", ()))]))
         raise SystemExit(exit_code)
     _previous_hook(exc_type, exc, tb)
 

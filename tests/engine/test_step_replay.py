@@ -1,0 +1,109 @@
+"""Replaying a captured failing step in this process: the weights, the records, the report.
+
+The run of tests/engine/test_failed_steps.py (one process, a NaN record at step 9, checkpoints
+after iterations 3 and 7) is replayed from model_0000007: step 8 with its update, then step 9.
+The multi-process case (two ranks replayed in one process) is tests/tools/test_replay_step.py.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.engine.test_failed_steps import (
+    PoisonTrainer,
+    cfg_for,
+    poison,  # noqa: F401  # the fixture
+    poison_record_of,
+    train,
+)
+from trainkit.checkpoint import unwrap_model
+from trainkit.engine import HookBase
+from trainkit.engine.step_replay import ReplayError, load_trainer_class, replay_failed_step
+
+# The dataset registered, the poisoning reset afterwards.
+pytestmark = pytest.mark.usefixtures("poison")
+
+
+class _WeightsAfter(HookBase):
+    def __init__(self, iteration):
+        self.iteration, self.weights = iteration, None
+
+    def after_step(self):
+        if self.trainer.iter == self.iteration:
+            model = unwrap_model(self.trainer.model)
+            self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_replay_reaches_the_runs_weights_and_names_the_record(tmp_path, accumulate):
+    cfg = cfg_for(tmp_path, accumulate=accumulate)
+    index = poison_record_of(cfg, 9, micro_batch=accumulate - 1)
+    before = _WeightsAfter(8)
+    train(cfg, hooks=[before])
+    folder = tmp_path / "failed_steps" / "iter_9"
+
+    lines = []
+    report = replay_failed_step(str(folder), log=lines.append)
+    assert report.checkpoint.endswith("model_0000007.pth") and report.replayed == range(8, 9)
+    assert lines == ["replayed step 8"]
+    assert report.weights.keys() == before.weights.keys()
+    assert all(torch.equal(report.weights[k], v) for k, v in before.weights.items())
+    assert report.reproduced and report.bad_slots == [(0, accumulate - 1)]
+    bad_losses = report.losses[(0, accumulate - 1)]
+    assert bad_losses["loss_mse"] != bad_losses["loss_mse"]
+    if accumulate == 2:
+        assert all(v == v for v in report.losses[(0, 0)].values())
+    # BatchNorm1d cannot run one record: the replay drops each record in turn instead.
+    (bad,) = report.bad_records
+    assert (bad.rank, bad.micro_batch, bad.record_id) == (
+        0,
+        accumulate - 1,
+        f"failed_steps_regression[{index}]",
+    )
+    assert bad.terms == ["loss_mse", "loss_l1"]
+    assert report.grad_norms["all"] != report.grad_norms["all"]
+    assert report.non_finite_grads == ["hidden.weight", "hidden.bias", "norm.weight", "norm.bias",
+                                       "out.weight", "out.bias"]  # fmt: skip
+    text = "\n".join(report.lines())
+    assert "Step 9: the failure is reproduced" in text
+    assert (
+        f"bad record: failed_steps_regression[{index}] (rank 0 micro-batch {accumulate - 1})"
+        in text
+    )
+
+
+def test_the_replay_refuses_a_folder_it_cannot_use(tmp_path):
+    with pytest.raises(ReplayError, match="holds no step.json"):
+        replay_failed_step(str(tmp_path))
+    cfg = cfg_for(tmp_path)
+    poison_record_of(cfg, 9)
+    train(cfg)
+    folder = tmp_path / "failed_steps" / "iter_9"
+    with pytest.raises(ReplayError, match="not found; give one with --checkpoint"):
+        replay_failed_step(str(folder), checkpoint=str(tmp_path / "model_0000099.pth"))
+    # A checkpoint from after the step cannot be the start.
+    shutil.copy(tmp_path / "model_0000007.pth", tmp_path / "copy.pth")
+    step = json.loads((folder / "step.json").read_text())
+    step["iteration"] = 5
+    (folder / "step.json").write_text(json.dumps(step))
+    with pytest.raises(ReplayError, match="holds iteration 7, not before the failing step 5"):
+        replay_failed_step(str(folder), checkpoint=str(tmp_path / "copy.pth"))
+
+
+def test_load_trainer_class_imports_a_module_or_a_script(tmp_path):
+    assert load_trainer_class("tests.engine.test_failed_steps:PoisonTrainer") is PoisonTrainer
+    script = tmp_path / "my_train.py"
+    script.write_text(
+        "from trainkit.engine import DefaultTrainer\n"
+        "class Trainer(DefaultTrainer):\n    pass\n"
+        "if __name__ == '__main__':\n    raise SystemExit('must not run')\n"
+    )
+    assert load_trainer_class(f"{script}:Trainer").__name__ == "Trainer"
+    with pytest.raises(ReplayError, match="has no class Nope"):
+        load_trainer_class(f"{script}:Nope")
+    with pytest.raises(ReplayError, match="give module:Class"):
+        load_trainer_class("Trainer")
+    with pytest.raises(ReplayError, match="cannot import"):
+        load_trainer_class("no_such_module_here:Trainer")
