@@ -190,7 +190,7 @@ class GlobalBatchPlan(BatchPlan):
 
     def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
         state = self.state_dict()
-        w, k, num_buckets = self._world_size, self._accumulate, len(state["buckets"])
+        num_buckets = len(state["buckets"])
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
         # Where the current step's batch starts: kept until its last micro-batch is returned.
         start = {"position": state["position"], "buckets": state["buckets"]}
@@ -201,13 +201,30 @@ class GlobalBatchPlan(BatchPlan):
             if batch is None:
                 continue
             after = {"position": position + 1, "buckets": buckets.to_lists(num_buckets)}
-            for j in range(micro, k):
-                last = j + 1 == k
-                moved = after if last else start
-                self._state = {**state, **moved, "steps": steps + last, "micro": (j + 1) % k}
-                # Not copied: a state's lists are new for every step and never changed.
-                yield batch[j * w + self._rank :: w * k], steps, dict(self._state)
+            yield from self._deal(batch, state, steps, micro, start, after)
             start, steps, micro = after, steps + 1, 0
+
+    def _deal(
+        self,
+        batch: list[list[int]],
+        state: dict[str, Any],
+        steps: int,
+        micro: int,
+        start: dict[str, Any],
+        after: dict[str, Any],
+    ) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        """Yield this rank's micro-batches ``micro ..`` of step ``steps``'s composed ``batch``.
+
+        ``start`` / ``after``: the state keys where the step's batch starts and ends; the
+        state of a micro-batch before the step's last one stays at ``start``.
+        """
+        w, k = self._world_size, self._accumulate
+        for j in range(micro, k):
+            last = j + 1 == k
+            moved = after if last else start
+            self._state = {**state, **moved, "steps": steps + last, "micro": (j + 1) % k}
+            # Not copied: a state's lists are new for every step and never changed.
+            yield batch[j * w + self._rank :: w * k], steps, dict(self._state)
 
 
 class RankBatchPlan(BatchPlan):

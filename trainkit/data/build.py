@@ -34,6 +34,8 @@ from trainkit.data.loader_workers import (
     worker_init_reset_seed,
 )
 from trainkit.data.mapping import as_record_mapper, check_max_failures
+from trainkit.data.mixed_plan import MixedBatchPlan
+from trainkit.data.mixed_sets import check_mix_config, mixed_sets
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
@@ -41,6 +43,7 @@ from trainkit.data.samplers import (
 )
 from trainkit.data.samplers.distributed_sampler import check_subset_ratio
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
+from trainkit.data.samplers.mixed import MixedTrainingSampler
 from trainkit.data.stream_batches import StreamBatches
 from trainkit.utils import comm
 
@@ -100,6 +103,8 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
         )
     if loader.ASPECT_RATIO_GROUPING:
         BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
+    if cfg.DATASETS.TRAIN_WEIGHTS:
+        check_mix_config(cfg)
 
 
 def _train_sampler(cfg: CfgNode, records: Sequence[Any], size: int, seed: int) -> Sampler:
@@ -130,7 +135,14 @@ def _train_loader_from_config(
 ) -> dict[str, Any]:
     check_train_loader_config(cfg)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
-    if dataset is None:
+    if cfg.DATASETS.TRAIN_WEIGHTS and (dataset is not None or sampler is not None):
+        raise ConfigError(
+            "DATASETS.TRAIN_WEIGHTS mixes the DATASETS.TRAIN sets, which build_train_loader "
+            "loads itself; pass no dataset= or sampler=, or set DATASETS.TRAIN_WEIGHTS ()."
+        )
+    if cfg.DATASETS.TRAIN_WEIGHTS:
+        dataset, sampler = mixed_sets(cfg, seed)
+    elif dataset is None:
         # Every rank loads; a machine keeps one shared copy of the records (by content).
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
@@ -301,7 +313,8 @@ def build_batch_data_loader(
             "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
         )
     if seed is None:
-        seed = sampler.seed if isinstance(sampler, GlobalStreamSampler) else 0
+        trainkit_sampler = isinstance(sampler, (GlobalStreamSampler, MixedTrainingSampler))
+        seed = sampler.seed if trainkit_sampler else 0
     loader_kwargs = {
         "num_workers": num_workers,
         "prefetch_factor": prefetch_factor,
@@ -330,14 +343,30 @@ def build_batch_data_loader(
             bucket_ids = record_bucket_ids(records, aspect_ratio_bins)
         elif aspect_ratio_grouping:
             bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
-        source = make_batch_plan(
-            sampler,
-            total_batch_size,
-            single_gpu_batch_size,
-            accumulate_steps,
-            bucket_ids,
-            drop_last,
-        )
+        if isinstance(sampler, MixedTrainingSampler):
+            if single_gpu_batch_size:
+                raise ConfigError(
+                    "a MixedTrainingSampler (DATASETS.TRAIN_WEIGHTS) composes whole optimizer "
+                    "steps: give total_batch_size (SOLVER.IMS_PER_BATCH), not "
+                    "single_gpu_batch_size."
+                )
+            source = MixedBatchPlan(
+                sampler,
+                total_batch_size or 0,
+                rank=sampler.rank,
+                world_size=sampler.world_size,
+                accumulate_steps=accumulate_steps,
+                bucket_ids=bucket_ids,
+            )
+        else:
+            source = make_batch_plan(
+                sampler,
+                total_batch_size,
+                single_gpu_batch_size,
+                accumulate_steps,
+                bucket_ids,
+                drop_last,
+            )
     return TrainLoader(
         records, mapper, source, seed=seed, collate_fn=collate, loader_kwargs=loader_kwargs
     )

@@ -1,0 +1,141 @@
+"""The batch plan of a weighted mix of training sets: each step's exact share of every set.
+
+:class:`MixedBatchPlan` composes optimizer step ``s``'s batch of ``B = SOLVER.IMS_PER_BATCH``
+records from several sets (:class:`~trainkit.data.samplers.mixed.MixedTrainingSampler`) and
+deals it to ``W x k`` slots exactly as :class:`~trainkit.data.batch_plan.GlobalBatchPlan`
+does, so a step's records stay a pure function of (seed, step) on every topology:
+
+1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
+   remainder with a carry), set 0's first, then set 1's, ...
+2. Set ``i``'s records are the next ones of its own stream, in order; with aspect-ratio
+   grouping, set ``i``'s records fill *that set's* buckets and the step takes the first of
+   them to hold ``n_i(s)`` records (a bucket already holding ``n_i(s)`` or more, when ``n_i``
+   shrank, is taken first: the one whose ``n_i(s)``-th record came earliest, its first
+   ``n_i(s)`` records). The share never bends to grouping; the cost is that a step (and so
+   a micro-batch) may hold records of different buckets, one bucket per set: more padding
+   than grouping a single set (``benchmarks/padding.py`` shows how much).
+3. A record's position (which keys its augmentations, ``sample_rng()``) is
+   ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
+   same on every topology.
+
+The position after a step (:mod:`trainkit.data.loader_state`, kind ``"global"``) holds each
+set's: the next position of its stream, the records it gave to steps so far, those of the
+last step, and its waiting records per bucket. So the mix resumes exactly, on any world size
+and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from trainkit.data.batch_plan import BucketIds, GlobalBatchPlan
+from trainkit.data.grouping import Buckets
+from trainkit.data.samplers.mixed import MixedTrainingSampler
+
+__all__ = ["MixedBatchPlan"]
+
+
+class MixedBatchPlan(GlobalBatchPlan):
+    """Compose each step from several sets' streams by weight; deal it as the global plan does.
+
+    The rule is the module docstring's. Batches come in order, without end; a batch's key is
+    its optimizer step.
+    """
+
+    def __init__(
+        self,
+        sampler: MixedTrainingSampler,
+        global_batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        accumulate_steps: int = 1,
+        bucket_ids: BucketIds | None = None,
+    ) -> None:
+        """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s sets.
+
+        ``bucket_ids`` (aspect-ratio grouping, or None): each dataset index's bucket, the
+        indices of the concatenated sets. Raises a ``ConfigError`` if the batch does not
+        split evenly (:func:`~trainkit.data.batch_plan.split_batch`).
+        """
+        super().__init__(
+            sampler,  # type: ignore[arg-type]  # read through its own methods below
+            global_batch_size,
+            rank=rank,
+            world_size=world_size,
+            accumulate_steps=accumulate_steps,
+            bucket_ids=bucket_ids,
+        )
+        num_buckets = len(self._state["buckets"])
+        self._state["sets"] = [
+            {"position": 0, "taken": 0, "records": 0, "buckets": [[] for _ in range(num_buckets)]}
+            for _ in sampler.sizes
+        ]
+
+    def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
+        state = self.state_dict()
+        sampler: MixedTrainingSampler = self._sampler
+        batch_size, num_sets = self._batch_size, len(sampler.sizes)
+        num_buckets = len(state["buckets"])
+        sets = state["sets"]
+        positions = [part["position"] for part in sets]
+        taken = [part["taken"] for part in sets]
+        buckets = [Buckets.from_lists(batch_size, part["buckets"]) for part in sets]
+        readers = [
+            self._read(lambda start, count, i=i: sampler.indices(i, start, count), positions[i])
+            for i in range(num_sets)
+        ]
+        start = {"position": state["position"], "sets": sets}
+        steps, micro = state["steps"], state["micro"]
+        while True:
+            counts = sampler.counts(batch_size, steps, taken)
+            batch: list[list[int]] = []
+            for i, count in enumerate(counts):
+                if not count:
+                    continue
+                if self._bucket_ids is None:  # in stream order: no bucket to wait in
+                    first = positions[i]
+                    batch += [
+                        [index, (first + j) * num_sets + i]
+                        for j, (index, _) in enumerate(itertools.islice(readers[i], count))
+                    ]
+                    positions[i] += count
+                    continue
+                part = _take_full(buckets[i], count)
+                while part is None:
+                    index, bucket = next(readers[i])
+                    buckets[i].batch_size = count
+                    part = buckets[i].add(bucket, [index, positions[i] * num_sets + i])
+                    positions[i] += 1
+                batch += part
+            taken = [c + n for c, n in zip(taken, counts)]
+            after = {
+                "position": (steps + 1) * batch_size,  # records of the steps composed
+                "sets": [
+                    {
+                        "position": positions[i],
+                        "taken": taken[i],
+                        "records": counts[i],
+                        "buckets": buckets[i].to_lists(num_buckets),
+                    }
+                    for i in range(num_sets)
+                ],
+            }
+            yield from self._deal(batch, state, steps, micro, start, after)
+            start, steps, micro = after, steps + 1, 0
+
+
+def _take_full(buckets: Buckets, count: int) -> list[list[int]] | None:
+    """Take ``count`` records from a bucket that already holds as many (None if none does).
+
+    Of several such buckets, the one whose ``count``-th record came first in the stream.
+    """
+    full = [items for items in buckets.waiting.values() if len(items) >= count]
+    if not full:
+        return None
+    items = min(full, key=lambda items: items[count - 1][1])
+    part = items[:count]
+    del items[:count]
+    return part
