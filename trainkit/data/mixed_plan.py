@@ -34,7 +34,12 @@ from trainkit.data.batch_plan import BucketIds, GlobalBatchPlan
 from trainkit.data.grouping import Buckets
 from trainkit.data.samplers.mixed import MixedTrainingSampler
 
-__all__ = ["MixedBatchPlan"]
+__all__ = ["LOOK_AHEAD", "MixedBatchPlan"]
+
+# With grouping, a set other than the leading one reads ahead until the step's bucket holds
+# its share, keeping at most LOOK_AHEAD x buckets x its share records waiting (its memory
+# bound, and what makes most steps one bucket when the sets' aspect ratios look alike).
+LOOK_AHEAD = 4
 
 
 class MixedBatchPlan(GlobalBatchPlan):
@@ -82,9 +87,13 @@ class MixedBatchPlan(GlobalBatchPlan):
         sets = state["sets"]
         positions = [part["position"] for part in sets]
         taken = [part["taken"] for part in sets]
-        buckets = [Buckets.from_lists(batch_size, part["buckets"]) for part in sets]
+        waiting = [Buckets.from_lists(batch_size, part["buckets"]).waiting for part in sets]
+        # Per set: (its record's position, (dataset index, bucket)), from where it stopped.
         readers = [
-            self._read(lambda start, count, i=i: sampler.indices(i, start, count), positions[i])
+            zip(
+                itertools.count(positions[i] * num_sets + i, num_sets),
+                self._read(lambda start, n, i=i: sampler.indices(i, start, n), positions[i]),
+            )
             for i in range(num_sets)
         ]
         start = {"position": state["position"], "sets": sets}
@@ -92,24 +101,22 @@ class MixedBatchPlan(GlobalBatchPlan):
         while True:
             counts = sampler.counts(batch_size, steps, taken)
             batch: list[list[int]] = []
-            for i, count in enumerate(counts):
-                if not count:
-                    continue
-                if self._bucket_ids is None:  # in stream order: no bucket to wait in
-                    first = positions[i]
-                    batch += [
-                        [index, (first + j) * num_sets + i]
-                        for j, (index, _) in enumerate(itertools.islice(readers[i], count))
-                    ]
+            if self._bucket_ids is None:  # each set's next records, in stream order
+                for i, count in enumerate(counts):
+                    batch += [[index, p] for p, (index, _) in itertools.islice(readers[i], count)]
                     positions[i] += count
-                    continue
-                part = _take_full(buckets[i], count)
-                while part is None:
-                    index, bucket = next(readers[i])
-                    buckets[i].batch_size = count
-                    part = buckets[i].add(bucket, [index, positions[i] * num_sets + i])
-                    positions[i] += 1
-                batch += part
+            else:
+                # The set with the largest share leads: its first bucket to fill is the
+                # step's bucket, which the other sets fill too where they can.
+                leader = counts.index(max(counts))
+                order = [leader] + [i for i in range(num_sets) if i != leader]
+                target = None
+                for i in order:
+                    if counts[i]:
+                        before = sum(map(len, waiting[i].values()))
+                        part, target = _fill(readers[i], waiting[i], counts[i], target)
+                        positions[i] += sum(map(len, waiting[i].values())) + counts[i] - before
+                        batch += part
             taken = [c + n for c, n in zip(taken, counts)]
             after = {
                 "position": (steps + 1) * batch_size,  # records of the steps composed
@@ -118,7 +125,7 @@ class MixedBatchPlan(GlobalBatchPlan):
                         "position": positions[i],
                         "taken": taken[i],
                         "records": counts[i],
-                        "buckets": buckets[i].to_lists(num_buckets),
+                        "buckets": [list(waiting[i].get(b, ())) for b in range(num_buckets)],
                     }
                     for i in range(num_sets)
                 ],
@@ -127,15 +134,43 @@ class MixedBatchPlan(GlobalBatchPlan):
             start, steps, micro = after, steps + 1, 0
 
 
-def _take_full(buckets: Buckets, count: int) -> list[list[int]] | None:
-    """Take ``count`` records from a bucket that already holds as many (None if none does).
+def _fill(
+    reader: Iterator[tuple[int, tuple[int, int]]],
+    waiting: dict[Any, list[list[int]]],
+    count: int,
+    target: int | None,
+) -> tuple[list[list[int]], int]:
+    """Take ``count`` records of one set from its ``waiting`` records by bucket, reading on.
 
-    Of several such buckets, the one whose ``count``-th record came first in the stream.
+    ``waiting`` holds a list for every bucket. Without a ``target`` bucket (the leading set):
+    the first bucket to hold ``count``. With one: that bucket, reading until it holds
+    ``count`` or the set has :data:`LOOK_AHEAD` x buckets x ``count`` records waiting; then
+    (some bucket surely holds ``count``) the bucket whose ``count``-th record came first.
+    Returns the records and the bucket taken.
     """
-    full = [items for items in buckets.waiting.values() if len(items) >= count]
-    if not full:
-        return None
-    items = min(full, key=lambda items: items[count - 1][1])
+    if target is None:
+        if _first_full(waiting, count) is None:
+            for position, (index, bucket) in reader:
+                items = waiting[bucket]
+                items.append([index, position])
+                if len(items) >= count:
+                    break
+    elif len(waiting[target]) < count:
+        room = LOOK_AHEAD * len(waiting) * count - sum(map(len, waiting.values()))
+        for position, (index, bucket) in itertools.islice(reader, max(room, 0)):
+            items = waiting[bucket]
+            items.append([index, position])
+            if bucket == target and len(items) >= count:
+                break
+    if target is None or len(waiting[target]) < count:
+        target = _first_full(waiting, count)
+    items = waiting[target]
     part = items[:count]
     del items[:count]
-    return part
+    return part, target
+
+
+def _first_full(waiting: dict[Any, list[list[int]]], count: int) -> Any:
+    """The bucket whose ``count``-th record came first in the stream (None: none holds so many)."""
+    full = [b for b, items in waiting.items() if len(items) >= count]
+    return min(full, key=lambda b: waiting[b][count - 1][1], default=None)
