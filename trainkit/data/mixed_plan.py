@@ -83,7 +83,6 @@ class MixedBatchPlan(GlobalBatchPlan):
         state = self.state_dict()
         sampler: MixedTrainingSampler = self._sampler
         batch_size, num_sets = self._batch_size, len(sampler.sizes)
-        num_buckets = len(state["buckets"])
         sets = state["sets"]
         positions = [part["position"] for part in sets]
         taken = [part["taken"] for part in sets]
@@ -113,9 +112,9 @@ class MixedBatchPlan(GlobalBatchPlan):
                 target = None
                 for i in order:
                     if counts[i]:
-                        before = sum(map(len, waiting[i].values()))
-                        part, target = _fill(readers[i], waiting[i], counts[i], target)
-                        positions[i] += sum(map(len, waiting[i].values())) + counts[i] - before
+                        part, target, last = _fill(readers[i], waiting[i], counts[i], target)
+                        if last is not None:  # the last record read: p * num_sets + i
+                            positions[i] = last // num_sets + 1
                         batch += part
             taken = [c + n for c, n in zip(taken, counts)]
             after = {
@@ -125,7 +124,8 @@ class MixedBatchPlan(GlobalBatchPlan):
                         "position": positions[i],
                         "taken": taken[i],
                         "records": counts[i],
-                        "buckets": [list(waiting[i].get(b, ())) for b in range(num_buckets)],
+                        # Every bucket has its list, in bucket order (Buckets.from_lists).
+                        "buckets": [list(items) for items in waiting[i].values()],
                     }
                     for i in range(num_sets)
                 ],
@@ -139,15 +139,17 @@ def _fill(
     waiting: dict[Any, list[list[int]]],
     count: int,
     target: int | None,
-) -> tuple[list[list[int]], int]:
+) -> tuple[list[list[int]], int, int | None]:
     """Take ``count`` records of one set from its ``waiting`` records by bucket, reading on.
 
     ``waiting`` holds a list for every bucket. Without a ``target`` bucket (the leading set):
     the first bucket to hold ``count``. With one: that bucket, reading until it holds
     ``count`` or the set has :data:`LOOK_AHEAD` x buckets x ``count`` records waiting; then
     (some bucket surely holds ``count``) the bucket whose ``count``-th record came first.
-    Returns the records and the bucket taken.
+    Returns the records, the bucket taken and the position of the last record read (None:
+    none was read).
     """
+    position = None
     if target is None:
         if _first_full(waiting, count) is None:
             for position, (index, bucket) in reader:
@@ -167,10 +169,12 @@ def _fill(
     items = waiting[target]
     part = items[:count]
     del items[:count]
-    return part, target
+    return part, target, position
 
 
 def _first_full(waiting: dict[Any, list[list[int]]], count: int) -> Any:
     """The bucket whose ``count``-th record came first in the stream (None: none holds so many)."""
+    if max(map(len, waiting.values()), default=0) < count:  # the usual case: cheap
+        return None
     full = [b for b, items in waiting.items() if len(items) >= count]
     return min(full, key=lambda b: waiting[b][count - 1][1], default=None)
