@@ -7,13 +7,16 @@ does, so a step's records stay a pure function of (seed, step) on every topology
 
 1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
    remainder with a carry), set 0's first, then set 1's, ...
-2. Set ``i``'s records are the next ones of its own stream, in order; with aspect-ratio
-   grouping, set ``i``'s records fill *that set's* buckets and the step takes the first of
-   them to hold ``n_i(s)`` records (a bucket already holding ``n_i(s)`` or more, when ``n_i``
-   shrank, is taken first: the one whose ``n_i(s)``-th record came earliest, its first
-   ``n_i(s)`` records). The share never bends to grouping; the cost is that a step (and so
-   a micro-batch) may hold records of different buckets, one bucket per set: more padding
-   than grouping a single set (``benchmarks/padding.py`` shows how much).
+2. Set ``i``'s records are the next ones of its own stream, in order. With aspect-ratio
+   grouping, each set's records wait in that set's buckets; the set with the largest share
+   in the step leads, and its first bucket to hold its share is the step's bucket. Every
+   other set takes its share from the same bucket, reading ahead until that bucket holds
+   it, but keeping at most :data:`LOOK_AHEAD` x buckets x its share records waiting (its
+   memory bound); past that it takes its own bucket whose ``n_i(s)``-th record came first
+   (one must hold that many). A bucket already holding a set's share (when ``n_i``
+   shrank) gives its first records. The share never bends to grouping; when the sets'
+   aspect ratios differ a step holds one bucket per set, which pads more
+   (``benchmarks/mixing.py`` shows how much).
 3. A record's position (which keys its augmentations, ``sample_rng()``) is
    ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
    same on every topology.
