@@ -3,7 +3,7 @@
 Composing optimizer steps (the batch plan alone, no loading: what mixing adds per step) for
 three sets weighted ``10 : 5 : 1`` beside one set of the same records, with grouping off and
 on; and the padding per batch that grouping within each set's share costs on shapes_train
-(cut into three sets), beside grouping one set.
+(cut into three sets), beside the same records unmixed.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def bench_mixing(quick: bool, rounds: int) -> dict[str, Any]:
         f"Mixing three sets 10:5:1 (DATASETS.TRAIN_WEIGHTS) beside one set: the batch plan "
         f"composing {steps} steps of {_PLAN_BATCH} from {_RECORDS:.0e} records (medians of "
         f"{rounds} rounds), and the padding per batch on shapes_train cut in three "
-        f"({pad_batches} batches of {BATCH}; grouping within each set's share)",
+        f"({pad_batches} batches of {BATCH}; grouped: the sets share the step's bucket where they "
+        "can)",
         ["measure", "one set", "mixed", "mixed / one set", "target", "PASS/MISS"],
         rows,
     )
