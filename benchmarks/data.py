@@ -11,7 +11,9 @@
   (trainkit shards the stream across its workers and maps whole batches) beside a torch
   ``DataLoader`` over an ``IterableDataset`` that shards itself with ``get_worker_info()`` and
   maps each batch;
-* padding per batch and the classifier's step time with each way of batching.
+* padding per batch and the classifier's step time with each way of batching;
+* mixing three sets by weight (``DATASETS.TRAIN_WEIGHTS``, :mod:`benchmarks.mixing`): the
+  plan composing mixed steps beside plain ones, and the padding grouping then costs.
 
 Each throughput row also shows the CPU time per sample (main process and workers): on a
 shared machine it moves far less than samples/s.
@@ -40,6 +42,7 @@ from torch.utils.data import (
 )
 
 from benchmarks.measure import alternate, cpu_seconds, median
+from benchmarks.mixing import bench_mixing
 from benchmarks.padding import bench_padding
 from benchmarks.report import print_table, target_text, verdict
 from benchmarks.shapes import shapes_cfg, train_loader
@@ -211,6 +214,7 @@ def bench_data(args: argparse.Namespace) -> dict[str, Any]:
         "grouping_sizes": _bench_grouping_sizes(rounds),
     }
     results.update(bench_padding(quick, rounds))
+    results["mixing"] = bench_mixing(quick, rounds)
     return results
 
 

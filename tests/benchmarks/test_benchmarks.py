@@ -86,10 +86,10 @@ def test_every_task_reports_json(quick_run):
 def test_every_table_has_target_and_verdict_columns(quick_run):
     stdout, _ = quick_run
     tables = _tables(stdout)
-    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 4 (map-style, stream,
-    # grouping sizes, padding), mapper 2 (per image, seeding), launch 2, checkpoint 2, eval 1,
-    # goodput 1, import_cost 1, device 1, compile 1
-    assert len(tables) == 22
+    # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 5 (map-style, stream,
+    # grouping sizes, padding, mixing), mapper 2 (per image, seeding), launch 2,
+    # checkpoint 2, eval 1, goodput 1, import_cost 1, device 1, compile 1
+    assert len(tables) == 23
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -166,6 +166,12 @@ def test_data_json(quick_run):
         assert 0 <= row["padded_to_max"] <= row["padded_after_divisibility"] < 1
     # Two targets, then the per-image rescale comparison, which has none.
     assert [c["verdict"] in ("PASS", "MISS") for c in data["padding_checks"]] == [True, True, False]
+    mixing = data["mixing"]
+    assert [r["grouping"] for r in mixing["compose"]] == [False, True]
+    for row in mixing["compose"]:
+        assert row["ratio"] == pytest.approx(row["mixed_us"] / row["plain_us"])
+        assert row["verdict"] in ("PASS", "MISS")
+    assert all(0 <= r["one_set"] < 1 and 0 <= r["mixed"] < 1 for r in mixing["padding"])
 
 
 def test_mapper_json(quick_run):

@@ -64,6 +64,16 @@ def test_unknown_key_on_command_line():
         get_cfg().merge_from_list(["MAX_ITER", "5"])
 
 
+def test_a_flag_after_the_overrides_says_to_put_flags_first():
+    # `train_net.py ... SOLVER.MAX_ITER 5 --resume`: argparse hands "--resume" to the config.
+    with pytest.raises(ConfigError, match=r"--resume came after the config overrides"):
+        get_cfg().merge_from_list(["SOLVER.MAX_ITER", "5", "--resume"])
+    with pytest.raises(ConfigError, match=r"--dry-run-json came after the config overrides"):
+        get_cfg().merge_from_list(["SOLVER.MAX_ITER", "5", "--dry-run-json", "x.json"])
+    # a value that starts with "-" is a value
+    assert get_cfg().merge_from_list(["SOLVER.BASE_LR", "-1"]) is None
+
+
 def test_wrong_type_names_key_expected_and_given(tmp_path):
     with pytest.raises(ConfigError, match=r"SOLVER.MAX_ITER .*expects int .*got str 'many'"):
         get_cfg().merge_from_list(["SOLVER.MAX_ITER", "many"])

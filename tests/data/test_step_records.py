@@ -134,14 +134,15 @@ def test_record_ids_name_the_dataset_the_index_in_it_and_the_records_own_id(two_
         ids(10)
 
 
-def test_the_plan_from_a_config_is_the_loaders(two_datasets):
+@pytest.mark.parametrize("weights", [(), (3.0, 1.0)], ids=["concatenated", "mixed"])
+def test_the_plan_from_a_config_is_the_loaders(two_datasets, weights):
     from trainkit.data import build_detection_train_loader
 
     cfg = get_cfg()
     cfg.merge_from_list(
         ["DATASETS.TRAIN", two_datasets, "SOLVER.IMS_PER_BATCH", 4, "SEED", 7]
         + ["DATALOADER.ASPECT_RATIO_GROUPING", True, "SOLVER.ACCUMULATE_STEPS", 2]
-        + ["DATALOADER.NUM_WORKERS", 0]
+        + ["DATALOADER.NUM_WORKERS", 0, "DATASETS.TRAIN_WEIGHTS", weights]
     )
     _, plan = build_train_plan(cfg, 1)
     loader = build_detection_train_loader(cfg, mapper=lambda r: r)
@@ -149,6 +150,8 @@ def test_the_plan_from_a_config_is_the_loaders(two_datasets):
     listed = [tuple(i for i, _ in step.records(0, j)) for step in steps_records(plan, 5)
               for j in range(2)]  # fmt: skip
     assert seen == listed
+    if weights:  # 3:1 of a batch of 4: three of steps_a (indices < 6), one of steps_b
+        assert all(sum(i < 6 for i, _ in step.batch) == 3 for step in steps_records(plan, 5))
 
 
 def test_a_config_the_plan_cannot_list_is_one_line(two_datasets):

@@ -16,7 +16,8 @@ from torch import nn
 
 from tests.dist import run_on_ranks
 from trainkit.config import get_cfg
-from trainkit.data import build_train_loader, sample_rng
+from trainkit.data import DatasetCatalog, build_train_loader, sample_rng
+from trainkit.data.samplers.mixed import mix_counts
 from trainkit.engine import DefaultTrainer, SimpleTrainer, hooks
 from trainkit.evaluation import DatasetEvaluator
 from trainkit.utils import comm
@@ -427,6 +428,42 @@ def test_skipped_records_are_counted_in_metrics(tmp_path, caplog):
     lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
     counts = [x["data/skipped_records"] for x in lines if "data/skipped_records" in x]
     assert counts and counts[-1] > 0 and counts == sorted(counts)
+
+
+_MIXED = ("regression_a", "regression_b", "regression_c")
+
+
+class MixedDataTrainer(RegressionTrainer):
+    @classmethod
+    def build_train_loader(cls, cfg):
+        return build_train_loader(cfg, mapper=_noisy_mapper)  # DATASETS.TRAIN, mixed
+
+
+def test_mixed_sets_report_their_epoch_and_records_in_metrics(tmp_path):
+    records = _records()
+    for i, name in enumerate(_MIXED):  # 128, 96 and 32 records
+        part = records[[0, 128, 224, 256][i] : [0, 128, 224, 256][i + 1]]
+        DatasetCatalog.register(name, lambda part=part: part)
+    try:
+        cfg = _cfg(tmp_path, max_iter=9, workers=0)
+        cfg.DATASETS.TRAIN, cfg.DATASETS.TRAIN_WEIGHTS = _MIXED, (10.0, 5.0, 1.0)
+        seed_all_rng(0)
+        MixedDataTrainer(cfg).train()
+    finally:
+        for name in _MIXED:
+            DatasetCatalog.remove(name)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
+    written = {x["iteration"]: x for x in lines if "data/regression_c/records" in x}
+    taken, expected = [0, 0, 0], {}
+    for step in range(9):
+        counts = mix_counts(8, [10, 5, 1], step, taken)
+        taken = [t + n for t, n in zip(taken, counts)]
+        expected[step] = counts, [t / size for t, size in zip(taken, (128, 96, 32))]
+    assert sorted(written) == [2, 5, 8]  # the writer period (3)
+    for step, line in written.items():
+        counts, epochs = expected[step]
+        assert [line[f"data/{n}/records"] for n in _MIXED] == counts
+        assert [line[f"data/{n}/epoch"] for n in _MIXED] == pytest.approx(epochs)
 
 
 class _GradNormHook(hooks.HookBase):

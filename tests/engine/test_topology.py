@@ -14,7 +14,7 @@ from torch import nn
 
 from tests.dist import run_on_ranks
 from trainkit.config import ConfigError, get_cfg
-from trainkit.data import build_train_loader
+from trainkit.data import DatasetCatalog, build_train_loader
 from trainkit.engine import DefaultTrainer, hooks
 from trainkit.utils import comm
 from trainkit.utils.env import seed_all_rng
@@ -62,6 +62,19 @@ class _Trainer(DefaultTrainer):
         return build_train_loader(cfg, mapper=_mapper, dataset=_records())
 
 
+_MIXED = ("topology_a", "topology_b", "topology_c")  # 30, 20 and 10 of the records
+
+
+class _MixedTrainer(_Trainer):
+    @classmethod
+    def build_train_loader(cls, cfg):
+        records = _records()
+        for name, (start, stop) in zip(_MIXED, ((0, 30), (30, 50), (50, 60))):
+            if name not in DatasetCatalog:  # spawned ranks register them for themselves
+                DatasetCatalog.register(name, lambda part=records[start:stop]: part)
+        return build_train_loader(cfg, mapper=_mapper)
+
+
 class _StopAfter(hooks.HookBase):
     def __init__(self, step):
         self.step = step
@@ -71,8 +84,10 @@ class _StopAfter(hooks.HookBase):
             raise KeyboardInterrupt
 
 
-def _cfg(output_dir, grouping, reference, accumulate):
+def _cfg(output_dir, grouping, reference, accumulate, mixed=False):
     cfg = get_cfg()
+    if mixed:
+        cfg.DATASETS.TRAIN, cfg.DATASETS.TRAIN_WEIGHTS = _MIXED, (10.0, 5.0, 1.0)
     cfg.OUTPUT_DIR = output_dir
     cfg.SEED = 5
     cfg.DATALOADER.NUM_WORKERS = 0
@@ -92,9 +107,10 @@ def _cfg(output_dir, grouping, reference, accumulate):
     return cfg
 
 
-def _run(output_dir, grouping, reference, accumulate, resume=False, stop_after=None):
+def _run(output_dir, grouping, reference, accumulate, resume=False, stop_after=None, mixed=False):
     seed_all_rng(1 + comm.get_rank())
-    trainer = _Trainer(_cfg(output_dir, grouping, reference, accumulate))
+    trainer_class = _MixedTrainer if mixed else _Trainer
+    trainer = trainer_class(_cfg(output_dir, grouping, reference, accumulate, mixed))
     if stop_after is not None:
         trainer.register_hooks([_StopAfter(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -160,6 +176,31 @@ def test_a_run_checkpointed_on_2_resumes_on_1_and_on_4_without_losing_a_record(t
         assert sorted(resumed["steps"]) == list(range(6, 10))  # nothing repeated or skipped
         assert ledger == straight["steps"], world_size
         _assert_same_weights(straight, resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("grouping", [False, True], ids=["plain", "grouped"])
+def test_a_weighted_mix_checkpointed_on_2_resumes_on_1_with_each_steps_exact_share(
+    tmp_path, grouping
+):
+    # DATASETS.TRAIN_WEIGHTS 10:5:1, batch 8: (5, 3, 0) and (5, 2, 1) records, in turn.
+    straight = _on(2, str(tmp_path / "straight"), grouping, 2, 1, mixed=True)
+    out = str(tmp_path / "to1")
+    first = _on(2, out, grouping, 2, 1, stop_after=5, mixed=True)
+    try:
+        resumed = _on(1, out, grouping, 2, 1, resume=True, mixed=True)  # in this process
+    finally:
+        for name in _MIXED:
+            DatasetCatalog.remove(name)
+    assert resumed["accumulate"] == 2 and sorted(resumed["steps"]) == list(range(6, 10))
+    ledger = {s: ids for s, ids in first["steps"].items() if s <= 5}
+    ledger.update(resumed["steps"])
+    assert ledger == straight["steps"]
+    for step, ids in ledger.items():
+        counts = [sum(lo <= i < hi for i in ids) for lo, hi in ((0, 30), (30, 50), (50, 60))]
+        assert counts == ([5, 3, 0] if step % 2 == 0 else [5, 2, 1]), step
+    _assert_same_weights(straight, resumed)
 
 
 @pytest.mark.distributed

@@ -168,6 +168,13 @@ class CfgNode(_FvcoreCfgNode):
         Raises:
             ConfigError: On an odd-length list, an unknown key or a wrong value type.
         """
+        flags = [item for item in cfg_list[0::2] if isinstance(item, str) and item[:1] == "-"]
+        if flags:
+            # argparse's REMAINDER takes everything after the first KEY VALUE pair.
+            raise ConfigError(
+                f"{flags[0]} came after the config overrides, so it was read as a key; put "
+                "the script's flags before the KEY VALUE pairs."
+            )
         if len(cfg_list) % 2:
             raise ConfigError(
                 f"config overrides must come in KEY VALUE pairs; got an odd number of items: "

@@ -102,6 +102,11 @@ _C.INPUT.MAX_SIZE_TEST = 1333
 _C.DATASETS = CN()
 # Names registered in DatasetCatalog used for training (concatenated) and for testing.
 _C.DATASETS.TRAIN = ()
+# Weights of the DATASETS.TRAIN entries (one float > 0 each) to mix them: every optimizer
+# step then holds each set's exact integer share of SOLVER.IMS_PER_BATCH (largest remainder
+# with a carry) and each set keeps its own epochs (docs/data_at_scale.md, "Mixing several
+# training sets"). () concatenates them. Map-style datasets and the TrainingSampler only.
+_C.DATASETS.TRAIN_WEIGHTS = ()
 _C.DATASETS.TEST = ()
 
 # ---- Data loader ------------------------------------------------------------------------

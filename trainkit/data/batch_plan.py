@@ -198,6 +198,9 @@ class GlobalBatchPlan(BatchPlan):
         super().__init__(sampler, global_batch_size, bucket_ids, state)
         self._rank, self._world_size, self._accumulate = rank, world_size, accumulate_steps
 
+    # The state's keys that a composed step moves (``after`` of :meth:`step_batches`).
+    _STEP_KEYS: tuple[str, ...] = ("position", "buckets")
+
     @property
     def world_size(self) -> int:
         """The processes ``W`` each step's batch is dealt to."""
@@ -242,7 +245,7 @@ class GlobalBatchPlan(BatchPlan):
         state = self.state_dict()
         w, k = self._world_size, self._accumulate
         # Where the current step's batch starts: kept until its last micro-batch is returned.
-        start = {"position": state["position"], "buckets": state["buckets"]}
+        start = {key: state[key] for key in self._STEP_KEYS}
         micro = state["micro"]
         for steps, batch, after in self._compose(state):
             for j in range(micro, k):

@@ -17,7 +17,7 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError, configurable
-from trainkit.data.batch_plan import BatchPlan, make_batch_plan, micro_batch_size, split_batch
+from trainkit.data.batch_plan import BatchPlan, micro_batch_size, split_batch
 from trainkit.data.catalog import (
     get_detection_dataset_dicts,
     joined_names,
@@ -34,6 +34,8 @@ from trainkit.data.loader_workers import (
     worker_init_reset_seed,
 )
 from trainkit.data.mapping import as_record_mapper, check_max_failures
+from trainkit.data.mixed_plan import make_train_plan
+from trainkit.data.mixed_sets import check_mix_config, mixed_sets
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
@@ -41,6 +43,7 @@ from trainkit.data.samplers import (
 )
 from trainkit.data.samplers.distributed_sampler import check_subset_ratio
 from trainkit.data.samplers.global_stream import GlobalStreamSampler
+from trainkit.data.samplers.mixed import MixedTrainingSampler
 from trainkit.data.stream_batches import StreamBatches
 from trainkit.utils import comm
 
@@ -101,6 +104,8 @@ def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> No
         )
     if loader.ASPECT_RATIO_GROUPING:
         BucketOf(loader.ASPECT_RATIO_BINS)  # validates the bins
+    if cfg.DATASETS.TRAIN_WEIGHTS:
+        check_mix_config(cfg)
 
 
 def build_train_sampler(
@@ -148,7 +153,14 @@ def _train_loader_from_config(
 ) -> dict[str, Any]:
     check_train_loader_config(cfg)  # fail before loading any data
     seed = cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
-    if dataset is None:
+    if cfg.DATASETS.TRAIN_WEIGHTS and (dataset is not None or sampler is not None):
+        raise ConfigError(
+            "DATASETS.TRAIN_WEIGHTS mixes the DATASETS.TRAIN sets, which build_train_loader "
+            "loads itself; pass no dataset= or sampler=, or set DATASETS.TRAIN_WEIGHTS ()."
+        )
+    if cfg.DATASETS.TRAIN_WEIGHTS:
+        dataset, sampler = mixed_sets(cfg, seed)
+    elif dataset is None:
         # Every rank loads; a machine keeps one shared copy of the records (by content).
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
@@ -276,7 +288,7 @@ def build_batch_data_loader(
     ``total_batch_size`` is the batch of one optimizer step over all ranks and
     ``k = accumulate_steps`` micro-batches. A ``MapDataset`` is taken apart once into its
     records and its mapper; aspect ratios are read from the unmapped records. A map-style
-    dataset gets a batch plan (:func:`~trainkit.data.batch_plan.make_batch_plan`: over a
+    dataset gets a batch plan (:func:`~trainkit.data.mixed_plan.make_train_plan`: over a
     trainkit training sampler the same records per step for any world size, ``k`` and
     ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers form the
     batches (:mod:`trainkit.data.stream_batches`; it resumes with the same ``num_workers``).
@@ -319,7 +331,8 @@ def build_batch_data_loader(
             "a map-style dataset needs a sampler, e.g. TrainingSampler(len(dataset), seed=seed)"
         )
     if seed is None:
-        seed = sampler.seed if isinstance(sampler, GlobalStreamSampler) else 0
+        trainkit_sampler = isinstance(sampler, (GlobalStreamSampler, MixedTrainingSampler))
+        seed = sampler.seed if trainkit_sampler else 0
     loader_kwargs = {
         "num_workers": num_workers,
         "prefetch_factor": prefetch_factor,
@@ -348,7 +361,7 @@ def build_batch_data_loader(
             bucket_ids = record_bucket_ids(records, aspect_ratio_bins)
         elif aspect_ratio_grouping:
             bucket_ids = aspect_ratio_bucket_ids(np.asarray(aspect_ratios), aspect_ratio_bins)
-        source = make_batch_plan(
+        source = make_train_plan(
             sampler,
             total_batch_size,
             single_gpu_batch_size,

@@ -16,6 +16,11 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
   ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
   (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
   ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
+  A weighted mix of sets (:class:`~trainkit.data.mixed_plan.MixedBatchPlan`,
+  ``DATASETS.TRAIN_WEIGHTS``) has ``position`` = records of the steps composed, ``buckets``
+  empty, and ``sets``: per set, ``position`` (the next position of its own stream),
+  ``taken`` (records it gave to steps), ``records`` (those of the last step composed) and
+  ``buckets``; its ``source`` names every set (``name``, ``size``, ...) and the weights.
 * ``"rank"`` (:class:`~trainkit.data.batch_plan.RankBatchPlan`): this rank's draws from its
   own sampler; only the same rank of the same world size continues it. ``rank``,
   ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
@@ -38,7 +43,15 @@ from typing import Any
 
 from trainkit.config import ConfigError
 
-__all__ = ["VERSION", "copy_state", "is_global_position", "load_state", "new_state", "upgrade"]
+__all__ = [
+    "VERSION",
+    "copy_state",
+    "is_global_position",
+    "load_state",
+    "mixed_set_metrics",
+    "new_state",
+    "upgrade",
+]
 
 VERSION = 3
 
@@ -87,6 +100,23 @@ def is_global_position(state: dict[str, Any] | None) -> bool:
     False for a per-rank or stream position, for ``None`` and for anything else.
     """
     return isinstance(state, dict) and state.get("kind") == "global" and "position" in state
+
+
+def mixed_set_metrics(state: dict[str, Any] | None) -> dict[str, float]:
+    """Return each mixed set's ``data/<name>/epoch`` and ``data/<name>/records`` after a step.
+
+    ``epoch`` is the set's records given to steps over its size (2.5: half-way through its
+    third epoch), ``records`` its records in the last step composed. Empty for any state
+    that is not a weighted mix (``DATASETS.TRAIN_WEIGHTS`` empty, ``None``, ...).
+    """
+    if not isinstance(state, dict) or "sets" not in state:
+        return {}
+    metrics = {}
+    for described, part in zip(state["source"]["sets"], state["sets"]):
+        name = described["name"]
+        metrics[f"data/{name}/epoch"] = part["taken"] / described["size"]
+        metrics[f"data/{name}/records"] = float(part["records"])
+    return metrics
 
 
 def copy_state(state: dict[str, Any]) -> dict[str, Any]:

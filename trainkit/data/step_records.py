@@ -26,11 +26,13 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, deal, make_batch_plan
+from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, deal
 from trainkit.data.build import build_train_sampler, check_train_loader_config
 from trainkit.data.catalog import dataset_sizes, joined_names, load_catalog_dataset
 from trainkit.data.common import records_and_mapper
 from trainkit.data.grouping import record_bucket_ids
+from trainkit.data.mixed_plan import make_train_plan
+from trainkit.data.mixed_sets import mixed_sampler, mixed_sets
 
 __all__ = [
     "RecordIds",
@@ -168,7 +170,14 @@ def build_train_plan(
             f"SEED={seed}: a run draws its data seed when it starts, so its records are not "
             "known before; set SEED >= 0 to fix them."
         )
-    if dataset is None:
+    sampler = None
+    if cfg.DATASETS.TRAIN_WEIGHTS:
+        # The loader's mix: the sets concatenated, one stream each (mixed_sets).
+        if dataset is None:
+            dataset, sampler = mixed_sets(cfg, seed, rank=0, world_size=world_size)
+        else:
+            sampler = mixed_sampler(cfg, dataset, seed, rank=0, world_size=world_size)
+    elif dataset is None:
         dataset = load_catalog_dataset(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
         )
@@ -178,14 +187,15 @@ def build_train_plan(
             f"DATASETS.TRAIN {joined_names(cfg.DATASETS.TRAIN)!r} is a stream dataset: its "
             "loader workers form the batches, so no plan lists a step's records."
         )
-    sampler = build_train_sampler(cfg, records, seed, rank=0, world_size=world_size)
+    if sampler is None:
+        sampler = build_train_sampler(cfg, records, seed, rank=0, world_size=world_size)
     loader = cfg.DATALOADER
     bucket_ids = (
         record_bucket_ids(records, loader.ASPECT_RATIO_BINS)
         if loader.ASPECT_RATIO_GROUPING
         else None
     )
-    plan = make_batch_plan(
+    plan = make_train_plan(
         sampler, cfg.SOLVER.IMS_PER_BATCH, None, cfg.SOLVER.ACCUMULATE_STEPS, bucket_ids, True
     )
     assert isinstance(plan, GlobalBatchPlan)  # a trainkit sampler and a total batch size

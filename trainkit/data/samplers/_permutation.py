@@ -25,6 +25,7 @@ PURPOSE_SHUFFLE = 1
 PURPOSE_SUBSET = 2
 PURPOSE_REPEAT = 3
 PURPOSE_RANK_SHARES = 4
+PURPOSE_MIX = 5  # the seed of each mixed training set's stream
 
 
 def _mix64(values: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
+from trainkit.data.loader_state import mixed_set_metrics
 from trainkit.engine.hook_base import HookBase, HookPriority, is_time
 from trainkit.solver import LRMultiplier
 
@@ -283,7 +284,14 @@ class LRScheduler(HookBase):
 
 
 class SkippedRecordsCounter(HookBase):
-    """Record the loader's cumulative count of skipped records as ``data/skipped_records``."""
+    """Record the loader's numbers: skipped records, and each mixed set's epoch and records.
+
+    ``data/skipped_records`` is the loader's cumulative count of records that failed to map;
+    with ``DATASETS.TRAIN_WEIGHTS``, ``data/<name>/epoch`` and ``data/<name>/records`` are
+    each set's epochs so far and its records in the step
+    (:func:`~trainkit.data.loader_state.mixed_set_metrics`), read from the position after
+    the batches the step consumed: host numbers, no device wait.
+    """
 
     def __init__(self, period: int) -> None:
         """Record every ``period`` iterations and at the last one."""
@@ -297,3 +305,9 @@ class SkippedRecordsCounter(HookBase):
             skipped = getattr(loader, "num_skipped_records", None)
             if skipped is not None:
                 trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
+            # The step trainer knows the batches consumed (a DefaultTrainer's is `_trainer`);
+            # the loader itself may have drawn ahead.
+            step = getattr(trainer, "_trainer", trainer)
+            if hasattr(step, "loader_state_dict"):
+                for name, value in mixed_set_metrics(step.loader_state_dict()).items():
+                    trainer.storage.put_scalar(name, value, smoothing_hint=False)

@@ -1,0 +1,230 @@
+"""The batch plan of a weighted mix of training sets: each step's exact share of every set.
+
+:class:`MixedBatchPlan` composes optimizer step ``s``'s batch of ``B = SOLVER.IMS_PER_BATCH``
+records from several sets (:class:`~trainkit.data.samplers.mixed.MixedTrainingSampler`) and
+deals it to ``W x k`` slots exactly as :class:`~trainkit.data.batch_plan.GlobalBatchPlan`
+does, so a step's records stay a pure function of (seed, step) on every topology:
+
+1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
+   remainder with a carry), set 0's first, then set 1's, ...
+2. Set ``i``'s records are the next ones of its own stream, in order. With aspect-ratio
+   grouping, each set's records wait in that set's buckets; the set with the largest share
+   in the step leads, and its first bucket to hold its share is the step's bucket. Every
+   other set takes its share from the same bucket, reading ahead until that bucket holds
+   it, but keeping at most :data:`LOOK_AHEAD` x buckets x its share records waiting (its
+   memory bound); past that it takes its own bucket whose ``n_i(s)``-th record came first
+   (one must hold that many). A bucket already holding a set's share (when ``n_i``
+   shrank) gives its first records. The share never bends to grouping; when the sets'
+   aspect ratios differ a step holds one bucket per set, which pads more
+   (``benchmarks/mixing.py`` shows how much).
+3. A record's position (which keys its augmentations, ``sample_rng()``) is
+   ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
+   same on every topology.
+
+The position after a step (:mod:`trainkit.data.loader_state`, kind ``"global"``) holds each
+set's: the next position of its stream, the records it gave to steps so far, those of the
+last step, and its waiting records per bucket. So the mix resumes exactly, on any world size
+and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from trainkit.config import ConfigError
+from trainkit.data.batch_plan import BatchPlan, BucketIds, GlobalBatchPlan, make_batch_plan
+from trainkit.data.grouping import Buckets
+from trainkit.data.samplers.mixed import MixedTrainingSampler
+
+__all__ = ["LOOK_AHEAD", "MixedBatchPlan", "make_train_plan"]
+
+# With grouping, a set other than the leading one reads ahead until the step's bucket holds
+# its share, keeping at most LOOK_AHEAD x buckets x its share records waiting (its memory
+# bound, and what makes most steps one bucket when the sets' aspect ratios look alike).
+LOOK_AHEAD = 4
+
+
+class MixedBatchPlan(GlobalBatchPlan):
+    """Compose each step from several sets' streams by weight; deal it as the global plan does.
+
+    The rule is the module docstring's. Batches come in order, without end; a batch's key is
+    its optimizer step.
+    """
+
+    def __init__(
+        self,
+        sampler: MixedTrainingSampler,
+        global_batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        accumulate_steps: int = 1,
+        bucket_ids: BucketIds | None = None,
+    ) -> None:
+        """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s sets.
+
+        ``bucket_ids`` (aspect-ratio grouping, or None): each dataset index's bucket, the
+        indices of the concatenated sets. Raises a ``ConfigError`` if the batch does not
+        split evenly (:func:`~trainkit.data.batch_plan.split_batch`).
+        """
+        super().__init__(
+            sampler,  # type: ignore[arg-type]  # read through its own methods below
+            global_batch_size,
+            rank=rank,
+            world_size=world_size,
+            accumulate_steps=accumulate_steps,
+            bucket_ids=bucket_ids,
+        )
+        num_buckets = len(self._state["buckets"])
+        self._state["sets"] = [
+            {"position": 0, "taken": 0, "records": 0, "buckets": [[] for _ in range(num_buckets)]}
+            for _ in sampler.sizes
+        ]
+
+    _STEP_KEYS = ("position", "sets")
+
+    def _compose(
+        self, state: dict[str, Any]
+    ) -> Iterator[tuple[int, list[list[int]], dict[str, Any]]]:
+        sampler: MixedTrainingSampler = self._sampler
+        batch_size, num_sets = self._batch_size, len(sampler.sizes)
+        sets = state["sets"]
+        positions = [part["position"] for part in sets]
+        taken = [part["taken"] for part in sets]
+        waiting = [Buckets.from_lists(batch_size, part["buckets"]).waiting for part in sets]
+        # Per set: (its record's position, (dataset index, bucket)), from where it stopped.
+        readers = [
+            zip(
+                itertools.count(positions[i] * num_sets + i, num_sets),
+                self._read(lambda start, n, i=i: sampler.indices(i, start, n), positions[i]),
+            )
+            for i in range(num_sets)
+        ]
+        steps = state["steps"]
+        while True:
+            counts = sampler.counts(batch_size, steps, taken)
+            batch: list[list[int]] = []
+            if self._bucket_ids is None:  # each set's next records, in stream order
+                for i, count in enumerate(counts):
+                    batch += [[index, p] for p, (index, _) in itertools.islice(readers[i], count)]
+                    positions[i] += count
+            else:
+                # The set with the largest share leads: its first bucket to fill is the
+                # step's bucket, which the other sets fill too where they can.
+                leader = counts.index(max(counts))
+                order = [leader] + [i for i in range(num_sets) if i != leader]
+                target = None
+                for i in order:
+                    if counts[i]:
+                        part, target, last = _fill(readers[i], waiting[i], counts[i], target)
+                        if last is not None:  # the last record read: p * num_sets + i
+                            positions[i] = last // num_sets + 1
+                        batch += part
+            taken = [c + n for c, n in zip(taken, counts)]
+            after = {
+                "position": (steps + 1) * batch_size,  # records of the steps composed
+                "sets": [
+                    {
+                        "position": positions[i],
+                        "taken": taken[i],
+                        "records": counts[i],
+                        # Every bucket has its list, in bucket order (Buckets.from_lists).
+                        "buckets": [list(items) for items in waiting[i].values()],
+                    }
+                    for i in range(num_sets)
+                ],
+            }
+            yield steps, batch, after
+            steps += 1
+
+
+def _fill(
+    reader: Iterator[tuple[int, tuple[int, int]]],
+    waiting: dict[Any, list[list[int]]],
+    count: int,
+    target: int | None,
+) -> tuple[list[list[int]], int, int | None]:
+    """Take ``count`` records of one set from its ``waiting`` records by bucket, reading on.
+
+    ``waiting`` holds a list for every bucket. Without a ``target`` bucket (the leading set):
+    the first bucket to hold ``count``. With one: that bucket, reading until it holds
+    ``count`` or the set has :data:`LOOK_AHEAD` x buckets x ``count`` records waiting; then
+    (some bucket surely holds ``count``) the bucket whose ``count``-th record came first.
+    Returns the records, the bucket taken and the position of the last record read (None:
+    none was read).
+    """
+    position = None
+    if target is None:
+        if _first_full(waiting, count) is None:
+            for position, (index, bucket) in reader:
+                items = waiting[bucket]
+                items.append([index, position])
+                if len(items) >= count:
+                    break
+    elif len(waiting[target]) < count:
+        room = LOOK_AHEAD * len(waiting) * count - sum(map(len, waiting.values()))
+        for position, (index, bucket) in itertools.islice(reader, max(room, 0)):
+            items = waiting[bucket]
+            items.append([index, position])
+            if bucket == target and len(items) >= count:
+                break
+    if target is None or len(waiting[target]) < count:
+        target = _first_full(waiting, count)
+    items = waiting[target]
+    part = items[:count]
+    del items[:count]
+    return part, target, position
+
+
+def _first_full(waiting: dict[Any, list[list[int]]], count: int) -> Any:
+    """The bucket whose ``count``-th record came first in the stream (None: none holds so many)."""
+    if max(map(len, waiting.values()), default=0) < count:  # the usual case: cheap
+        return None
+    full = [b for b, items in waiting.items() if len(items) >= count]
+    return min(full, key=lambda b: waiting[b][count - 1][1], default=None)
+
+
+def make_train_plan(
+    sampler: Any,
+    total_batch_size: int | None,
+    single_gpu_batch_size: int | None,
+    accumulate_steps: int,
+    bucket_ids: BucketIds | None,
+    drop_last: bool,
+) -> BatchPlan:
+    """Return the plan of a map-style train loader over ``sampler``, mixed or not.
+
+    A :class:`~trainkit.data.samplers.mixed.MixedTrainingSampler` gets a
+    :class:`MixedBatchPlan`; any other sampler what
+    :func:`~trainkit.data.batch_plan.make_batch_plan` gives. The loader and
+    :func:`~trainkit.data.step_records.build_train_plan` both build their plan here.
+
+    Raises:
+        ConfigError: For a mixed sampler with ``single_gpu_batch_size`` (a mix composes whole
+            optimizer steps), and as :func:`~trainkit.data.batch_plan.make_batch_plan`.
+    """
+    if not isinstance(sampler, MixedTrainingSampler):
+        return make_batch_plan(
+            sampler,
+            total_batch_size,
+            single_gpu_batch_size,
+            accumulate_steps,
+            bucket_ids,
+            drop_last,
+        )
+    if single_gpu_batch_size:
+        raise ConfigError(
+            "a MixedTrainingSampler (DATASETS.TRAIN_WEIGHTS) composes whole optimizer "
+            "steps: give total_batch_size (SOLVER.IMS_PER_BATCH), not "
+            "single_gpu_batch_size."
+        )
+    return MixedBatchPlan(
+        sampler,
+        total_batch_size or 0,
+        rank=sampler.rank,
+        world_size=sampler.world_size,
+        accumulate_steps=accumulate_steps,
+        bucket_ids=bucket_ids,
+    )
