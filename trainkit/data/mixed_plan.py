@@ -157,11 +157,15 @@ def _fill(
     """
     position = None
     if target is None:
-        if _first_full(waiting, count) is None:
+        target = _first_full(waiting, count)
+        if target is None:
+            # The first bucket to reach `count` as the stream goes is the one whose
+            # `count`-th record came first: no bucket held so many before.
             for position, (index, bucket) in reader:
                 items = waiting[bucket]
                 items.append([index, position])
                 if len(items) >= count:
+                    target = bucket
                     break
     elif len(waiting[target]) < count:
         room = LOOK_AHEAD * len(waiting) * count - sum(map(len, waiting.values()))
@@ -170,7 +174,7 @@ def _fill(
             items.append([index, position])
             if bucket == target and len(items) >= count:
                 break
-    if target is None or len(waiting[target]) < count:
+    if len(waiting[target]) < count:
         target = _first_full(waiting, count)
     items = waiting[target]
     part = items[:count]

@@ -100,9 +100,12 @@ def mix_counts(
     """
     total = sum(weights)
     # Quotas scaled by `total`: exact integers, however long the run.
-    quotas = [(step + 1) * batch_size * w - c * total for w, c in zip(weights, taken)]
-    counts = [max(0, q // total) for q in quotas]
+    due = (step + 1) * batch_size
+    quotas = [due * w - c * total for w, c in zip(weights, taken)]
+    counts = [q // total if q > 0 else 0 for q in quotas]
     left = batch_size - sum(counts)
+    if not left:  # the usual case when the weights divide the batch: nothing to hand out
+        return counts
     sets = range(len(counts))
     while left > 0:  # at most len(weights) - 1 times
         i = max(sets, key=lambda i: (quotas[i] - counts[i] * total, -i))
