@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from trainkit.engine.simple_trainer import _micro_batch_weights
+from trainkit.engine.accumulation import micro_batch_weights
 from trainkit.engine.step_metrics import sum_losses
 from trainkit.utils.env import get_rng_state, set_rng_state
 
@@ -122,7 +122,7 @@ def run_rank(
         Exception: What a micro-batch raised, unless ``catch``.
     """
     result = RankResult()
-    weights = _micro_batch_weights(batches)
+    weights = micro_batch_weights(batches)
     step.optimizer.zero_grad(set_to_none=True)
     for j, batch in enumerate(batches):
         try:

@@ -7,7 +7,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from trainkit.data.device_prefetch import DevicePrefetcher
+from trainkit.engine.accumulation import add_weighted, micro_batch_weights
 from trainkit.engine.deferred_checks import DeferredLossCheck
 from trainkit.engine.phase_clock import mark_when_backward_computed
 from trainkit.engine.step_metrics import (
@@ -158,7 +159,7 @@ class SimpleTrainer(TrainerBase):
         self._enter_phase("forward/backward")
         # Kept while the step runs: a failure's capture records their shapes (failed_steps).
         self._step_batches = batches
-        weights = _micro_batch_weights(batches)
+        weights = micro_batch_weights(batches)
         if self.zero_grad_before_forward:
             self.optimizer.zero_grad()
         step_losses: dict[str, torch.Tensor] = {}
@@ -178,7 +179,7 @@ class SimpleTrainer(TrainerBase):
             if weights is None:
                 step_losses, total_loss = loss_dict, total
             else:
-                _add_weighted(step_losses, loss_dict, weights[j])
+                add_weighted(step_losses, loss_dict, weights[j])
         self._enter_phase("optimizer")
         self.after_backward()
         self.record_metrics(step_losses, data_time_s, total_loss=total_loss)
@@ -432,31 +433,3 @@ class SimpleTrainer(TrainerBase):
             self.optimizer.load_state_dict(state["optimizer"])
         else:
             logger.warning("The trainer state holds no optimizer state; the optimizer starts fresh")
-
-
-def _micro_batch_weights(batches: Sequence[Any]) -> list[float] | None:
-    """Each micro-batch's share of the step's samples (``None`` for a single batch).
-
-    A loss is a mean over its batch, so weights ``n_j / N`` make the accumulated gradient the
-    mean over all ``N`` samples even when sizes differ (a finite loader's tail). Lists
-    (trainkit's batches) and tensors are sized by ``len``; other batches count equally.
-    """
-    if len(batches) == 1:
-        return None
-    is_sized = all(isinstance(b, (list, torch.Tensor)) for b in batches)
-    sizes = [len(b) for b in batches] if is_sized else []
-    total = sum(sizes)
-    return [size / total for size in sizes] if total else [1.0 / len(batches)] * len(batches)
-
-
-def _add_weighted(
-    into: dict[str, torch.Tensor], loss_dict: Mapping[str, torch.Tensor], weight: float
-) -> None:
-    if into and tuple(into) != tuple(loss_dict):
-        raise RuntimeError(
-            f"Micro-batches of one step returned different losses: {list(into)} and "
-            f"{list(loss_dict)}; the model must return the same loss names for every batch."
-        )
-    for name, loss in loss_dict.items():
-        weighted = loss.detach() * weight
-        into[name] = into[name] + weighted if name in into else weighted
