@@ -72,15 +72,13 @@ def test_new_task_example_reports_bad_input_in_one_line(tmp_path):
         # (arguments, what the single stderr line must name)
         (["SOLVER.BASE_LRR", "0.1"], "SOLVER.BASE_LR"),
         (["DATASETS.TRAIN", "('no_such_set',)"], "no_such_set"),
-        (["SOLVER.IMS_PER_BATCH", "3", "--num-gpus", "2"], None),  # flags after opts: argparse
+        (["SOLVER.IMS_PER_BATCH", "3", "--num-gpus", "2"], "--num-gpus came after"),
         (["--num-gpus", "2", "SOLVER.IMS_PER_BATCH", "3"], "IMS_PER_BATCH"),
         (["MODEL.WEIGHTS", "missing.pth"], "missing.pth"),
         (["OUTPUT_DIR", "/proc/no_such_dir"], "OUTPUT_DIR"),
         (["--num-gpus", "0"], "--num-gpus"),
     ]
     for args, named in cases:
-        if named is None:
-            continue
         result = _run_script(script, *args, cwd=tmp_path)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (args, result.stderr[-2000:])

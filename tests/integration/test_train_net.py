@@ -202,7 +202,17 @@ USER_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), USER_ERRORS)
+# One of each kind in the default run (each case starts the script: ~5 s); all in `slow`.
+_DEFAULT_RUN_CASES = {0, 1, 3, 5, 7, 19}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        case if i in _DEFAULT_RUN_CASES else pytest.param(*case, marks=pytest.mark.slow)
+        for i, case in enumerate(USER_ERRORS)
+    ],
+)
 def test_user_errors_are_one_line_with_status_2(args, message):
     result = _run(args, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
