@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = str(ROOT / "tools" / "plain_train_net.py")
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -40,6 +42,7 @@ def test_plain_loop_trains_resumes_and_evaluates(tmp_path):
     assert [x["iteration"] for x in lines] == [1, 3, 5]
 
 
+@pytest.mark.slow  # 16 s: two runs of the plain loop; its train/resume/eval test stays default
 def test_a_process_of_the_same_job_resumes_by_itself_another_job_does_not(tmp_path):
     # What a process restarted by --max-restarts (or torchrun, or SLURM) sees: the job's run
     # id is the one recorded next to the checkpoints, so it resumes without --resume.

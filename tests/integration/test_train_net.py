@@ -78,6 +78,7 @@ def test_eval_only_reproduces_the_final_accuracy(trained):
     assert _top1(result.stdout + result.stderr) == _top1(log)
 
 
+@pytest.mark.slow  # 19 s; kills at three points are tests/reliability/test_faults.py's
 def test_resume_after_a_kill_continues_from_last_checkpoint(tmp_path):
     cmd = [
         sys.executable,
