@@ -226,3 +226,8 @@ def test_the_listed_records_are_those_two_real_processes_read(tmp_path):
     assert read(stopped) == _by_slot(listing)
     assert read(resumed) == _by_slot(resumed_listing)
     assert sorted({k[0] for k in read(resumed)}) == [6, 7, 8, 9]
+
+
+def test_a_straggler_rule_looser_than_documented_is_refused_as_a_real_run_would(tmp_path):
+    with pytest.raises(ConfigError, match=r"STRAGGLER.MARGIN must be in \(0, 0.5\], got 0.9"):
+        _dry_run(tmp_path, ["--num-gpus", "2"], ["STRAGGLER.MARGIN", "0.9"])

@@ -20,6 +20,7 @@ from typing import Any
 from trainkit.config import CfgNode
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.scaling import SCALED_KEYS, ScalingError, auto_scale_config, check_same_recipe
+from trainkit.engine.stragglers import check_straggler_config
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import atomic_write
 
@@ -254,6 +255,7 @@ def run_dry_run(cfg: CfgNode, args: argparse.Namespace) -> None:
         raise UsageError(
             f"--num-gpus and --num-machines must be at least 1, got {num_gpus} and {num_machines}."
         )
+    check_straggler_config(cfg)  # what the trainer checks first, before it trains
     report = dry_run(cfg, num_gpus * num_machines, resume=bool(args.resume), num_steps=num_steps)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":

@@ -22,7 +22,7 @@ from trainkit.engine.straggler_rule import SlowRank, StragglerRule
 from trainkit.utils import comm
 from trainkit.utils.event_storage import EventStorage
 
-__all__ = ["RankFigures", "StragglerDetector", "build_straggler_detector"]
+__all__ = ["RankFigures", "StragglerDetector", "build_straggler_detector", "check_straggler_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,12 +141,11 @@ class StragglerDetector:
         return named
 
 
-def build_straggler_detector(cfg: CfgNode, device: torch.device | None) -> StragglerDetector | None:
-    """Return the detector ``STRAGGLER.*`` asks for, or ``None`` (disabled, or one process).
+def check_straggler_config(cfg: CfgNode) -> None:
+    """Refuse ``STRAGGLER.MARGIN`` / ``STRAGGLER.PERIODS`` looser than the documented rule.
 
     Raises:
-        ConfigError: If ``STRAGGLER.MARGIN`` or ``STRAGGLER.PERIODS`` is looser than the
-            documented rule or not positive.
+        ConfigError: If either is looser than the rule or not positive.
     """
     margin, periods = cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS
     if not 0 < margin <= _MAX_MARGIN:
@@ -159,6 +158,16 @@ def build_straggler_detector(cfg: CfgNode, device: torch.device | None) -> Strag
             f"STRAGGLER.PERIODS must be in 1..{_MAX_PERIODS}, got {periods}; it is how many "
             f"writer periods in a row a rank must be slow to be named."
         )
+
+
+def build_straggler_detector(cfg: CfgNode, device: torch.device | None) -> StragglerDetector | None:
+    """Return the detector ``STRAGGLER.*`` asks for, or ``None`` (disabled, or one process).
+
+    Raises:
+        ConfigError: As :func:`check_straggler_config`.
+    """
+    check_straggler_config(cfg)
+    margin, periods = cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS
     if not cfg.STRAGGLER.ENABLED or comm.get_world_size() < 2:
         return None
     return StragglerDetector(
