@@ -1,6 +1,7 @@
 """Weighted mixing: each step's exact share of every set, on every topology and after a resume."""
 
 import itertools
+import math
 import tracemalloc
 from fractions import Fraction
 
@@ -88,6 +89,22 @@ def test_every_step_is_full_and_the_long_run_share_is_exact(batch):
             taken = [c + n for c, n in zip(taken, counts)]
             for w, c in zip(weights, taken):  # never a whole record off the exact share
                 assert abs(Fraction((step + 1) * batch * w, sum(weights)) - c) < 1
+
+
+@pytest.mark.parametrize(
+    "weights", [WEIGHTS, [3, 3], [7, 2, 1], [1, 1000, 7, 2], [333, 334, 333], [4999, 1]]
+)
+def test_the_sampler_counts_are_the_rule_over_several_cycles(weights):
+    # The sampler reads a cycle of counts computed once (period U / gcd(B, U), up to 4096
+    # steps) and computes longer cycles step by step: both must be mix_counts' run.
+    sampler = MixedTrainingSampler([10] * len(weights), weights, 0, rank=0, world_size=1)
+    for batch in (1, 8, 16, 24, 64):
+        taken = [0] * len(weights)
+        period = sum(sampler.weights) // math.gcd(batch, sum(sampler.weights))
+        for step in range(min(3 * period, 3000) + 1):
+            expected = mix_counts(batch, sampler.weights, step, taken)
+            assert list(sampler.counts(batch, step, taken)) == expected, (batch, step)
+            taken = [c + n for c, n in zip(taken, expected)]
 
 
 @pytest.mark.parametrize("bucket_ids", [None, BUCKETS], ids=["plain", "grouped"])

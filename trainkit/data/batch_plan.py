@@ -121,9 +121,15 @@ class BatchPlan:
         return 1 if bucket_ids is None else int(bucket_ids.max(initial=0)) + 1
 
     def _read(
-        self, read: Callable[[int, int], np.ndarray], start: int
-    ) -> Iterator[tuple[int, int]]:
-        """``(index, bucket)`` of ``read(start, count)``, in growing blocks from ``start`` on."""
+        self, read: Callable[[int, int], np.ndarray], start: int, stride: int = 1, offset: int = 0
+    ) -> Iterator[tuple[int, int, int]]:
+        """``(position, index, bucket)`` of ``read(start, count)``, in growing blocks.
+
+        The record ``n`` of what ``read`` reads (``n >= start``) has the position
+        ``n * stride + offset``: a mix's set ``i`` of ``S`` interleaves its positions with
+        ``stride=S, offset=i``. One flat triple per record, because this loop is what
+        composing a step costs.
+        """
         block = _FIRST_BLOCK
         while True:
             indices, ids = read(start, block), self._bucket_ids
@@ -133,7 +139,9 @@ class BatchPlan:
                 buckets = ids.buckets_of(indices)  # read as each position is reached
             else:
                 buckets = ids[indices].tolist()
-            yield from zip(indices.tolist(), buckets)
+            first = start * stride + offset
+            positions = range(first, first + block * stride, stride)
+            yield from zip(positions, indices.tolist(), buckets)
             start, block = start + block, min(2 * block, _MAX_BLOCK)
 
     def state_dict(self) -> dict[str, Any]:
@@ -231,7 +239,7 @@ class GlobalBatchPlan(BatchPlan):
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
         step = state["steps"]
         records = self._read(self._sampler.global_indices, state["position"])
-        for position, (index, bucket) in enumerate(records, state["position"]):
+        for position, index, bucket in records:
             batch = buckets.add(bucket, [index, position])
             if batch is not None:
                 yield (
@@ -300,13 +308,15 @@ class RankBatchPlan(BatchPlan):
         super().__init__(sampler, batch_size, bucket_ids, state)
         self._drop_last = drop_last
 
-    def _draws(self, num_drawn: int) -> Iterator[tuple[int, int]]:
-        """``(index, bucket)`` of this rank's draws after the first ``num_drawn``."""
+    def _draws(self, num_drawn: int) -> Iterator[tuple[int, int, int]]:
+        """``(draw number, index, bucket)`` of this rank's draws after the first ``num_drawn``."""
         if isinstance(self._sampler, GlobalStreamSampler):  # jump, then read in blocks
             return self._read(self._local_indices, num_drawn)
         ids = self._bucket_ids
         draws = itertools.islice(iter(self._sampler), num_drawn, None)
-        return ((int(i), 0 if ids is None else int(ids[i])) for i in draws)
+        return (
+            (n, int(i), 0 if ids is None else int(ids[i])) for n, i in enumerate(draws, num_drawn)
+        )
 
     def _local_indices(self, start: int, count: int) -> np.ndarray:
         return self._sampler.indices_at_local(np.arange(start, start + count, dtype=np.int64))
@@ -315,9 +325,9 @@ class RankBatchPlan(BatchPlan):
         state = self.state_dict()  # work on a copy: yielded states must not change later
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
         drawn = state["num_drawn"]
-        for index, bucket in self._draws(drawn):
-            position = global_position(state["pass_offset"] + drawn, self._rank, self._world_size)
-            drawn += 1
+        for number, index, bucket in self._draws(drawn):
+            position = global_position(state["pass_offset"] + number, self._rank, self._world_size)
+            drawn = number + 1
             batch = buckets.add(bucket, [index, position])
             if batch is not None:
                 yield self._emit(state, batch, buckets, drawn)

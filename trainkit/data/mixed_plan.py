@@ -6,7 +6,8 @@ deals it to ``W x k`` slots exactly as :class:`~trainkit.data.batch_plan.GlobalB
 does, so a step's records stay a pure function of (seed, step) on every topology:
 
 1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
-   remainder with a carry), set 0's first, then set 1's, ...
+   remainder with a carry), set 0's first, then set 1's, ... (with grouping, the leading
+   set's first, see 2.)
 2. Set ``i``'s records are the next ones of its own stream, in order. With aspect-ratio
    grouping, each set's records wait in that set's buckets; the set with the largest share
    in the step leads, and its first bucket to hold its share is the step's bucket. Every
@@ -29,6 +30,7 @@ and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -94,29 +96,27 @@ class MixedBatchPlan(GlobalBatchPlan):
         positions = [part["position"] for part in sets]
         taken = [part["taken"] for part in sets]
         waiting = [Buckets.from_lists(batch_size, part["buckets"]).waiting for part in sets]
-        # Per set: (its record's position, (dataset index, bucket)), from where it stopped.
+        # Per set: (its record's position, dataset index, bucket), from where it stopped.
         readers = [
-            zip(
-                itertools.count(positions[i] * num_sets + i, num_sets),
-                self._read(lambda start, n, i=i: sampler.indices(i, start, n), positions[i]),
-            )
+            self._read(functools.partial(sampler.indices, i), positions[i], num_sets, i)
             for i in range(num_sets)
         ]
+        # With grouping, the order the sets fill a step in when set `leader` leads.
+        orders = [[lead, *(i for i in range(num_sets) if i != lead)] for lead in range(num_sets)]
         steps = state["steps"]
         while True:
             counts = sampler.counts(batch_size, steps, taken)
             batch: list[list[int]] = []
             if self._bucket_ids is None:  # each set's next records, in stream order
                 for i, count in enumerate(counts):
-                    batch += [[index, p] for p, (index, _) in itertools.islice(readers[i], count)]
+                    batch += [[index, p] for p, index, _ in itertools.islice(readers[i], count)]
                     positions[i] += count
             else:
                 # The set with the largest share leads: its first bucket to fill is the
                 # step's bucket, which the other sets fill too where they can.
                 leader = counts.index(max(counts))
-                order = [leader] + [i for i in range(num_sets) if i != leader]
                 target = None
-                for i in order:
+                for i in orders[leader]:
                     if counts[i]:
                         part, target, last = _fill(readers[i], waiting[i], counts[i], target)
                         if last is not None:  # the last record read: p * num_sets + i
@@ -141,7 +141,7 @@ class MixedBatchPlan(GlobalBatchPlan):
 
 
 def _fill(
-    reader: Iterator[tuple[int, tuple[int, int]]],
+    reader: Iterator[tuple[int, int, int]],
     waiting: dict[Any, list[list[int]]],
     count: int,
     target: int | None,
@@ -161,7 +161,7 @@ def _fill(
         if target is None:
             # The first bucket to reach `count` as the stream goes is the one whose
             # `count`-th record came first: no bucket held so many before.
-            for position, (index, bucket) in reader:
+            for position, index, bucket in reader:
                 items = waiting[bucket]
                 items.append([index, position])
                 if len(items) >= count:
@@ -169,7 +169,7 @@ def _fill(
                     break
     elif len(waiting[target]) < count:
         room = LOOK_AHEAD * len(waiting) * count - sum(map(len, waiting.values()))
-        for position, (index, bucket) in itertools.islice(reader, max(room, 0)):
+        for position, index, bucket in itertools.islice(reader, max(room, 0)):
             items = waiting[bucket]
             items.append([index, position])
             if bucket == target and len(items) >= count:

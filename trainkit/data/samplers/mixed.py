@@ -120,6 +120,28 @@ def mix_counts(
     return counts
 
 
+# The longest cycle of per-step counts kept (one tuple per step); a longer one (weights whose
+# integers sum to a large U) is computed step by step.
+_MAX_CYCLE = 4096
+
+
+def _count_cycle(batch_size: int, weights: Sequence[int]) -> list[tuple[int, ...]]:
+    """The counts of steps ``0 .. P-1``, which repeat (:meth:`MixedTrainingSampler.counts`).
+
+    Empty if ``P`` exceeds :data:`_MAX_CYCLE`.
+    """
+    total = sum(weights)
+    period = total // math.gcd(batch_size, total)
+    if period > _MAX_CYCLE:
+        return []
+    cycle, taken = [], [0] * len(weights)
+    for step in range(period):
+        counts = mix_counts(batch_size, weights, step, taken)
+        cycle.append(tuple(counts))
+        taken = [c + n for c, n in zip(taken, counts)]
+    return cycle
+
+
 class MixedTrainingSampler:
     """Several training sets, each with its own global stream, mixed by weight per step.
 
@@ -173,13 +195,27 @@ class MixedTrainingSampler:
         ]
         self.sizes = [int(size) for size in sizes]
         self.offsets = [0, *np.cumsum(self.sizes)[:-1].tolist()]
+        self._cycles: dict[int, list[tuple[int, ...]]] = {}  # batch size -> counts of a cycle
 
     def __len__(self) -> int:
         """Records of all sets together (the concatenated dataset's size)."""
         return sum(self.sizes)
 
-    def counts(self, batch_size: int, step: int, taken: Sequence[int]) -> list[int]:
-        """Return each set's records in step ``step`` (:func:`mix_counts` with these weights)."""
+    def counts(self, batch_size: int, step: int, taken: Sequence[int]) -> Sequence[int]:
+        """Return each set's records in step ``step`` (:func:`mix_counts` with these weights).
+
+        ``taken`` must be what the steps before gave (as the plan's position holds it). The
+        counts repeat every ``P = U / gcd(B, U)`` steps: after step ``P - 1`` every set has
+        given a whole number of records, its exact share (less than one record off, so none
+        off), and the carry is zero again. For ``P <=`` :data:`_MAX_CYCLE` the first ``P``
+        steps' counts are computed once and read by ``step % P``; the result is then shared:
+        do not change it.
+        """
+        cycle = self._cycles.get(batch_size)
+        if cycle is None:
+            cycle = self._cycles[batch_size] = _count_cycle(batch_size, self.weights)
+        if cycle:
+            return cycle[step % len(cycle)]
         return mix_counts(batch_size, self.weights, step, taken)
 
     def indices(self, set_index: int, start: int, count: int) -> np.ndarray:
