@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,17 +16,9 @@ from typing_extensions import override
 
 from trainkit.data.device_prefetch import DevicePrefetcher
 from trainkit.engine.accumulation import add_weighted, micro_batch_weights
-from trainkit.engine.deferred_checks import DeferredLossCheck
+from trainkit.engine.period_metrics import PeriodMetrics
 from trainkit.engine.phase_clock import mark_when_backward_computed
-from trainkit.engine.step_metrics import (
-    MetricEntry,
-    NonFiniteLossError,
-    gather_and_file,
-    host_values,
-    metric_names,
-    raise_non_finite,
-    sum_losses,
-)
+from trainkit.engine.step_metrics import gather_and_file, host_values, metric_names, sum_losses
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils.events import get_event_storage
 from trainkit.utils.periodic import is_last_iter, is_period_end
@@ -64,7 +55,8 @@ class SimpleTrainer(TrainerBase):
     **Metrics** follow detectron2's ``gather_metric_period``: only the steps that end a period
     are recorded, each gathered over ranks then. With ``record_every_step=True``
     (``DefaultTrainer``) every step's losses are kept and synchronised at the end of each
-    period and at the last iteration, so a CUDA step never waits for the device.
+    period and at the last iteration, so a CUDA step never waits for the device. They are
+    kept, checked and filed by :class:`~trainkit.engine.period_metrics.PeriodMetrics`.
 
     **Non-finite losses** raise :class:`~trainkit.engine.step_metrics.NonFiniteLossError` (a
     ``FloatingPointError``) naming the first bad step and its loss terms. With
@@ -132,17 +124,13 @@ class SimpleTrainer(TrainerBase):
         self.record_every_step = record_every_step
         self.accumulate_steps = accumulate_steps
         self.deferred_checks = deferred_checks
-        self._pending_check = DeferredLossCheck()
+        self._period_metrics = PeriodMetrics()
         self._data_loader_iter_obj: Iterator[Any] | None = None
         self._step_batches: list[Any] = []  # the micro-batches of the step in progress
         # Where batches are moved ahead of their step (None: used as the loader gives them;
         # "cpu": drawn ahead without a copy, which the CPU tests of resuming use).
         self.prefetch_device: torch.device | None = None
         self._num_batches_read = 0
-        self._metric_buffer: list[MetricEntry] = []
-        # The loss names (and prefix) of the previous step and the metric names from them.
-        self._loss_keys: tuple[tuple[str, ...], str] = ((), "")
-        self._metric_names: tuple[str, ...] = ()
         self.phase_listener: Callable[[str], None] | None = None
         self.rank_figures: RankFigures | None = None
 
@@ -310,32 +298,21 @@ class SimpleTrainer(TrainerBase):
         cur_iter = self.iter
         if total_loss is None:
             total_loss = sum_losses(loss_dict)
-        if self._loss_keys != (tuple(loss_dict), prefix):
-            self._loss_keys = (tuple(loss_dict), prefix)
-            self._metric_names = metric_names(tuple(loss_dict), prefix)
-        names = self._metric_names
         is_gather_iter = is_period_end(cur_iter, self.gather_metric_period) or (
             self.record_every_step and is_last_iter(cur_iter, self.max_iter)
         )
-        is_recorded = self.record_every_step or is_gather_iter
-        is_deferred = self.deferred_checks
-        if is_deferred is None:
-            is_deferred = not total_loss.is_cpu
-        values: list[Any]
-        if is_deferred:
-            # Noted on the device, read at the period end or before a checkpoint: no wait.
-            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
-            self._pending_check.add(cur_iter, names, values)
-        else:
-            # Read every step (free on the CPU), so a non-finite loss never reaches the
-            # optimizer. The sum is non-finite whenever a term is: checking it covers all.
-            total = total_loss.item()
-            if not math.isfinite(total):
-                raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
-            if is_recorded:
-                values = host_values(loss_dict, names, total)
-        if is_recorded:
-            self._metric_buffer.append((cur_iter, names, values, data_time))
+        deferred = self.deferred_checks
+        self._period_metrics.add(
+            cur_iter,
+            loss_dict,
+            total_loss,
+            data_time,
+            prefix,
+            keep=self.record_every_step or is_gather_iter,
+            # Read every step on the CPU (free), so a non-finite loss never reaches the
+            # optimizer; noted on a device and read at the period end, so no step waits.
+            deferred=not total_loss.is_cpu if deferred is None else deferred,
+        )
         if is_gather_iter:
             self._enter_phase("collective")
             self._file_buffered_metrics()
@@ -358,7 +335,7 @@ class SimpleTrainer(TrainerBase):
         Collective:
             ``all_gather`` over all ranks when ``collective`` and there are several.
         """
-        self._pending_check.check(collective=collective)
+        self._period_metrics.check(collective=collective)
 
     @override
     def after_train(self) -> None:
@@ -371,22 +348,7 @@ class SimpleTrainer(TrainerBase):
 
     def _file_buffered_metrics(self) -> None:
         # Collective: every rank files at the same iterations, and stops after the same step.
-        buffered, self._metric_buffer = self._metric_buffer, []
-        try:
-            self.flush_pending_checks()
-        except NonFiniteLossError as e:
-            # File the steps before the bad one (each rank the same ones), then stop.
-            buffered = [entry for entry in buffered if entry[0] < e.iteration]
-            if buffered:
-                gather_and_file(buffered, self.storage)
-            raise
-        if not buffered:
-            return
-        figures = self.rank_figures
-        share = None if figures is None else functools.partial(figures.collect, self.iter)
-        per_rank = gather_and_file(buffered, self.storage, share=share)
-        if figures is not None:
-            figures.compare(per_rank, self.storage)
+        self._period_metrics.file(self.storage, self.iter, self.rank_figures)
 
     # The loop stopped (TrainerBase.request_stop) before the next gather iteration.
     _end_early = _file_buffered_metrics
@@ -421,7 +383,7 @@ class SimpleTrainer(TrainerBase):
     def state_dict(self) -> dict[str, Any]:
         # The last guard for a checkpoint saved by code that did not flush first: this rank's
         # pending steps (the checkpoint paths flush every rank's before).
-        self._pending_check.check(collective=False)
+        self._period_metrics.check(collective=False)
         state = super().state_dict()
         state["optimizer"] = self.optimizer.state_dict()
         return state
