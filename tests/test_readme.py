@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,22 +67,27 @@ def _run_script(script, *args, cwd):
     )
 
 
-def test_new_task_example_reports_bad_input_in_one_line(tmp_path):
+# (arguments, what the single stderr line must name). Each case starts the script (~5 s): the
+# default run keeps one per kind of mistake (a config key, a flag, a file), slow runs all.
+_BAD_INPUT = [
+    (["SOLVER.BASE_LRR", "0.1"], "SOLVER.BASE_LR"),
+    pytest.param(["DATASETS.TRAIN", "('no_such_set',)"], "no_such_set", marks=pytest.mark.slow),
+    (["SOLVER.IMS_PER_BATCH", "3", "--num-gpus", "2"], "--num-gpus came after"),
+    pytest.param(
+        ["--num-gpus", "2", "SOLVER.IMS_PER_BATCH", "3"], "IMS_PER_BATCH", marks=pytest.mark.slow
+    ),
+    (["MODEL.WEIGHTS", "missing.pth"], "missing.pth"),
+    pytest.param(["OUTPUT_DIR", "/proc/no_such_dir"], "OUTPUT_DIR", marks=pytest.mark.slow),
+    pytest.param(["--num-gpus", "0"], "--num-gpus", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("args, named", _BAD_INPUT)
+def test_new_task_example_reports_bad_input_in_one_line(tmp_path, args, named):
     """A user's own script built the detectron2 way gets the library's one-line errors."""
     script = _readme_script(tmp_path)
-    cases = [
-        # (arguments, what the single stderr line must name)
-        (["SOLVER.BASE_LRR", "0.1"], "SOLVER.BASE_LR"),
-        (["DATASETS.TRAIN", "('no_such_set',)"], "no_such_set"),
-        (["SOLVER.IMS_PER_BATCH", "3", "--num-gpus", "2"], "--num-gpus came after"),
-        (["--num-gpus", "2", "SOLVER.IMS_PER_BATCH", "3"], "IMS_PER_BATCH"),
-        (["MODEL.WEIGHTS", "missing.pth"], "missing.pth"),
-        (["OUTPUT_DIR", "/proc/no_such_dir"], "OUTPUT_DIR"),
-        (["--num-gpus", "0"], "--num-gpus"),
-    ]
-    for args, named in cases:
-        result = _run_script(script, *args, cwd=tmp_path)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2, (args, result.stderr[-2000:])
-        assert len(lines) == 1 and named in lines[0], (args, result.stderr[-2000:])
-        assert "Traceback" not in result.stderr
+    result = _run_script(script, *args, cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (args, result.stderr[-2000:])
+    assert len(lines) == 1 and named in lines[0], (args, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr

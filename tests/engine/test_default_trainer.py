@@ -290,6 +290,9 @@ def _two_rank_run(output_dir, mode):
     return {k: out[k] for k in ("weights", "momentum", "start_iter")}
 
 
+# In slow runs: the default run's two-process exact resume is the SIGTERM test below (stopped
+# by a signal on one rank, resumed on two, equal to a straight run).
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_exact_resume_two_processes(tmp_path):
     straight = run_on_ranks(_two_rank_run, 2, args=(str(tmp_path / "a"), "straight"), timeout_s=120)
