@@ -231,3 +231,28 @@ def test_the_listed_records_are_those_two_real_processes_read(tmp_path):
 def test_a_straggler_rule_looser_than_documented_is_refused_as_a_real_run_would(tmp_path):
     with pytest.raises(ConfigError, match=r"STRAGGLER.MARGIN must be in \(0, 0.5\], got 0.9"):
         _dry_run(tmp_path, ["--num-gpus", "2"], ["STRAGGLER.MARGIN", "0.9"])
+
+
+def test_a_mixed_dry_run_shows_each_steps_records_of_every_dataset(tmp_path, capsys):
+    from trainkit.data.samplers.mixed import mix_counts
+
+    second = f"{_NAME}_b"
+    DatasetCatalog.register(second, lambda: _records(30))
+    try:
+        mix = ["DATASETS.TRAIN", (_NAME, second), "DATASETS.TRAIN_WEIGHTS", (2, 1)]
+        status, report = _dry_run(tmp_path, ["--num-gpus", "2", "--dry-run-steps", "4"], mix)
+    finally:
+        DatasetCatalog.remove(second)
+    assert status == 0
+    taken, expected = [0, 0], []
+    for step in range(4):  # 8 records by 2 : 1 is 16/3 and 8/3 a step: (5, 3), (6, 2), ...
+        counts = mix_counts(8, [2, 1], step, taken)
+        taken = [t + c for t, c in zip(taken, counts)]
+        expected.append({"step": step, "records": {_NAME: counts[0], second: counts[1]}})
+    assert report["datasets"] == expected
+    for entry in expected:  # the counts are those of the records listed for the step's slots
+        slots = [slot for (s, _, _), slot in _by_slot(report).items() if s == entry["step"]]
+        ids = [i for slot in slots for i in slot]
+        assert sum(i.startswith(f"{second}[") for i in ids) == entry["records"][second]
+    text = capsys.readouterr().out
+    assert f"  step 1: {_NAME} 6, {second} 2\n" in text

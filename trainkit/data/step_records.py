@@ -241,14 +241,26 @@ class RecordIds:
         Raises:
             IndexError: If ``index`` is not a dataset index.
         """
-        if not 0 <= index < self._starts[-1]:
-            raise IndexError(f"dataset index {index} is not in [0, {self._starts[-1]})")
-        part = bisect.bisect_right(self._starts, index) - 1
+        part = self._part(index)
         found: dict[str, Any] = {"dataset": self._names[part], "index": index - self._starts[part]}
         record = self._records[index]
         if isinstance(record, dict):
             found.update({key: record[key] for key in _RECORD_KEYS if key in record})
         return found
+
+    @property
+    def names(self) -> list[str]:
+        """The dataset names, in ``DATASETS.TRAIN`` order."""
+        return list(self._names)
+
+    def dataset(self, index: int) -> str:
+        """Return the name of the dataset holding dataset index ``index`` (raises as ``info``)."""
+        return self._names[self._part(index)]
+
+    def _part(self, index: int) -> int:
+        if not 0 <= index < self._starts[-1]:
+            raise IndexError(f"dataset index {index} is not in [0, {self._starts[-1]})")
+        return bisect.bisect_right(self._starts, index) - 1
 
     def __call__(self, index: int) -> str:
         """Return the printable id of dataset index ``index`` (see the class docstring)."""

@@ -50,7 +50,9 @@ def dry_run(
         ``auto_scale_workers`` and a resume's recipe check raise them);
         ``resume`` ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one
         ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each
-        listed step.
+        listed step; ``datasets`` (with several ``DATASETS.TRAIN``) one ``{"step",
+        "records": {name: count}}`` per listed step: its records of each dataset (with
+        ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares).
 
     Raises:
         ConfigError: For any other config error, as the real job raises it (the loader's
@@ -65,6 +67,7 @@ def dry_run(
         "notes": [],
         "resume": None,
         "steps": [],
+        "datasets": [],
     }
     try:
         scaled = auto_scale_config(cfg, world_size)
@@ -122,6 +125,12 @@ def _plan_steps(
     if report["resume"] is not None and listed:
         report["resume"]["step"] = listed[0].step
     ids = RecordIds.from_config(cfg, records)
+    if len(ids.names) > 1:  # how many records of each set every step holds (a mix's shares)
+        for step in listed:
+            per_dataset = dict.fromkeys(ids.names, 0)
+            for index, _ in step.batch:
+                per_dataset[ids.dataset(index)] += 1
+            report["datasets"].append({"step": step.step, "records": per_dataset})
     for step in listed:
         for rank, micro_batch, pairs in step.slots():
             report["steps"].append(
@@ -205,19 +214,22 @@ def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> 
             f"{resume['iteration']}; the global stream at optimizer step {resume['step']}."
         )
     lines += [f"Note: {note}" for note in report["notes"]]
-    lines += _format_steps(report["steps"])
+    lines += _format_steps(report["steps"], report.get("datasets", []))
     return "\n".join(lines) + "\n"
 
 
-def _format_steps(steps: list[dict[str, Any]]) -> list[str]:
+def _format_steps(steps: list[dict[str, Any]], datasets: list[dict[str, Any]]) -> list[str]:
     if not steps:
         return []
     lines = ["", "Records of the first steps (step, rank, micro-batch: record ids):"]
     by_step: dict[int, list[dict[str, Any]]] = {}
     for entry in steps:
         by_step.setdefault(entry["step"], []).append(entry)
+    per_dataset = {entry["step"]: entry["records"] for entry in datasets}
     for step, slots in by_step.items():
-        lines.append(f"  step {step}")
+        counts = per_dataset.get(step)
+        shares = "" if counts is None else ": " + ", ".join(f"{n} {c}" for n, c in counts.items())
+        lines.append(f"  step {step}{shares}")
         shown = slots if len(slots) <= _SHOWN_SLOTS else slots[: _SHOWN_SLOTS - 1] + slots[-1:]
         for i, slot in enumerate(shown):
             if i == len(shown) - 1 and len(shown) < len(slots):
