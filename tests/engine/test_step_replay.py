@@ -107,3 +107,33 @@ def test_load_trainer_class_imports_a_module_or_a_script(tmp_path):
         load_trainer_class("Trainer")
     with pytest.raises(ReplayError, match="cannot import"):
         load_trainer_class("no_such_module_here:Trainer")
+
+
+def _report(num_records, num_bad, non_finite_weights=()):
+    from trainkit.engine.replay_loop import BadRecord, ReplayReport
+
+    report = ReplayReport(iteration=9, checkpoint="", replayed=range(0, 9))
+    report.losses[(0, 0)] = {"loss_cls": float("nan")}
+    report.bad_slots.append((0, 0))
+    report.records_tried = num_records
+    report.bad_records = [BadRecord(0, 0, f"set[{i}]", ["loss_cls"]) for i in range(num_bad)]
+    report.non_finite_weights = list(non_finite_weights)
+    return "\n".join(report.lines())
+
+
+def test_a_report_where_every_record_fails_blames_the_model_and_lists_a_few():
+    text = _report(32, 32, ["norm.running_var"])
+    assert "every one of the 32 records of the bad micro-batch(es) fails alone" in text
+    assert "its weights are not finite before step 9" in text
+    assert "non-finite weights before step 9 in 1 tensor(s): norm.running_var" in text
+    assert text.count("bad record:") == 5 and "... and 27 more bad records" in text
+    finite = _report(8, 8)
+    assert "its weights are finite, so look at the learning rate" in finite
+    assert "non-finite weights" not in finite
+
+
+def test_a_report_with_some_bad_records_lists_them_all():
+    text = _report(32, 7)
+    assert text.count("bad record:") == 7 and "every one" not in text
+    alone = _report(1, 1)  # a micro-batch of one record: that record is the one
+    assert alone.count("bad record:") == 1 and "every one" not in alone

@@ -73,6 +73,8 @@ class ReplayReport:
         grad_norms: each rank's gradient norm, then the averaged one (``"all"``).
         non_finite_grads: parameters whose averaged gradient is not finite.
         weights: the model's state before the failing step (rank 0's buffers).
+        non_finite_weights: the entries of ``weights`` that are not finite.
+        records_tried: the records of the bad micro-batches that were run alone.
     """
 
     iteration: int
@@ -85,6 +87,8 @@ class ReplayReport:
     grad_norms: dict[str, float] = field(default_factory=dict)
     non_finite_grads: list[str] = field(default_factory=list)
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    non_finite_weights: list[str] = field(default_factory=list)
+    records_tried: int = 0
 
     @property
     def reproduced(self) -> bool:
@@ -107,21 +111,52 @@ class ReplayReport:
             out.append(f"  rank {rank} micro-batch {micro}: {terms}{bad}")
         for (rank, micro), error in sorted(self.errors.items()):
             out.append(f"  rank {rank} micro-batch {micro} raised {error}")
-        for record in self.bad_records:
+        out += self._record_lines()
+        if self.non_finite_weights:
             out.append(
-                f"  bad record: {record.record_id} (rank {record.rank} micro-batch "
-                f"{record.micro_batch}): {', '.join(record.terms)}"
+                f"  non-finite weights before step {self.iteration} in "
+                f"{len(self.non_finite_weights)} tensor(s): {_first(self.non_finite_weights)}"
             )
         norms = ", ".join(f"{k}: {v:.6g}" for k, v in self.grad_norms.items())
         out.append(f"  gradient norms (averaged over ranks as DDP does: 'all'): {norms}")
         if self.non_finite_grads:
-            names = ", ".join(self.non_finite_grads[:5])
-            more = len(self.non_finite_grads) - 5
             out.append(
-                f"  non-finite gradients in {len(self.non_finite_grads)} parameter(s): {names}"
-                + (f" and {more} more" if more > 0 else "")
+                f"  non-finite gradients in {len(self.non_finite_grads)} parameter(s): "
+                f"{_first(self.non_finite_grads)}"
             )
         return out
+
+    def _record_lines(self) -> list[str]:
+        lines = [
+            f"  bad record: {record.record_id} (rank {record.rank} micro-batch "
+            f"{record.micro_batch}): {', '.join(record.terms)}"
+            for record in self.bad_records
+        ]
+        if len(self.bad_records) < max(self.records_tried, 2):
+            return lines
+        # Every record fails: the model does, not the data. Say so rather than list them all.
+        where = (
+            f"its weights are not finite before step {self.iteration} (below)"
+            if self.non_finite_weights
+            else "its weights are finite, so look at the learning rate and the steps before"
+        )
+        summary = (
+            f"  every one of the {self.records_tried} records of the bad micro-batch(es) "
+            f"fails alone: the model fails, not a record; {where}"
+        )
+        shown = lines[:_SHOWN]
+        if len(lines) > _SHOWN:
+            shown.append(f"  ... and {len(lines) - _SHOWN} more bad records")
+        return [summary, *shown]
+
+
+# What a report lists of a long list (records, parameters) before "... and N more".
+_SHOWN = 5
+
+
+def _first(names: list[str]) -> str:
+    more = len(names) - _SHOWN
+    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
 class ReplayLoop:
@@ -238,6 +273,11 @@ class ReplayLoop:
             for (name, _), g in zip(self.named, averaged)
             if g is not None and not bool(torch.isfinite(g).all())
         ]
+        report.non_finite_weights = [
+            name
+            for name, value in report.weights.items()
+            if value.is_floating_point() and not bool(torch.isfinite(value).all())
+        ]
         for rank, micro in report.bad_slots:
             self._find_bad_records(records, rank, micro, slots[rank][micro])
 
@@ -250,6 +290,7 @@ class ReplayLoop:
         """
         if not isinstance(batch, list):
             return  # not a list of records: it cannot be split
+        self.report.records_tried += len(batch)
         with self.ranks[rank].active(self.model):
             found = losses_of_batches(self.step, [[record] for record in batch])
             kinds = {type(result) for result in found}
