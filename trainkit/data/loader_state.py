@@ -225,6 +225,14 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
     for key in ("batch_size", "num_buckets", "source"):
         state[key] = current[key]  # fills what an old state did not record
     if kind == "stream":
+        # Checked here, when the position is loaded: in the workers it would fail only after
+        # they started (and an iterator that fails there can hold them until a full GC).
+        if state["num_workers"] != current["num_workers"]:
+            raise ConfigError(
+                f"the stream loader's state was saved with {state['num_workers']} loader "
+                f"workers, this loader has {current['num_workers']}; resume a stream with the "
+                "same DATALOADER.NUM_WORKERS (its batches depend on it)."
+            )
         num_buckets = current["num_buckets"]
         for part in state["workers"]:
             # An upgraded stream state holds as many buckets as it had elements waiting in.
