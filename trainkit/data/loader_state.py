@@ -45,6 +45,7 @@ from trainkit.config import ConfigError
 
 __all__ = [
     "VERSION",
+    "check_stream_workers",
     "copy_state",
     "is_global_position",
     "load_state",
@@ -177,6 +178,19 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def check_stream_workers(state: dict[str, Any], num_workers: int) -> None:
+    """Raise a ``ConfigError`` unless stream position ``state`` was read by ``num_workers``.
+
+    A stream's batches depend on how many loader workers read it (``DATALOADER.NUM_WORKERS``).
+    """
+    if state["num_workers"] != num_workers:
+        raise ConfigError(
+            f"the stream loader's state was saved with {state['num_workers']} loader workers, "
+            f"this loader has {num_workers}; resume a stream with the same "
+            "DATALOADER.NUM_WORKERS (its batches depend on it)."
+        )
+
+
 def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """Check ``saved`` (any version) against a loader whose state is ``current``; return it.
 
@@ -227,12 +241,7 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
     if kind == "stream":
         # Checked here, when the position is loaded: in the workers it would fail only after
         # they started (and an iterator that fails there can hold them until a full GC).
-        if state["num_workers"] != current["num_workers"]:
-            raise ConfigError(
-                f"the stream loader's state was saved with {state['num_workers']} loader "
-                f"workers, this loader has {current['num_workers']}; resume a stream with the "
-                "same DATALOADER.NUM_WORKERS (its batches depend on it)."
-            )
+        check_stream_workers(state, current["num_workers"])
         num_buckets = current["num_buckets"]
         for part in state["workers"]:
             # An upgraded stream state holds as many buckets as it had elements waiting in.

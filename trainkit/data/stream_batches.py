@@ -23,9 +23,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from trainkit.config import ConfigError
 from trainkit.data.grouping import BucketOf, Buckets
-from trainkit.data.loader_state import new_state
+from trainkit.data.loader_state import check_stream_workers, new_state
 from trainkit.data.loader_workers import pack_in_worker
 from trainkit.data.mapping import RecordMapper, sample_context
 
@@ -74,12 +73,7 @@ class StreamBatches(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         start = self.start or self.initial_state(num_workers)
-        if start["num_workers"] != num_workers:
-            raise ConfigError(
-                f"the stream loader's state was saved with {start['num_workers']} loader workers, "
-                f"this loader has {num_workers}; resume a stream with the same "
-                "DATALOADER.NUM_WORKERS (its batches depend on it)."
-            )
+        check_stream_workers(start, num_workers)  # a guard: the loader checked it on loading
         yield from self._batches(worker, num_workers, start["workers"][worker])
         # Tells the loader this worker has no more batches (a finite stream), so that it
         # stops waiting for this worker's turn.

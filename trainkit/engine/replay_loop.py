@@ -35,6 +35,9 @@ from trainkit.utils.events import EventStorage
 
 __all__ = ["BadRecord", "ReplayError", "ReplayLoop", "ReplayReport"]
 
+# What a report lists of a long list (records, parameters) before "... and N more".
+_SHOWN = 5
+
 
 class ReplayError(UsageError):
     """A failing step's folder (or the run it points to) cannot be replayed as given."""
@@ -148,10 +151,6 @@ class ReplayReport:
         if len(lines) > _SHOWN:
             shown.append(f"  ... and {len(lines) - _SHOWN} more bad records")
         return [summary, *shown]
-
-
-# What a report lists of a long list (records, parameters) before "... and N more".
-_SHOWN = 5
 
 
 def _first(names: list[str]) -> str:
