@@ -245,3 +245,28 @@ def test_default_setup_accepts_a_dict_of_args(tmp_path):
     cfg.OUTPUT_DIR = str(tmp_path / "yacs")
     default_setup(cfg, {})
     assert (tmp_path / "yacs" / "config.yaml").is_file()
+
+
+def test_an_override_of_write_metrics_alone_is_warned_about():
+    from trainkit.engine import simple_trainer
+
+    class OwnMetrics(SimpleTrainer):
+        def _write_metrics(self, loss_dict, data_time, prefix=""):
+            pass
+
+    class OwnStep(OwnMetrics):
+        def run_step(self):
+            pass
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    # The module's logger itself: a test before may have cut "trainkit" off the root logger.
+    with mock.patch.object(simple_trainer.logger, "warning") as warning:
+        OwnMetrics(model, [], optimizer)
+        assert warning.call_count == 1
+        text = warning.call_args.args[0] % warning.call_args.args[1:]
+        assert text.startswith("OwnMetrics overrides _write_metrics")
+        assert "override record_metrics instead" in text
+        OwnStep(model, [], optimizer)  # its own run_step calls what it overrides
+        SimpleTrainer(model, [], optimizer)
+        assert warning.call_count == 1

@@ -31,6 +31,18 @@ __all__ = ["SimpleTrainer"]
 logger = logging.getLogger(__name__)
 
 
+def _warn_if_write_metrics_is_overridden(cls: type) -> None:
+    # detectron2's run_step calls _write_metrics; this one calls record_metrics, so an
+    # override of _write_metrics alone would be skipped without a word.
+    overrides = cls._write_metrics is not SimpleTrainer._write_metrics
+    if overrides and cls.run_step is SimpleTrainer.run_step:
+        logger.warning(
+            "%s overrides _write_metrics, which SimpleTrainer.run_step does not call "
+            "(it calls record_metrics); override record_metrics instead.",
+            cls.__name__,
+        )
+
+
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
@@ -115,6 +127,7 @@ class SimpleTrainer(TrainerBase):
                 f"SOLVER.ACCUMULATE_STEPS / accumulate_steps must be >= 1, got {accumulate_steps}"
             )
         del async_write_metrics
+        _warn_if_write_metrics_is_overridden(type(self))
         model.train()
         self.model = model
         self.data_loader = data_loader
