@@ -113,7 +113,7 @@ def do_train(args: argparse.Namespace, cfg: Any) -> None:
     try:
         trainer.train(start_iter, cfg.train.max_iter)
     finally:
-        trainer.close_data_iterator()
+        trainer.batches.close()
         checkpointer.wait()
 
 
@@ -149,7 +149,7 @@ def resume_or_load(
         # The config leaves the data seed to be drawn (detectron2's configs do), and this
         # process drew another one: continue the checkpoint's data stream instead.
         logger.info("Continuing the data stream of the checkpoint (seed %d)", saved_seed)
-        cfg.dataloader.train.seed = saved_seed
+        cfg.dataloader.train.seed = run_state.seed = saved_seed
         trainer.reset_data_loader(lambda: instantiate(cfg.dataloader.train))
     run_state.load_state_dict(state)
     # The checkpoint holds the last finished iteration; continue with the next one.

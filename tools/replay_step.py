@@ -8,7 +8,7 @@
 
 The run's folder names its trainer class (``tools/train_net.py``'s ``Trainer``, or your
 script's); ``--trainer`` gives another (``module:Class`` or ``path/to/script.py:Class``). From
-your own script, call :func:`trainkit.engine.step_replay.replay_failed_step` with your class.
+your own script, call :func:`trainkit.engine.replay.replay_failed_step` with your class.
 The exit status is the run's when the failure is reproduced (65 for a non-finite loss, 1 for
 an exception), 0 when the step went through, 2 for a folder that cannot be replayed.
 """
@@ -45,7 +45,7 @@ def parse_args(argv=None):
 
 def main(args) -> int:
     """Replay, print the report; return the exit status (see the module docstring)."""
-    from trainkit.engine.step_replay import load_trainer_class, replay_failed_step
+    from trainkit.engine.replay import load_trainer_class, replay_failed_step
 
     setup_logger(name="trainkit")
     trainer_class = load_trainer_class(args.trainer) if args.trainer else None

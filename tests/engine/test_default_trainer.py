@@ -526,6 +526,8 @@ def test_an_assigned_step_adopts_the_configs_wiring(tmp_path):
     class Trainer(RegressionTrainer):
         def __init__(self, cfg):
             super().__init__(cfg)
+            first = self._trainer
+            self._trainer_built_first = first.events.step_listeners
             self._trainer = SimpleTrainer(
                 self.model, self._trainer.data_loader, self.optimizer, accumulate_steps=2
             )
@@ -534,11 +536,14 @@ def test_an_assigned_step_adopts_the_configs_wiring(tmp_path):
     step = trainer._trainer
     assert step.gather_metric_period == cfg.WRITER_PERIOD == 3
     assert step.record_every_step
-    assert step.data_loader is not trainer.data_loader  # watched: waiting counts as 'data'
-    assert step.data_loader.loader is trainer.data_loader
-    # The step names its phases to the watchdog; one process: no straggler detector.
-    assert step.phase_listener == trainer.watchdog.enter
-    assert trainer.stragglers is None and step.rank_figures is None
+    assert step.data_loader is trainer.data_loader  # no wrapper: the step announces 'data'
+    # The step announces its phases on the loop's events, which the watchdog hears, and its
+    # own listeners replaced those of the step built in __init__; one process: no stragglers.
+    assert step.events is trainer.events
+    assert trainer.watchdog in trainer.events.listeners
+    assert trainer.events.step_listeners == [step._loss_check, step._metrics]
+    assert not {*trainer._trainer_built_first} & {*trainer.events.listeners}
+    assert trainer.stragglers is None
     trainer.train()
     # Every step's loss is recorded (synchronised every WRITER_PERIOD = 3 steps, at the end).
     assert [it for _, it in trainer.storage.history("loss_mse").values()] == list(range(7))

@@ -11,6 +11,7 @@ from trainkit.engine import hooks
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.train_loop import HookBase, TrainerBase
 from trainkit.utils import comm
+from trainkit.utils.events import EventWriter
 
 
 class _Trainer(TrainerBase):
@@ -171,7 +172,7 @@ def test_a_trainer_restored_from_a_stopped_run_does_not_train(caplog):
     assert writer.closed  # the writers opened for the run are closed
 
 
-class _ClosingWriter:
+class _ClosingWriter(EventWriter):
     closed = False
 
     def write(self):

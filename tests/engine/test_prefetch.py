@@ -12,7 +12,8 @@ import torch
 from tests.engine.test_default_trainer import RegressionTrainer, _assert_same, _cfg
 from trainkit.config import get_cfg
 from trainkit.data.device_prefetch import DevicePrefetcher
-from trainkit.engine import SimpleTrainer, hooks
+from trainkit.engine import hooks
+from trainkit.engine.step_batches import StepBatches
 from trainkit.engine.step_config import prefetch_device
 from trainkit.utils.env import seed_all_rng
 
@@ -36,7 +37,7 @@ def _train(output_dir, *, prefetch=True, resume=False, stop_after=None, accumula
     seed_all_rng(7)
     trainer = RegressionTrainer(_cfg(output_dir, workers=0, accumulate=accumulate))
     if prefetch:
-        trainer._trainer.prefetch_device = _CPU  # what CUDA does, without the copy
+        trainer._trainer.batches.prefetch_device = _CPU  # what CUDA does, without the copy
     seen = {}
     if stop_after is not None:
         trainer.register_hooks([_StopAfter(stop_after, seen)])
@@ -72,9 +73,7 @@ def test_a_checkpoint_with_a_batch_in_flight_resumes_bit_exactly(tmp_path, accum
 def test_saving_the_loaders_own_position_would_skip_the_batch_in_flight(tmp_path, monkeypatch):
     # The control: what resume gives if checkpoints counted the batch drawn ahead.
     straight = _train(tmp_path / "straight")
-    monkeypatch.setattr(
-        SimpleTrainer, "loader_state_dict", lambda self: self.data_loader.state_dict()
-    )
+    monkeypatch.setattr(StepBatches, "position", lambda self: self.loader.state_dict())
     _train(tmp_path / "resumed", stop_after=4)
     resumed = _train(tmp_path / "resumed", resume=True)
     assert any(
@@ -85,12 +84,12 @@ def test_saving_the_loaders_own_position_would_skip_the_batch_in_flight(tmp_path
 def test_replacing_the_loader_gives_back_the_batch_in_flight(tmp_path):
     trainer = RegressionTrainer(_cfg(tmp_path, workers=0))
     step = trainer._trainer
-    step.prefetch_device = _CPU
+    step.batches.prefetch_device = _CPU
     expected = [b for _, b in zip(range(3), trainer.build_train_loader(trainer.cfg))]
     first = next(step._data_loader_iter)
     assert isinstance(step._data_loader_iter, DevicePrefetcher)
     assert step._data_loader_iter.num_in_flight == 1
-    step.close_data_iterator()
+    step.batches.close()
     rest = [next(step._data_loader_iter), next(step._data_loader_iter)]
     for got, want in zip([first, *rest], expected):
         assert all(torch.equal(g["x"], w["x"]) for g, w in zip(got, want))

@@ -20,7 +20,7 @@ from tests.engine.test_failed_steps import (
 )
 from trainkit.checkpoint import unwrap_model
 from trainkit.engine import HookBase
-from trainkit.engine.step_replay import ReplayError, load_trainer_class, replay_failed_step
+from trainkit.engine.replay import ReplayError, load_trainer_class, replay_failed_step
 
 # The dataset registered, the poisoning reset afterwards.
 pytestmark = pytest.mark.usefixtures("poison")
@@ -110,7 +110,7 @@ def test_load_trainer_class_imports_a_module_or_a_script(tmp_path):
 
 
 def _report(num_records, num_bad, non_finite_weights=()):
-    from trainkit.engine.replay_loop import BadRecord, ReplayReport
+    from trainkit.engine.replay import BadRecord, ReplayReport
 
     report = ReplayReport(iteration=9, checkpoint="", replayed=range(0, 9))
     report.losses[(0, 0)] = {"loss_cls": float("nan")}

@@ -14,8 +14,8 @@ from tests.dist import run_on_ranks
 from trainkit.config import ConfigError, get_cfg
 from trainkit.data import build_train_loader
 from trainkit.engine import DefaultTrainer, SimpleTrainer
-from trainkit.engine.hooks.watchdog import ProgressWatchdog
-from trainkit.engine.phase_clock import PhaseClock, mark_when_backward_computed
+from trainkit.engine.events import StepListener
+from trainkit.engine.phase_clock import PhaseClock
 from trainkit.engine.straggler_rule import StragglerRule
 from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
 from trainkit.utils import comm
@@ -36,33 +36,20 @@ def test_phase_clock_adds_up_each_phase_and_the_current_one_goes_on(monkeypatch)
     assert clock.take() == {"optimizer": 0.75, "hooks": 2.0}  # 7.0
 
 
-def test_the_mark_comes_after_backward_and_before_a_later_final_callback():
-    # DDP queues its wait for the all-reduce once the gradients are ready (as here).
-    layer = nn.Linear(3, 1)
-    engine = torch.autograd.Variable._execution_engine
-    events = []
-    layer.weight.register_post_accumulate_grad_hook(lambda p: events.append("grad"))
-    layer.weight.register_post_accumulate_grad_hook(
-        lambda p: engine.queue_callback(lambda: events.append("ddp waits"))
-    )
-    loss = layer(torch.ones(2, 3)).sum()
-    mark_when_backward_computed(loss, lambda: events.append("mark"))
-    loss.backward()
-    assert events == ["grad", "mark", "ddp waits"]
-    mark_when_backward_computed(torch.ones(()), lambda: events.append("no grad"))  # no-op
-
-
-class _Figures:
-    """Records what a step trainer hands over at each period."""
+class _Figures(StepListener):
+    """Records what rides along with each period's metrics, and the phases announced."""
 
     def __init__(self):
-        self.collected, self.compared = [], []
+        self.phases, self.collected, self.compared = [], [], []
 
-    def collect(self, cur_iter):
+    def on_phase(self, phase, iteration):
+        self.phases.append((iteration, phase))
+
+    def period_figures(self, cur_iter):
         self.collected.append(cur_iter)
         return {"iter": cur_iter}
 
-    def compare(self, per_rank, storage):
+    def compare_figures(self, per_rank, storage):
         self.compared.append((per_rank, storage.iter))
 
 
@@ -84,26 +71,14 @@ def test_a_step_names_its_phases_and_shares_figures_with_the_period_metrics():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     step = SimpleTrainer(model, _batches(), optimizer, gather_metric_period=3)
     step.record_every_step = True
-    phases, figures = [], _Figures()
-    step.phase_listener, step.rank_figures = phases.append, figures
+    figures = _Figures()
+    step.events.subscribe(figures)
     step.train(0, 4)
-    one_step = ["data", "forward/backward", "optimizer"]
-    period_end = ["data", "forward/backward", "optimizer", "collective", "optimizer"]
-    assert phases == one_step * 2 + period_end + period_end
+    one_step = ["data", "forward/backward", "collective", "optimizer", "hooks"]
+    assert [phase for _, phase in figures.phases] == one_step * 4
+    assert [i for i, _ in figures.phases] == [i for i in range(4) for _ in one_step]
     assert figures.collected == [2, 3]
     assert figures.compared == [([{"iter": 2}], 2), ([{"iter": 3}], 3)]
-
-
-def test_watchdog_passes_phase_changes_to_its_listeners():
-    watchdog = ProgressWatchdog(0, rank=0)
-    assert not watchdog.tracks_phases
-    heard = []
-    watchdog.add_phase_listener(heard.append)
-    assert watchdog.tracks_phases
-    watchdog.enter("data", 3)
-    with watchdog.phase("eval"):
-        pass
-    assert heard == ["data", "eval", "hooks"]
 
 
 def _detector(rank=0, periods=3):
@@ -121,29 +96,29 @@ def test_detector_skips_the_warm_up_period_and_gives_seconds_per_step(monkeypatc
     now = iter([0.0, 10.0, 11.0, 12.0, 32.0])
     monkeypatch.setattr("trainkit.engine.phase_clock.time.perf_counter", lambda: next(now))
     detector = _detector()
-    detector.enter("data")
-    assert detector.collect(4) is None  # the first period: warm-up
-    assert detector.collect(9) == {
+    detector.on_phase("data", 0)
+    assert detector.period_figures(4) is None  # the first period: warm-up
+    assert detector.period_figures(9) == {
         "host": "node0",
         "local_rank": 0,
         "phases_s": {"data": 0.2},  # 1 s over 5 steps
     }
-    detector.enter("forward/backward")
-    assert detector.collect(19)["phases_s"] == {"data": 0.1, "forward/backward": 2.0}
+    detector.on_phase("forward/backward", 10)
+    assert detector.period_figures(19)["phases_s"] == {"data": 0.1, "forward/backward": 2.0}
 
 
 def test_detector_names_the_slow_rank_in_the_log_and_the_metrics(caplog):
     detector = _detector()
     per_rank = [_figures(0.01, "node0", 0), _figures(0.2, "node0", 1), _figures(0.01, "node1", 0)]
     with EventStorage(0) as storage, caplog.at_level(logging.WARNING):
-        assert detector.compare([None, None, None], storage) == []  # the warm-up period
+        assert detector.compare_figures([None, None, None], storage) == []  # the warm-up period
         for cur_iter in (19, 39):
             storage.iter = cur_iter
-            assert detector.compare(per_rank, storage) == []
+            assert detector.compare_figures(per_rank, storage) == []
             assert storage.latest()["straggler/count"][0] == 0
         assert not caplog.records
         storage.iter = 59
-        (named,) = detector.compare(per_rank, storage)
+        (named,) = detector.compare_figures(per_rank, storage)
     latest = storage.latest()
     assert named.rank == 1 and named.phase == "data"
     assert latest["straggler/rank"] == (1, 59)
@@ -159,7 +134,7 @@ def test_detector_names_the_slow_rank_in_the_log_and_the_metrics(caplog):
 def test_only_rank_0_logs(caplog):
     detector = _detector(rank=2, periods=1)
     with EventStorage(0) as storage, caplog.at_level(logging.WARNING):
-        assert detector.compare([_figures(0.01), _figures(0.5)], storage)[0].rank == 1
+        assert detector.compare_figures([_figures(0.01), _figures(0.5)], storage)[0].rank == 1
     assert not caplog.records
 
 

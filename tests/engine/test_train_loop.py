@@ -9,6 +9,7 @@ from torch import nn
 
 from trainkit.engine import hooks, step_metrics
 from trainkit.engine.train_loop import AMPTrainer, HookBase, SimpleTrainer, TrainerBase
+from trainkit.utils.events import EventWriter
 
 
 class _NoopTrainer(TrainerBase):
@@ -43,7 +44,7 @@ class _LateMetric(HookBase):
         self.trainer.storage.put_scalar("late_eval", 0.75, smoothing_hint=False)
 
 
-class _RecordingWriter:
+class _RecordingWriter(EventWriter):
     def __init__(self):
         self.snapshots = []
         self.closed = False

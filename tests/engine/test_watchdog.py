@@ -2,7 +2,9 @@
 
 import threading
 import time
+import types
 
+from trainkit.engine.events import StepEvents
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
 
 
@@ -10,13 +12,16 @@ def test_phases_and_local_stall_with_fake_clock():
     now = [100.0]
     stalls = []
     wd = ProgressWatchdog(5.0, rank=0, clock=lambda: now[0], on_local_stall=stalls.append)
-    wd.enter("data", iteration=3)
+    events = StepEvents(types.SimpleNamespace(iter=3))
+    events.subscribe(wd)  # the watchdog hears the loop's phases, it marks none itself
+    events.phase("hooks")
+    events.phase("data")
     now[0] += 2
     assert wd.record()["phase"] == "data" and wd.record()["elapsed_s"] == 2
-    with wd.phase("eval"):
+    with events.during("eval"):
         assert wd.record()["phase"] == "eval"
-    assert wd.record()["phase"] == "hooks"
-    wd.enter("checkpoint")
+    assert wd.record()["phase"] == "data"  # back to the phase before
+    events.phase("checkpoint")
     now[0] += 6
     wd.start()
     deadline = time.monotonic() + 10

@@ -214,7 +214,7 @@ def _train(output_dir, *, resume=False, stop_after=None, prefetch=True):
     cfg.DATALOADER.PIN_MEMORY = True
     cfg.DATALOADER.PREFETCH_TO_DEVICE = prefetch
     trainer = _GpuRegressionTrainer(cfg)
-    assert trainer._trainer.prefetch_device == (_cuda() if prefetch else None)
+    assert trainer._trainer.batches.prefetch_device == (_cuda() if prefetch else None)
     seen = {}
     if stop_after is not None:
         trainer.register_hooks([_StopAfter(stop_after, seen)])

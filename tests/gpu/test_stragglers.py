@@ -43,8 +43,8 @@ class _KeepFigures(StragglerDetector):
         super().__init__(StragglerRule(), rank=0, local_rank=0, host="here", device="cuda")
         self.figures = []
 
-    def collect(self, cur_iter):
-        figures = super().collect(cur_iter)
+    def period_figures(self, cur_iter):
+        figures = super().period_figures(cur_iter)
         self.figures.append((cur_iter, figures))
         return figures
 
@@ -57,7 +57,7 @@ def test_a_timed_step_waits_for_nothing_between_writer_periods():
         model, _batches(), optimizer, gather_metric_period=period, record_every_step=True
     )
     detector = _KeepFigures()
-    trainer.phase_listener, trainer.rank_figures = detector.enter, detector
+    trainer.events.subscribe(detector)
     sync_debug = _SyncDebugBetweenPeriods(period, warmup=2)
     trainer.register_hooks([sync_debug, _SyncDebugOff()])
     try:

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
@@ -66,6 +66,7 @@ def _split_matching_heuristics(path: str) -> tuple[str, bool]:
     return base, value in ("True", "true", "1")
 
 
+@runtime_checkable
 class Checkpointable(Protocol):
     """Anything whose state can be saved and restored: modules, optimizers, schedulers, hooks."""
 

@@ -15,6 +15,7 @@ from trainkit.checkpoint._files import (
     read_checkpoint_file,
     strip_wrapper_prefixes,
 )
+from trainkit.utils.torch_private import compiled_original
 
 __all__ = [
     "IncompatibleKeys",
@@ -49,10 +50,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            # torch.compile's OptimizedModule; checked by attribute so torch._dynamo (slow
-            # to import) is not loaded here.
-            model = model._orig_mod  # type: ignore[assignment]
+        elif (original := compiled_original(model)) is not None:  # torch.compile's wrapper
+            model = original
         else:
             return model
 

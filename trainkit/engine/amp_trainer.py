@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from torch import nn
 from typing_extensions import override
 
 from trainkit.engine.simple_trainer import SimpleTrainer
-from trainkit.utils.periodic import is_period_end
+from trainkit.utils.torch_private import grad_scaler_found_inf, steps_with_scaler_state
 
 __all__ = ["AMPTrainer"]
 
@@ -94,7 +94,7 @@ class AMPTrainer(SimpleTrainer):
         self._skipped_read = 0
         self._report_from_iter = 0  # the first iteration the next warning covers
         self._skipped_before_device = 0  # loaded from a checkpoint, added to the device count
-        if grad_scaler is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        if grad_scaler is not None and not steps_with_scaler_state(optimizer):
             logger.info(
                 "%s is not a fused optimizer: GradScaler.step reads whether to skip each "
                 "float16 step, a wait for the device per step (build it with fused=True).",
@@ -142,23 +142,16 @@ class AMPTrainer(SimpleTrainer):
         self._skipped_on_device += found_inf.to(torch.long)
 
     @override
-    def record_metrics(
-        self,
-        loss_dict: Mapping[str, torch.Tensor],
-        data_time: float,
-        prefix: str = "",
-        *,
-        total_loss: torch.Tensor | None = None,
-    ) -> None:
-        super().record_metrics(loss_dict, data_time, prefix, total_loss=total_loss)
-        if self.grad_scaler is None or not is_period_end(self.iter, self.gather_metric_period):
+    def _end_period(self, cur_iter: int) -> None:
+        super()._end_period(cur_iter)
+        if self.grad_scaler is None:
             return
-        # Read here, with the period's metrics: counted up to the previous step (this step's
+        # Read with the period's metrics: counted up to the previous step (this step's
         # update has not happened yet).
         skipped = self.num_skipped_steps
         self.storage.put_scalar("[metric]amp_skipped_steps", skipped, False)
         if skipped > self._skipped_read:
-            first, last = self._report_from_iter, self.iter - 1
+            first, last = self._report_from_iter, cur_iter - 1
             logger.warning(
                 "The gradient scaler found inf/NaN gradients and skipped %d optimizer step(s) "
                 "in %s (%d so far); loss scale now %g",
@@ -167,7 +160,7 @@ class AMPTrainer(SimpleTrainer):
                 skipped,
                 self.grad_scaler.get_scale(),
             )
-        self._skipped_read, self._report_from_iter = skipped, self.iter
+        self._skipped_read, self._report_from_iter = skipped, cur_iter
         if self.log_grad_scaler:
             self.storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale(), False)
 
@@ -195,27 +188,11 @@ def _found_inf(
 ) -> torch.Tensor | None:
     """Return 1 on the device if ``scaler`` skipped ``optimizer``'s step, else 0 (no wait).
 
-    ``GradScaler`` has no public way to say whether it skipped without reading the scale
-    (``get_scale()``: a wait). Its per-optimizer record of inf/NaN found on each device is
-    private, so it is read here only; if torch renames it, this warns and returns None (the
-    count then stays 0: loud, not silently wrong).
+    ``None`` when nothing was checked (no parameter had a gradient, or no scaling).
     """
     if not scaler.is_enabled():
         return None
-    try:
-        per_device = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-    except (AttributeError, KeyError, TypeError):
-        per_device = None
-    if per_device is None:
-        if not getattr(scaler, "_trainkit_warned", False):
-            scaler._trainkit_warned = True  # type: ignore[attr-defined]
-            logger.warning(
-                "Cannot read GradScaler's inf/NaN record (torch %s changed its internals): "
-                "[metric]amp_skipped_steps stays 0 and skipped steps are not reported.",
-                torch.__version__,
-            )
-        return None
-    values = list(per_device.values())
+    values = grad_scaler_found_inf(scaler, optimizer)
     if not values:  # no parameter had a gradient: nothing was checked, nothing skipped
         return None
     found = values[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,12 +21,13 @@ from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.hooks.preemption import PreemptionHandler
-from trainkit.engine.hooks.watchdog import PhaseMarkingLoader, ProgressWatchdog
+from trainkit.engine.hooks.watchdog import ProgressWatchdog
 from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
 from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
-from trainkit.engine.stragglers import build_straggler_detector
+from trainkit.engine.step_metrics import NonFiniteLossError
+from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
 from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.engine.writers import build_writers
@@ -34,6 +36,7 @@ from trainkit.launcher import connect_job_store, resumes_by_itself
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
+from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventWriter
 from trainkit.utils.logger import setup_logger
 
@@ -42,26 +45,74 @@ __all__ = ["DefaultTrainer"]
 logger = logging.getLogger(__name__)
 
 
+def _not_set(trainer: Any, name: str) -> UsageError:
+    return UsageError(
+        f"{type(trainer).__name__}.{name} is not set: a trainer that does not call "
+        f"DefaultTrainer.__init__ must set self.{name} itself (as detectron2's "
+        "DefaultTrainer.__init__ does) before building hooks or training."
+    )
+
+
+class _Required:
+    """A part ``DefaultTrainer.__init__`` sets; a subclass that skips ``__init__`` sets it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        raise _not_set(trainer, self._name)
+
+
+@dataclass
+class _Extras:
+    """trainkit's parts of a ``DefaultTrainer`` beyond detectron2's (built in one place)."""
+
+    watchdog: ProgressWatchdog
+    run_state: RunState
+    failed_steps: FailedStepCapture
+    model_ema: hooks.ModelEMA | None = None
+    stragglers: StragglerDetector | None = None
+    val_loaders: dict[str, Iterable[Any]] = field(default_factory=dict)
+
+
 class DefaultTrainer(TrainerBase):
     """A trainer with detectron2's default behaviour, built entirely from a config.
 
     It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler,
-    DDP wrapper, checkpointer, hooks and writers, and runs the step trainer the config
-    describes (:mod:`~trainkit.engine.step_config`). Checkpoints hold everything needed to
-    continue bit for bit (:class:`~trainkit.engine.run_state.RunState`).
+    DDP wrapper, step trainer (:mod:`~trainkit.engine.step_config`), checkpointer, stall
+    watchdog and hooks once, and hands its own collaborators the parts they use.
+    Checkpoints hold everything needed to continue bit for bit
+    (:class:`~trainkit.engine.run_state.RunState`).
 
     Where to plug in:
 
     * a part: override a ``build_*`` classmethod (each delegates to one public function);
     * something around steps (logging, EMA, early stopping): a hook, in :meth:`build_hooks`
-      or ``register_hooks``, placed by :attr:`HookBase.priority`;
+      or ``register_hooks``, placed by :attr:`HookBase.priority`; or a listener of
+      :attr:`events` (:class:`~trainkit.engine.events.StepListener`);
     * the step itself: assign your own ``SimpleTrainer`` subclass (overriding its seams) to
-      ``self._trainer`` after ``super().__init__(cfg)``, as in detectron2;
+      ``self._trainer`` after ``super().__init__(cfg)``, as in detectron2; it takes on the
+      config's wiring, or is refused in one line if it computes another update;
     * a loop of another shape (several optimizers, GANs): ``tools/plain_train_net.py``.
+
+    A subclass may skip ``DefaultTrainer.__init__`` as detectron2 projects do (call
+    ``TrainerBase.__init__``, then set ``_trainer``, ``scheduler``, ``checkpointer``,
+    ``start_iter``, ``max_iter`` and ``cfg``); trainkit's parts then take their defaults
+    (no stall watchdog, no EMA, a run state of those parts) and a missing one is named.
 
     Hooks read the attributes :class:`TrainerBase` lists. ``model_ema`` is the
     :class:`~trainkit.engine.hooks.ModelEMA` hook (``None`` unless ``MODEL_EMA.ENABLED``).
     """
+
+    checkpointer: Checkpointer = _Required()  # type: ignore[assignment]
+    scheduler: Any = _Required()
+    _cfg: CfgNode | None = None
+    _step: SimpleTrainer | None = None
+    _extras: _Extras | None = None
+    _seed_was_random = False
+    _last_eval_results: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
 
     def __init__(self, cfg: CfgNode) -> None:
         """Build everything from ``cfg``, rescaled to the world size if it asks for that.
@@ -80,73 +131,125 @@ class DefaultTrainer(TrainerBase):
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         model = create_ddp_model(model, broadcast_buffers=False)
-        # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
-        # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
-        store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
-        self.watchdog = ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store)
-        # Slow ranks named (STRAGGLER.*): it times the phases the watchdog tracks.
-        self.stragglers = build_straggler_detector(cfg, _device_of(model))
-        if self.stragglers is not None:
-            self.watchdog.add_phase_listener(self.stragglers.enter)
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.run_state = RunState(self)
-        self.failed_steps = FailedStepCapture(self)
         self.checkpointer = Checkpointer(
             model,
             cfg.OUTPUT_DIR,
             allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH,
             async_save=cfg.SOLVER.CHECKPOINT_ASYNC,
             # Training waits only for this part of a save (the host copy when writing in
-            # the background); the watchdog times it as the 'checkpoint' phase.
-            blocking_context=functools.partial(self.watchdog.phase, "checkpoint"),
-            trainer=self.run_state,
+            # the background): the 'checkpoint' phase.
+            blocking_context=functools.partial(self.events.during, "checkpoint"),
         )
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
-        self._last_eval_results: dict[str, Any] = {}
-        self._val_loaders: dict[str, Iterable[Any]] = {}
-        self.model_ema = (
-            hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None
+        # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
+        # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
+        store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
+        self._extras = self._default_extras(
+            watchdog=ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store),
+            model_ema=hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None,
+            # Slow ranks named (STRAGGLER.*): it times the phases the step announces.
+            stragglers=build_straggler_detector(cfg, _device_of(model)),
         )
+        self.checkpointer.add_checkpointable("trainer", self.run_state)
         # The watchdog is the job's, not one of the default hooks a subclass rearranges:
         # registered first (it runs before the timer), it leaves build_hooks' list in
         # detectron2's positions.
         self.register_hooks([self.watchdog, *self.build_hooks()])
 
+    def _default_extras(self, **parts: Any) -> _Extras:
+        """trainkit's parts, from ``parts`` or their defaults: the one place they are made.
+
+        Without ``parts`` (a subclass that skipped ``__init__``): no stall watchdog, no EMA,
+        no slow-rank clock, and a run state and failure capture of the parts the subclass set.
+
+        Raises:
+            UsageError: Naming a part the subclass did not set (``cfg``, ``_trainer``,
+                ``checkpointer``, ``scheduler``, ``max_iter``).
+        """
+        cfg, checkpointer, _ = self.cfg, self.checkpointer, self.scheduler
+        if self._progress.max_iter is None:
+            raise _not_set(self, "max_iter")
+        parts.setdefault("watchdog", ProgressWatchdog(0, comm.get_rank()))
+        extras = _Extras(
+            run_state=RunState(self, output_dir=cfg.OUTPUT_DIR, seed=cfg.SEED),
+            failed_steps=FailedStepCapture(cfg, type(self), checkpointer),
+            **parts,
+        )
+        self.events.subscribe(extras.watchdog)
+        if extras.stragglers is not None:
+            self.events.subscribe(extras.stragglers)
+        return extras
+
+    @property
+    def _parts(self) -> _Extras:
+        if self._extras is None:
+            self._extras = self._default_extras()
+        return self._extras
+
+    @property
+    def watchdog(self) -> ProgressWatchdog:
+        """The stall watchdog (``WATCHDOG_TIMEOUT_S``; a hook and a listener of the events)."""
+        return self._parts.watchdog
+
+    @property
+    def run_state(self) -> RunState:
+        """What the checkpoints hold besides the weights (registered as ``"trainer"``)."""
+        return self._parts.run_state
+
+    @property
+    def model_ema(self) -> hooks.ModelEMA | None:
+        """The ``ModelEMA`` hook (``MODEL_EMA.ENABLED``), else ``None``."""
+        return self._parts.model_ema
+
+    @property
+    def stragglers(self) -> StragglerDetector | None:
+        """The slow-rank clock (``STRAGGLER.ENABLED`` with several processes), else ``None``."""
+        return self._parts.stragglers
+
+    @property
+    def cfg(self) -> CfgNode:
+        """The run's config (frozen, scaled to the world size)."""
+        if self._cfg is None:
+            raise _not_set(self, "cfg")
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: CfgNode) -> None:
+        self._cfg = cfg
+
     @property
     def _trainer(self) -> SimpleTrainer:
         """The step trainer (detectron2's name); one assigned takes on the config's wiring."""
+        if self._step is None:
+            raise _not_set(self, "_trainer")
         return self._step
 
     @_trainer.setter
     def _trainer(self, step: SimpleTrainer) -> None:
-        # A subclass that skips DefaultTrainer.__init__ (as detectron2 projects do: they call
-        # TrainerBase.__init__ and assign _trainer before cfg) keeps the step as it built it.
-        cfg = getattr(self, "cfg", None)
-        if cfg is not None:
-            adopt_config_wiring(cfg, step)
-        watchdog = getattr(self, "watchdog", None)
-        if watchdog is not None:
-            # The step names its phases to the watchdog, which passes them on to the
-            # straggler detector; the detector's figures travel with the period's metrics.
-            step.phase_listener = watchdog.enter
-            step.rank_figures = getattr(self, "stragglers", None)
+        # Adopt-or-refuse once the config is known (a subclass that skips __init__ may assign
+        # the step before cfg, as detectron2 projects do: it keeps the step as it built it).
+        if self._cfg is not None:
+            adopt_config_wiring(self._cfg, step)
         step.bind_to(self)
         self._step = step
-        loader = step.data_loader
-        self.data_loader = loader.loader if isinstance(loader, PhaseMarkingLoader) else loader
 
     def run_step(self) -> None:
         """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
-        self._step.run_step()
+        self._trainer.run_step()
 
     def _end_early(self) -> None:
-        self._step._end_early()
+        self._trainer._end_early()
 
     def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now if a deferred loss check found a non-finite step (see the step trainer)."""
-        self._step.flush_pending_checks(collective=collective)
+        self._trainer.flush_pending_checks(collective=collective)
+
+    def loader_state_dict(self) -> dict[str, Any] | None:
+        """Return the train loader's position after the batches the steps consumed."""
+        return self._trainer.batches.position()
 
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
@@ -263,6 +366,7 @@ class DefaultTrainer(TrainerBase):
             # by the seed it drew, so continue that one with a loader built for it.
             logger.info("Continuing the data stream of the checkpoint (seed %d)", seed)
             self.cfg = with_seed(self.cfg, seed, "the data seed of the checkpoint")
+            self.run_state.seed = seed
             self.data_loader = self.build_train_loader(self.cfg)
         elif seed not in (None, self.cfg.SEED):
             logger.warning(
@@ -296,24 +400,24 @@ class DefaultTrainer(TrainerBase):
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
         """
-        # A subclass that skipped DefaultTrainer.__init__ has none (see _trainer).
-        failed_steps = getattr(self, "failed_steps", None)
-        if failed_steps is not None:
-            failed_steps.before_train()
+        capture = self._parts.failed_steps
+        capture.before_train(self.cfg, self.start_iter, self.loader_state_dict())
         try:
             super().train(self.start_iter, self.max_iter)
         except BaseException as e:
-            # Written by the rank that finds the failure, before the launcher hears of it.
-            if failed_steps is not None:
-                failed_steps.capture(e)
+            # Only what the step raised (or a non-finite loss a hook's check found), written
+            # by the rank that finds it, before the launcher hears of it; a hook's error is
+            # its own (its note names it).
+            if e is self._progress.step_error or isinstance(e, NonFiniteLossError):
+                capture.capture(e, self.iter, self._trainer.current_batches, self.data_loader)
             raise
         finally:
-            if failed_steps is not None:
-                failed_steps.after_train()
-            self._step.close_data_iterator()
+            capture.after_train()
+            self._trainer.batches.close()
             # With SOLVER.CHECKPOINT_ASYNC the last checkpoint may still be being written
             # (also one saved by a hook after the checkpoint hook's after_train).
-            self.checkpointer.wait()
+            if isinstance(self.checkpointer, Checkpointer):
+                self.checkpointer.wait()
         if comm.is_main_process() and self._last_eval_results:
             verify_results(self.cfg, self._last_eval_results)
         return self._last_eval_results
@@ -321,7 +425,7 @@ class DefaultTrainer(TrainerBase):
     def _evaluate_for_hook(self) -> dict[str, Any]:
         use_ema = self.model_ema is not None and self.cfg.MODEL_EMA.USE_FOR_EVAL
         model = self.model_ema.ema_model if use_ema else self.model  # type: ignore[union-attr]
-        with self.watchdog.phase("eval"):
+        with self.events.during("eval"):
             self._last_eval_results = self.test(self.cfg, model)
             if not self.cfg.TEST.VAL_LOSS:
                 return self._last_eval_results
@@ -332,43 +436,38 @@ class DefaultTrainer(TrainerBase):
                     "TEST.VAL_LOSS puts the validation losses; rename that task or set "
                     "TEST.VAL_LOSS False."
                 )
-            results["validation"] = validation_losses_of_test_sets(self, model, self._val_loaders)
+            results["validation"] = validation_losses_of_test_sets(
+                self.cfg, self.build_test_loader, model, self._parts.val_loaders
+            )
         return results
 
     # ---- what hooks may read ------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
         """The (possibly DDP-wrapped) model being trained; assigning replaces the step's."""
-        return self._step.model
+        return self._trainer.model
 
     @model.setter
     def model(self, model: nn.Module) -> None:
-        self._step.model = model
+        self._trainer.model = model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The optimizer; assigning replaces the step's."""
-        return self._step.optimizer
+        return self._trainer.optimizer
 
     @optimizer.setter
     def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self._step.optimizer = optimizer
+        self._trainer.optimizer = optimizer
 
     @property
     def data_loader(self) -> Iterable[Any]:
-        """The train loader; assigning replaces it (the next step starts a new iterator)."""
-        return self._train_loader
+        """The step trainer's train loader; assigning replaces it (the next step starts anew)."""
+        return self._trainer.data_loader
 
     @data_loader.setter
     def data_loader(self, data_loader: Iterable[Any]) -> None:
-        self._step.close_data_iterator()
-        self._train_loader = data_loader
-        # No watchdog when a subclass skipped DefaultTrainer.__init__ (see _trainer).
-        watchdog = getattr(self, "watchdog", None)
-        watched = watchdog is not None and watchdog.tracks_phases
-        self._step.data_loader = (
-            PhaseMarkingLoader(data_loader, watchdog) if watched else data_loader
-        )
+        self._trainer.data_loader = data_loader
 
     # ---- evaluation and scaling (detectron2's classmethod/staticmethod API) ---------------
     @classmethod
@@ -394,7 +493,9 @@ class DefaultTrainer(TrainerBase):
         Collective:
             ``inference_on_dataset`` gathers on every rank.
         """
-        return evaluate_test_sets(cls, cfg, model, evaluators)
+        return evaluate_test_sets(
+            cfg, model, evaluators, cls.build_test_loader, cls.build_evaluator
+        )
 
     @staticmethod
     def auto_scale_workers(cfg: CfgNode, num_workers: int) -> CfgNode:
@@ -407,13 +508,13 @@ class DefaultTrainer(TrainerBase):
     def state_dict(self) -> dict[str, Any]:
         """Return the loop's state and, under ``_trainer``, the step's (``RunState`` adds more)."""
         state = super().state_dict()
-        state["_trainer"] = self._step.state_dict()
+        state["_trainer"] = self._trainer.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
-        self._step.load_state_dict(state["_trainer"])
+        self._trainer.load_state_dict(state["_trainer"])
 
 
 def _device_of(model: nn.Module) -> torch.device | None:

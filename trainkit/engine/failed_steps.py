@@ -19,7 +19,7 @@ it writes (every file atomically, so a reader never sees half of one):
 
 The other ranks add their ``rank<R>`` files when they fail too (a non-finite loss found by
 the deferred checks stops all ranks together). ``tools/replay_step.py`` rebuilds the step
-from the folder on one process (:mod:`trainkit.engine.step_replay`). Writing the folder
+from the folder on one process (:mod:`trainkit.engine.replay`). Writing the folder
 never replaces the run's error: a failure to write is logged and the run fails as it would.
 """
 
@@ -30,13 +30,14 @@ import logging
 import os
 import socket
 import sys
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint._files import read_checkpoint_file
 from trainkit.config import CfgNode
+from trainkit.data.loader import TrainLoader
 from trainkit.data.loader_state import is_global_position
 from trainkit.data.step_records import RecordIds, build_train_plan, steps_records
 from trainkit.engine.run_state import continued_position, upgrade_run_state
@@ -46,9 +47,7 @@ from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import atomic_write
-
-if TYPE_CHECKING:
-    from trainkit.engine.default_trainer import DefaultTrainer
+from trainkit.utils.torch_private import dump_cuda_memory_snapshot, record_cuda_memory_history
 
 __all__ = [
     "FAILED_STEPS_DIR",
@@ -156,46 +155,55 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 class FailedStepCapture:
-    """Write the failing step's folder for one ``DefaultTrainer`` (see the module docstring).
+    """Write the failing step's folder of one run (see the module docstring).
 
-    ``DefaultTrainer.train`` calls :meth:`before_train`, :meth:`capture` when the loop
-    raises, then :meth:`after_train`.
+    ``DefaultTrainer.train`` calls :meth:`before_train`, :meth:`capture` when the step
+    fails, then :meth:`after_train`.
 
     Args:
-        trainer: the trainer; held through a weak reference, as hooks do.
+        cfg: the run's config (``OUTPUT_DIR``, the data seed, the batch, ``DEBUG``); the
+            one :meth:`before_train` gets replaces it (a resume may change the data seed).
+        trainer_class: the trainer class the replay rebuilds the run with.
+        checkpointer: the run's checkpointer (its newest checkpoint is named in the folder).
     """
 
-    def __init__(self, trainer: DefaultTrainer) -> None:
-        self._trainer_ref = weakref.ref(trainer)
+    def __init__(self, cfg: CfgNode, trainer_class: type, checkpointer: Checkpointer) -> None:
+        self._cfg, self._trainer_class, self._checkpointer = cfg, trainer_class, checkpointer
         # The loader position the loop started from, and the step it starts: the records
         # of a failing step are listed from the newest of it and the last checkpoint's.
         self._start: tuple[int, dict[str, Any] | None] = (0, None)
 
-    @property
-    def _trainer(self) -> DefaultTrainer:
-        trainer = self._trainer_ref()
-        if trainer is None:
-            raise RuntimeError("the trainer of this FailedStepCapture was deleted")
-        return trainer
+    def before_train(self, cfg: CfgNode, start_iter: int, position: dict[str, Any] | None) -> None:
+        """Note where the loop starts; with ``DEBUG.CUDA_MEMORY_HISTORY``, record allocations.
 
-    def before_train(self) -> None:
-        """Note where the loop starts; with ``DEBUG.CUDA_MEMORY_HISTORY``, record allocations."""
-        trainer = self._trainer
-        self._start = (trainer.start_iter, trainer._trainer.loader_state_dict())
+        Args:
+            cfg: the run's config as it trains.
+            start_iter: the first iteration the loop runs.
+            position: the train loader's position before it.
+        """
+        self._cfg, self._start = cfg, (start_iter, position)
         if self._records_memory():
             # Costs time on every allocation: only while training (after_train stops it).
-            torch.cuda.memory._record_memory_history(max_entries=_MEMORY_HISTORY_ENTRIES)
+            record_cuda_memory_history(True, _MEMORY_HISTORY_ENTRIES)
 
     def after_train(self) -> None:
         """Stop recording allocations (after :meth:`capture`, which may save them)."""
         if self._records_memory():
-            torch.cuda.memory._record_memory_history(enabled=None)
+            record_cuda_memory_history(False)
 
-    def capture(self, error: BaseException) -> str | None:
+    def capture(
+        self, error: BaseException, current_iter: int, batches: list[Any], loader: Any
+    ) -> str | None:
         """Write the folder of the step ``error`` ended, if it is a step's failure.
 
         Adds a note naming the folder to ``error`` (shown as the last line of its traceback
         and of the launcher's report) and logs it.
+
+        Args:
+            error: what the step raised (or a non-finite loss found later).
+            current_iter: the iteration the loop was in.
+            batches: this rank's micro-batches of that step (their shapes are recorded).
+            loader: the train loader that ran (the step's records are listed from it).
 
         Returns:
             The folder, or ``None`` when ``error`` is not captured (a user error, an agreed
@@ -203,13 +211,13 @@ class FailedStepCapture:
         """
         if not _is_captured(error):
             return None
-        trainer = self._trainer
-        iteration = failing_iteration(error, trainer.iter)
-        folder = failed_step_dir(trainer.cfg.OUTPUT_DIR, iteration)
+        iteration = failing_iteration(error, current_iter)
+        folder = failed_step_dir(self._cfg.OUTPUT_DIR, iteration)
         try:
             os.makedirs(folder, exist_ok=True)
-            self._write_rank_files(folder, error, iteration)
-            self._write_step_files(folder, iteration)
+            in_progress = batches if current_iter == iteration else None
+            self._write_rank_files(folder, error, iteration, current_iter, in_progress)
+            self._write_step_files(folder, iteration, loader)
         except Exception:
             logger.exception("Could not write the failing step's folder %s", folder)
             return None
@@ -222,17 +230,22 @@ class FailedStepCapture:
         return folder
 
     # ---- what this rank has ---------------------------------------------------------------
-    def _write_rank_files(self, folder: str, error: BaseException, iteration: int) -> None:
-        trainer, rank = self._trainer, comm.get_rank()
-        step = trainer._trainer
-        batches = getattr(step, "_step_batches", None) if trainer.iter == iteration else None
+    def _write_rank_files(
+        self,
+        folder: str,
+        error: BaseException,
+        iteration: int,
+        current_iter: int,
+        batches: list[Any] | None,
+    ) -> None:
+        rank = comm.get_rank()
         info: dict[str, Any] = {
             "rank": rank,
             "world_size": comm.get_world_size(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "iteration": iteration,
-            "noticed_at": trainer.iter,
+            "noticed_at": current_iter,
             "error": _error_info(error),
             "loss_terms": error.losses if isinstance(error, NonFiniteLossError) else None,
             "batch_shapes": _shapes(batches) if batches else None,
@@ -242,20 +255,19 @@ class FailedStepCapture:
         if isinstance(error, torch.OutOfMemoryError) and self._records_memory():
             info["memory_snapshot"] = name = f"rank{rank}_memory_snapshot.pickle"
             tmp = os.path.join(folder, f".{name}.tmp")
-            torch.cuda.memory._dump_snapshot(tmp)
+            dump_cuda_memory_snapshot(tmp)
             os.replace(tmp, os.path.join(folder, name))
         with atomic_write(os.path.join(folder, info["rng_file"]), "wb") as f:
             torch.save(get_rng_state(), f)
         _write_json(os.path.join(folder, f"rank{rank}.json"), info)
 
     def _records_memory(self) -> bool:
-        return bool(self._trainer.cfg.DEBUG.CUDA_MEMORY_HISTORY) and torch.cuda.is_available()
+        return bool(self._cfg.DEBUG.CUDA_MEMORY_HISTORY) and torch.cuda.is_available()
 
     # ---- what every rank would write the same ---------------------------------------------
-    def _write_step_files(self, folder: str, iteration: int) -> None:
-        trainer = self._trainer
-        cfg = trainer.cfg
-        checkpoint = trainer.checkpointer.get_checkpoint_file()
+    def _write_step_files(self, folder: str, iteration: int, loader: Any) -> None:
+        cfg = self._cfg
+        checkpoint = self._checkpointer.get_checkpoint_file()
         step: dict[str, Any] = {
             "iteration": iteration,
             "seed": cfg.SEED,
@@ -263,14 +275,14 @@ class FailedStepCapture:
             "accumulate_steps": cfg.SOLVER.ACCUMULATE_STEPS,
             "ims_per_batch": cfg.SOLVER.IMS_PER_BATCH,
             "last_checkpoint": os.path.basename(checkpoint) if checkpoint else None,
-            "trainer": trainer_spec(type(trainer)),
+            "trainer": trainer_spec(self._trainer_class),
             # CPU kernels may sum in another order with another number of threads.
             "num_threads": torch.get_num_threads(),
             "records": None,
             "records_note": "",
         }
         try:
-            step["records"] = self._records(iteration, checkpoint)
+            step["records"] = self._records(iteration, checkpoint, loader)
         except Exception as e:  # the rest of the folder is still worth having
             logger.warning("Could not list the records of step %d: %s", iteration, e)
             step["records_note"] = f"{type(e).__name__}: {e}"
@@ -278,14 +290,13 @@ class FailedStepCapture:
             f.write(cfg.dump())
         _write_json(os.path.join(folder, STEP_FILE), step)
 
-    def _records(self, iteration: int, checkpoint: str) -> list[dict[str, Any]]:
+    def _records(self, iteration: int, checkpoint: str, loader: Any) -> list[dict[str, Any]]:
         """Every rank's and micro-batch's records of step ``iteration``.
 
         Listed from the newest known loader position before it: the last checkpoint's, or
         where this loop started (with aspect-ratio grouping a step depends on the steps
         before, so the plan composes those in between).
         """
-        trainer = self._trainer
         start_iter, state = self._start
         if checkpoint:
             saved = upgrade_run_state(
@@ -295,19 +306,14 @@ class FailedStepCapture:
             saved_iter = saved.get("iteration", -1)
             if is_global_position(saved_state) and start_iter <= saved_iter + 1 <= iteration:
                 state = saved_state
-        if not is_global_position(state):
+        if not is_global_position(state) or not isinstance(loader, TrainLoader):
             raise TypeError(
                 "the train loader has no position in the global stream (a stream dataset, a "
                 "per-rank sampler or a loader of its own), so its records are not known"
             )
-        loader = trainer.data_loader
-        records, plan = build_train_plan(
-            trainer.cfg,
-            comm.get_world_size(),
-            dataset=getattr(loader, "records", None),
-        )
+        records, plan = build_train_plan(self._cfg, comm.get_world_size(), dataset=loader.records)
         (step,) = steps_records(plan, 1, state=state, first_step=iteration)
-        ids = record_ids(trainer.cfg, records)
+        ids = record_ids(self._cfg, records)
         return [
             {
                 "rank": rank,

@@ -5,19 +5,27 @@ Importable from :mod:`trainkit.engine.train_loop` and :mod:`trainkit.engine.hook
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import types
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from trainkit.checkpoint import find_unsafe_value
+from trainkit.utils.events import EventStorage
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
-if TYPE_CHECKING:
-    from trainkit.engine.trainer_base import TrainerBase
-
-__all__ = ["HookBase", "HookDispatch", "HookPriority", "hook_state_key", "keeps_state"]
+__all__ = [
+    "HookBase",
+    "HookedLoop",
+    "HookDispatch",
+    "HookPriority",
+    "blamed_on",
+    "hook_state_key",
+    "keeps_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,23 @@ class HookPriority(enum.IntEnum):
     LOWEST = 100
 
 
+class HookedLoop(Protocol):
+    """What every hook may read of the loop it is registered with (``TrainerBase``'s surface).
+
+    ``TrainerBase`` lists the rest (``model``, ``optimizer``, ``cfg``, ...); this module names
+    only what it reads itself, so it needs no import of the loop's module.
+    """
+
+    iter: int
+    start_iter: int
+    max_iter: int
+
+    @property
+    def storage(self) -> EventStorage:
+        """The metrics of the current ``train()`` call."""
+        ...
+
+
 class HookBase:
     """Base class of the callbacks a :class:`TrainerBase` runs around each step.
 
@@ -44,7 +69,7 @@ class HookBase:
         for cur_iter in range(start_iter, max_iter):
             before_step(); [run_step: ... after_backward() ...]; after_step()
         after_train()          # also when training raised
-        final_write()          # only hooks that define it, after every hook's after_train
+        final_write()          # after every hook's after_train (the writers write last)
 
     ``after_backward`` runs once per optimizer step, after the last micro-batch's backward
     pass and (with a gradient scaler) after unscaling, so it sees the true gradients.
@@ -58,10 +83,10 @@ class HookBase:
 
     # A class attribute, so subclasses that skip ``super().__init__()`` (common in detectron2
     # hooks) still have an unset back-reference rather than an AttributeError.
-    _trainer_ref: weakref.ref[TrainerBase] | None = None
+    _trainer_ref: weakref.ref[Any] | None = None
 
     @property
-    def trainer(self) -> TrainerBase:
+    def trainer(self) -> Any:  # a TrainerBase (the loop imports this module, not back)
         """The trainer this hook is registered with (weakly: a hook never keeps it alive).
 
         Raises:
@@ -76,7 +101,7 @@ class HookBase:
         return trainer
 
     @trainer.setter
-    def trainer(self, trainer: TrainerBase | None) -> None:
+    def trainer(self, trainer: Any) -> None:
         self._trainer_ref = None if trainer is None else weakref.ref(trainer)
 
     def before_train(self) -> None:
@@ -94,6 +119,9 @@ class HookBase:
     def after_step(self) -> None:
         """Run after each iteration's ``run_step``."""
 
+    def final_write(self) -> None:
+        """Run after every hook's ``after_train`` (writers write and close here)."""
+
     def state_dict(self) -> dict[str, Any]:
         """Return the state to checkpoint; an empty dict (the default) saves nothing."""
         return {}
@@ -102,7 +130,7 @@ class HookBase:
         """Restore what :meth:`state_dict` returned; the default ignores it."""
 
 
-def is_time(trainer: TrainerBase, period: int, max_iter: int | None = None) -> bool:
+def is_time(trainer: HookedLoop, period: int, max_iter: int | None = None) -> bool:
     """The periodic hooks' "is it time?": the step just finished ends a ``period`` or the run."""
     last = trainer.max_iter if max_iter is None else max_iter
     return is_period_end(trainer.iter, period) or is_last_iter(trainer.iter, last)
@@ -118,9 +146,32 @@ def hook_state_key(hook: HookBase) -> str:
 _STEP_PHASES = ("before_step", "after_backward", "after_step")
 
 
-def _overrides(hook: HookBase, phase: str) -> bool:
-    # A method set on the instance counts too (some code patches hooks that way).
-    return phase in vars(hook) or getattr(type(hook), phase) is not getattr(HookBase, phase)
+def _hook_methods(hook: HookBase) -> dict[str, Callable[[], None]]:
+    """The per-step methods ``hook`` has of its own: overridden, or set on the instance."""
+    methods = {
+        "before_step": (hook.before_step, HookBase.before_step),
+        "after_backward": (hook.after_backward, HookBase.after_backward),
+        "after_step": (hook.after_step, HookBase.after_step),
+    }
+    return {
+        phase: method
+        for phase, (method, default) in methods.items()
+        if not (isinstance(method, types.MethodType) and method.__func__ is default)
+    }
+
+
+def _note_hook(error: BaseException, hook: HookBase, method: str, iteration: int) -> None:
+    error.add_note(f"(raised in hook {type(hook).__name__}.{method} at iteration {iteration})")
+
+
+@contextlib.contextmanager
+def blamed_on(hook: HookBase, method: str, iteration: int) -> Iterator[None]:
+    """Run the body as ``hook.method``: an exception gets a note naming the hook."""
+    try:
+        yield
+    except Exception as e:
+        _note_hook(e, hook, method, iteration)
+        raise
 
 
 def keeps_state(hook: HookBase) -> bool:
@@ -137,16 +188,27 @@ class HookDispatch:
 
     def __init__(self) -> None:
         self.hooks: list[HookBase] = []
-        self.callbacks: dict[str, list[Callable[[], None]]] = {p: [] for p in _STEP_PHASES}
+        self.callbacks: dict[str, list[tuple[HookBase, Callable[[], None]]]] = {
+            p: [] for p in _STEP_PHASES
+        }
         self._warned_unsaved: set[tuple[str, str]] = set()
 
     def add(self, hooks: list[HookBase]) -> None:
         """Insert ``hooks`` by priority (ties keep registration order), reindex the phases."""
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
-        self.callbacks = {
-            phase: [getattr(hook, phase) for hook in self.hooks if _overrides(hook, phase)]
-            for phase in _STEP_PHASES
-        }
+        self.callbacks = {phase: [] for phase in _STEP_PHASES}
+        for hook in self.hooks:
+            for phase, method in _hook_methods(hook).items():
+                self.callbacks[phase].append((hook, method))
+
+    def run(self, phase: str, iteration: int) -> None:
+        """Call the hooks acting in ``phase``; what one raises gets a note naming it."""
+        for hook, method in self.callbacks[phase]:
+            try:
+                method()
+            except Exception as e:
+                _note_hook(e, hook, phase, iteration)
+                raise
 
     def describe(self) -> list[str]:
         """Return the hooks' class names in the order they run, with non-default priorities."""
@@ -159,8 +221,7 @@ class HookDispatch:
     def final_write(self) -> None:
         """Call ``final_write`` on the hooks that have one (the writers), in order."""
         for hook in self.hooks:
-            if callable(getattr(hook, "final_write", None)):
-                hook.final_write()  # type: ignore[attr-defined]
+            hook.final_write()
 
     def state_dict(self) -> dict[str, Any]:
         """Return ``{hook_state_key(hook): state}`` of the hooks whose state is not empty.

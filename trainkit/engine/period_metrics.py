@@ -1,12 +1,13 @@
-"""A step trainer's metrics between period ends: each step's losses kept and checked, then filed.
+"""A step's losses as its events' listeners: checked for NaN/inf, kept, filed at period ends.
 
-:class:`PeriodMetrics` is what :class:`~trainkit.engine.simple_trainer.SimpleTrainer` records
-into. A step's losses are checked for NaN/inf either at once (read to the host: free on the
-CPU) or on their device (:class:`~trainkit.engine.deferred_checks.DeferredLossCheck`, read at
-the period end and before checkpoints), kept as floats or detached device tensors, and filed
-together at the period end (:func:`~trainkit.engine.step_metrics.gather_and_file`: one host
-copy, one ``all_gather``). The trainer decides which steps are recorded and when a period
-ends; this module decides nothing about the schedule.
+A step trainer subscribes two listeners to its loop's events
+(:class:`~trainkit.engine.events.StepEvents`): :class:`LossCheck` refuses a non-finite loss,
+read at once (free on the CPU) or noted on its device
+(:class:`~trainkit.engine.deferred_checks.DeferredLossCheck`, read at the period end and
+before checkpoints); :class:`MetricsWriter` keeps each step's losses and files them at the
+period end (:func:`~trainkit.engine.step_metrics.gather_and_file`: one host copy, one
+``all_gather``, which the slow-rank figures ride along). The step trainer decides when a
+period ends; these decide nothing about the schedule.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from typing_extensions import override
 
 from trainkit.engine.deferred_checks import DeferredLossCheck
+from trainkit.engine.events import StepEvents, StepListener
 from trainkit.engine.step_metrics import (
     MetricEntry,
     NonFiniteLossError,
@@ -29,70 +32,59 @@ from trainkit.engine.step_metrics import (
 )
 from trainkit.utils.events import EventStorage
 
-if TYPE_CHECKING:
-    from trainkit.engine.stragglers import RankFigures
-
-__all__ = ["PeriodMetrics"]
+__all__ = ["LossCheck", "MetricsWriter"]
 
 
-class PeriodMetrics:
-    """The steps' losses since the last period end, and the first non-finite one on a device."""
+class _Names:
+    """The metric names of a step's losses, recomputed only when the loss names change."""
 
     def __init__(self) -> None:
-        """Start with nothing kept."""
-        self._buffer: list[MetricEntry] = []
-        self._pending = DeferredLossCheck()
-        # The loss names (and prefix) of the previous step and the metric names from them:
-        # recomputed only when a model's losses change.
-        self._loss_keys: tuple[tuple[str, ...], str] = ((), "")
+        self._key: tuple[tuple[str, ...], str] = ((), "")
         self._names: tuple[str, ...] = ()
 
-    def add(
+    def __call__(self, losses: Mapping[str, torch.Tensor], prefix: str) -> tuple[str, ...]:
+        key = (tuple(losses), prefix)
+        if key != self._key:
+            self._key, self._names = key, metric_names(key[0], prefix)
+        return self._names
+
+
+class LossCheck(StepListener):
+    """Refuse a step whose total loss is infinite or NaN.
+
+    Args:
+        deferred: note a non-finite loss on its device and read it at the period end and
+            before checkpoints (:meth:`check`), so no step waits (True); read the sum at once
+            (False); ``None``: deferred for losses on a device, at once on the CPU.
+    """
+
+    def __init__(self, deferred: bool | None = None) -> None:
+        self.deferred = deferred
+        self._pending = DeferredLossCheck()
+        self._names = _Names()
+
+    @override
+    def on_losses(
         self,
-        cur_iter: int,
-        loss_dict: Mapping[str, torch.Tensor],
-        total_loss: torch.Tensor,
+        iteration: int,
+        losses: Mapping[str, torch.Tensor],
+        total: torch.Tensor,
         data_time: float,
-        prefix: str = "",
-        *,
-        keep: bool,
-        deferred: bool,
+        prefix: str,
     ) -> None:
-        """Check step ``cur_iter``'s losses and keep them for the period end if ``keep``.
-
-        Args:
-            cur_iter: the step's iteration.
-            loss_dict: its losses; ``total_loss`` their sum.
-            data_time: seconds it waited for its batches.
-            prefix: prepended to ``total_loss`` (detectron2's convention).
-            keep: file this step at the next period end.
-            deferred: note a non-finite loss on the device, read by :meth:`check` (no wait);
-                otherwise read the sum now.
-
-        Raises:
-            NonFiniteLossError: Without ``deferred``, if the sum is infinite or NaN.
-        """
-        if self._loss_keys != (tuple(loss_dict), prefix):
-            self._loss_keys = (tuple(loss_dict), prefix)
-            self._names = metric_names(tuple(loss_dict), prefix)
-        names = self._names
-        values: list[Any]
+        names = self._names(losses, prefix)
+        deferred = not total.is_cpu if self.deferred is None else self.deferred
         if deferred:
-            values = [loss_dict[name].detach() for name in names[:-1]] + [total_loss.detach()]
-            self._pending.add(cur_iter, names, values)
-        else:
-            # The sum is non-finite whenever a term is: checking it covers all.
-            total = total_loss.item()
-            if not math.isfinite(total):
-                raise_non_finite(cur_iter, names, host_values(loss_dict, names, total))
-            if not keep:
-                return
-            values = host_values(loss_dict, names, total)
-        if keep:
-            self._buffer.append((cur_iter, names, values, data_time))
+            values = [losses[name].detach() for name in names[:-1]] + [total.detach()]
+            self._pending.add(iteration, names, values)
+            return
+        # The sum is non-finite whenever a term is: checking it covers all.
+        value = total.item()
+        if not math.isfinite(value):
+            raise_non_finite(iteration, names, host_values(losses, names, value))
 
     def check(self, *, collective: bool = True) -> None:
-        """Raise if a step added since the last check had a non-finite loss on its device.
+        """Raise if a step noted since the last check had a non-finite loss.
 
         Args:
             collective: every rank calls it here and all agree on the earliest bad step;
@@ -106,29 +98,48 @@ class PeriodMetrics:
         """
         self._pending.check(collective=collective)
 
-    def file(
-        self, storage: EventStorage, cur_iter: int, figures: RankFigures | None = None
+
+class MetricsWriter(StepListener):
+    """Keep each step's losses and file their rank averages into the storage at period ends.
+
+    A non-finite step found at the period end (noted on a device, or in another rank's
+    values) stops the filing there: the steps before it are filed on every rank, then it
+    raises.
+
+    Args:
+        check: the step's loss check, read before filing.
+        every_step: keep every step's losses (``DefaultTrainer``); else only the step that
+            ends the period (detectron2's ``gather_metric_period``).
+    """
+
+    def __init__(self, check: LossCheck, *, every_step: bool = False) -> None:
+        self.check = check
+        self.every_step = every_step
+        self._buffer: list[MetricEntry] = []
+        self._names = _Names()
+
+    @override
+    def on_losses(
+        self,
+        iteration: int,
+        losses: Mapping[str, torch.Tensor],
+        total: torch.Tensor,
+        data_time: float,
+        prefix: str,
     ) -> None:
-        """File the kept steps' rank averages into ``storage`` and start the next period.
+        names = self._names(losses, prefix)
+        # Detached tensors, read at the period end with one copy (a CPU step reads nothing).
+        entry = (iteration, names, [losses[n].detach() for n in names[:-1]] + [total.detach()])
+        if self.every_step:
+            self._buffer.append((*entry, data_time))
+        else:
+            self._buffer = [(*entry, data_time)]
 
-        A non-finite step found now (deferred, or in another rank's values) stops the filing
-        there: the steps before it are filed on every rank, then it raises.
-
-        Args:
-            storage: where the averages go.
-            cur_iter: the iteration that ends the period.
-            figures: the straggler detector's figures, which travel with the metrics and are
-                compared once every rank's arrived.
-
-        Raises:
-            NonFiniteLossError: On every rank, for the first non-finite step of any rank.
-
-        Collective:
-            ``all_gather`` over all ranks; every rank files at the same iterations.
-        """
+    @override
+    def on_period_end(self, iteration: int, storage: EventStorage, events: StepEvents) -> None:
         buffered, self._buffer = self._buffer, []
         try:
-            self.check()
+            self.check.check()
         except NonFiniteLossError as e:
             buffered = [entry for entry in buffered if entry[0] < e.iteration]
             if buffered:
@@ -136,7 +147,7 @@ class PeriodMetrics:
             raise
         if not buffered:
             return
-        share = None if figures is None else functools.partial(figures.collect, cur_iter)
-        per_rank = gather_and_file(buffered, storage, share=share)
-        if figures is not None:
-            figures.compare(per_rank, storage)
+        figures: Any = functools.partial(events.collect_figures, iteration)
+        per_rank = gather_and_file(buffered, storage, share=figures)
+        if per_rank and per_rank[0] is not None:
+            events.compare_figures(per_rank, storage)

@@ -9,12 +9,11 @@ CPU a phase change reads ``time.perf_counter``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["PhaseClock", "mark_when_backward_computed"]
+__all__ = ["PhaseClock"]
 
 # Events kept before the completed ones are folded into the totals (a long writer period
 # would otherwise hold one event per phase change of every step in it).
@@ -78,21 +77,3 @@ class PhaseClock:
             num_done += 1
         self._free_events.extend(event for _, event in marks[:num_done])
         del marks[:num_done]
-
-
-def mark_when_backward_computed(loss: torch.Tensor, mark: Callable[[], None]) -> None:
-    """Call ``mark()`` in ``loss.backward()`` once every gradient is computed, before DDP waits.
-
-    DDP waits for its gradient all-reduce in a final callback of the autograd engine, queued
-    once this rank's gradients are ready; final callbacks run in the order queued, so one
-    queued from the loss's hook (the first thing backward runs) runs right before that wait,
-    on the caller's current stream. Nothing is marked for a loss without a gradient.
-    """
-    if not loss.requires_grad:
-        return
-    engine = torch.autograd.Variable._execution_engine  # FSDP queues its callbacks so too
-
-    def queue_mark(grad: torch.Tensor) -> None:
-        engine.queue_callback(mark)
-
-    loss.register_hook(queue_mark)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trainkit.checkpoint import Checkpointable
 from trainkit.config import CfgNode
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
+from trainkit.data.loader import TrainLoader
 from trainkit.data.loader_state import is_global_position
+from trainkit.engine.trainer_base import TrainerBase
 from trainkit.launcher import record_run_id
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
-
-if TYPE_CHECKING:
-    from trainkit.engine.default_trainer import DefaultTrainer
-    from trainkit.engine.simple_trainer import SimpleTrainer
 
 __all__ = [
     "RunState",
@@ -30,10 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 class RunState:
-    """Save and restore the run state of one ``DefaultTrainer``.
+    """Save and restore the run state of one training loop.
 
-    The trainer registers it with its checkpointer under ``"trainer"``, so a checkpoint's
-    ``"trainer"`` entry is :meth:`state_dict`::
+    The loop's checkpointer holds it under ``"trainer"``, so a checkpoint's ``"trainer"``
+    entry is :meth:`state_dict`::
 
         iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
                                         finished iteration, each stateful hook's state by name
@@ -47,59 +45,35 @@ class RunState:
     so every rank calls :meth:`prepare_save` right before a save (``PeriodicCheckpointer``
     and ``PreemptionHandler`` do). ``DefaultTrainer.resume_or_load`` shows a resume's order.
 
-    A plain ``SimpleTrainer`` (``tools/lazyconfig_train_net.py``) has no yacs config: give
-    ``output_dir`` and ``seed``, which a ``DefaultTrainer`` reads from its config.
-
     Args:
-        trainer: the trainer whose run this is; held through a weak reference, as hooks do.
-        output_dir: where the run's checkpoints go (default: ``trainer.cfg.OUTPUT_DIR``).
-        seed: the train loader's seed (default: ``trainer.cfg.SEED``, or without a config
-            the ``seed`` attribute of the trainer's loader).
+        loop: the loop whose state it saves (a ``DefaultTrainer``, or a plain
+            ``SimpleTrainer`` as in ``tools/lazyconfig_train_net.py``); held weakly, as hooks
+            hold theirs. Its ``state_dict``, ``iter``, ``loader_state_dict()``,
+            ``data_loader`` and ``events`` are used.
+        output_dir: where the run's checkpoints go.
+        seed: the data seed (default: the seed of the loop's ``TrainLoader``); set
+            :attr:`seed` when the loader is rebuilt for another one.
     """
 
-    def __init__(
-        self,
-        trainer: DefaultTrainer | SimpleTrainer,
-        *,
-        output_dir: str | None = None,
-        seed: int | None = None,
-    ) -> None:
-        self._trainer_ref = weakref.ref(trainer)
-        self._output_dir = output_dir
-        self._seed = seed
+    def __init__(self, loop: TrainerBase, *, output_dir: str, seed: int | None = None) -> None:
+        self._loop_ref = weakref.ref(loop)
+        self.output_dir = output_dir
+        if seed is None and isinstance(loop.data_loader, TrainLoader):
+            seed = loop.data_loader.seed
+        self.seed = seed
         self._ranks: list[dict[str, Any]] | None = None
         self._ranks_iter = -1
 
     @property
-    def _trainer(self) -> Any:
-        trainer = self._trainer_ref()
-        if trainer is None:
-            raise RuntimeError("the trainer of this RunState was deleted")
-        return trainer
-
-    def _run_dir(self) -> str:
-        # Read at each use: DefaultTrainer replaces its cfg when a resume changes the seed.
-        return self._output_dir if self._output_dir is not None else self._trainer.cfg.OUTPUT_DIR
-
-    def _data_seed(self) -> int | None:
-        if self._seed is not None:
-            return self._seed
-        trainer = self._trainer
-        cfg = getattr(trainer, "cfg", None)
-        # Without a yacs config (a SimpleTrainer), the loader knows the seed it was built with.
-        return cfg.SEED if cfg is not None else getattr(trainer.data_loader, "seed", None)
+    def _loop(self) -> Any:
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the training loop of this RunState was deleted")
+        return loop
 
     def _local_state(self) -> dict[str, Any]:
-        trainer = self._trainer
-        # The step trainer knows which batches were consumed (a DefaultTrainer's is
-        # `_trainer`, detectron2's name): those drawn ahead must be read again on resume.
-        step = getattr(trainer, "_trainer", trainer)
-        if hasattr(step, "loader_state_dict"):
-            data = step.loader_state_dict()
-        else:  # a trainer of its own making, not a SimpleTrainer
-            loader = trainer.data_loader
-            data = loader.state_dict() if hasattr(loader, "state_dict") else None
-        return {"rng": get_rng_state(), "data": data}
+        # The position after the batches the step consumed: those drawn ahead are read again.
+        return {"rng": get_rng_state(), "data": self._loop.loader_state_dict()}
 
     def prepare_save(self) -> None:
         """Get ready for the checkpoint about to be written: call it on every rank first.
@@ -110,13 +84,12 @@ class RunState:
         Collective:
             ``all_gather`` over all ranks; every rank calls it before the same save.
         """
-        trainer = self._trainer
+        loop = self._loop
         if comm.is_main_process():
-            record_run_id(self._run_dir())
-        watchdog = getattr(trainer, "watchdog", None)  # a SimpleTrainer has none
-        with watchdog.phase("checkpoint") if watchdog is not None else contextlib.nullcontext():
+            record_run_id(self.output_dir)
+        with loop.events.during("checkpoint"):
             self._ranks = comm.all_gather(self._local_state())
-        self._ranks_iter = trainer.iter
+        self._ranks_iter = loop.iter
 
     def state_dict(self) -> dict[str, Any]:
         """Return the run state (see the class docstring) as plain data.
@@ -124,19 +97,19 @@ class RunState:
         With several processes, ``ranks`` holds what :meth:`prepare_save` gathered at this
         iteration (None, with a warning, when it was not called).
         """
-        trainer = self._trainer
-        state = trainer.state_dict()
-        state["seed"] = self._data_seed()
+        loop = self._loop
+        state = loop.state_dict()
+        state["seed"] = self.seed
         state["world_size"] = world_size = comm.get_world_size()
         if world_size == 1:
             state["ranks"] = [self._local_state()]
-        elif self._ranks is not None and self._ranks_iter == trainer.iter:
+        elif self._ranks is not None and self._ranks_iter == loop.iter:
             state["ranks"] = self._ranks
         else:
             logger.warning(
                 "Saving at iteration %d without the other ranks' data and RNG states (call "
                 "RunState.prepare_save() on every rank first); resuming from it is not exact.",
-                trainer.iter,
+                loop.iter,
             )
             state["ranks"] = None
         return state
@@ -151,12 +124,13 @@ class RunState:
             state: the checkpoint's ``"trainer"`` entry in today's layout
                 (:func:`upgrade_run_state` converts older ones).
         """
-        trainer = self._trainer
-        trainer.load_state_dict(state)
+        loop = self._loop
+        loop.load_state_dict(state)
         world_size, rank, ranks = comm.get_world_size(), comm.get_rank(), state.get("ranks")
         data = continued_position(state, world_size, rank)
-        if data is not None:
-            trainer.data_loader.load_state_dict(data)
+        loader = loop.data_loader
+        if data is not None and isinstance(loader, Checkpointable):
+            loader.load_state_dict(data)
         if ranks is not None and state.get("world_size") == world_size:
             set_rng_state(ranks[rank]["rng"])
             return

@@ -91,7 +91,7 @@ def adopt_config_wiring(cfg: CfgNode, step: SimpleTrainer) -> None:
     check_step_arithmetic(cfg, step)
     step.gather_metric_period = cfg.WRITER_PERIOD
     step.record_every_step = True
-    step.prefetch_device = prefetch_device(cfg, step.model)
+    step.batches.prefetch_device = prefetch_device(cfg, step.model)
     step.deferred_checks = deferred_checks(cfg)
 
 

@@ -16,16 +16,18 @@ import torch
 
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
 from trainkit.utils import comm
-from trainkit.utils.events import EventStorage
+from trainkit.utils.events import EventStorage, get_event_storage
 
 __all__ = [
     "MetricEntry",
+    "checked_losses",
     "NonFiniteLossError",
     "gather_and_file",
     "host_values",
     "metric_names",
     "raise_non_finite",
     "sum_losses",
+    "write_metrics",
 ]
 
 MetricEntry = tuple[int, tuple[str, ...], list[Any], float]
@@ -42,6 +44,30 @@ def sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return functools.reduce(operator.add, (v for k, v in loss_dict.items() if k != "total_loss"))
 
 
+def checked_losses(output: Any) -> dict[str, torch.Tensor]:
+    """Return a model's training output as a checked dict of scalar losses.
+
+    One tensor is recorded as ``total_loss``.
+
+    Raises:
+        TypeError: If ``output`` is neither a dict nor a tensor.
+        ValueError: If the dict is empty or a loss is not a one-element tensor.
+    """
+    loss_dict = {"total_loss": output} if isinstance(output, torch.Tensor) else output
+    if not isinstance(loss_dict, Mapping):
+        raise TypeError(
+            "In training mode the model must return a dict of scalar losses or one "
+            f"scalar tensor, got {type(output).__name__}"
+        )
+    if not loss_dict:
+        raise ValueError("The model returned an empty loss dict; there is nothing to train")
+    for name, loss in loss_dict.items():
+        # numel() reads shape metadata only, so this check does not sync the device.
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"Loss {name!r} must be a one-element tensor, got {loss!r}")
+    return dict(loss_dict)
+
+
 def metric_names(loss_names: tuple[str, ...], prefix: str = "") -> tuple[str, ...]:
     """Return the names a step records: its losses, then ``{prefix}total_loss`` (their sum)."""
     return tuple(k for k in loss_names if k != "total_loss") + (f"{prefix}total_loss",)
@@ -54,6 +80,26 @@ def host_values(
     if len(names) == 2 and len(loss_dict) == 1:
         return [total, total]  # one loss is its own total
     return [float(loss_dict[name].detach().float().item()) for name in names[:-1]] + [total]
+
+
+def write_metrics(
+    loss_dict: Mapping[str, torch.Tensor], data_time: float, cur_iter: int, prefix: str = ""
+) -> None:
+    """Gather one step's losses over ranks and put their averages into the current storage.
+
+    ``SimpleTrainer.write_metrics`` (detectron2's static method). ``data_time`` is filed as
+    in :func:`gather_and_file`.
+
+    Raises:
+        FloatingPointError: On every rank, if an averaged loss is infinite or NaN.
+
+    Collective:
+        ``all_gather`` over all ranks; every rank must call it for the same iterations.
+    """
+    total = sum_losses(loss_dict).detach().float().item()
+    names = metric_names(tuple(loss_dict), prefix)
+    entry = (cur_iter, names, host_values(loss_dict, names, total), data_time)
+    gather_and_file([entry], get_event_storage(), always_check=True)
 
 
 def gather_and_file(

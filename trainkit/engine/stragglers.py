@@ -1,8 +1,8 @@
 """Slow ranks named: every rank's phase times compared at each writer period.
 
 :class:`StragglerDetector` times this rank's phases (:class:`~trainkit.engine.phase_clock.
-PhaseClock`, fed by the stall watchdog's phase changes), sends them with each period's
-metrics (the one ``all_gather`` the step makes then) and applies
+PhaseClock`, fed by the loop's phase events), sends them with each period's metrics (the one
+``all_gather`` the step makes then) and applies
 :class:`~trainkit.engine.straggler_rule.StragglerRule` to every rank's: a rank named goes to
 the log on rank 0 and to the metrics as ``straggler/*``. The rule and what "own work" holds
 are documented in ``docs/runs_and_metrics.md`` ("Slow ranks").
@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Protocol
+from typing import Any
 
 import torch
+from typing_extensions import override
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.engine.events import StepListener
 from trainkit.engine.phase_clock import PhaseClock
 from trainkit.engine.straggler_rule import SlowRank, StragglerRule
 from trainkit.utils import comm
 from trainkit.utils.event_storage import EventStorage
 
-__all__ = ["RankFigures", "StragglerDetector", "build_straggler_detector", "check_straggler_config"]
+__all__ = ["StragglerDetector", "build_straggler_detector", "check_straggler_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,22 +33,12 @@ _MAX_MARGIN = 0.5
 _MAX_PERIODS = 3
 
 
-class RankFigures(Protocol):
-    """What a step trainer sends with each period's metrics (``SimpleTrainer.rank_figures``)."""
-
-    def collect(self, cur_iter: int) -> Any:
-        """Return this rank's figures; every rank calls it at the same step."""
-
-    def compare(self, per_rank: list[Any], storage: EventStorage) -> Any:
-        """Use every rank's figures (index = rank); record metrics into ``storage``."""
-
-
-class StragglerDetector:
+class StragglerDetector(StepListener):
     """Time this rank's phases and compare every rank's at each writer period.
 
-    ``DefaultTrainer`` wires it: the watchdog passes each phase change to :meth:`enter`; the
-    step trainer calls :meth:`collect` when it synchronises a period's metrics, sends the
-    result with them, and hands every rank's to :meth:`compare`. The first period is a
+    A listener of the loop's events (``DefaultTrainer`` subscribes it): each phase change
+    goes to its clock; when a period's metrics are synchronised, :meth:`period_figures` is
+    sent with them and every rank's reach :meth:`compare_figures`. The first period is a
     warm-up (allocation, loader workers starting, autotuning differ between ranks) and is
     not compared.
 
@@ -76,11 +68,13 @@ class StragglerDetector:
         self._where = {"host": host, "local_rank": local_rank}
         self._last_iter: int | None = None
 
-    def enter(self, phase: str) -> None:
-        """Note that this rank starts ``phase`` (the watchdog's phase listener)."""
+    @override
+    def on_phase(self, phase: str, iteration: int) -> None:
+        """Note that this rank starts ``phase``."""
         self.clock.enter(phase)
 
-    def collect(self, cur_iter: int) -> dict[str, Any] | None:
+    @override
+    def period_figures(self, cur_iter: int) -> dict[str, Any] | None:
         """Return this rank's seconds per step in each phase since the previous period.
 
         Called at the same point of the same step on every rank, so each rank's figures
@@ -97,13 +91,14 @@ class StragglerDetector:
         per_step_s = {phase: seconds / num_steps for phase, seconds in phases_s.items()}
         return {**self._where, "phases_s": per_step_s}
 
-    def compare(
+    @override
+    def compare_figures(  # type: ignore[override]  # returns the ranks named
         self, per_rank: list[dict[str, Any] | None], storage: EventStorage
     ) -> list[SlowRank]:
         """Apply the rule to every rank's figures; record ``straggler/*``, log on rank 0.
 
         Args:
-            per_rank: what :meth:`collect` returned on each rank (index = rank).
+            per_rank: what :meth:`period_figures` returned on each rank (index = rank).
             storage: where the period's metrics go.
 
         Returns:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -16,23 +17,21 @@ from trainkit.evaluation import (
 )
 from trainkit.utils import comm
 
-if TYPE_CHECKING:
-    from trainkit.engine.default_trainer import DefaultTrainer
-
 __all__ = ["evaluate_test_sets", "validation_losses_of_test_sets"]
 
 logger = logging.getLogger(__name__)
 
 
 def evaluate_test_sets(
-    trainer_cls: type[DefaultTrainer],
     cfg: CfgNode,
     model: nn.Module,
-    evaluators: DatasetEvaluator | list[DatasetEvaluator] | None = None,
+    evaluators: DatasetEvaluator | list[DatasetEvaluator] | None,
+    build_test_loader: Callable[[CfgNode, str], Any],
+    build_evaluator: Callable[[CfgNode, str], DatasetEvaluator],
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every dataset in ``DATASETS.TEST``: ``DefaultTrainer.test``.
 
-    ``trainer_cls`` builds each test loader and evaluator (its ``build_*`` classmethods); the
+    ``build_test_loader`` and ``build_evaluator`` are the trainer class's classmethods; the
     other arguments, the result and the errors are ``DefaultTrainer.test``'s.
     """
     names = list(cfg.DATASETS.TEST)
@@ -44,12 +43,12 @@ def evaluate_test_sets(
         )
     results: dict[str, Any] = {}
     for idx, name in enumerate(names):
-        data_loader = trainer_cls.build_test_loader(cfg, name)
+        data_loader = build_test_loader(cfg, name)
         if evaluators is not None:
             evaluator = evaluators[idx]
         else:
             try:
-                evaluator = trainer_cls.build_evaluator(cfg, name)
+                evaluator = build_evaluator(cfg, name)
             except NotImplementedError as e:
                 logger.warning("%s Skipping evaluation of %s.", e, name)
                 results[name] = {}
@@ -62,12 +61,16 @@ def evaluate_test_sets(
 
 
 def validation_losses_of_test_sets(
-    trainer: DefaultTrainer, model: nn.Module, loaders: dict[str, Any]
+    cfg: CfgNode,
+    build_test_loader: Callable[[CfgNode, str], Any],
+    model: nn.Module,
+    loaders: dict[str, Any],
 ) -> dict[str, Any]:
     """``{loss: value}`` for one test set, ``{dataset: {loss: value}}`` for several.
 
     Args:
-        trainer: its ``cfg`` and ``build_test_loader`` are used.
+        cfg: its ``DATASETS.TEST`` are measured.
+        build_test_loader: builds a test loader (the trainer class's classmethod).
         model: the model whose training-mode losses are measured.
         loaders: test loaders by dataset name, filled on first use and reused (each pass
             sees every record once).
@@ -75,10 +78,10 @@ def validation_losses_of_test_sets(
     Collective:
         ``validation_losses`` on every rank, for every test set.
     """
-    names = list(trainer.cfg.DATASETS.TEST)
+    names = list(cfg.DATASETS.TEST)
     losses: dict[str, Any] = {}
     for name in names:
         if name not in loaders:
-            loaders[name] = trainer.build_test_loader(trainer.cfg, name)
+            loaders[name] = build_test_loader(cfg, name)
         losses[name] = validation_losses(model, loaders[name])
     return losses[names[0]] if len(names) == 1 else losses  # {} without test sets

@@ -7,7 +7,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from trainkit.engine.hook_base import HookBase, HookDispatch, hook_state_key, keeps_state
+from trainkit.engine.events import StepEvents
+from trainkit.engine.hook_base import (
+    HookBase,
+    HookDispatch,
+    blamed_on,
+    hook_state_key,
+    keeps_state,
+)
 from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventStorage
 
@@ -21,12 +28,14 @@ _T = TypeVar("_T")
 class _Progress:
     """Where the loop is; shared by a loop and the step trainer bound to it."""
 
-    __slots__ = ("iter", "max_iter", "start_iter", "stop_reason", "storage")
+    __slots__ = ("iter", "max_iter", "start_iter", "step_error", "stop_reason", "storage")
 
     def __init__(self) -> None:
-        self.iter = self.start_iter = self.max_iter = 0
+        self.iter = self.start_iter = 0
+        self.max_iter: int | None = None  # set by train(), or by hand before it
         self.storage: EventStorage | None = None
         self.stop_reason: str | None = None  # set by request_stop, or a stopped run's state
+        self.step_error: BaseException | None = None  # what run_step raised, if it did
 
 
 class _ProgressField(Generic[_T]):
@@ -54,6 +63,7 @@ class TrainerBase:
     * ``storage``: the :class:`EventStorage` opened by :meth:`train`.
     * ``model``, ``optimizer``, ``data_loader``: on ``SimpleTrainer`` and subclasses.
     * ``cfg``, ``scheduler``, ``checkpointer``: on ``DefaultTrainer``.
+    * ``events``: the loop's :class:`~trainkit.engine.events.StepEvents` (subscribe to it).
 
     and call only :meth:`request_stop` (and read :attr:`stop_reason`), and, before they
     write a checkpoint, :meth:`flush_pending_checks`.
@@ -66,6 +76,7 @@ class TrainerBase:
     def __init__(self) -> None:
         self._dispatch = HookDispatch()
         self._progress = _Progress()
+        self.events = StepEvents(self._progress)
         self._is_bound = False  # see bind_to
 
     @property
@@ -87,7 +98,8 @@ class TrainerBase:
         """Run as ``loop``'s step: share its position, storage and hooks from now on.
 
         ``DefaultTrainer`` binds its step trainer when it is set; the loop saves the shared
-        state (see :meth:`state_dict`).
+        state (see :meth:`state_dict`). The step's event listeners move to the loop's events,
+        replacing those of a step bound before.
 
         Raises:
             ValueError: If hooks were registered on this trainer itself: they would never
@@ -101,6 +113,8 @@ class TrainerBase:
             )
         self._dispatch = loop._dispatch
         self._progress = loop._progress
+        loop.events.bind_step(self.events.step_listeners)
+        self.events = loop.events
         self._is_bound = True
 
     # ---- hooks ----------------------------------------------------------------------------
@@ -147,6 +161,9 @@ class TrainerBase:
 
         A hook may end the loop early (:meth:`request_stop`). A trainer whose state comes
         from a stopped run (:meth:`load_state_dict`) does not train: it logs why and returns.
+        The loop announces phase ``hooks`` on :attr:`events` after each step; what a hook
+        raises carries a note naming the hook, what the step raised is kept as the step's
+        failure (``DefaultTrainer`` captures it).
 
         Args:
             start_iter: the first iteration to run (``last finished + 1`` on resume).
@@ -173,6 +190,8 @@ class TrainerBase:
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
+        progress = self._progress
+        progress.step_error = None
         # Again here, in case code edited the hook list (or a hook's priority) in between.
         self._dispatch.add([])
         if self._dispatch.hooks:
@@ -182,7 +201,12 @@ class TrainerBase:
                 self.before_train()
                 while self.iter < max_iter:
                     self.before_step()
-                    self.run_step()
+                    try:
+                        self.run_step()
+                    except BaseException as e:
+                        progress.step_error = e
+                        raise
+                    self.events.phase("hooks")
                     self.after_step()
                     if self._stop_requested_here():
                         self._end_early()
@@ -248,6 +272,13 @@ class TrainerBase:
         (:meth:`SimpleTrainer.flush_pending_checks`).
         """
 
+    def loader_state_dict(self) -> dict[str, Any] | None:
+        """Return the train loader's position after the batches consumed (``None``: none).
+
+        What a checkpoint saves for each rank; step trainers that draw batches override it.
+        """
+        return None
+
     def _end_early(self) -> None:
         """At a :meth:`request_stop`, before ``after_train``: finish what the step deferred.
 
@@ -257,7 +288,8 @@ class TrainerBase:
     def before_train(self) -> None:
         """Call every hook's ``before_train``."""
         for hook in self._dispatch.hooks:
-            hook.before_train()
+            with blamed_on(hook, "before_train", self.iter):
+                hook.before_train()
 
     def after_train(self) -> None:
         """Call every hook's ``after_train`` (all of them, even if one raises), then flush writers.
@@ -269,7 +301,8 @@ class TrainerBase:
         errors: list[Exception] = []
         for hook in self._dispatch.hooks:
             try:
-                hook.after_train()
+                with blamed_on(hook, "after_train", self.iter):
+                    hook.after_train()
             except Exception as e:
                 logger.exception("%s.after_train failed", type(hook).__name__)
                 errors.append(e)
@@ -282,18 +315,15 @@ class TrainerBase:
     def before_step(self) -> None:
         """Point the storage at the current iteration, then call every hook's ``before_step``."""
         self.storage.iter = self.iter
-        for callback in self._dispatch.callbacks["before_step"]:
-            callback()
+        self._dispatch.run("before_step", self._progress.iter)
 
     def after_backward(self) -> None:
         """Call every hook's ``after_backward``; ``run_step`` calls this once per step."""
-        for callback in self._dispatch.callbacks["after_backward"]:
-            callback()
+        self._dispatch.run("after_backward", self._progress.iter)
 
     def after_step(self) -> None:
         """Call every hook's ``after_step``."""
-        for callback in self._dispatch.callbacks["after_step"]:
-            callback()
+        self._dispatch.run("after_step", self._progress.iter)
 
     def run_step(self) -> None:
         """Run one iteration; subclasses implement it."""

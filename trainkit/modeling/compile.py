@@ -38,6 +38,11 @@ from typing import Any
 from torch import nn
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.utils.torch_private import (
+    dynamo_cache_entries,
+    dynamo_graph_breaks,
+    dynamo_recompile_limit,
+)
 
 __all__ = [
     "CompileStats",
@@ -77,13 +82,10 @@ def call_compiled(module: nn.Module, name: str, *args: Any) -> Any:
 def recompile_limit() -> int:
     """Return Dynamo's limit of graphs per compiled function.
 
-    ``torch._dynamo.config.recompile_limit`` (torch >= 2.6; ``cache_size_limit`` before, and
-    an alias of it since). The only private name this package reads, here alone.
+    A private setting of torch, read through :mod:`trainkit.utils.torch_private` with every
+    other name torch does not promise to keep.
     """
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    return int(getattr(config, "recompile_limit", None) or config.cache_size_limit)
+    return dynamo_recompile_limit()
 
 
 def set_compile_cache_dir(cache_dir: str) -> str:
@@ -180,28 +182,24 @@ class CompileStats:
 def compile_stats(model: nn.Module) -> CompileStats | None:
     """Return the graph counts of ``model``'s compiled methods; None if it is not compiled.
 
-    Reads Dynamo's per-function cache (``_debug_get_cache_entry_list``) and its
-    ``counters["graph_break"]``: private names of torch 2.x, read here alone; if a torch
-    version lacks them this raises rather than report zeros.
+    Reads Dynamo's per-function cache and its graph-break counter
+    (:mod:`trainkit.utils.torch_private`); if a torch version lacks them this raises rather
+    than report zeros.
     """
     model = getattr(model, "module", model)  # a DDP wrapper: its model
     compiled = model.__dict__.get(_COMPILED)
     if not compiled:
         return None
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    from torch._dynamo.utils import counters
-
     limit = recompile_limit()
     graphs = recompiles = 0
     at_limit = []
     for name in compiled:
-        code = getattr(type(model), name).__code__
-        entries = len(_debug_get_cache_entry_list(code))
+        entries = dynamo_cache_entries(getattr(type(model), name))
         graphs += entries
         recompiles += max(entries - 1, 0)
         if entries >= limit:
             at_limit.append(name)
-    breaks = sum(counters["graph_break"].values())
+    breaks = dynamo_graph_breaks()
     return CompileStats(graphs, recompiles, breaks, tuple(at_limit))
 
 

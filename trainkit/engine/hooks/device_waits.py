@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import warnings
 from typing import Any
@@ -11,25 +10,25 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from trainkit.engine.events import StepListener
 from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.utils.periodic import is_last_iter, is_period_end
+from trainkit.utils.torch_private import CUDA_SYNC_WARNING
 
 __all__ = ["DeviceWaitCounter"]
 
 logger = logging.getLogger(__name__)
 
-# What torch.cuda.set_sync_debug_mode("warn") warns at each wait (c10/cuda/CUDAFunctions).
-SYNC_WARNING = "called a synchronizing CUDA operation"
 
-
-class DeviceWaitCounter(HookBase):
+class DeviceWaitCounter(HookBase, StepListener):
     """Count each step's host-device waits, the model's apart from the trainer's.
 
-    A diagnosis hook (not a default one): with CUDA it turns on
-    ``torch.cuda.set_sync_debug_mode("warn")`` from one step's start to the next's, so every
-    wait of the step, its hooks included, warns; each warning is counted as the model's when
-    it comes from inside ``compute_losses`` (the model's forward), else as the trainer's. The
-    first wait of each kind is logged with its source line. Steps that end a ``period`` (the
+    A diagnosis hook (not a default one) that listens to the loop's events: with CUDA it
+    turns on ``torch.cuda.set_sync_debug_mode("warn")`` from one step's ``data`` phase to the
+    next's, so every wait of the step, its hooks included, warns; each warning is counted as
+    the model's when it comes in phase ``forward/backward`` (the model's forward and
+    backward passes), else as the trainer's. The first wait of each kind is logged with its
+    source line. Steps that end a ``period`` (the
     writer period: metrics are read then, and checkpoints written) wait by design and are
     not counted, nor are the first ``warmup_iter`` steps. trainkit's own step waits for
     nothing between periods (``tests/gpu/test_step.py``), so a count under ``"trainer"``
@@ -57,12 +56,20 @@ class DeviceWaitCounter(HookBase):
         self.num_steps_counted = 0
         self._window: contextlib.ExitStack | None = None
         self._previous_showwarning: Any = None
+        self._phase = "start"
 
     @override
-    def before_step(self) -> None:
+    def before_train(self) -> None:
+        self.trainer.events.subscribe(self)
+
+    @override
+    def on_phase(self, phase: str, iteration: int) -> None:
+        self._phase = phase
+        if phase != "data":
+            return
         self._close_window()
         trainer = self.trainer
-        cur_iter = trainer.iter
+        cur_iter = iteration
         if cur_iter < trainer.start_iter + self._warmup_iter:
             return
         if is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, trainer.max_iter):
@@ -97,14 +104,14 @@ class DeviceWaitCounter(HookBase):
     def _on_warning(
         self, message: Any, category: Any, filename: str, lineno: int, *args: Any
     ) -> None:
-        if SYNC_WARNING not in str(message):
+        if CUDA_SYNC_WARNING not in str(message):
             self._previous_showwarning(message, category, filename, lineno, *args)
             return
-        who = "model" if _inside_compute_losses() else "trainer"
+        who = "model" if self._phase == "forward/backward" else "trainer"
         self.waits[who] += 1
         if self.waits[who] == 1:
             whose = (
-                "the model's (its forward, inside compute_losses), not the trainer's"
+                "the model's (its forward or backward pass), not the trainer's"
                 if who == "model"
                 else "the trainer's (its step or a hook), not the model's"
             )
@@ -115,12 +122,3 @@ class DeviceWaitCounter(HookBase):
                 lineno,
                 whose,
             )
-
-
-def _inside_compute_losses() -> bool:
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code.co_name == "compute_losses":
-            return True
-        frame = frame.f_back
-    return False

@@ -11,13 +11,14 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
+from trainkit.data.loader import TrainLoader
 from trainkit.data.loader_state import mixed_set_metrics
 from trainkit.engine.hook_base import HookBase, HookPriority, is_time
 from trainkit.solver import LRMultiplier
+from trainkit.utils.events import EventWriter
 
 if TYPE_CHECKING:
     from trainkit.engine.trainer_base import TrainerBase
-    from trainkit.utils.events import EventWriter
 
 TrainerCallback = Callable[["TrainerBase"], None]
 
@@ -130,12 +131,15 @@ class PeriodicWriter(HookBase):
         """Store the writers.
 
         Raises:
-            TypeError: If a writer lacks ``write``/``close``.
+            TypeError: If a writer is not an :class:`~trainkit.utils.events.EventWriter`.
         """
         self._writers = list(writers)
         for writer in self._writers:
-            if not all(callable(getattr(writer, m, None)) for m in ("write", "close")):
-                raise TypeError(f"{type(writer).__name__} is not an EventWriter (write/close)")
+            if not isinstance(writer, EventWriter):
+                raise TypeError(
+                    f"{type(writer).__name__} is not an EventWriter; subclass "
+                    "trainkit.utils.events.EventWriter (write, close)"
+                )
         self._period = period
         self._trained = False  # a resumed stopped run closes the writers without training
 
@@ -149,22 +153,20 @@ class PeriodicWriter(HookBase):
             for writer in self._writers:
                 writer.write()
 
+    @override
     def final_write(self) -> None:
         """Write once more, then close every writer (the trainer calls this last).
 
         Last: after every hook's ``after_train``, so what those record is written too. After
-        a stop, writers with ``write_stop_reason`` publish the reason too.
+        a stop, the writers publish the reason too (``EventWriter.write_stop_reason``).
         """
         try:
             for writer in self._writers:
                 writer.write()
-            reason = getattr(self.trainer, "stop_reason", None)
+            reason = self.trainer.stop_reason
             if reason is not None and self._trained:
                 for writer in self._writers:
-                    # Writers need only write/close (duck-typed, as detectron2's).
-                    write_stop_reason = getattr(writer, "write_stop_reason", None)
-                    if callable(write_stop_reason):
-                        write_stop_reason(self.trainer.iter, reason)
+                    writer.write_stop_reason(self.trainer.iter, reason)
         finally:
             for writer in self._writers:
                 writer.close()
@@ -221,24 +223,11 @@ class LRScheduler(HookBase):
             return self._multiplier
         if self._scheduler_arg is not None:
             return self._scheduler_arg
-        return self._trainer_attr("scheduler")
-
-    def _trainer_attr(self, name: str) -> Any:
-        # Only the declared surface is read; say which hook needs what instead of a bare
-        # AttributeError from deep inside a hook.
-        try:
-            return getattr(self.trainer, name)
-        except AttributeError:
-            raise AttributeError(
-                f"{type(self).__name__} needs trainer.{name}, which "
-                f"{type(self.trainer).__name__} does not have; pass it to the hook explicitly."
-            ) from None
+        return self.trainer.scheduler  # type: ignore[attr-defined]  # DefaultTrainer's
 
     @override
     def before_train(self) -> None:
-        optimizer = (
-            self._optimizer if self._optimizer is not None else self._trainer_attr("optimizer")
-        )
+        optimizer = self._optimizer if self._optimizer is not None else self.trainer.optimizer  # type: ignore[attr-defined]
         if isinstance(self._scheduler_arg, ParamScheduler):
             self._multiplier = LRMultiplier(
                 optimizer,
@@ -300,14 +289,12 @@ class SkippedRecordsCounter(HookBase):
     @override
     def after_step(self) -> None:
         trainer = self.trainer
-        if is_time(trainer, self._period):
-            loader = trainer.data_loader  # type: ignore[attr-defined]
-            skipped = getattr(loader, "num_skipped_records", None)
-            if skipped is not None:
-                trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
-            # The step trainer knows the batches consumed (a DefaultTrainer's is `_trainer`);
-            # the loader itself may have drawn ahead.
-            step = getattr(trainer, "_trainer", trainer)
-            if hasattr(step, "loader_state_dict"):
-                for name, value in mixed_set_metrics(step.loader_state_dict()).items():
-                    trainer.storage.put_scalar(name, value, smoothing_hint=False)
+        if not is_time(trainer, self._period):
+            return
+        loader = trainer.data_loader  # type: ignore[attr-defined]
+        if isinstance(loader, TrainLoader):
+            skipped = loader.num_skipped_records
+            trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
+        # The position after the batches the step consumed (the loader may have drawn ahead).
+        for name, value in mixed_set_metrics(trainer.loader_state_dict()).items():
+            trainer.storage.put_scalar(name, value, smoothing_hint=False)

@@ -8,35 +8,33 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from typing_extensions import override
 
+from trainkit.engine.events import StepListener
 from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.launcher.protocol import HEARTBEAT_KEY, WATCHDOG_EXIT_CODE, describe_stall
 
-__all__ = ["PhaseMarkingLoader", "ProgressWatchdog"]
+__all__ = ["ProgressWatchdog"]
 
 logger = logging.getLogger(__name__)
 
 _PUBLISH_PERIOD_S = 1.0
 
 
-class ProgressWatchdog(HookBase):
+class ProgressWatchdog(HookBase, StepListener):
     """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
 
-    The rank records its phase (``data``, ``forward/backward``, ``optimizer``,
-    ``collective`` (waiting in a collective, marked by the step trainer), ``checkpoint``,
-    ``eval``, ``hooks``) and when it entered it; a daemon thread publishes that every second to the
-    job's store (under launch, torchrun or srun), where the job's guard applies
+    It listens to the loop's events (:mod:`~trainkit.engine.events`: ``data``,
+    ``forward/backward``, ``collective``, ``optimizer``, ``hooks``, ``checkpoint``, ``eval``)
+    and records the phase and when it started; as a hook it runs a daemon thread from
+    ``before_train`` to ``after_train`` that publishes that every second to the job's store
+    (under launch, torchrun or srun), where the job's guard applies
     :func:`~trainkit.launcher.protocol.find_stalled_rank` and ends every process with status
     124, long before a collective would time out. In one process (no store) the thread
     checks this rank itself and ends the process with a message.
-
-    As a hook it marks each step's phases; code that does other long work marks it with
-    :meth:`phase`. Listeners (:meth:`add_phase_listener`: the straggler detector's clock)
-    hear every phase change.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -65,49 +63,18 @@ class ProgressWatchdog(HookBase):
         self._since = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._phase_listeners: list[Callable[[str], None]] = []
 
     priority = HookPriority.HIGHEST
-
-    @override
-    def before_step(self) -> None:
-        self.enter("data", self.trainer.iter)
-
-    @override
-    def after_step(self) -> None:
-        self.enter("hooks")
 
     @property
     def enabled(self) -> bool:
         """Whether a timeout is set."""
         return self.timeout_s > 0
 
-    @property
-    def tracks_phases(self) -> bool:
-        """Whether phase changes are used: a timeout is set or someone listens."""
-        return self.enabled or bool(self._phase_listeners)
-
-    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(phase)`` at every phase change, after recording it."""
-        self._phase_listeners.append(listener)
-
-    def enter(self, phase: str, iteration: int | None = None) -> None:
-        """Record that this rank starts ``phase`` (cheap: attribute writes, the listeners)."""
-        self._phase = phase
-        if iteration is not None:
-            self._iteration = iteration
-        self._since = self._clock()
-        for listener in self._phase_listeners:
-            listener(phase)
-
-    @contextlib.contextmanager
-    def phase(self, name: str, then: str = "hooks") -> Iterator[None]:
-        """Be in phase ``name`` for the body, then in phase ``then``."""
-        self.enter(name)
-        try:
-            yield
-        finally:
-            self.enter(then)
+    @override
+    def on_phase(self, phase: str, iteration: int) -> None:
+        """Record that this rank starts ``phase`` of ``iteration`` (attribute writes only)."""
+        self._phase, self._iteration, self._since = phase, iteration, self._clock()
 
     def record(self) -> dict[str, Any]:
         """Return this rank's current phase, iteration and seconds spent in the phase.
@@ -159,28 +126,3 @@ def _exit_process(message: str) -> None:
     logger.error("Watchdog: %s Ending this process.", message)
     logging.shutdown()
     os._exit(WATCHDOG_EXIT_CODE)
-
-
-class PhaseMarkingLoader:
-    """Wrap a train loader so that waiting for a batch counts as phase ``data``.
-
-    Every other attribute (``state_dict``, ...) is the wrapped ``loader``'s.
-    """
-
-    def __init__(self, loader: Any, watchdog: ProgressWatchdog) -> None:
-        self.loader = loader
-        self._watchdog = watchdog
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
-        while True:
-            self._watchdog.enter("data")
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._watchdog.enter("forward/backward")
-            yield batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
