@@ -4,9 +4,15 @@ trainkit does not do detection (boxes, instances, masks, keypoints, COCO/LVIS/VO
 R-CNN models). Scripts copied from detectron2's ``tools/train_net.py`` import such names even
 when they never use them, so each exists at detectron2's import path as a placeholder made by
 :func:`detection_only`. Importing it, subclassing it (``class MyEvaluator(COCOEvaluator)``) and
-``isinstance`` checks work; calling it, or reading one of its public attributes
-(``BoxMode.XYXY_ABS``), raises :class:`DetectionOnlyError` with one line naming the feature and
-what to do.
+``isinstance`` checks work; calling it, reading one of its public attributes
+(``BoxMode.XYXY_ABS``), or iterating or indexing it (a table such as ``COCO_CATEGORIES``) raises
+:class:`DetectionOnlyError` with one line naming the feature and what to do.
+
+Where the placeholders live: a name detectron2 exports from a package (``modeling.ROIHeads``)
+is made in that package's ``__init__``, and a module holding nothing but placeholders
+(``modeling/roi_heads/roi_heads.py``) re-exports it from there and makes only its own extra
+names. Such a module sets ``_PLACEHOLDER_MODULE = True``, and no ``__init__`` imports it, so it
+loads only when a script imports it by its own path; the tests check both with that marker.
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ class _DetectionOnly(type):
     _detection_only_message: str
 
     def __call__(cls, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(cls._detection_only_message)
+
+    # detectron2's tables (COCO_CATEGORIES, LVIS's CATEGORIES) are read by iterating or
+    # indexing them. No __len__: truthiness (`if x:`) would call it.
+    def __iter__(cls) -> NoReturn:
+        raise DetectionOnlyError(cls._detection_only_message)
+
+    def __getitem__(cls, key: Any) -> NoReturn:
         raise DetectionOnlyError(cls._detection_only_message)
 
     def __getattr__(cls, key: str) -> NoReturn:
