@@ -17,12 +17,19 @@ loads only when a script imports it by its own path; the tests check both with t
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from trainkit.utils.errors import UsageError
 
-__all__ = ["DetectionOnlyError", "detection_only", "detection_only_method"]
+__all__ = [
+    "DetectionOnlyError",
+    "detection_only",
+    "detection_only_method",
+    "make_module_callable_as",
+]
 
 
 class DetectionOnlyError(UsageError, NotImplementedError):
@@ -113,3 +120,31 @@ def detection_only_method(name: str, feature: str, owner: str) -> Callable[..., 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Detection-only: {message}"
     return method
+
+
+class _CallablePlaceholderModule(types.ModuleType):
+    """A module of placeholders that raises, when called, as the function it is named after."""
+
+    _detection_only_message: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(self._detection_only_message)
+
+
+def make_module_callable_as(module_name: str, placeholder: type) -> None:
+    """Make the module ``module_name`` raise as ``placeholder`` does when it is called.
+
+    detectron2's ``layers`` package exports functions named like the modules defining them
+    (``nms`` of ``layers/nms.py``, ``roi_align``, ``roi_align_rotated``). trainkit's package
+    makes those placeholders itself, without importing the modules; but once a script
+    imports such a module by its path, Python sets the package's attribute to the module,
+    replacing the function. Called through the package after that, the module then raises
+    the function's one-line error instead of "'module' object is not callable".
+
+    Args:
+        module_name: the placeholder module (its ``__name__``), already in ``sys.modules``.
+        placeholder: the function placeholder of the same name, from :func:`detection_only`.
+    """
+    module = sys.modules[module_name]
+    module.__class__ = _CallablePlaceholderModule
+    module._detection_only_message = placeholder._detection_only_message
