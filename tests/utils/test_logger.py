@@ -164,3 +164,11 @@ def test_create_small_table_keeps_long_names_apart_from_values():
         i for i, c in enumerate(values) if c == "|"
     ]
     assert create_small_table({}) == ""
+
+
+def test_log_api_usage_exists_for_projects_copied_modules_and_does_nothing(caplog):
+    from trainkit.utils.logger import _log_api_usage
+
+    with caplog.at_level(logging.DEBUG):
+        assert _log_api_usage("modeling.meta_arch.MyNet") is None
+    assert caplog.records == []

@@ -209,4 +209,13 @@ def _table_cell(value: Any) -> str:
     return str(value)
 
 
+def _log_api_usage(identifier: str) -> None:
+    """Do nothing: detectron2's hook for PyTorch's internal API-usage logging.
+
+    Projects' copies of detectron2 modules (registries, loader builders) import and call it,
+    so it exists; trainkit records no API usage.
+    """
+    del identifier
+
+
 _THIS_FILE = log_every_n.__code__.co_filename
