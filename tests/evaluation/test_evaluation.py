@@ -152,3 +152,23 @@ def test_verify_results():
     cfg.TEST.EXPECTED_RESULTS = [["cls", "top1", 90.0]]
     with pytest.raises(ValueError, match=r"TEST\.EXPECTED_RESULTS"):
         verify_results(cfg, {})
+
+
+def test_final_results_table_separates_a_long_metric_name_from_its_value(caplog):
+    # vindr-spinexr's AUC metric ran into its value: "...bootstrapAbnormal_b_mean_AUC1.0000".
+    long_name = "bootstrapAbnormal_b_mean_AUC"
+    results = {"classification": {long_name: 1.0, "top1": 91.5}, "a_very_long_task_name": {"x": 2}}
+    with caplog.at_level(logging.INFO, logger="trainkit.evaluation.testing"):
+        verify_results(get_cfg(), results)
+    (message,) = [r.getMessage() for r in caplog.records if "Final results" in r.getMessage()]
+    lines = message.splitlines()[1:]
+    assert [line.split() for line in lines] == [
+        ["task", "metric", "value"],
+        ["classification", long_name, "1.0000"],
+        ["classification", "top1", "91.5000"],
+        ["a_very_long_task_name", "x", "2.0000"],
+    ]
+    # the values form one column, at least two spaces after the longest name
+    value_columns = {line.rindex(" ") + 1 for line in lines}
+    assert len(value_columns) == 1
+    assert lines[1][value_columns.pop() - 2 :].startswith("  1.0000")

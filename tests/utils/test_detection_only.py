@@ -66,3 +66,28 @@ def test_error_pickles_for_launch_to_reraise_in_the_parent():
         Widget()
     again = pickle.loads(pickle.dumps(info.value))
     assert str(again) == str(info.value)
+
+
+def test_a_table_placeholder_refuses_iteration_and_indexing_but_stays_truthy():
+    Table = detection_only("CATEGORIES", "trainkit.data.datasets.lvis_v1_categories", "LVIS")
+    with pytest.raises(DetectionOnlyError, match="^CATEGORIES is detection-only"):
+        list(Table)
+    with pytest.raises(DetectionOnlyError, match="^CATEGORIES is detection-only"):
+        Table[0]  # noqa: B018
+    assert Table  # no __len__: `if x:` on a placeholder does not raise
+
+
+def test_a_module_made_callable_raises_as_its_function(monkeypatch):
+    import sys
+    import types
+
+    from trainkit.utils.detection_only import make_module_callable_as
+
+    module = types.ModuleType("trainkit.layers.widget")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    widget = detection_only("widget", "trainkit.layers", "drawing widgets")
+    make_module_callable_as(module.__name__, widget)
+    with pytest.raises(DetectionOnlyError) as info:
+        module(1, 2)
+    assert str(info.value) == str(pytest.raises(DetectionOnlyError, widget).value)
+    assert isinstance(module, types.ModuleType) and module.__name__ == "trainkit.layers.widget"

@@ -146,3 +146,29 @@ def test_inference_progress_is_logged_once_per_period_not_per_batch(clock):
         target.setLevel(old_level)
     messages = [m for m in handler.messages if m.startswith("Inference done")]
     assert len(messages) == 1, messages
+
+
+def test_create_small_table_keeps_long_names_apart_from_values():
+    from trainkit.utils.logger import create_small_table
+
+    table = create_small_table({"bootstrapAbnormal_b_mean_AUC": 1.0, "AP": 0.25, "n": 3})
+    header, rule, values = table.splitlines()
+    assert [cell.strip() for cell in header.strip("|").split("|")] == [
+        "bootstrapAbnormal_b_mean_AUC",
+        "AP",
+        "n",
+    ]
+    assert [cell.strip() for cell in values.strip("|").split("|")] == ["1.000", "0.250", "3"]
+    assert len(header) == len(rule) == len(values)
+    assert [i for i, c in enumerate(header) if c == "|"] == [
+        i for i, c in enumerate(values) if c == "|"
+    ]
+    assert create_small_table({}) == ""
+
+
+def test_log_api_usage_exists_for_projects_copied_modules_and_does_nothing(caplog):
+    from trainkit.utils.logger import _log_api_usage
+
+    with caplog.at_level(logging.DEBUG):
+        assert _log_api_usage("modeling.meta_arch.MyNet") is None
+    assert caplog.records == []

@@ -47,6 +47,28 @@ def _format_value(value: Any) -> str:
         return str(value)
 
 
+def _results_table(results: Mapping[str, Any]) -> str:
+    """``{task: {metric: value}}`` as aligned lines ``task  metric  value`` under a header.
+
+    Each column is as wide as its longest entry and columns are two spaces apart, so a long
+    metric name never runs into its value. Empty when there is no metric.
+    """
+    rows = [
+        (str(task), str(metric), _format_value(value))
+        for task, metrics in results.items()
+        if isinstance(metrics, Mapping)
+        for metric, value in metrics.items()
+    ]
+    if not rows:
+        return ""
+    rows.insert(0, ("task", "metric", "value"))
+    task_width = max(len(task) for task, _, _ in rows)
+    metric_width = max(len(metric) for _, metric, _ in rows)
+    return "\n".join(
+        f"  {task:<{task_width}}  {metric:<{metric_width}}  {value}" for task, metric, value in rows
+    )
+
+
 def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
     """Log ``results`` as a table, then check them against ``cfg.TEST.EXPECTED_RESULTS``.
 
@@ -67,14 +89,9 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
         RuntimeError: If any expected result is missing or out of tolerance; the message
             lists each failure (detectron2 exits the process here instead).
     """
-    rows = [
-        f"  {task:<16}{metric:<10}{_format_value(value)}"
-        for task, metrics in results.items()
-        if isinstance(metrics, Mapping)
-        for metric, value in metrics.items()
-    ]
-    if rows:
-        logger.info("\n".join(["Final results:", f"  {'task':<16}{'metric':<10}value", *rows]))
+    table = _results_table(results)
+    if table:
+        logger.info("Final results:\n%s", table)
     failures = []
     for entry in cfg.TEST.EXPECTED_RESULTS:
         if not isinstance(entry, (list, tuple)) or len(entry) != 4:

@@ -1,12 +1,11 @@
 """detectron2's non-maximum suppression of boxes: detection-only placeholders."""
 
-from trainkit.utils.detection_only import detection_only
+from trainkit.layers import batched_nms, batched_nms_rotated, nms, nms_rotated
+from trainkit.utils.detection_only import make_module_callable_as
 
 __all__ = ["batched_nms", "batched_nms_rotated", "nms", "nms_rotated"]
 
-nms = detection_only("nms", __name__, "non-maximum suppression of boxes")
-batched_nms = detection_only("batched_nms", __name__, "per-class non-maximum suppression of boxes")
-nms_rotated = detection_only("nms_rotated", __name__, "non-maximum suppression of rotated boxes")
-batched_nms_rotated = detection_only(
-    "batched_nms_rotated", __name__, "per-class non-maximum suppression of rotated boxes"
-)
+_PLACEHOLDER_MODULE = True
+
+# layers.nms is also a function of detectron2's package: see make_module_callable_as.
+make_module_callable_as(__name__, nms)

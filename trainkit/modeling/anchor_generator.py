@@ -1,5 +1,6 @@
 """detectron2's anchor generators: detection-only placeholders."""
 
+from trainkit.modeling import ANCHOR_GENERATOR_REGISTRY, build_anchor_generator
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -9,9 +10,9 @@ __all__ = [
     "build_anchor_generator",
 ]
 
+_PLACEHOLDER_MODULE = True
+
 _FEATURE = "anchor boxes for region proposals and one-stage detectors"
 
-ANCHOR_GENERATOR_REGISTRY = detection_only("ANCHOR_GENERATOR_REGISTRY", __name__, _FEATURE)
 DefaultAnchorGenerator = detection_only("DefaultAnchorGenerator", __name__, _FEATURE)
 RotatedAnchorGenerator = detection_only("RotatedAnchorGenerator", __name__, _FEATURE)
-build_anchor_generator = detection_only("build_anchor_generator", __name__, _FEATURE)

@@ -4,6 +4,8 @@ from trainkit.utils.detection_only import detection_only
 
 __all__ = ["Box2BoxTransform", "Box2BoxTransformLinear", "Box2BoxTransformRotated"]
 
+_PLACEHOLDER_MODULE = True
+
 _FEATURE = "encoding boxes as regression targets"
 
 Box2BoxTransform = detection_only("Box2BoxTransform", __name__, _FEATURE)

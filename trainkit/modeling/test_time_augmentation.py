@@ -1,12 +1,7 @@
-"""detectron2's test-time augmentation of R-CNN models, a detection-only placeholder."""
+"""detectron2's test-time augmentation of R-CNN models, detection-only placeholders."""
 
-from trainkit.utils.detection_only import detection_only
+from trainkit.modeling import DatasetMapperTTA, GeneralizedRCNNWithTTA
 
-__all__ = ["GeneralizedRCNNWithTTA"]
+__all__ = ["DatasetMapperTTA", "GeneralizedRCNNWithTTA"]
 
-GeneralizedRCNNWithTTA = detection_only(
-    "GeneralizedRCNNWithTTA",
-    __name__,
-    "test-time augmentation of R-CNN detectors",
-    "evaluate without it (drop the TTA hook of train_net.py's test_with_TTA)",
-)
+_PLACEHOLDER_MODULE = True

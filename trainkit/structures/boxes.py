@@ -1,5 +1,12 @@
 """detectron2's box structures: detection-only placeholders."""
 
+from trainkit.structures import (
+    Boxes,
+    BoxMode,
+    pairwise_ioa,
+    pairwise_iou,
+    pairwise_point_box_distance,
+)
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -9,14 +16,11 @@ __all__ = [
     "pairwise_intersection",
     "pairwise_ioa",
     "pairwise_iou",
+    "pairwise_point_box_distance",
 ]
 
-BoxMode = detection_only("BoxMode", __name__, "box coordinate modes such as XYXY_ABS")
-Boxes = detection_only("Boxes", __name__, "a tensor of axis-aligned boxes")
-pairwise_iou = detection_only("pairwise_iou", __name__, "IoU between two sets of boxes")
-pairwise_ioa = detection_only(
-    "pairwise_ioa", __name__, "intersection over area between two sets of boxes"
-)
+_PLACEHOLDER_MODULE = True
+
 pairwise_intersection = detection_only(
     "pairwise_intersection", __name__, "intersection area between two sets of boxes"
 )

@@ -1,7 +1,7 @@
-"""detectron2's Instances: detection-only placeholders."""
+"""detectron2's Instances: a detection-only placeholder."""
 
-from trainkit.utils.detection_only import detection_only
+from trainkit.structures import Instances
 
 __all__ = ["Instances"]
 
-Instances = detection_only("Instances", __name__, "per-image detected or annotated instances")
+_PLACEHOLDER_MODULE = True

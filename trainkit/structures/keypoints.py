@@ -1,10 +1,7 @@
 """detectron2's keypoints: detection-only placeholders."""
 
-from trainkit.utils.detection_only import detection_only
+from trainkit.structures import Keypoints, heatmaps_to_keypoints
 
 __all__ = ["Keypoints", "heatmaps_to_keypoints"]
 
-Keypoints = detection_only("Keypoints", __name__, "per-instance keypoints")
-heatmaps_to_keypoints = detection_only(
-    "heatmaps_to_keypoints", __name__, "keypoint heatmap decoding"
-)
+_PLACEHOLDER_MODULE = True

@@ -1,5 +1,6 @@
 """detectron2's instance masks: detection-only placeholders."""
 
+from trainkit.structures import BitMasks, PolygonMasks, ROIMasks, polygons_to_bitmask
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -11,12 +12,8 @@ __all__ = [
     "rasterize_polygons_within_box",
 ]
 
-BitMasks = detection_only("BitMasks", __name__, "per-instance bitmap masks")
-PolygonMasks = detection_only("PolygonMasks", __name__, "per-instance polygon masks")
-ROIMasks = detection_only("ROIMasks", __name__, "masks pasted from box regions")
-polygons_to_bitmask = detection_only(
-    "polygons_to_bitmask", __name__, "rasterising instance polygons"
-)
+_PLACEHOLDER_MODULE = True
+
 rasterize_polygons_within_box = detection_only(
     "rasterize_polygons_within_box", __name__, "rasterising instance polygons in a box"
 )

@@ -4,19 +4,32 @@ trainkit does not do detection (boxes, instances, masks, keypoints, COCO/LVIS/VO
 R-CNN models). Scripts copied from detectron2's ``tools/train_net.py`` import such names even
 when they never use them, so each exists at detectron2's import path as a placeholder made by
 :func:`detection_only`. Importing it, subclassing it (``class MyEvaluator(COCOEvaluator)``) and
-``isinstance`` checks work; calling it, or reading one of its public attributes
-(``BoxMode.XYXY_ABS``), raises :class:`DetectionOnlyError` with one line naming the feature and
-what to do.
+``isinstance`` checks work; calling it, reading one of its public attributes
+(``BoxMode.XYXY_ABS``), or iterating or indexing it (a table such as ``COCO_CATEGORIES``) raises
+:class:`DetectionOnlyError` with one line naming the feature and what to do.
+
+Where the placeholders live: a name detectron2 exports from a package (``modeling.ROIHeads``)
+is made in that package's ``__init__``, and a module holding nothing but placeholders
+(``modeling/roi_heads/roi_heads.py``) re-exports it from there and makes only its own extra
+names. Such a module sets ``_PLACEHOLDER_MODULE = True``, and no ``__init__`` imports it, so it
+loads only when a script imports it by its own path; the tests check both with that marker.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from trainkit.utils.errors import UsageError
 
-__all__ = ["DetectionOnlyError", "detection_only", "detection_only_method"]
+__all__ = [
+    "DetectionOnlyError",
+    "detection_only",
+    "detection_only_method",
+    "make_module_callable_as",
+]
 
 
 class DetectionOnlyError(UsageError, NotImplementedError):
@@ -40,6 +53,14 @@ class _DetectionOnly(type):
     _detection_only_message: str
 
     def __call__(cls, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(cls._detection_only_message)
+
+    # detectron2's tables (COCO_CATEGORIES, LVIS's CATEGORIES) are read by iterating or
+    # indexing them. No __len__: truthiness (`if x:`) would call it.
+    def __iter__(cls) -> NoReturn:
+        raise DetectionOnlyError(cls._detection_only_message)
+
+    def __getitem__(cls, key: Any) -> NoReturn:
         raise DetectionOnlyError(cls._detection_only_message)
 
     def __getattr__(cls, key: str) -> NoReturn:
@@ -99,3 +120,31 @@ def detection_only_method(name: str, feature: str, owner: str) -> Callable[..., 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Detection-only: {message}"
     return method
+
+
+class _CallablePlaceholderModule(types.ModuleType):
+    """A module of placeholders that raises, when called, as the function it is named after."""
+
+    _detection_only_message: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise DetectionOnlyError(self._detection_only_message)
+
+
+def make_module_callable_as(module_name: str, placeholder: type) -> None:
+    """Make the module ``module_name`` raise as ``placeholder`` does when it is called.
+
+    detectron2's ``layers`` package exports functions named like the modules defining them
+    (``nms`` of ``layers/nms.py``, ``roi_align``, ``roi_align_rotated``). trainkit's package
+    makes those placeholders itself, without importing the modules; but once a script
+    imports such a module by its path, Python sets the package's attribute to the module,
+    replacing the function. Called through the package after that, the module then raises
+    the function's one-line error instead of "'module' object is not callable".
+
+    Args:
+        module_name: the placeholder module (its ``__name__``), already in ``sys.modules``.
+        placeholder: the function placeholder of the same name, from :func:`detection_only`.
+    """
+    module = sys.modules[module_name]
+    module.__class__ = _CallablePlaceholderModule
+    module._detection_only_message = placeholder._detection_only_message

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import sys
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
-__all__ = ["LogThrottle", "log_every_n", "log_every_n_seconds", "log_first_n", "setup_logger"]
+__all__ = [
+    "LogThrottle",
+    "create_small_table",
+    "log_every_n",
+    "log_every_n_seconds",
+    "log_first_n",
+    "setup_logger",
+]
 
 
 def setup_logger(
@@ -162,6 +171,51 @@ def log_every_n_seconds(level: int, msg: str, n: float = 1.0, *, name: str | Non
     module, site = _call_site()
     if _THROTTLE.due(site, n):
         logging.getLogger(name or module).log(level, msg)
+
+
+def create_small_table(small_dict: Mapping[str, Any]) -> str:
+    """Format a few named values as a table of three lines: the names, a rule, the values.
+
+    Non-integer numbers are written with 3 decimals. Each column is as wide as its longer
+    cell and cells are separated by ``" | "``, so a long name never runs into the next
+    column; the table is Markdown, to paste into a report::
+
+        |   AP  | top1_accuracy | n |
+        |:-----:|:-------------:|:-:|
+        | 0.250 |     0.918     | 3 |
+
+    Args:
+        small_dict: name -> value, in the order to show.
+
+    Returns:
+        The table, without a trailing newline (empty for an empty dict).
+    """
+    if not small_dict:
+        return ""
+    names = [str(name) for name in small_dict]
+    values = [_table_cell(value) for value in small_dict.values()]
+    widths = [max(len(name), len(value)) for name, value in zip(names, values)]
+
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.center(width) for cell, width in zip(cells, widths)) + " |"
+
+    rule = "|" + "|".join(":" + "-" * width + ":" for width in widths) + "|"
+    return "\n".join([row(names), rule, row(values)])
+
+
+def _table_cell(value: Any) -> str:
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return f"{float(value):.3f}"
+    return str(value)
+
+
+def _log_api_usage(identifier: str) -> None:
+    """Do nothing: detectron2's hook for PyTorch's internal API-usage logging.
+
+    Projects' copies of detectron2 modules (registries, loader builders) import and call it,
+    so it exists; trainkit records no API usage.
+    """
+    del identifier
 
 
 _THIS_FILE = log_every_n.__code__.co_filename

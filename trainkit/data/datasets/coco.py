@@ -4,16 +4,20 @@
 ``trainkit.data.datasets.sem_seg`` and is importable here at detectron2's path.
 """
 
+from trainkit.data.datasets import convert_to_coco_json, load_coco_json, register_coco_instances
 from trainkit.data.datasets.sem_seg import load_sem_seg
 from trainkit.utils.detection_only import detection_only
 
-__all__ = ["load_coco_json", "load_sem_seg", "register_coco_instances"]
+__all__ = [
+    "convert_to_coco_dict",
+    "convert_to_coco_json",
+    "load_coco_json",
+    "load_sem_seg",
+    "register_coco_instances",
+]
 
-_ADVICE = "register your records with DatasetCatalog.register(name, func) instead"
+_PLACEHOLDER_MODULE = True
 
-load_coco_json = detection_only(
-    "load_coco_json", __name__, "reading COCO instance annotations into records", _ADVICE
-)
-register_coco_instances = detection_only(
-    "register_coco_instances", __name__, "registering a COCO instance dataset", _ADVICE
+convert_to_coco_dict = detection_only(
+    "convert_to_coco_dict", __name__, "converting instance records to a COCO json dict"
 )

@@ -5,6 +5,7 @@ backbone registers and builds as in detectron2; detectron2's FPN exists only to 
 detectors and is not ported.
 """
 
+from trainkit.modeling.backbone import FPN
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -15,10 +16,11 @@ __all__ = [
     "build_retinanet_resnet_fpn_backbone",
 ]
 
+_PLACEHOLDER_MODULE = True
+
 _FEATURE = "the feature pyramid network of detectron2's detectors"
 _ADVICE = "write the pyramid as your own Backbone registered in BACKBONE_REGISTRY"
 
-FPN = detection_only("FPN", __name__, _FEATURE, _ADVICE)
 LastLevelMaxPool = detection_only("LastLevelMaxPool", __name__, _FEATURE, _ADVICE)
 LastLevelP6P7 = detection_only("LastLevelP6P7", __name__, _FEATURE, _ADVICE)
 build_resnet_fpn_backbone = detection_only("build_resnet_fpn_backbone", __name__, _FEATURE, _ADVICE)

@@ -5,7 +5,15 @@ their own backbones (DeepLab's ``build_resnet_deeplab_backbone``). The names imp
 such a module loads; building one raises a one-line error saying what to do instead.
 """
 
-from trainkit.utils.detection_only import detection_only
+from trainkit.modeling.backbone import (
+    BasicStem,
+    BottleneckBlock,
+    ResNet,
+    ResNetBlockBase,
+    _not_shipped,
+    build_resnet_backbone,
+    make_stage,
+)
 
 __all__ = [
     "BasicBlock",
@@ -13,25 +21,12 @@ __all__ = [
     "BottleneckBlock",
     "DeformBottleneckBlock",
     "ResNet",
+    "ResNetBlockBase",
     "build_resnet_backbone",
     "make_stage",
 ]
 
-_REASON = "one of detectron2's ResNet backbone parts, which trainkit does not ship"
-_ADVICE = (
-    "register your own backbone in BACKBONE_REGISTRY (e.g. wrapping a torchvision or timm "
-    "ResNet in trainkit.modeling.Backbone)"
-)
+_PLACEHOLDER_MODULE = True
 
-
-def _placeholder(name: str) -> type:
-    return detection_only(name, __name__, "", _ADVICE, reason=_REASON)
-
-
-BasicBlock = _placeholder("BasicBlock")
-BasicStem = _placeholder("BasicStem")
-BottleneckBlock = _placeholder("BottleneckBlock")
-DeformBottleneckBlock = _placeholder("DeformBottleneckBlock")
-ResNet = _placeholder("ResNet")
-build_resnet_backbone = _placeholder("build_resnet_backbone")
-make_stage = _placeholder("make_stage")
+BasicBlock = _not_shipped("BasicBlock", "ResNet", __name__)
+DeformBottleneckBlock = _not_shipped("DeformBottleneckBlock", "ResNet", __name__)
