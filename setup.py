@@ -25,10 +25,15 @@ _EXTRAS = {
 # The test suite runs the trackers for real (an offline W&B run, a local MLflow server) and
 # the plot tool, so it needs every extra; import-linter checks the layering contract in
 # pyproject.toml (tests/test_layering.py runs it), which a hand-written AST walk did before
-# without seeing cycles or imports hidden in functions.
+# without seeing cycles or imports hidden in functions. tests/test_api_reference.py builds
+# the docs with warnings as errors (docs/conf.py): Sphinx's autodoc and napoleon generate the
+# API reference from the Google-style docstrings (7.2 for the `no-index` option conf.py
+# uses), and myst-parser reads the Markdown pages (2.0 is the first for Sphinx 7).
 _EXTRAS["test"] = [
     "pytest>=7.0",
     "import-linter>=2.0",
+    "sphinx>=7.2",
+    "myst-parser>=2.0",
     *_EXTRAS["wandb"],
     *_EXTRAS["mlflow"],
     *_EXTRAS["plot"],

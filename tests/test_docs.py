@@ -2,12 +2,9 @@
 
 A name resolves when its longest importable module prefix imports and the rest of it is
 found by ``getattr`` (a class attribute, a method, or a name the class annotates for its
-instances). A name that does not resolve fails the test with its file and line.
-
-Two forms are read: a dotted name anywhere (``trainkit.solver.build_optimizer``), and, in a
-reference list, a bullet that starts with a name (``- `build_optimizer(cfg, model)` — ...``)
-under a heading that names a module (``## `trainkit.solver` ``): that bullet names
-``trainkit.solver.build_optimizer``. Any other heading ends the module's list.
+instances). A name that does not resolve fails the test with its file and line. The API
+reference (docs/api/) is generated from the code, so it names nothing that is missing;
+``tests/test_api_reference.py`` builds it and checks that it leaves nothing out.
 
 The pages link each other; every relative link must reach a file, and its ``#anchor`` a
 heading of that file.
@@ -22,22 +19,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NAME = re.compile(r"\btrainkit(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
-MODULE_HEADING = re.compile(r"^#+ `(trainkit(?:\.[A-Za-z_]\w*)*)`")
-LISTED_NAME = re.compile(r"^- `([A-Za-z_][\w.]*)")
 
 
 def named_in(path: Path) -> list[tuple[int, str]]:
     """Return ``(line number, name)`` for every trainkit name the page gives."""
-    names, module = [], None
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        names += [(number, match.group()) for match in NAME.finditer(line)]
-        if line.startswith("#"):
-            heading = MODULE_HEADING.match(line)
-            module = heading.group(1) if heading else None
-        elif module is not None and (listed := LISTED_NAME.match(line)):
-            if not listed.group(1).startswith("trainkit."):  # a dotted one is found above
-                names.append((number, f"{module}.{listed.group(1)}"))
-    return names
+    return [
+        (number, match.group())
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for match in NAME.finditer(line)
+    ]
 
 
 def _import_longest_prefix(parts: list[str]) -> tuple[object, list[str]]:
@@ -84,15 +74,6 @@ def test_the_pattern_finds_names_and_stops_at_punctuation(tmp_path):
         (1, "trainkit.engine"),
         (2, "trainkit.utils.comm.get_rank"),
     ]
-
-
-def test_a_bullet_under_a_module_heading_names_a_member(tmp_path):
-    page = tmp_path / "page.md"
-    page.write_text(
-        "## `trainkit.solver`\n\n- `build_optimizer(cfg, model)` — text\n"
-        "  - `not_a_top_level_bullet`\n\n### Differences\n\n- `ignored` here\n"
-    )
-    assert named_in(page) == [(1, "trainkit.solver"), (3, "trainkit.solver.build_optimizer")]
 
 
 def test_resolve_reports_what_is_missing():

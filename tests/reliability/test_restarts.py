@@ -240,7 +240,7 @@ os.write(1, f"result {launch(main, 1)[0]}\\n".encode())
 @pytest.mark.distributed
 def test_under_torchrun_a_restarted_gloo_job_never_reads_the_dead_rounds_keys(tmp_path):
     # torch 2.13 keeps one store for every round of a torchrun job; a process group set up
-    # in it without a per-round namespace hung in 2 of 3 restarts (see docs/api.md).
+    # in it without a per-round namespace hung in 2 of 3 restarts (docs/restarts_and_slurm.md).
     script = tmp_path / "gloo_restart.py"
     script.write_text(_GLOO_RESTART_SCRIPT)
     for attempt in range(3):

@@ -78,9 +78,9 @@ class DatasetMapper:
             augmentations: applied in order to the image and its label map.
             image_format: ``INPUT.FORMAT``: ``"BGR"``, ``"RGB"``, ``"L"``, ``"YUV-BT.601"``
                 or another PIL mode (see :func:`~trainkit.data.detection_utils.read_image`).
-            use_instance_mask, use_keypoint, instance_mask_format, keypoint_hflip_indices,
-                precomputed_proposal_topk, recompute_boxes: detectron2's detection
+            use_instance_mask, use_keypoint, instance_mask_format: detectron2's detection
                 arguments; accepted so that calls port, refused when switched on.
+            keypoint_hflip_indices, precomputed_proposal_topk, recompute_boxes: the same.
 
         Raises:
             UsageError: If a detection argument is switched on.

@@ -38,18 +38,20 @@ class ASPP(nn.Module):
         dropout: float = 0.0,
         use_depthwise_separable_conv: bool = False,
     ) -> None:
-        """Args:
-        in_channels: channels of the input feature map.
-        out_channels: channels of every branch and of the output.
-        dilations: exactly three dilation rates for the 3x3 branches.
-        norm: normalisation of every convolution but the pooling branch's (a 1x1 map has
-            no statistics to normalise); see :func:`get_norm`. ``""`` gives biases instead.
-        activation: applied after every convolution; each branch gets its own copy.
-        pool_kernel_size: ``(kh, kw)`` of the pooling branch's average pool; ``None`` pools
-            globally. Set it to the training feature size so that inference on larger
-            inputs pools over the same window.
-        dropout: dropout rate on the output (training only).
-        use_depthwise_separable_conv: make the dilated branches depthwise separable.
+        """Build the five branches and the projection.
+
+        Args:
+            in_channels: channels of the input feature map.
+            out_channels: channels of every branch and of the output.
+            dilations: exactly three dilation rates for the 3x3 branches.
+            norm: normalisation of every convolution but the pooling branch's (a 1x1 map has
+                no statistics to normalise); see :func:`get_norm`. ``""`` gives biases instead.
+            activation: applied after every convolution; each branch gets its own copy.
+            pool_kernel_size: ``(kh, kw)`` of the pooling branch's average pool; ``None`` pools
+                globally. Set it to the training feature size so that inference on larger
+                inputs pools over the same window.
+            dropout: dropout rate on the output (training only).
+            use_depthwise_separable_conv: make the dilated branches depthwise separable.
 
         Raises:
             UsageError: If ``dilations`` does not have three entries.

@@ -24,10 +24,12 @@ class CNNBlockBase(nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
-        """Args:
-        in_channels: channels of the input.
-        out_channels: channels of the output.
-        stride: how much smaller the output's height and width are than the input's.
+        """Record the block's channels and stride.
+
+        Args:
+            in_channels: channels of the input.
+            out_channels: channels of the output.
+            stride: how much smaller the output's height and width are than the input's.
         """
         super().__init__()
         self.in_channels = in_channels
@@ -66,12 +68,14 @@ class DepthwiseSeparableConv2d(nn.Module):
         norm2: NormSpec = None,
         activation2: Activation | None = None,
     ) -> None:
-        """Args:
-        in_channels: input channels (also the depthwise convolution's groups).
-        out_channels: output channels of the pointwise convolution.
-        kernel_size, padding, dilation: of the depthwise convolution.
-        norm1, activation1: after the depthwise convolution (see :func:`get_norm`).
-        norm2, activation2: after the pointwise convolution.
+        """Build the depthwise and the pointwise convolution.
+
+        Args:
+            in_channels: input channels (also the depthwise convolution's groups).
+            out_channels: output channels of the pointwise convolution.
+            kernel_size, padding, dilation: of the depthwise convolution.
+            norm1, activation1: after the depthwise convolution (see :func:`get_norm`).
+            norm2, activation2: after the pointwise convolution.
         """
         super().__init__()
         self.depthwise = Conv2d(

@@ -144,7 +144,9 @@ class ResizeShortestEdge(Augmentation):
         sample_style: str = "range",
         interp: int = _BILINEAR,
     ):
-        """Args:
+        """Set how the short edge's length is drawn.
+
+        Args:
             short_edge_length: ``[min, max]`` to draw from uniformly (``"range"``), or the
                 lengths to choose among (``"choice"``); one int for a fixed length.
             max_size: the cap on the longer side after resizing.
@@ -252,15 +254,17 @@ class RandomRotation(Augmentation):
         sample_style: str = "range",
         interp: int | None = None,
     ):
-        """Args:
-        angle: ``[min, max]`` degrees (``"range"``) or the angles to choose among.
-        expand: enlarge the output to hold the whole rotated image.
-        center: relative ``[[min_x, min_y], [max_x, max_y]]`` (``"range"``) or
-            ``[x, y]`` pairs to choose among, ``[0, 0]`` the top-left corner and
-            ``[1, 1]`` the bottom-right; ``None`` is the image centre. With ``expand``
-            it only shifts the result.
-        sample_style: ``"range"`` or ``"choice"``.
-        interp: a PIL filter (default bilinear).
+        """Set how the angle and the centre are drawn.
+
+        Args:
+            angle: ``[min, max]`` degrees (``"range"``) or the angles to choose among.
+            expand: enlarge the output to hold the whole rotated image.
+            center: relative ``[[min_x, min_y], [max_x, max_y]]`` (``"range"``) or
+                ``[x, y]`` pairs to choose among, ``[0, 0]`` the top-left corner and
+                ``[1, 1]`` the bottom-right; ``None`` is the image centre. With ``expand``
+                it only shifts the result.
+            sample_style: ``"range"`` or ``"choice"``.
+            interp: a PIL filter (default bilinear).
         """
         super().__init__()
         _check_sample_style(sample_style)
@@ -295,10 +299,12 @@ class RandomExtent(Augmentation):
     """Crop a randomly scaled and shifted rectangle, which may reach outside (filled with 0)."""
 
     def __init__(self, scale_range: Sequence[float], shift_range: Sequence[float]):
-        """Args:
-        scale_range: ``(low, high)`` of the rectangle's size relative to the image.
-        shift_range: ``(x, y)``: the rectangle's centre moves by up to ``x * w / 2``
-            and ``y * h / 2`` either way; 0 keeps it centred.
+        """Set how the rectangle is drawn.
+
+        Args:
+            scale_range: ``(low, high)`` of the rectangle's size relative to the image.
+            shift_range: ``(x, y)``: the rectangle's centre moves by up to ``x * w / 2``
+                and ``y * h / 2`` either way; 0 keeps it centred.
         """
         super().__init__()
         self._init(locals())

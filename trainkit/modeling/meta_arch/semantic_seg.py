@@ -75,10 +75,12 @@ class SemanticSegmentor(nn.Module):
         pixel_mean: Sequence[float],
         pixel_std: Sequence[float],
     ) -> None:
-        """Args:
-        backbone: maps normalised images to named feature maps.
-        sem_seg_head: maps those features (and targets) to scores and losses.
-        pixel_mean, pixel_std: per-channel normalisation of the input images.
+        """Build the segmentor from its parts.
+
+        Args:
+            backbone: maps normalised images to named feature maps.
+            sem_seg_head: maps those features (and targets) to scores and losses.
+            pixel_mean, pixel_std: per-channel normalisation of the input images.
         """
         super().__init__()
         self.backbone = backbone
@@ -153,14 +155,16 @@ class SemSegFPNHead(nn.Module):
         norm: str | None = None,
         ignore_value: int = -1,
     ) -> None:
-        """Args:
-        input_shape: shapes of the input features, by name (all of them are used).
-        num_classes: number of classes to predict.
-        conv_dims: channels of the intermediate convolutions.
-        common_stride: the stride all levels are brought to before summing.
-        loss_weight: multiplier of the loss.
-        norm: normalisation of the convolutions (see :func:`get_norm`).
-        ignore_value: the label excluded from the loss.
+        """Build one scale head per input feature.
+
+        Args:
+            input_shape: shapes of the input features, by name (all of them are used).
+            num_classes: number of classes to predict.
+            conv_dims: channels of the intermediate convolutions.
+            common_stride: the stride all levels are brought to before summing.
+            loss_weight: multiplier of the loss.
+            norm: normalisation of the convolutions (see :func:`get_norm`).
+            ignore_value: the label excluded from the loss.
         """
         super().__init__()
         shapes = sorted(input_shape.items(), key=lambda item: item[1].stride)
