@@ -1,4 +1,8 @@
-"""Command-line overrides of a LazyConfig (``KEY=VALUE``), refusing keys that do not exist."""
+"""Command-line overrides of a LazyConfig (``KEY=VALUE``), refusing keys that do not exist.
+
+The leaves an override sets are recorded as set on the ``command line``
+(:mod:`trainkit.config.provenance`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 import yaml
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
+from trainkit.config.provenance import ORIGIN_COMMAND_LINE, origins_of
 
 __all__ = ["apply_overrides", "flat_config_items", "parse_override_value"]
 
@@ -24,6 +29,7 @@ def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
     """Set values from ``KEY=VALUE`` strings in place (see ``LazyConfig.apply_overrides``)."""
     from omegaconf import OmegaConf
 
+    keys: list[str] = []
     for override in overrides:
         key, sep, text = override.partition("=")
         key = key.strip()
@@ -41,6 +47,13 @@ def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
         key = key.lstrip("+")
         _check_override_key(cfg, key, is_new)
         OmegaConf.update(cfg, key, parse_override_value(text), merge=True, force_add=is_new)
+        keys.append(key)
+    if keys:
+        store = origins_of(cfg)
+        for leaf, value in flat_config_items(cfg).items():
+            # The leaves an override set: the key, below it, or the list holding it.
+            if any(k == leaf or k.startswith(leaf + ".") or leaf.startswith(k + ".") for k in keys):
+                store.record(leaf, ORIGIN_COMMAND_LINE, value)
     return cfg
 
 
