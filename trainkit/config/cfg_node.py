@@ -124,7 +124,8 @@ class CfgNode(_FvcoreCfgNode):
         The origins ``cfg_other`` recorded come along; a value it changes without one is
         then one set by code.
         """
-        origins = origins_of(cfg_other).current(flat_leaves(cfg_other))
+        store = origins_of(cfg_other)
+        origins = {k: o for k, v in flat_leaves(cfg_other).items() if (o := store.get(k, v))}
         self._merge_checked(cfg_other, source="another config", origins=origins)
 
     def merge_from_list(self, cfg_list: list[str]) -> None:
@@ -195,10 +196,10 @@ class CfgNode(_FvcoreCfgNode):
                     value = _decode(copy.deepcopy(value))
                     if isinstance(value, dict):
                         self[key] = type(self)(value)
-                        _record(root, flat_leaves(self[key], full_key + "."), origins)
+                        origins_of(root).record_all(flat_leaves(self[key], f"{full_key}."), origins)
                     else:
                         self[key] = value
-                        _record(root, {full_key: value}, origins)
+                        origins_of(root).record_all({full_key: value}, origins)
                     continue
                 root._raise_unknown(full_key, source)
             current = self[key]
@@ -211,7 +212,8 @@ class CfgNode(_FvcoreCfgNode):
                 current._merge_checked(value, source, origins, full_key + ".", root)
                 continue
             self[key] = _coerce(full_key, current, _decode(value), source)
-            _record(root, {full_key: self[key]}, origins)
+            # A value merged without an origin (another config's, set by code) records none.
+            origins_of(root).record_all({full_key: self[key]}, origins)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
         hint = did_you_mean(full_key, flat_leaves(self))
@@ -236,15 +238,6 @@ def did_you_mean(full_key: str, known: Iterable[str]) -> str:
     if len(close) > 1:
         hint += f" (other close keys: {', '.join(close[1:])})"
     return hint
-
-
-def _record(root: CfgNode, leaves: dict[str, Any], origins: _Origins) -> None:
-    # A value merged without an origin (another config's, set by code) records none.
-    store = origins_of(root)
-    for full_key, value in leaves.items():
-        origin = origins if isinstance(origins, str) else origins.get(full_key)
-        if origin is not None:
-            store.record(full_key, origin, value)
 
 
 def _decode(value: Any) -> Any:

@@ -27,13 +27,7 @@ from trainkit.config.cfg_node import ConfigError, did_you_mean
 from trainkit.config.instantiate import dump_dataclass
 from trainkit.config.lazy_files import LOADER_PACKAGE, as_config, dict_config, exec_config_file
 from trainkit.config.lazy_overrides import apply_overrides, flat_config_items
-from trainkit.config.provenance import (
-    display_path,
-    origin_below,
-    origins_of,
-    python_key_lines,
-    yaml_key_lines,
-)
+from trainkit.config.provenance import display_path, origins_of, python_key_lines, yaml_key_lines
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.registry import _convert_target_to_string, locate
@@ -135,13 +129,10 @@ class LazyConfig:
                     problem = getattr(e, "problem", None) or type(e).__name__
                     raise ConfigError(f"{where}: not a valid YAML file ({problem})") from None
             namespace = OmegaConf.create(data or {}, flags={"allow_objects": True})
-        origins = _file_origins(filename)
         if keys is not None:
-            values = tuple(
-                _with_origins(as_config(_top_level(namespace, key, filename)), origins, key)
-                for key in ([keys] if isinstance(keys, str) else keys)
-            )
-            return values[0] if isinstance(keys, str) else values
+            if isinstance(keys, str):
+                return as_config(_top_level(namespace, keys, filename))
+            return tuple(as_config(_top_level(namespace, key, filename)) for key in keys)
         if filename.endswith(".py"):
             namespace = dict_config(
                 {
@@ -150,7 +141,10 @@ class LazyConfig:
                     if _is_config_value(value) and not name.startswith("_")
                 }
             )
-        return _with_origins(namespace, origins)
+        # Where each value was set (a part asked for with ``keys`` gets the line of the
+        # including file's statement that takes it, when that file is loaded).
+        origins_of(namespace).record_all(flat_config_items(namespace), _file_origins(filename))
+        return namespace
 
     @staticmethod
     def load_rel(filename: str, keys: str | Sequence[str] | None = None) -> Any:
@@ -230,22 +224,6 @@ def _file_origins(filename: str) -> dict[str, str]:
         return python_key_lines(filename)
     with PathManager.open(filename, "r") as f:
         return yaml_key_lines(yaml.compose(f, Loader=yaml.SafeLoader), display_path(filename))
-
-
-def _with_origins(value: Any, origins: dict[str, str], prefix: str = "") -> Any:
-    """Record in a loaded ``DictConfig`` where each leaf was set; other values as they are.
-
-    ``prefix`` names ``value`` in the file (a top-level key asked for with ``keys``).
-    """
-    from omegaconf import DictConfig
-
-    if isinstance(value, DictConfig):
-        store = origins_of(value)
-        for key, leaf in flat_config_items(value).items():
-            origin = origin_below(origins, f"{prefix}.{key}" if prefix else key)
-            if origin is not None:
-                store.record(key, origin, leaf)
-    return value
 
 
 def _top_level(namespace: Any, key: str, filename: str) -> Any:

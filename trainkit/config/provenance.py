@@ -5,17 +5,16 @@ An *origin* is a short string:
 * ``FILE:LINE`` — a YAML file through its ``_BASE_`` chain, or a LazyConfig file (the
   top-level statement that set the key, relative imports followed);
 * ``command line`` — ``CfgNode.merge_from_list``, ``LazyConfig.apply_overrides``;
-* ``auto-scaling (...)``, ``run time (...)`` — set by trainkit's code, which records what it
+* ``auto-scaling (...)``, ``run time (...)`` — trainkit's code, which records what it
   changes (:func:`record_changes`; the old value and its origin follow);
-* ``code`` — anything else: a ``cfg.X.Y = v`` in a script. Nothing is recorded when code
-  assigns, so such a key is found by its value: it differs from the defaults (``CfgNode``)
-  or from the value its origin set.
+* ``code`` — a ``cfg.X.Y = v`` in a script. An assignment records nothing, so such a key is
+  found by its value: it differs from the defaults or from the value its origin set.
 
-The origins are recorded by the merges (``merge_from_file``, ``merge_from_list``,
-``merge_from_other_cfg``, ``LazyConfig.load``, ``LazyConfig.apply_overrides``) into an
-:class:`Origins` kept beside the values of the config they merge into (:func:`origins_of`),
-as yacs keeps its flags: ``clone``, ``copy.deepcopy`` (``CfgNode``) and pickling keep it,
-``dump()``, ``==`` and ``LazyConfig.save`` ignore it.
+The merges (``merge_from_file``, ``merge_from_list``, ``merge_from_other_cfg``,
+``LazyConfig.load``, ``LazyConfig.apply_overrides``) record them in the :class:`Origins` kept
+beside the config's values (:func:`origins_of`), as yacs keeps its flags: ``clone``,
+``copy.deepcopy`` (``CfgNode``) and pickling keep it; ``dump()``, ``==`` and
+``LazyConfig.save`` ignore it.
 """
 
 from __future__ import annotations
@@ -83,10 +82,13 @@ class Origins:
         origin, recorded = self._entries.get(key, (None, None))
         return origin if origin is not None and recorded == _snapshot(value) else None
 
-    def current(self, leaves: Mapping[str, Any]) -> dict[str, str]:
-        """Return ``{key: origin}`` for the ``leaves`` (``{key: value}``) whose origin holds."""
-        found = {key: self.get(key, value) for key, value in leaves.items()}
-        return {key: origin for key, origin in found.items() if origin is not None}
+    def record_all(self, leaves: Mapping[str, Any], origins: Mapping[str, str] | str) -> None:
+        """Record ``leaves`` (``{key: value}``) as set by ``origins``: one origin for all, or
+        ``{key: origin}`` (a leaf without its own takes its deepest parent's; else none)."""
+        for key, value in leaves.items():
+            origin = origins if isinstance(origins, str) else _origin_below(origins, key)
+            if origin is not None:
+                self.record(key, origin, value)
 
 
 def origins_of(cfg: Any) -> Origins:
@@ -111,15 +113,9 @@ def listed_changes(
 ) -> list[ConfigChange]:
     """Return the keys ``--print-config`` lists, sorted, each with its origin.
 
-    Args:
-        leaves: ``{dotted key: value}`` of every leaf of the config.
-        origins: its store.
-        baseline: the defaults' leaves; a key with the default value is left out. None (a
-            LazyConfig: it has no defaults) lists every key.
-
-    Returns:
-        The rows; a value whose recorded origin no longer holds, or that has none, was set
-        by code (``"code"``).
+    ``leaves`` are ``{dotted key: value}`` of a config, ``origins`` its store. A key whose
+    value equals the ``baseline``'s (the defaults' leaves) is left out; without one (a
+    LazyConfig) every key is listed. A value without an origin that holds was set by code.
     """
     missing = object()
     return [
@@ -132,10 +128,8 @@ def listed_changes(
 def config_changes(cfg: CfgNode, defaults: CfgNode) -> list[ConfigChange]:
     """Return every key of ``cfg`` whose value differs from ``defaults``, with its origin.
 
-    Args:
-        cfg: the config.
-        defaults: what to compare with, usually :func:`~trainkit.config.get_cfg`'s. Keys
-            absent from it (added by a script) count as different.
+    ``defaults`` is usually :func:`~trainkit.config.get_cfg`; a key it lacks (added by a
+    script) counts as different.
     """
     return listed_changes(flat_leaves(cfg), origins_of(cfg), flat_leaves(defaults))
 
@@ -196,18 +190,21 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
-def flat_leaves(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Return ``{"A.B.C": value}`` for every leaf of a ``CfgNode`` (or nested dict)."""
+def flat_leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Return ``{"A.B.C": value}`` for every leaf of a ``CfgNode`` or nested mapping.
+
+    Lists and empty mappings are leaves.
+    """
     flat: dict[str, Any] = {}
     for key, value in node.items():
-        if isinstance(value, dict):
-            flat.update(flat_leaves(value, prefix + key + "."))
+        if isinstance(value, Mapping) and value:
+            flat.update(flat_leaves(value, f"{prefix}{key}."))
         else:
-            flat[prefix + key] = value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
-def origin_below(origins: Mapping[str, str], key: str) -> str | None:
+def _origin_below(origins: Mapping[str, str], key: str) -> str | None:
     """Return the origin of the deepest of ``key`` and its parents that ``origins`` has."""
     parts = key.split(".")
     for length in range(len(parts), 0, -1):
@@ -256,7 +253,7 @@ def python_key_lines(path: str, _seen: frozenset[str] = frozenset()) -> dict[str
     (``from ..common.train import train``, followed into that file), in order, a later
     statement replacing what an earlier one set below the same key. A key below one of
     these (a leaf of ``lr_multiplier = make_schedule(1)``) takes the origin of the deepest
-    key listed (:func:`origin_below`).
+    key listed (:meth:`Origins.record_all`).
     """
     real = os.path.realpath(path)
     if real in _seen or not os.path.isfile(path):

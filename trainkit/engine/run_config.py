@@ -44,8 +44,8 @@ class RunConfig:
         output_dir: where the run writes logs, checkpoints and receipts (``""``: nowhere).
         seed: the seed of the run's random numbers; negative draws one.
         cudnn_benchmark: whether cuDNN may benchmark convolution algorithms.
-        weights: the weights the run starts from (``""``: the model's initialisation), set
-            by the key ``weights_key``.
+        weights: the weights the run starts from (``""``: the model's initialisation),
+            the value of the key ``weights_key``.
     """
 
     weights_key = "MODEL.WEIGHTS"
@@ -81,7 +81,6 @@ class RunConfig:
 
     def freeze(self) -> None:
         """Make the config read-only where its kind allows (a ``CfgNode``)."""
-        return None
 
     def check_weights(self, *, eval_only: bool, resume: bool) -> None:
         """Check the weights to start from, before anything starts.
@@ -125,17 +124,11 @@ class _LazyRunConfig(RunConfig):
             return default if found is None else found
 
         output_dir = value("train.output_dir", value("output_dir", ""))
-        super().__init__(
-            cfg,
-            output_dir,
-            value("train.seed", -1),
-            value("train.cudnn_benchmark", False),
-            value(self.weights_key, ""),
-        )
+        seed, cudnn_benchmark = value("train.seed", -1), value("train.cudnn_benchmark", False)
+        super().__init__(cfg, output_dir, seed, cudnn_benchmark, value(self.weights_key, ""))
 
     def changes(self) -> list[ConfigChange]:
-        # A LazyConfig has no defaults: each of its keys was set by a file, the command line
-        # or code.
+        # No defaults to leave out: each key was set by a file, the command line or code.
         return listed_changes(flat_config_items(self.cfg), origins_of(self.cfg))
 
     def save(self, path: str) -> None:
@@ -158,7 +151,7 @@ class _YacsRunConfig(RunConfig):
 
     def scale_in_place(self, world_size: int) -> None:
         # In place: detectron2-style scripts keep using the cfg they passed to default_setup.
-        if self.cfg.SOLVER.REFERENCE_WORLD_SIZE not in (0, world_size):
+        if self.cfg.SOLVER.REFERENCE_WORLD_SIZE not in (0, world_size):  # else: no copy
             scaled = auto_scale_config(self.cfg, world_size)
             self.cfg.defrost()
             self.cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
