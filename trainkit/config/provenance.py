@@ -12,9 +12,10 @@ An *origin* is a short string:
 
 The merges (``merge_from_file``, ``merge_from_list``, ``merge_from_other_cfg``,
 ``LazyConfig.load``, ``LazyConfig.apply_overrides``) record them in the :class:`Origins` kept
-beside the config's values (:func:`origins_of`), as yacs keeps its flags: ``clone``,
-``copy.deepcopy`` (``CfgNode``) and pickling keep it; ``dump()``, ``==`` and
-``LazyConfig.save`` ignore it.
+beside the values of the config merged into (:func:`origins_of`; ask that one, the root),
+as yacs keeps its flags: ``clone``, ``copy.deepcopy`` of a ``CfgNode`` and pickling keep it;
+``dump()``, ``==`` and ``LazyConfig.save`` ignore it. A copy of a LazyConfig
+(``copy.deepcopy``, ``OmegaConf.merge``) has none: its values are listed as set by code.
 """
 
 from __future__ import annotations
