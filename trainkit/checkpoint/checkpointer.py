@@ -419,7 +419,8 @@ class Checkpointer:
             The missing and unexpected keys and the entries skipped for their shapes.
         """
         state = checkpoint.pop("model")
-        self._convert_ndarray_to_tensor(state)
+        if isinstance(state, Mapping):  # else matched_model_state explains
+            self._convert_ndarray_to_tensor(state)
         state, incorrect_shapes = matched_model_state(
             self.model,
             state,
@@ -438,20 +439,15 @@ class Checkpointer:
         """Turn the numpy arrays of a model state (old checkpoints) into tensors, in place.
 
         Raises:
-            CorruptCheckpointError: If ``state_dict`` is not a mapping of tensors and arrays.
+            CorruptCheckpointError: If a value is neither a tensor nor an array.
         """
-        where = f"Checkpoint {self._restoring_path}"
-        if not isinstance(state_dict, Mapping):
-            raise CorruptCheckpointError(
-                f"{where}: 'model' is a {type(state_dict).__name__}, not a state dict"
-            )
         for key, value in state_dict.items():
             if isinstance(value, np.ndarray):
                 state_dict[key] = torch.from_numpy(value)
             elif not isinstance(value, torch.Tensor):
                 raise CorruptCheckpointError(
-                    f"{where}: model entry {key!r} is a {type(value).__name__}, not a tensor "
-                    "or array"
+                    f"Checkpoint {self._restoring_path}: model entry {key!r} is a "
+                    f"{type(value).__name__}, not a tensor or array"
                 )
 
     def _log_incompatible_keys(self, incompatible: IncompatibleKeys) -> None:

@@ -50,6 +50,8 @@ class CfgNode(_FvcoreCfgNode):
     def get_origin(self, full_key: str) -> str | None:
         """Return where the value of ``full_key`` (e.g. ``"SOLVER.BASE_LR"``) came from.
 
+        Ask the config the merges were made into (the root), not one of its groups.
+
         Returns:
             ``"FILE:LINE"``, ``"command line"``, ``"auto-scaling (...)"`` or ``"run time
             (...)"``; None for a value no merge set (a default, or a value set by code) or
