@@ -46,7 +46,7 @@ def _args(config_file, *opts, **flags):
     return argparse.Namespace(config_file=config_file, opts=list(opts), **flags)
 
 
-def test_lazy_setup_writes_a_reloadable_config_and_origins_and_seeds(tmp_path, restore_logging):
+def test_a_lazyconfig_run_writes_a_reloadable_config_origins_and_seeds(tmp_path, restore_logging):
     path = _config(tmp_path)
     cfg = LazyConfig.apply_overrides(LazyConfig.load(path), ["train.max_iter=9"])
     assert default_setup(cfg, _args(path, "train.max_iter=9")) is cfg
