@@ -1,13 +1,25 @@
-"""The cases fvcore's own checkpoint tests check, through trainkit's Checkpointer, and tied
-parameters (one tensor under two names) loaded through the public ``load()``."""
+"""The cases fvcore's own checkpoint tests check, through trainkit's Checkpointer (which wraps
+fvcore's): loading across ``DataParallel`` prefixes from the same or another directory,
+checkpointables, tied parameters (one tensor under two names), lazy modules, the override
+points a detectron2-style subclass uses, and the periodic checkpointer with ``max_to_keep``.
+
+Missing and unexpected keys and shape mismatches are in ``test_checkpointer.py``.
+"""
 
 import logging
 
+import numpy as np
 import pytest
 import torch
+from fvcore.common.checkpoint import Checkpointer as FvcoreCheckpointer
 from torch import nn
 
-from trainkit.checkpoint import Checkpointer, CheckpointError, PeriodicCheckpointer
+from trainkit.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CorruptCheckpointError,
+    PeriodicCheckpointer,
+)
 
 
 @pytest.fixture
@@ -87,16 +99,18 @@ def test_a_tied_pair_both_absent_is_reported_under_both_names(tmp_path, ckpt_log
 
 
 # ---- fvcore's other cases ---------------------------------------------------------------
+@pytest.mark.parametrize("same_dir", [True, False])
 @pytest.mark.parametrize("wrap", [(False, False), (True, False), (False, True), (True, True)])
-def test_load_by_path_from_another_directory_across_wrappers(tmp_path, wrap):
+def test_load_across_wrappers_from_the_tag_or_by_path(tmp_path, wrap, same_dir):
     trained, fresh = _two_layers(), _two_layers()
     trained_w = nn.DataParallel(trained) if wrap[0] else trained
     fresh_w = nn.DataParallel(fresh) if wrap[1] else fresh
     Checkpointer(trained_w, str(tmp_path / "a"), save_to_disk=True).save("checkpoint_file")
-    other = Checkpointer(fresh_w, str(tmp_path / "b"))
-    assert not other.has_checkpoint()
-    assert other.get_checkpoint_file() == ""
-    other.load(str(tmp_path / "a" / "checkpoint_file.pth"))
+    saved = str(tmp_path / "a" / "checkpoint_file.pth")
+    other = Checkpointer(fresh_w, str(tmp_path / ("a" if same_dir else "b")))
+    assert other.has_checkpoint() is same_dir
+    assert other.get_checkpoint_file() == (saved if same_dir else "")
+    other.load(saved)
     for a, b in zip(trained.parameters(), fresh.parameters()):
         assert a is not b and torch.equal(a, b)
 
@@ -127,6 +141,74 @@ def test_lazy_module_is_materialised_from_the_checkpoint(tmp_path):
     Checkpointer(lazy).load(str(tmp_path / "lazy.pth"))
     assert lazy[0].weight.shape == (5, 7)
     assert torch.equal(lazy[0].weight, ready[0].weight)
+
+
+# ---- the override points of a detectron2-style subclass ----------------------------------
+class _NpzCheckpointer(Checkpointer):
+    """Reads ``.npz`` weights (numpy arrays) and records each override point it passes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def _load_file(self, f):
+        self.calls.append("_load_file")
+        if not f.endswith(".npz"):
+            return super()._load_file(f)
+        with np.load(f) as arrays:
+            return {"model": dict(arrays), "format": "npz"}
+
+    def _convert_ndarray_to_tensor(self, state_dict):
+        self.calls.append("_convert_ndarray_to_tensor")
+        super()._convert_ndarray_to_tensor(state_dict)
+
+    def _load_model(self, checkpoint):
+        self.calls.append("_load_model")
+        return super()._load_model(checkpoint)
+
+    def _log_incompatible_keys(self, incompatible):
+        self.calls.append(("_log_incompatible_keys", list(incompatible.missing_keys)))
+
+
+def test_load_and_resume_go_through_every_override_point(tmp_path):
+    source = _two_layers()
+    arrays = {k: v.numpy() for k, v in source.state_dict().items() if k != "1.bias"}
+    np.savez(tmp_path / "weights.npz", **arrays)
+    target = _NpzCheckpointer(_two_layers(), str(tmp_path))
+    assert target.load(str(tmp_path / "weights.npz")) == {"format": "npz"}
+    assert target.calls == [
+        "_load_file",
+        "_load_model",
+        "_convert_ndarray_to_tensor",
+        ("_log_incompatible_keys", ["1.bias"]),
+    ]
+    assert torch.equal(target.model[0].weight, source[0].weight)
+
+    Checkpointer(source, str(tmp_path), save_to_disk=True).save("last")
+    target.calls.clear()
+    target.resume_or_load("", resume=True)
+    assert target.calls[:3] == ["_load_file", "_load_model", "_convert_ndarray_to_tensor"]
+    assert torch.equal(target.model[1].bias, source[1].bias)
+
+
+def test_a_model_entry_that_is_not_tensors_or_arrays_names_the_file_and_key(tmp_path):
+    torch.save({"model": {"0.weight": [1.0, 2.0]}}, tmp_path / "odd.pth")
+    with pytest.raises(CorruptCheckpointError, match=r"odd\.pth.*'0\.weight' is a list"):
+        Checkpointer(_two_layers()).load(str(tmp_path / "odd.pth"))
+
+
+# ---- the periodic checkpointer ------------------------------------------------------------
+@pytest.mark.parametrize("writer", [Checkpointer, FvcoreCheckpointer])
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_periodic_files_appear_exactly_at_period_ends(tmp_path, wrapped, writer):
+    model = nn.DataParallel(_two_layers()) if wrapped else _two_layers()
+    periodic = PeriodicCheckpointer(writer(model, str(tmp_path), save_to_disk=True), 10, 99)
+    for iteration in range(100):
+        periodic.step(iteration)
+        path = tmp_path / f"model_{iteration:07d}.pth"
+        assert path.exists() is ((iteration + 1) % 10 == 0), iteration
+    assert (tmp_path / "model_final.pth").exists()
+    assert (tmp_path / "last_checkpoint").read_text() == "model_final.pth"
 
 
 @pytest.mark.parametrize("wrapped", [False, True])

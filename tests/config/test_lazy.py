@@ -11,7 +11,8 @@ from omegaconf import DictConfig, ListConfig
 
 from trainkit.config import ConfigError, LazyCall, LazyConfig, instantiate
 from trainkit.config.instantiate import dump_dataclass
-from trainkit.config.lazy_provenance import lazy_config_values
+from trainkit.config.lazy_overrides import flat_config_items
+from trainkit.config.provenance import listed_changes, origins_of
 from trainkit.utils.errors import MissingFileError
 
 L = LazyCall
@@ -335,6 +336,10 @@ def test_to_py_writes_one_line_per_value():
 
 
 # ---- origins ------------------------------------------------------------------------------
+def _rows(cfg):
+    return {row.key: row for row in listed_changes(flat_config_items(cfg), origins_of(cfg))}
+
+
 def test_origins_name_the_file_line_the_imported_file_and_the_command_line(tmp_path):
     _write(
         tmp_path / "common" / "base.py",
@@ -359,16 +364,18 @@ def test_origins_name_the_file_line_the_imported_file_and_the_command_line(tmp_p
     )
     cfg = LazyConfig.load(main)
     LazyConfig.apply_overrides(cfg, ["point.x=3"])
-    rows = {row.key: row for row in lazy_config_values(cfg, main, ["point.x=3"])}
+    rows = _rows(cfg)
     assert rows["train.max_iter"].origin.endswith("main.py:8")  # line 1 is blank
     assert rows["train.log_period"].origin.endswith("base.py:4")
     assert rows["point.x"].origin == "command line" and rows["point.x"].value == 3
-    assert rows["point._target_"].value == "tests.config.test_lazy.Point"
+    assert rows["point._target_"].value is Point
     assert rows["point._target_"].origin.endswith("main.py:5")
+    cfg.train.log_period = 5  # code: the file's origin no longer holds
+    assert _rows(cfg)["train.log_period"].origin == "code"
 
 
 def test_origins_of_computed_values_after_a_relative_import(tmp_path):
-    # A computed value after a relative import: its source text is the config's own.
+    # A computed value: its leaves were set by the line that computed it, nothing appended.
     _write(tmp_path / "common" / "base.py", "train = dict(max_iter=100)\n")
     main = _write(
         tmp_path / "main.py",
@@ -379,11 +386,17 @@ def test_origins_of_computed_values_after_a_relative_import(tmp_path):
         """,
     )
     cfg = LazyConfig.load(main)
-    rows = {row.key: row for row in lazy_config_values(cfg, main, [])}
-    assert rows["optimizer.lr"].origin.endswith(
-        'main.py:4 (model_zoo.get_config("common/optim.py").SGD)'
-    )
-    assert rows["train.max_iter"].origin.endswith("base.py:1")
+    rows = _rows(cfg)
+    assert rows["optimizer.lr"].origin == f"{tmp_path / 'main.py'}:4"
+    assert rows["train.max_iter"].origin == f"{tmp_path / 'common' / 'base.py'}:1"
+
+
+def test_origins_of_a_yaml_file_and_of_an_override_of_a_list_item(tmp_path):
+    path = _write(tmp_path / "c.yaml", "train:\n  max_iter: 5\n  steps: [1, 2]\n")
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(path), ["train.steps.1=3"])
+    rows = _rows(cfg)
+    assert rows["train.max_iter"].origin == f"{path}:2"
+    assert rows["train.steps"].origin == "command line" and rows["train.steps"].value == [1, 3]
 
 
 def test_instantiate_builds_the_items_of_a_tuple_in_a_config():

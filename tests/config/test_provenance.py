@@ -1,7 +1,8 @@
 """Config provenance: where each value came from, through files, overrides, code and copies."""
 
-import inspect
+import copy as copy_module
 import pickle
+import sys
 import textwrap
 
 import pytest
@@ -68,11 +69,33 @@ def test_defaults_have_no_origin():
     assert config_changes(cfg, get_cfg()) == []
 
 
-def test_assignment_in_code_records_file_and_line():
+def _refuse(*args, **kwargs):
+    raise AssertionError("called on an assignment")
+
+
+def test_an_assignment_in_code_records_nothing_and_is_listed_as_code(chain, monkeypatch):
     cfg = get_cfg()
-    line = inspect.currentframe().f_lineno + 1
-    cfg.SOLVER.MAX_ITER = 7
-    assert cfg.get_origin("SOLVER.MAX_ITER") == f"code (tests/config/test_provenance.py:{line})"
+    cfg.merge_from_file(str(chain))
+    with monkeypatch.context() as patch:  # an assignment copies nothing and reads no frame
+        patch.setattr(copy_module, "deepcopy", _refuse)
+        patch.setattr(sys, "_getframe", _refuse)
+        cfg.SOLVER.MAX_ITER = 7  # over a file's value
+        cfg.SOLVER.GAMMA = 0.5  # over a default
+    assert cfg.get_origin("SOLVER.MAX_ITER") is None and cfg.get_origin("SOLVER.GAMMA") is None
+    changes = {c.key: c.origin for c in config_changes(cfg, get_cfg())}
+    assert changes["SOLVER.MAX_ITER"] == changes["SOLVER.GAMMA"] == "code"
+    assert changes["SOLVER.BASE_LR"] == f"{chain}:6"
+
+
+def test_an_in_place_edit_of_a_merged_list_is_seen_as_code(tmp_path):
+    path = _write(tmp_path / "x.yaml", "DATASETS:\n  TRAIN: [a, b]\n")
+    cfg = get_cfg()
+    cfg.merge_from_file(str(path))
+    assert cfg.get_origin("DATASETS.TRAIN") == f"{path}:2"
+    cfg.DATASETS.TRAIN = ["a", "b"]  # the same value again: still the file's
+    assert cfg.get_origin("DATASETS.TRAIN") == f"{path}:2"
+    cfg.DATASETS.TRAIN.append("c")
+    assert cfg.get_origin("DATASETS.TRAIN") is None
 
 
 def test_a_change_that_leaves_no_record_is_reported_as_code(chain):

@@ -1,4 +1,6 @@
-"""A checkpoint written by trainkit before the layout change (main @ bb73d1a) still resumes.
+"""Checkpoints written by older trainkits still resume: before the layout change (main @
+bb73d1a, ``tests/fixtures/pre_layout/``) and before issue 29 (main @ 853f565,
+``tests/fixtures/pre_i29/``, written the same way).
 
 ``tests/fixtures/pre_layout/`` holds ``model_0000003.pth``: iteration 3 of an 8-iteration
 run on 2 Gloo processes, with aspect-ratio grouping, 2 micro-batches per step, the weights'
@@ -33,7 +35,7 @@ from trainkit.engine import DefaultTrainer
 from trainkit.utils import comm
 from trainkit.utils.env import seed_all_rng
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pre_layout"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CHECKPOINT = "model_0000003.pth"
 MAX_ITER = 8
 
@@ -122,11 +124,12 @@ def _run(output_dir: str, resume: bool) -> dict:
 
 
 @pytest.mark.distributed
-def test_a_checkpoint_written_before_the_layout_change_resumes_bit_exactly(tmp_path):
-    expected = json.loads((FIXTURE / "expected.json").read_text())
+@pytest.mark.parametrize("fixture", ["pre_layout", "pre_i29"])
+def test_a_checkpoint_of_an_older_trainkit_resumes_bit_exactly(tmp_path, fixture):
+    expected = json.loads((FIXTURES / fixture / "expected.json").read_text())
     out = tmp_path / "run"
     out.mkdir()
-    shutil.copy(FIXTURE / CHECKPOINT, out / CHECKPOINT)
+    shutil.copy(FIXTURES / fixture / CHECKPOINT, out / CHECKPOINT)
     (out / "last_checkpoint").write_text(CHECKPOINT)
     resumed = run_on_ranks(_run, 2, args=(str(out), True), timeout_s=120)
     assert resumed[0]["start_iter"] == 4

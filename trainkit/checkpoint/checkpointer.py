@@ -1,4 +1,4 @@
-"""Atomic, unwrapped, ``weights_only``-safe checkpoints on top of fvcore's ``Checkpointer``.
+"""Atomic, unwrapped, ``weights_only``-safe checkpoints around fvcore's ``Checkpointer``.
 
 A checkpoint holds tensors and plain containers (dict, OrderedDict, list, tuple, set) of
 numbers, strings, bytes, ``None``, ``torch.dtype``/``device``/``Size``: what
@@ -14,10 +14,11 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from fvcore.common.checkpoint import Checkpointer as _FvcoreCheckpointer
 from torch import nn
@@ -50,13 +51,10 @@ logger = logging.getLogger(__name__)
 _TAG_FILE = "last_checkpoint"
 
 
-_MATCHING_HEURISTICS = "matching_heuristics"
-
-
 def _split_matching_heuristics(path: str) -> tuple[str, bool]:
     """``"w.pth?matching_heuristics=True"`` -> ``("w.pth", True)``; other paths as they are."""
     base, sep, query = path.rpartition("?")
-    if not sep or not query.startswith(_MATCHING_HEURISTICS + "="):
+    if not sep or not query.startswith("matching_heuristics="):
         return path, False
     value = query.split("=", 1)[1]
     if value not in ("True", "False", "true", "false", "1", "0"):
@@ -79,16 +77,21 @@ class Checkpointable(Protocol):
         ...
 
 
-class Checkpointer(_FvcoreCheckpointer):
+class Checkpointer:
     """Save and load a model plus any :class:`Checkpointable` objects.
 
-    Beyond fvcore (and the module docstring's content rule): saves are atomic (temp file,
-    fsync, rename, then the ``last_checkpoint`` tag) and hold the bare module's state; loads
-    accept ``module.`` and ``_orig_mod.`` prefixes, explain corrupt files by name and report
-    shape mismatches in one message; :meth:`resume_or_load` falls back to older checkpoints.
-    With ``async_save=True`` one background thread writes and tags, in the order of the
-    saves. Drive one checkpointer from one thread. It does not decide *when* to save
-    (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
+    It wraps an fvcore ``Checkpointer`` (the model, directory and checkpointables) and
+    writes, reads and restores them itself. Beyond fvcore (and the module docstring's
+    content rule): saves are atomic (temp file, fsync, rename, then the ``last_checkpoint``
+    tag) and hold the bare module's state; loads accept ``module.`` and ``_orig_mod.``
+    prefixes, explain corrupt files by name and report shape mismatches in one message;
+    :meth:`resume_or_load` falls back to older checkpoints. With ``async_save=True`` one
+    background thread writes and tags, in the order of the saves. Drive one checkpointer
+    from one thread. It does not decide *when* to save (:class:`PeriodicCheckpointer`
+    does) and writes only local files (``os.replace``). Subclasses change loading at
+    fvcore's override points, which every load calls (detectron2's
+    ``DetectionCheckpointer`` way): ``_load_file``, ``_load_model`` (which calls
+    ``_convert_ndarray_to_tensor``) and ``_log_incompatible_keys``.
     """
 
     def __init__(
@@ -129,12 +132,12 @@ class Checkpointer(_FvcoreCheckpointer):
         """
         if save_to_disk is None:
             save_to_disk = comm.is_main_process()
-        super().__init__(unwrap_model(model), save_dir, save_to_disk=save_to_disk)
+        self._fvcore = _FvcoreCheckpointer(unwrap_model(model), save_dir, save_to_disk=save_to_disk)
+        # The project-wide PathManager, so handlers registered by users apply here too.
+        self._fvcore.path_manager = PathManager
         for key, obj in checkpointables.items():
             self.add_checkpointable(key, obj)
         self.logger = logger
-        # The project-wide PathManager, so handlers registered by users apply here too.
-        self.path_manager = PathManager
         self.trust_pickle = trust_pickle
         self.strict = strict
         self.allow_shape_mismatch = allow_shape_mismatch
@@ -143,6 +146,36 @@ class Checkpointer(_FvcoreCheckpointer):
         self._writer = BackgroundWriter()
         self._staging = HostStaging()  # holds one host copy between async saves
         self._restoring_path = ""  # the file _load_model is loading, for its messages
+
+    @property
+    def model(self) -> nn.Module:
+        """The bare model (DDP and ``torch.compile`` wrappers removed)."""
+        return self._fvcore.model
+
+    @property
+    def checkpointables(self) -> dict[str, Checkpointable]:
+        """The objects saved beside the model, by key (see :meth:`add_checkpointable`)."""
+        return self._fvcore.checkpointables
+
+    @property
+    def save_dir(self) -> str:
+        """The directory of the checkpoints and the ``last_checkpoint`` tag."""
+        return self._fvcore.save_dir
+
+    @property
+    def save_to_disk(self) -> bool:
+        """Whether :meth:`save` writes (on one rank)."""
+        return self._fvcore.save_to_disk
+
+    @property
+    def path_manager(self) -> Any:
+        """The iopath ``PathManager`` that lists and reads ``save_dir`` (and fetches paths)."""
+        return self._fvcore.path_manager
+
+    @path_manager.setter
+    def path_manager(self, path_manager: Any) -> None:
+        # detectron2's DetectionCheckpointer sets its own in __init__.
+        self._fvcore.path_manager = path_manager
 
     def add_checkpointable(self, key: str, checkpointable: Checkpointable) -> None:
         """Track one more object under ``key`` (see the constructor's ``checkpointables``).
@@ -155,7 +188,7 @@ class Checkpointer(_FvcoreCheckpointer):
             raise KeyError("'model' is reserved for the model's state; pick another key")
         if not hasattr(checkpointable, "load_state_dict"):
             raise TypeError(f"checkpointable {key!r} has no load_state_dict() method")
-        super().add_checkpointable(key, checkpointable)
+        self._fvcore.add_checkpointable(key, checkpointable)
 
     def save(self, name: str, *, tag_last: bool = True, **kwargs: Any) -> None:
         """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
@@ -268,25 +301,18 @@ class Checkpointer(_FvcoreCheckpointer):
 
     def has_checkpoint(self) -> bool:
         """Return whether ``save_dir`` has a ``last_checkpoint`` tag."""
-        return bool(self.save_dir) and self.path_manager.exists(
-            os.path.join(self.save_dir, _TAG_FILE)
-        )
+        return bool(self.save_dir) and self._fvcore.has_checkpoint()
 
     def get_checkpoint_file(self) -> str:
         """Return the path the ``last_checkpoint`` tag names, or ``""`` without a tag."""
-        try:
-            with self.path_manager.open(os.path.join(self.save_dir, _TAG_FILE), "r") as f:
-                last_saved = f.read().strip()
-        except OSError:
-            return ""  # no tag (or it was just removed by another process)
-        return os.path.join(self.save_dir, last_saved) if last_saved else ""
+        path = self._fvcore.get_checkpoint_file() if self.save_dir else ""
+        return path if os.path.basename(path) else ""  # an empty tag names nothing
 
     def get_all_checkpoint_files(self) -> list[str]:
         """Return every ``.pth`` file in ``save_dir``, newest first (by modification time)."""
         if not self.save_dir or not self.path_manager.isdir(self.save_dir):
             return []
-        files = [os.path.join(self.save_dir, n) for n in self.path_manager.ls(self.save_dir)]
-        files = [f for f in files if f.endswith(".pth") and self.path_manager.isfile(f)]
+        files = self._fvcore.get_all_checkpoint_files()
         return sorted(files, key=lambda p: (os.path.getmtime(p), p), reverse=True)
 
     def load(self, path: str, checkpointables: list[str] | None = None) -> dict[str, Any]:
@@ -316,7 +342,7 @@ class Checkpointer(_FvcoreCheckpointer):
             return {}
         path, matching_heuristics = _split_matching_heuristics(path)
         local_path = local_checkpoint_path(self.path_manager, path)
-        checkpoint = read_checkpoint_file(local_path, trust_pickle=self.trust_pickle)
+        checkpoint = self._load_file(local_path)
         if matching_heuristics:
             model_state = unwrap_model(self.model).state_dict()
             checkpoint["model"] = align_and_update_state_dicts(
@@ -353,7 +379,7 @@ class Checkpointer(_FvcoreCheckpointer):
         problems = []
         for candidate in candidates:
             try:
-                checkpoint = read_checkpoint_file(candidate, trust_pickle=self.trust_pickle)
+                checkpoint = self._load_file(candidate)
             except (MissingFileError, CorruptCheckpointError) as e:
                 self.logger.warning("Skipping checkpoint %s: %s", candidate, e)
                 problems.append(f"{candidate}: {e}")
@@ -375,6 +401,14 @@ class Checkpointer(_FvcoreCheckpointer):
             + "\nMove the broken files away, or start without --resume."
         )
 
+    def _load_file(self, f: str) -> dict[str, Any]:
+        """Read the local file ``f`` as ``{"model": state dict, ...}`` (fvcore's override point).
+
+        Raises:
+            As :func:`~trainkit.checkpoint.read_checkpoint_file` (with ``trust_pickle``).
+        """
+        return read_checkpoint_file(f, trust_pickle=self.trust_pickle)
+
     def _load_model(self, checkpoint: dict[str, Any]) -> IncompatibleKeys:
         """Load ``checkpoint["model"]`` (popped) into the model; fvcore's override point.
 
@@ -385,9 +419,12 @@ class Checkpointer(_FvcoreCheckpointer):
         Returns:
             The missing and unexpected keys and the entries skipped for their shapes.
         """
+        state = checkpoint.pop("model")
+        if isinstance(state, Mapping):  # else matched_model_state explains
+            self._convert_ndarray_to_tensor(state)
         state, incorrect_shapes = matched_model_state(
             self.model,
-            checkpoint.pop("model"),
+            state,
             self._restoring_path,
             strict=self.strict,
             allow_shape_mismatch=self.allow_shape_mismatch,
@@ -399,17 +436,37 @@ class Checkpointer(_FvcoreCheckpointer):
             incorrect_shapes,
         )
 
+    def _convert_ndarray_to_tensor(self, state_dict: dict[str, Any]) -> None:
+        """Turn the numpy arrays of a model state (old checkpoints) into tensors, in place.
+
+        Raises:
+            CorruptCheckpointError: If a value is neither a tensor nor an array.
+        """
+        for key, value in state_dict.items():
+            if isinstance(value, np.ndarray):
+                state_dict[key] = torch.from_numpy(value)
+            elif not isinstance(value, torch.Tensor):
+                raise CorruptCheckpointError(
+                    f"Checkpoint {self._restoring_path}: model entry {key!r} is a "
+                    f"{type(value).__name__}, not a tensor or array"
+                )
+
+    def _log_incompatible_keys(self, incompatible: IncompatibleKeys) -> None:
+        """Log what of the model state did not match the model (fvcore's override point)."""
+        if any(incompatible):
+            self.logger.warning(
+                "The checkpoint does not fully match the model:\n%s",
+                describe_incompatible(incompatible),
+            )
+
     def _restore(
         self, checkpoint: dict[str, Any], path: str, checkpointables: list[str] | None
     ) -> dict[str, Any]:
         self.logger.info("Loading checkpoint from %s", path)
         self._restoring_path = path
         incompatible = self._load_model(checkpoint)
-        if any(incompatible):
-            self.logger.warning(
-                "The checkpoint does not fully match the model:\n%s",
-                describe_incompatible(incompatible),
-            )
+        if incompatible is not None:  # as fvcore: a subclass's _load_model may return None
+            self._log_incompatible_keys(incompatible)
         names = list(self.checkpointables) if checkpointables is None else checkpointables
         for key in names:
             if key not in self.checkpointables:

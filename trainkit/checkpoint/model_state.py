@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -70,10 +69,10 @@ def matched_model_state(
 ) -> tuple[dict[str, Any], _Mismatches]:
     """Return the entries of a checkpoint's model state that load into ``model``.
 
-    Wrapper prefixes (``module.``, ``_orig_mod.``) the model lacks are dropped, numpy arrays
-    (old checkpoints) become tensors, and entries whose shapes differ from the model's are
-    left out, or refused. Quantization observers (:func:`shape_changing_state_keys`) never
-    count as different.
+    Wrapper prefixes (``module.``, ``_orig_mod.``) the model lacks are dropped, and entries
+    whose shapes differ from the model's are left out, or refused (numpy arrays of old
+    checkpoints are tensors by now: ``Checkpointer._convert_ndarray_to_tensor``).
+    Quantization observers (:func:`shape_changing_state_keys`) never count as different.
 
     ``state`` is the checkpoint's ``"model"`` entry, ``path`` its file (for messages);
     ``strict`` refuses any missing, unexpected or differently shaped entry, and
@@ -81,19 +80,12 @@ def matched_model_state(
     [(key, shape in the checkpoint, shape in the model), ...])``.
 
     Raises:
-        CorruptCheckpointError: If ``state`` is not a state dict of tensors.
+        CorruptCheckpointError: If ``state`` is not a state dict.
         ShapeMismatchError: If shapes differ and that is not allowed.
         CheckpointError: With ``strict``, if the state does not match the model.
     """
     model_state = model.state_dict()
     state = dict(_without_prefixes(state, path, set(model_state)))
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            state[key] = torch.from_numpy(value)
-        elif not isinstance(value, torch.Tensor):
-            raise CorruptCheckpointError(
-                f"model entry {key!r} is a {type(value).__name__}, not a tensor or array"
-            )
     resizable = shape_changing_state_keys(model)
     model_shapes = {
         key: value.shape

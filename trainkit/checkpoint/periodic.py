@@ -7,8 +7,6 @@ import os
 import re
 from typing import Any
 
-from fvcore.common.checkpoint import PeriodicCheckpointer as _FvcorePeriodicCheckpointer
-
 from trainkit.checkpoint.checkpointer import Checkpointer
 from trainkit.config import ConfigError
 from trainkit.utils.periodic import is_period_end
@@ -18,7 +16,7 @@ __all__ = ["PeriodicCheckpointer"]
 logger = logging.getLogger(__name__)
 
 
-class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
+class PeriodicCheckpointer:
     """Save ``{file_prefix}_{iteration:07d}.pth`` every ``period`` iterations and a final one.
 
     ``step(iteration)`` is called after each (0-based) iteration; after ``max_iter - 1`` it
@@ -26,6 +24,9 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
     only the newest ``max_to_keep`` periodic files up to the current iteration are kept
     (files from before a restart count too). With ``async_save``, the writer thread deletes
     old files once the new one is complete and tagged (not at all if its write fails).
+    fvcore's ``Checkpointer`` (or any object with its ``save``, ``save_dir``,
+    ``save_to_disk`` and ``path_manager``) may write the files too; its rotation is then
+    synchronous.
     """
 
     def __init__(
@@ -59,7 +60,12 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
                 f"max_to_keep must be >= 0 (SOLVER.MAX_TO_KEEP), got {max_to_keep}; use 0 to "
                 "keep every checkpoint."
             )
-        super().__init__(checkpointer, period, max_iter, max_to_keep or None, file_prefix)
+        self.checkpointer = checkpointer
+        self.period = int(period)
+        self.max_iter = max_iter
+        self.max_to_keep = max_to_keep or None
+        self.file_prefix = file_prefix
+        self.path_manager = checkpointer.path_manager
 
     def step(self, iteration: int, **kwargs: Any) -> None:
         """Save if ``iteration`` closes a period or is the last one.
@@ -89,6 +95,10 @@ class PeriodicCheckpointer(_FvcorePeriodicCheckpointer):
                 self._delete_old_checkpoints(iteration)
         if self.max_iter is not None and iteration >= self.max_iter - 1:
             self.checkpointer.save(f"{self.file_prefix}_final", **extra)
+
+    def save(self, name: str, **kwargs: Any) -> None:
+        """Save ``name`` outside the schedule (as :meth:`Checkpointer.save`)."""
+        self.checkpointer.save(name, **kwargs)
 
     def _delete_old_checkpoints(self, iteration: int) -> None:
         save_dir = self.checkpointer.save_dir

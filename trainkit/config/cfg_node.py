@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import difflib
 import os
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
@@ -14,21 +14,16 @@ from fvcore.common.config import CfgNode as _FvcoreCfgNode
 from trainkit.config.compat import upgrade_partial
 from trainkit.config.errors import ConfigError
 from trainkit.config.provenance import (
-    ORIGIN_CODE,
     ORIGIN_COMMAND_LINE,
-    code_origin,
     display_path,
     flat_leaves,
+    origins_of,
 )
 from trainkit.config.yaml_files import BASE_KEY, load_yaml_with_origins
 
 __all__ = ["CfgNode", "ConfigError", "did_you_mean"]
 
 
-# Where a node keeps the origin of each of its leaves: {key: (origin, value when recorded)}.
-# In the instance __dict__, as yacs keeps its own flags: copied by clone and pickling, never
-# part of the values, so dump() and == ignore it.
-_ORIGINS = "__key_origins__"
 # An origin argument of the checked merge: one origin for every key, or one per full key.
 _Origins = Union[Mapping[str, str], str]
 
@@ -46,31 +41,26 @@ class CfgNode(_FvcoreCfgNode):
       is an error that shows the chain of files;
     * YAML is parsed with the safe loader, so a config file cannot run code; a file with a
       ``!!python/...`` tag is refused, saying where, unless merged with ``allow_unsafe=True``;
-    * every leaf remembers where its value came from (:meth:`get_origin`; see
-      :mod:`trainkit.config.provenance`): a file and line, the command line, a script's
-      assignment, auto-scaling or run time.
+    * the merges record where each value came from (:meth:`get_origin`; see
+      :mod:`trainkit.config.provenance`): a file and line, or the command line; auto-scaling
+      and run time record theirs. An assignment records nothing and costs nothing extra.
     """
 
     # ---- provenance ------------------------------------------------------------------
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)  # refuses a frozen node
-        if not isinstance(value, dict):
-            self._record_origin(name, code_origin(sys._getframe(1)))
-
     def get_origin(self, full_key: str) -> str | None:
         """Return where the value of ``full_key`` (e.g. ``"SOLVER.BASE_LR"``) came from.
 
+        Ask the config the merges were made into (the root), not one of its groups.
+
         Returns:
-            ``"FILE:LINE"``, ``"command line"``, ``"auto-scaling (...)"``, ``"run time
-            (...)"`` or ``"code (FILE:LINE)"``; None for a value nobody set (a default) or
-            one changed in a way that left no record (the recorded value no longer matches).
+            ``"FILE:LINE"``, ``"command line"``, ``"auto-scaling (...)"`` or ``"run time
+            (...)"``; None for a value no merge set (a default, or a value set by code) or
+            one changed since by code (the recorded value no longer matches).
 
         Raises:
             KeyError: If ``full_key`` names no leaf of this config.
         """
-        node, leaf = self._leaf_parent(full_key)
-        origin, value = node.__dict__.get(_ORIGINS, {}).get(leaf, (None, None))
-        return None if origin is None or node[leaf] != value else origin
+        return origins_of(self).get(full_key, self._leaf(full_key))
 
     def set_origin(self, full_key: str, origin: str) -> None:
         """Record ``origin`` for the current value of ``full_key`` (allowed when frozen).
@@ -78,36 +68,16 @@ class CfgNode(_FvcoreCfgNode):
         Raises:
             KeyError: If ``full_key`` names no leaf of this config.
         """
-        node, leaf = self._leaf_parent(full_key)
-        node._record_origin(leaf, origin)
+        origins_of(self).record(full_key, origin, self._leaf(full_key))
 
-    def _leaf_parent(self, full_key: str) -> tuple[CfgNode, str]:
+    def _leaf(self, full_key: str) -> Any:
         node: Any = self
         *parents, leaf = full_key.split(".")
         for part in parents:
             node = node.get(part) if isinstance(node, CfgNode) else None
         if not isinstance(node, CfgNode) or leaf not in node or isinstance(node[leaf], dict):
             raise KeyError(f"{full_key} is not a config key with a value")
-        return node, leaf
-
-    def _record_origin(self, key: str, origin: str) -> None:
-        self.__dict__.setdefault(_ORIGINS, {})[key] = (origin, copy.deepcopy(self[key]))
-
-    def _recorded_origins(self, prefix: str = "") -> dict[str, str]:
-        """Return ``{full key: origin}`` of every leaf whose origin is still current."""
-        found: dict[str, str] = {}
-        for key, value in self.items():
-            if isinstance(value, CfgNode):
-                found.update(value._recorded_origins(prefix + key + "."))
-            elif (origin := self.get_origin(key)) is not None:
-                found[prefix + key] = origin
-        return found
-
-    def _forget_origins(self) -> None:
-        self.__dict__.pop(_ORIGINS, None)
-        for value in self.values():
-            if isinstance(value, CfgNode):
-                value._forget_origins()
+        return node[leaf]
 
     # ---- loading files ---------------------------------------------------------------
     @classmethod
@@ -154,9 +124,10 @@ class CfgNode(_FvcoreCfgNode):
         """Merge another config node into this one with the same checks as a file.
 
         The origins ``cfg_other`` recorded come along; a value it changes without one is
-        recorded as set by code.
+        then one set by code.
         """
-        origins = cfg_other._recorded_origins() if isinstance(cfg_other, CfgNode) else {}
+        store = origins_of(cfg_other)
+        origins = {k: o for k, v in flat_leaves(cfg_other).items() if (o := store.get(k, v))}
         self._merge_checked(cfg_other, source="another config", origins=origins)
 
     def merge_from_list(self, cfg_list: list[str]) -> None:
@@ -207,9 +178,9 @@ class CfgNode(_FvcoreCfgNode):
         self,
         other: dict[str, Any],
         source: str,
+        origins: _Origins,
         prefix: str = "",
         root: CfgNode | None = None,
-        origins: _Origins = ORIGIN_CODE,
     ) -> None:
         root = self if root is None else root
         for key, value in other.items():
@@ -224,9 +195,13 @@ class CfgNode(_FvcoreCfgNode):
                 raise ConfigError(f"_BASE_ can only be used inside config files (in {source})")
             if key not in self:
                 if self.is_new_allowed():
-                    value = self._decode_cfg_value(copy.deepcopy(value))
-                    self[key] = type(self)(value) if isinstance(value, dict) else value
-                    self._record_new_key(key, full_key, origins)
+                    value = _decode(copy.deepcopy(value))
+                    if isinstance(value, dict):
+                        self[key] = type(self)(value)
+                        origins_of(root).record_all(flat_leaves(self[key], f"{full_key}."), origins)
+                    else:
+                        self[key] = value
+                        origins_of(root).record_all({full_key: value}, origins)
                     continue
                 root._raise_unknown(full_key, source)
             current = self[key]
@@ -236,22 +211,11 @@ class CfgNode(_FvcoreCfgNode):
                         f"config key {full_key} (in {source}) is a group of keys "
                         f"({', '.join(sorted(current))}); got the value {value!r}."
                     )
-                current._merge_checked(value, source, full_key + ".", root, origins)
+                current._merge_checked(value, source, origins, full_key + ".", root)
                 continue
-            self[key] = _coerce(full_key, current, self._decode_cfg_value(value), source)
-            origin = _origin_of(origins, full_key)
-            if origin is not None:
-                self._record_origin(key, origin)
-            elif self[key] != current:
-                self._record_origin(key, ORIGIN_CODE)
-
-    def _record_new_key(self, key: str, full_key: str, origins: _Origins) -> None:
-        value = self[key]
-        if isinstance(value, CfgNode):
-            for sub_key in value:
-                value._record_new_key(sub_key, f"{full_key}.{sub_key}", origins)
-        else:
-            self._record_origin(key, _origin_of(origins, full_key) or ORIGIN_CODE)
+            self[key] = _coerce(full_key, current, _decode(value), source)
+            # A value merged without an origin (another config's, set by code) records none.
+            origins_of(root).record_all({full_key: self[key]}, origins)
 
     def _raise_unknown(self, full_key: str, source: str) -> None:
         hint = did_you_mean(full_key, flat_leaves(self))
@@ -278,8 +242,14 @@ def did_you_mean(full_key: str, known: Iterable[str]) -> str:
     return hint
 
 
-def _origin_of(origins: _Origins, full_key: str) -> str | None:
-    return origins if isinstance(origins, str) else origins.get(full_key)
+def _decode(value: Any) -> Any:
+    """A string that reads as a Python literal (``"0.1"``, ``"(1, 2)"``) as that value, as yacs."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):  # a plain string such as a path or a name
+        return value
 
 
 def _coerce(full_key: str, current: Any, value: Any, source: str) -> Any:

@@ -14,7 +14,8 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.config.cfg_node import CfgNode
+    # yacs's node, which trainkit's CfgNode extends (importing that one would be circular).
+    from fvcore.common.config import CfgNode
 
 __all__ = ["downgrade_config", "guess_version", "upgrade_config"]
 

@@ -354,6 +354,4 @@ add_detectron2_keys(_C)
 
 def get_cfg() -> CN:
     """Return a fresh copy of trainkit's default config (the schema above)."""
-    cfg = _C.clone()
-    cfg._forget_origins()  # the defaults are the baseline, not a change with an origin
-    return cfg
+    return _C.clone()

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainkit.config.cfg_node import CfgNode as CN
-from trainkit.config.provenance import ORIGIN_CODE
 
 __all__ = [
     "READ_BY_TRAINKIT",
@@ -81,8 +80,8 @@ def detectron2_only_keys() -> frozenset[str]:
 def unused_detectron2_keys(cfg: CN) -> list[str]:
     """Return the detectron2-only keys a config file or the command line set, unread by trainkit.
 
-    Values set by code (a project's ``add_*_config()``) are left out: that code's project
-    reads them.
+    Values set by code (a project's ``add_*_config()``) have no origin and are left out:
+    that code's project reads them.
 
     Args:
         cfg: the config of a run, with the origins its merges recorded.
@@ -97,7 +96,7 @@ def unused_detectron2_keys(cfg: CN) -> list[str]:
             origin = cfg.get_origin(key)
         except KeyError:  # a project removed or replaced the node
             continue
-        if origin is not None and not origin.startswith(ORIGIN_CODE):
+        if origin is not None:
             unused.append(key)
     return unused
 

@@ -7,8 +7,10 @@ used, so ``import trainkit.config`` (and every training script that uses yacs co
 not load it.
 
 Beyond detectron2: :meth:`LazyConfig.save` writes a YAML file that :meth:`LazyConfig.load`
-reads back (detectron2 #3482, #3225), or says in one line which value it cannot write; and
-:meth:`LazyConfig.apply_overrides` refuses a key that does not exist, with a did-you-mean.
+reads back (detectron2 #3482, #3225), or says in one line which value it cannot write;
+:meth:`LazyConfig.apply_overrides` refuses a key that does not exist, with a did-you-mean;
+and both record where each value came from, in the store a ``CfgNode`` uses
+(:mod:`trainkit.config.provenance`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import yaml
 from trainkit.config.cfg_node import ConfigError, did_you_mean
 from trainkit.config.instantiate import dump_dataclass
 from trainkit.config.lazy_files import LOADER_PACKAGE, as_config, dict_config, exec_config_file
-from trainkit.config.lazy_overrides import apply_overrides
+from trainkit.config.lazy_overrides import apply_overrides, flat_config_items
+from trainkit.config.provenance import display_path, origins_of, python_key_lines, yaml_key_lines
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.registry import _convert_target_to_string, locate
@@ -130,15 +133,18 @@ class LazyConfig:
             if isinstance(keys, str):
                 return as_config(_top_level(namespace, keys, filename))
             return tuple(as_config(_top_level(namespace, key, filename)) for key in keys)
-        if not filename.endswith(".py"):
-            return namespace
-        return dict_config(
-            {
-                name: as_config(value)
-                for name, value in namespace.items()
-                if _is_config_value(value) and not name.startswith("_")
-            }
-        )
+        if filename.endswith(".py"):
+            namespace = dict_config(
+                {
+                    name: as_config(value)
+                    for name, value in namespace.items()
+                    if _is_config_value(value) and not name.startswith("_")
+                }
+            )
+        # Where each value was set (a part asked for with ``keys`` gets the line of the
+        # including file's statement that takes it, when that file is loaded).
+        origins_of(namespace).record_all(flat_config_items(namespace), _file_origins(filename))
+        return namespace
 
     @staticmethod
     def load_rel(filename: str, keys: str | Sequence[str] | None = None) -> Any:
@@ -210,6 +216,14 @@ class LazyConfig:
         except Exception:  # noqa: BLE001 - an interpolation that does not resolve yet
             data = OmegaConf.to_container(cfg, resolve=False)
         return "\n".join(_py_lines(data, prefix)) + "\n"
+
+
+def _file_origins(filename: str) -> dict[str, str]:
+    """``{dotted key: "FILE:LINE"}`` of the keys a LazyConfig file sets (see provenance)."""
+    if filename.endswith(".py"):
+        return python_key_lines(filename)
+    with PathManager.open(filename, "r") as f:
+        return yaml_key_lines(yaml.compose(f, Loader=yaml.SafeLoader), display_path(filename))
 
 
 def _top_level(namespace: Any, key: str, filename: str) -> Any:

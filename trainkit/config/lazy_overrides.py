@@ -1,13 +1,18 @@
-"""Command-line overrides of a LazyConfig (``KEY=VALUE``), refusing keys that do not exist."""
+"""Command-line overrides of a LazyConfig (``KEY=VALUE``), refusing keys that do not exist.
+
+The leaves an override sets are recorded as set on the ``command line``
+(:mod:`trainkit.config.provenance`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
+from trainkit.config.provenance import ORIGIN_COMMAND_LINE, flat_leaves, origins_of
 
 __all__ = ["apply_overrides", "flat_config_items", "parse_override_value"]
 
@@ -24,6 +29,7 @@ def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
     """Set values from ``KEY=VALUE`` strings in place (see ``LazyConfig.apply_overrides``)."""
     from omegaconf import OmegaConf
 
+    keys: list[str] = []
     for override in overrides:
         key, sep, text = override.partition("=")
         key = key.strip()
@@ -41,6 +47,15 @@ def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
         key = key.lstrip("+")
         _check_override_key(cfg, key, is_new)
         OmegaConf.update(cfg, key, parse_override_value(text), merge=True, force_add=is_new)
+        keys.append(key)
+    if keys:
+        # The leaves an override set: the key, below it, or the list holding it.
+        leaves = {
+            leaf: value
+            for leaf, value in flat_config_items(cfg).items()
+            if any(k == leaf or k.startswith(leaf + ".") or leaf.startswith(k + ".") for k in keys)
+        }
+        origins_of(cfg).record_all(leaves, ORIGIN_COMMAND_LINE)
     return cfg
 
 
@@ -55,21 +70,16 @@ def parse_override_value(text: str) -> Any:
         return text
 
 
-def flat_config_items(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flat_config_items(cfg: Any) -> dict[str, Any]:
     """Return ``{"a.b.c": value}`` for every leaf of a LazyConfig (lists are leaves).
 
     Interpolations are not resolved; ``_target_`` callables stay objects.
     """
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(flat_config_items(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flat_leaves(
+        OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+    )
 
 
 def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:

@@ -14,24 +14,15 @@ from typing import Any
 
 import torch
 
-from trainkit.config import CfgNode, get_cfg
-from trainkit.config.detectron2_defaults import unused_detectron2_keys
-from trainkit.config.provenance import config_changes, format_config_changes
 from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
-from trainkit.engine.lazy_setup import (
-    check_lazy_weights,
-    lazy_value,
-    lazy_values_report,
-    write_lazy_config,
-)
 from trainkit.engine.predictor import DefaultPredictor
-from trainkit.engine.scaling import auto_scale_config
+from trainkit.engine.run_config import RunConfig, run_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
 from trainkit.utils.collect_env import format_env_info
 from trainkit.utils.env import seed_all_rng
-from trainkit.utils.errors import MissingFileError, UsageError, install_usage_error_handler
+from trainkit.utils.errors import UsageError, install_usage_error_handler
 from trainkit.utils.file_io import PathManager, atomic_write
 from trainkit.utils.logger import setup_logger
 
@@ -159,9 +150,9 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
     rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
     rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
-    (each key that differs from the defaults, and where its value came from) and ``env.txt``,
-    and logs the detectron2-only keys a file or the command line set that trainkit's code
-    does not read.
+    (each key set by a file, the command line or code, and where its value came from) and
+    ``env.txt``, and logs the detectron2-only keys a file or the command line set that
+    trainkit's code does not read.
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).
@@ -169,8 +160,8 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     (:func:`~trainkit.engine.dry_run.run_dry_run`) and exits, the same way: nothing is written.
 
     A LazyConfig (an omegaconf ``DictConfig``, as detectron2 accepts) is set up the same way
-    from ``train.output_dir``, ``train.seed`` and ``train.cudnn_benchmark``
-    (:mod:`~trainkit.engine.lazy_setup`): ``config.yaml`` is written with
+    (:mod:`~trainkit.engine.run_config`) from ``train.output_dir``, ``train.seed``,
+    ``train.cudnn_benchmark`` and ``train.init_checkpoint``: ``config.yaml`` is written with
     ``LazyConfig.save``, every value is listed with its origin, nothing is rescaled, and the
     config stays mutable.
 
@@ -188,20 +179,17 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         SystemExit: With status 0, after printing, with ``args.print_config``; after a dry
             run, 0, or 2 if the job would be refused.
     """
-    is_lazy = not isinstance(cfg, CfgNode)
+    run = run_config(cfg)
     if getattr(args, "print_config", False):
-        _print_config_and_exit(cfg, args)
+        _print_config_and_exit(run, args)
     if getattr(args, "dry_run", False):
         from trainkit.engine.dry_run import run_dry_run  # the data package, only for it
 
         run_dry_run(cfg, args)
-    if is_lazy:
-        output_dir = lazy_value(cfg, ("train.output_dir", "output_dir"), "")
-        check_lazy_weights(cfg, args)
-    else:
-        output_dir = cfg.OUTPUT_DIR
-        _check_weights_argument(cfg, args)
-    rank = comm.get_rank()
+    run.check_weights(
+        eval_only=getattr(args, "eval_only", False), resume=getattr(args, "resume", False)
+    )
+    output_dir, rank = run.output_dir, comm.get_rank()
     if output_dir:
         check_output_dir(output_dir)
     setup_logger(output_dir or None, distributed_rank=rank, name="trainkit")
@@ -215,70 +203,31 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         if getattr(args, "config_file", ""):
             with PathManager.open(args.config_file, "r") as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
-    if is_lazy:
-        if rank == 0 and output_dir:
-            write_lazy_config(cfg, output_dir, args)
-        seed_value = int(lazy_value(cfg, ("train.seed",), -1))
-        cudnn_benchmark = bool(lazy_value(cfg, ("train.cudnn_benchmark",), False))
-    else:
-        _scale_and_dump(cfg, output_dir, rank)
-        seed_value, cudnn_benchmark = cfg.SEED, bool(cfg.CUDNN_BENCHMARK)
+    # Before the dump, so config.yaml holds the config the run uses.
+    run.scale_in_place(comm.get_world_size())
     if rank == 0 and output_dir:
+        run.write_receipts(output_dir)
         with atomic_write(os.path.join(output_dir, "env.txt"), "w") as f:
             f.write(env_table + "\n")
-    # Each rank gets a different seed for its own random ops; the data order uses a
-    # separate seed shared by all ranks (see build_train_loader).
-    seed = seed_all_rng(None if seed_value < 0 else seed_value + rank)
-    logger.info("Seeded torch, numpy and random with %d on rank %d", seed, rank)
-    if torch.backends.cudnn.is_available():
-        torch.backends.cudnn.benchmark = cudnn_benchmark
-    if not is_lazy:
-        cfg.freeze()  # a LazyConfig stays mutable, as in detectron2 (scripts edit it)
-    return cfg
-
-
-def _scale_and_dump(cfg: CfgNode, output_dir: str, rank: int) -> None:
-    # Before the dump, so config.yaml holds the config the run uses. In place: detectron2-style
-    # scripts keep using the cfg they passed to default_setup.
-    scaled = auto_scale_config(cfg, comm.get_world_size())
-    if scaled != cfg:
-        cfg.defrost()
-        cfg.merge_from_other_cfg(scaled)  # values and their auto-scaling origins
-    if rank == 0 and output_dir:
-        origins = format_config_changes(config_changes(cfg, get_cfg()), header=_ORIGINS_HEADER)
-        for name, text in {"config.yaml": cfg.dump(), "config_origins.yaml": origins}.items():
-            with atomic_write(os.path.join(output_dir, name), "w") as f:
-                f.write(text)
-        logger.info("Full config saved to %s", os.path.join(output_dir, "config.yaml"))
-    if rank == 0:
-        _log_unused_detectron2_keys(cfg)
-
-
-def _log_unused_detectron2_keys(cfg: CfgNode) -> None:
-    # detectron2 accepts its detection keys silently; say once that trainkit's code ignores
-    # the ones a file or the command line set (a project's own code may still read them).
-    unused = unused_detectron2_keys(cfg)
-    if unused:
+    if rank == 0 and (unused := run.unused_keys()):
+        # detectron2 accepts its detection keys silently; say once that trainkit's code
+        # ignores the ones a file or the command line set (a project's code may read them).
         logger.info(
             "Config keys set but not used by trainkit (detectron2 keys that only a project's "
             "own code reads): %s",
             ", ".join(unused),
         )
+    # Each rank gets a different seed for its own random ops; the data order uses a
+    # separate seed shared by all ranks (see build_train_loader).
+    seed = seed_all_rng(None if run.seed < 0 else run.seed + rank)
+    logger.info("Seeded torch, numpy and random with %d on rank %d", seed, rank)
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.benchmark = run.cudnn_benchmark
+    run.freeze()  # a LazyConfig stays mutable, as in detectron2 (scripts edit it)
+    return cfg
 
 
-_ORIGINS_HEADER = (
-    "The config keys of this run that differ from trainkit's defaults (config.yaml has them\n"
-    "all): the value, then where it came from."
-)
-
-
-def _print_config_and_exit(cfg: Any, args: argparse.Namespace) -> None:
-    if not isinstance(cfg, CfgNode):
-        # Under torchrun every process gets here (launch starts none); one prints.
-        if os.environ.get("RANK", "0") == "0":
-            header = "Every value of the config: the value, then where it came from."
-            print(lazy_values_report(cfg, args, header), end="", flush=True)  # noqa: T201
-        raise SystemExit(0)
+def _print_config_and_exit(run: RunConfig, args: argparse.Namespace) -> None:
     # The world size the job would have: the process group's, torchrun's, or the flags'.
     if comm.get_world_size() > 1:
         world_size = comm.get_world_size()
@@ -286,30 +235,19 @@ def _print_config_and_exit(cfg: Any, args: argparse.Namespace) -> None:
         world_size = int(os.environ["WORLD_SIZE"])
     else:
         world_size = int(getattr(args, "num_gpus", 1)) * int(getattr(args, "num_machines", 1))
-    scaled = auto_scale_config(cfg, world_size)
+    scaled = run.scaled(world_size)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
         header = (
-            f"Config keys that differ from trainkit's defaults, for a job of {world_size} "
+            f"Config keys set by a file, the command line or code, for a job of {world_size} "
             f"process{'es' if world_size > 1 else ''}: the value, then where it came from."
         )
-        text = format_config_changes(config_changes(scaled, get_cfg()), header=header)
-        print(text, end="", flush=True)  # noqa: T201 - the output --print-config asks for
+        print(scaled.report(header), end="", flush=True)  # noqa: T201 - what --print-config asks
     raise SystemExit(0)
 
 
 class OutputDirError(UsageError, PermissionError):
     """``OUTPUT_DIR`` cannot be created or written; the message names it."""
-
-
-def _check_weights_argument(cfg: CfgNode, args: Any) -> None:
-    weights = cfg.MODEL.WEIGHTS
-    if weights and "://" not in weights and not os.path.isfile(weights):
-        raise MissingFileError(f"MODEL.WEIGHTS file not found: {weights}. Check the path.")
-    if getattr(args, "eval_only", False) and not weights and not getattr(args, "resume", False):
-        raise UsageError(
-            "--eval-only needs MODEL.WEIGHTS (or --resume to use OUTPUT_DIR's last checkpoint)."
-        )
 
 
 def check_output_dir(output_dir: str) -> None:
