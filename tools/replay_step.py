@@ -45,7 +45,8 @@ def parse_args(argv=None):
 
 def main(args) -> int:
     """Replay, print the report; return the exit status (see the module docstring)."""
-    from trainkit.engine.replay import load_trainer_class, replay_failed_step
+    from trainkit.engine.failed_steps import load_trainer_class
+    from trainkit.engine.replay import replay_failed_step
 
     setup_logger(name="trainkit")
     trainer_class = load_trainer_class(args.trainer) if args.trainer else None

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from trainkit.engine import SimpleTrainer
-from trainkit.engine.replay import EmulatedRanks, _copy_buffers, _losses_of, gradient_norm
+from trainkit.engine.gradients import EmulatedRanks, gradient_norm
+from trainkit.engine.gradients import copy_buffers as _copy_buffers
+from trainkit.engine.replay import _losses_of
 
 
 class _Linear(nn.Module):

@@ -20,7 +20,8 @@ from tests.engine.test_failed_steps import (
 )
 from trainkit.checkpoint import unwrap_model
 from trainkit.engine import HookBase
-from trainkit.engine.replay import ReplayError, load_trainer_class, replay_failed_step
+from trainkit.engine.failed_steps import load_trainer_class
+from trainkit.engine.replay import ReplayError, replay_failed_step
 
 # The dataset registered, the poisoning reset afterwards.
 pytestmark = pytest.mark.usefixtures("poison")

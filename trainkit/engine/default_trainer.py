@@ -408,7 +408,7 @@ class DefaultTrainer(TrainerBase):
             # Only what the step raised (or a non-finite loss a hook's check found), written
             # by the rank that finds it, before the launcher hears of it; a hook's error is
             # its own (its note names it).
-            if e is self._progress.step_error or isinstance(e, NonFiniteLossError):
+            if e is self.step_error or isinstance(e, NonFiniteLossError):
                 capture.capture(e, self.iter, self._trainer.current_batches, self.data_loader)
             raise
         finally:

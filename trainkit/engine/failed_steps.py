@@ -25,6 +25,8 @@ never replaces the run's error: a failure to write is logged and the run fails a
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -53,8 +55,11 @@ __all__ = [
     "FAILED_STEPS_DIR",
     "STEP_FILE",
     "FailedStepCapture",
+    "ReplayError",
     "failed_step_dir",
     "failing_iteration",
+    "load_trainer_class",
+    "read_step_file",
     "record_ids",
     "trainer_spec",
 ]
@@ -69,6 +74,10 @@ STEP_FILE = "step.json"
 
 # Allocations the CUDA allocator keeps in its history (torch's default).
 _MEMORY_HISTORY_ENTRIES = 100_000
+
+
+class ReplayError(UsageError):
+    """A failing step's folder (or the run it points to) cannot be replayed as given."""
 
 
 def failed_step_dir(output_dir: str, iteration: int) -> str:
@@ -116,6 +125,55 @@ def trainer_spec(trainer_class: type) -> str:
     if path and (module in ("__main__", "__mp_main__") or "." not in module):
         return f"{os.path.abspath(path)}:{trainer_class.__qualname__}"
     return f"{module}:{trainer_class.__qualname__}"
+
+
+def load_trainer_class(spec: str) -> type:
+    """Import the trainer class ``spec`` names: ``module:Class`` or ``path/to/file.py:Class``.
+
+    A file is imported under another name than ``__main__``, so a training script's
+    ``if __name__ == "__main__":`` part does not run.
+
+    Raises:
+        ReplayError: If the module, file or class cannot be found.
+    """
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ReplayError(f"--trainer {spec!r}: give module:Class or path/to/script.py:Class")
+    try:
+        if where.endswith(".py"):
+            if not os.path.isfile(where):
+                raise ReplayError(f"--trainer {spec!r}: no file {where}; give its path")
+            module_name = "_trainkit_replay_" + os.path.splitext(os.path.basename(where))[0]
+            module_spec = importlib.util.spec_from_file_location(module_name, where)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ImportError as e:
+        raise ReplayError(f"--trainer {spec!r}: cannot import {where} ({e})") from e
+    found: Any = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, type):
+        raise ReplayError(f"--trainer {spec!r}: {where} has no class {name}")
+    return found
+
+
+def read_step_file(folder: str) -> dict[str, Any]:
+    """Return the ``step.json`` of a failing step's folder.
+
+    Raises:
+        ReplayError: If ``folder`` holds none.
+    """
+    path = os.path.join(folder, STEP_FILE)
+    if not os.path.isfile(path):
+        raise ReplayError(
+            f"{folder} holds no {STEP_FILE}; give a folder OUTPUT_DIR/failed_steps/iter_<N> "
+            "that a failed run wrote."
+        )
+    with open(path) as f:
+        return json.load(f)
 
 
 def _is_captured(error: BaseException) -> bool:

@@ -5,22 +5,34 @@ how: each micro-batch's weight (its share of the step's samples), the context it
 and backward run in, and what follows the last backward. The default one sums the weighted
 gradients on this process and, under DistributedDataParallel, lets DDP all-reduce only the
 last micro-batch (``no_sync`` before). The failing-step replay emulates several ranks in one
-process with another combiner (:class:`~trainkit.engine.replay.EmulatedRanks`); sharded
-models plug in here too.
+process with :class:`EmulatedRanks`; sharded models plug in here too.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
-__all__ = ["GradientCombiner", "StepResult", "add_weighted", "micro_batch_weights"]
+from trainkit.checkpoint import unwrap_model
+from trainkit.utils.env import get_rng_state, set_rng_state
+
+__all__ = [
+    "EmulatedRanks",
+    "GradientCombiner",
+    "StepResult",
+    "add_weighted",
+    "copy_buffers",
+    "gradient_norm",
+    "load_buffers",
+    "micro_batch_weights",
+]
 
 
 @dataclass
@@ -72,6 +84,12 @@ def add_weighted(
         into[name] = into[name] + weighted if name in into else weighted
 
 
+def gradient_norm(gradients: Sequence[torch.Tensor | None]) -> float:
+    """Return the L2 norm of all gradients together (as ``clip_grad_norm_`` computes it)."""
+    norms = [g.detach().float().norm(2) for g in gradients if g is not None]
+    return float(torch.stack(norms).norm(2)) if norms else 0.0
+
+
 class GradientCombiner:
     """Sum a step's weighted micro-batch gradients here; DDP all-reduces only the last one.
 
@@ -101,3 +119,103 @@ class GradientCombiner:
 
     def finish(self) -> None:
         """Run after the last micro-batch's backward (nothing here: the gradients are in place)."""
+
+
+class _Rank:
+    """What one emulated rank keeps to itself: RNG states, buffers, its gradients."""
+
+    def __init__(self, rng: dict[str, Any] | None) -> None:
+        self.rng = rng  # None: the process's own generators
+        self.buffers: dict[str, torch.Tensor] | None = None  # None: the model's current
+        self.grads: list[torch.Tensor | None] = []
+
+
+def copy_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Return a copy of every buffer of ``model``, by name."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Copy ``buffers`` (from :func:`copy_buffers`) into ``model``'s buffers, in place."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+
+
+class EmulatedRanks(GradientCombiner):
+    """The step's micro-batches as ``W`` ranks' in one process, combined as DDP does.
+
+    Micro-batch ``q`` belongs to rank ``q % W``; it runs with that rank's RNG states and
+    buffers, and its gradient adds to that rank's own. After the last, the ranks'
+    gradients are averaged as DDP averages them (each times ``1/W``, summed in rank order:
+    bit-exact for two ranks, whose sum is the same in either order; with more, Gloo's and
+    NCCL's summation order may differ in the last bit) and the model keeps rank 0's
+    buffers, the ones a checkpoint saves.
+
+    Args:
+        model: the model (wrapped or not).
+        rngs: each rank's RNG states (from the checkpoint), or ``None`` per unknown rank.
+    """
+
+    def __init__(self, model: nn.Module, rngs: Sequence[dict[str, Any] | None]) -> None:
+        self.model = unwrap_model(model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.ranks = [_Rank(rng) for rng in rngs]
+
+    @override
+    def weights(self, batches: Sequence[Any]) -> list[float] | None:
+        w = len(self.ranks)
+        per_rank = [micro_batch_weights(batches[rank::w]) for rank in range(w)]
+        return [
+            1.0 if per_rank[q % w] is None else per_rank[q % w][q // w] for q in range(len(batches))
+        ]  # type: ignore[index]
+
+    @override
+    def micro_batch(
+        self, model: nn.Module, index: int, count: int
+    ) -> contextlib.AbstractContextManager[Any]:
+        if index == 0:
+            for rank in self.ranks:
+                rank.grads = [None] * len(self.params)
+        return self.active(self.ranks[index % len(self.ranks)], grads=True)
+
+    @contextlib.contextmanager
+    def active(self, rank: _Rank, *, grads: bool = False) -> Iterator[None]:
+        """Run the body as ``rank``: its RNG, buffers (and gradients) in place, kept after."""
+        if rank.rng is not None:
+            set_rng_state(rank.rng)
+        if rank.buffers is not None:
+            load_buffers(self.model, rank.buffers)
+        if grads:
+            for param, grad in zip(self.params, rank.grads):
+                param.grad = grad
+        try:
+            yield
+        finally:
+            rank.rng, rank.buffers = get_rng_state(), copy_buffers(self.model)
+            if grads:
+                rank.grads = [param.grad for param in self.params]
+
+    @override
+    def finish(self) -> None:
+        for param, grad in zip(self.params, self.averaged()):
+            param.grad = grad
+        if self.ranks[0].buffers is not None:
+            load_buffers(self.model, self.ranks[0].buffers)
+
+    def averaged(self) -> list[torch.Tensor | None]:
+        """Each parameter's gradient averaged over the ranks, as DDP averages it."""
+        if len(self.ranks) == 1:
+            return list(self.ranks[0].grads)
+        scale, out = 1.0 / len(self.ranks), []
+        for grads in zip(*(rank.grads for rank in self.ranks)):
+            present = [g for g in grads if g is not None]
+            if not present:
+                out.append(None)
+                continue
+            # A rank without a gradient for it contributes zeros (as DDP's bucket would).
+            total = (grads[0] if grads[0] is not None else torch.zeros_like(present[0])) * scale
+            for g in grads[1:]:
+                total = total + (g if g is not None else torch.zeros_like(present[0])) * scale
+            out.append(total)
+        return out

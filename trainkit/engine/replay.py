@@ -1,66 +1,48 @@
 """Replaying a captured failing step on one process, with the run's own trainer and step.
 
-:func:`replay_failed_step` reads a folder :class:`~trainkit.engine.failed_steps.
-FailedStepCapture` wrote and rebuilds the run with its trainer class (``tools/train_net.py``'s
-``Trainer``, or the script's): the same ``build_*`` parts, hooks, loop and
-``SimpleTrainer.accumulate``. What differs:
-
-* one process does the work of all ``W`` ranks: its loader deals each step to ``W x k``
-  micro-batches (``SOLVER.ACCUMULATE_STEPS`` set to ``W x k``), micro-batch ``q`` being
-  micro-batch ``q // W`` of rank ``q % W``, at the same global positions (the same
-  augmentations); the failing step's are checked against the folder's records;
-* the step's gradient combiner is :class:`EmulatedRanks`: each rank's RNG states (dropout),
-  buffers (BatchNorm statistics) and gradients are its own, and the gradients are averaged
-  as DDP averages them;
-* it starts from the newest checkpoint before the step (weights, optimizer, schedule, loader
-  position, every rank's RNG states) and stops after the failing step, which it diagnoses
-  (:class:`ReplayReport`): every micro-batch's loss terms, the records of a bad micro-batch
-  run alone, the gradient norms;
-* loader workers, the watchdog, trackers, evaluation, early stopping and ``MODEL.WEIGHTS`` are
-  off, checkpoints go to a scratch folder, and losses are checked every step. PreciseBN
-  therefore does not run at the run's evaluation periods.
+:func:`replay_failed_step` rebuilds the run of a folder :class:`~trainkit.engine.failed_steps.
+FailedStepCapture` wrote with its trainer class: the same ``build_*`` parts, hooks, loop and
+``SimpleTrainer.accumulate``, from the newest checkpoint before the failing step (weights,
+optimizer, schedule, loader position, every rank's RNG states), and diagnoses that step
+(:class:`ReplayReport`). One process does the work of all ``W`` ranks: its loader deals each
+step to ``W x k`` micro-batches (micro-batch ``q`` is micro-batch ``q // W`` of rank
+``q % W``, at the same global positions), and the step's gradient combiner is
+:class:`~trainkit.engine.gradients.EmulatedRanks`. Loader workers, the watchdog, trackers,
+evaluation (so PreciseBN at the run's evaluation periods too), early stopping and
+``MODEL.WEIGHTS`` are off; checkpoints go to a scratch folder; each step's loss is checked.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
-import json
 import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 from typing_extensions import override
 
 from trainkit.checkpoint import unwrap_model
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data.step_records import build_train_plan, steps_records
-from trainkit.engine.failed_steps import STEP_FILE, record_ids
-from trainkit.engine.gradients import GradientCombiner, micro_batch_weights
+from trainkit.engine.failed_steps import (
+    ReplayError,
+    load_trainer_class,
+    read_step_file,
+    record_ids,
+)
+from trainkit.engine.gradients import EmulatedRanks, copy_buffers, gradient_norm, load_buffers
 from trainkit.engine.hook_base import HookBase, HookPriority
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.engine.trainer_base import TrainerBase
-from trainkit.utils.env import get_rng_state, seed_all_rng, set_rng_state
-from trainkit.utils.errors import UsageError
+from trainkit.utils.env import seed_all_rng
 from trainkit.utils.events import EventStorage
 
-__all__ = [
-    "BadRecord",
-    "EmulatedRanks",
-    "ReplayError",
-    "ReplayReport",
-    "load_trainer_class",
-    "replay_config",
-    "replay_failed_step",
-]
+__all__ = ["BadRecord", "ReplayError", "ReplayReport", "replay_config", "replay_failed_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,20 +50,11 @@ logger = logging.getLogger(__name__)
 _SHOWN = 5
 
 
-class ReplayError(UsageError):
-    """A failing step's folder (or the run it points to) cannot be replayed as given."""
-
-
 @dataclass
 class BadRecord:
-    """A record of a bad micro-batch that fails on its own.
-
-    Attributes:
-        rank, micro_batch: where the run had it.
-        record_id: its printable id (``DATASET[i] image_id=...``).
-        terms: the loss terms that are not finite, or the exception's type and message.
-        losses: its loss terms (empty when it raised).
-    """
+    """A record of a bad micro-batch that fails on its own: where the run had it, its id
+    (``DATASET[i] image_id=...``), its loss terms that are not finite (or the exception's
+    type and message) and its loss terms (empty when it raised)."""
 
     rank: int
     micro_batch: int
@@ -130,10 +103,9 @@ class ReplayReport:
     def lines(self) -> list[str]:
         """Return the report as lines of text (what ``tools/replay_step.py`` prints)."""
         start = f"from {os.path.basename(self.checkpoint)}" if self.checkpoint else "from scratch"
+        steps = f"Replayed steps {self.replayed.start}..{self.replayed.stop - 1} "
         out = [
-            f"Replayed steps {self.replayed.start}..{self.replayed.stop - 1} {start}"
-            if self.replayed
-            else f"Started {start}",
+            (steps if self.replayed else "Started ") + start,
             f"Step {self.iteration}: "
             + ("the failure is reproduced" if self.reproduced else "did NOT fail in the replay"),
         ]
@@ -185,110 +157,6 @@ def _first(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
-class _Rank:
-    """What one emulated rank keeps to itself: RNG states, buffers, its gradients."""
-
-    def __init__(self, rng: dict[str, Any] | None) -> None:
-        self.rng = rng  # None: the process's own generators
-        self.buffers: dict[str, torch.Tensor] | None = None  # None: the model's current
-        self.grads: list[torch.Tensor | None] = []
-
-
-def _copy_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-
-
-def _load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            buffer.copy_(buffers[name])
-
-
-class EmulatedRanks(GradientCombiner):
-    """The step's micro-batches as ``W`` ranks' in one process, combined as DDP does.
-
-    Micro-batch ``q`` belongs to rank ``q % W``; it runs with that rank's RNG states and
-    buffers, and its gradient adds to that rank's own. After the last, the ranks'
-    gradients are averaged as DDP averages them (each times ``1/W``, summed in rank order:
-    bit-exact for two ranks, whose sum is the same in either order; with more, Gloo's and
-    NCCL's summation order may differ in the last bit) and the model keeps rank 0's
-    buffers, the ones a checkpoint saves.
-
-    Args:
-        model: the model (wrapped or not).
-        rngs: each rank's RNG states (from the checkpoint), or ``None`` per unknown rank.
-    """
-
-    def __init__(self, model: nn.Module, rngs: Sequence[dict[str, Any] | None]) -> None:
-        self.model = unwrap_model(model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.ranks = [_Rank(rng) for rng in rngs]
-
-    @override
-    def weights(self, batches: Sequence[Any]) -> list[float] | None:
-        w = len(self.ranks)
-        per_rank = [micro_batch_weights(batches[rank::w]) for rank in range(w)]
-        return [
-            1.0 if per_rank[q % w] is None else per_rank[q % w][q // w] for q in range(len(batches))
-        ]  # type: ignore[index]
-
-    @override
-    def micro_batch(
-        self, model: nn.Module, index: int, count: int
-    ) -> contextlib.AbstractContextManager[Any]:
-        if index == 0:
-            for rank in self.ranks:
-                rank.grads = [None] * len(self.params)
-        return self.active(self.ranks[index % len(self.ranks)], grads=True)
-
-    @contextlib.contextmanager
-    def active(self, rank: _Rank, *, grads: bool = False) -> Iterator[None]:
-        """Run the body as ``rank``: its RNG, buffers (and gradients) in place, kept after."""
-        if rank.rng is not None:
-            set_rng_state(rank.rng)
-        if rank.buffers is not None:
-            _load_buffers(self.model, rank.buffers)
-        if grads:
-            for param, grad in zip(self.params, rank.grads):
-                param.grad = grad
-        try:
-            yield
-        finally:
-            rank.rng, rank.buffers = get_rng_state(), _copy_buffers(self.model)
-            if grads:
-                rank.grads = [param.grad for param in self.params]
-
-    @override
-    def finish(self) -> None:
-        for param, grad in zip(self.params, self.averaged()):
-            param.grad = grad
-        if self.ranks[0].buffers is not None:
-            _load_buffers(self.model, self.ranks[0].buffers)
-
-    def averaged(self) -> list[torch.Tensor | None]:
-        """Each parameter's gradient averaged over the ranks, as DDP averages it."""
-        if len(self.ranks) == 1:
-            return list(self.ranks[0].grads)
-        scale, out = 1.0 / len(self.ranks), []
-        for grads in zip(*(rank.grads for rank in self.ranks)):
-            present = [g for g in grads if g is not None]
-            if not present:
-                out.append(None)
-                continue
-            # A rank without a gradient for it contributes zeros (as DDP's bucket would).
-            total = (grads[0] if grads[0] is not None else torch.zeros_like(present[0])) * scale
-            for g in grads[1:]:
-                total = total + (g if g is not None else torch.zeros_like(present[0])) * scale
-            out.append(total)
-        return out
-
-
-def gradient_norm(gradients: Sequence[torch.Tensor | None]) -> float:
-    """Return the L2 norm of all gradients together (as ``clip_grad_norm_`` computes it)."""
-    norms = [g.detach().float().norm(2) for g in gradients if g is not None]
-    return float(torch.stack(norms).norm(2)) if norms else 0.0
-
-
 def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
     return {name: float(value.float()) for name, value in losses.items()}
 
@@ -297,9 +165,8 @@ def _non_finite(losses: dict[str, float]) -> list[str]:
     return [name for name, value in losses.items() if not math.isfinite(value)]
 
 
-class _Quiet(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.ERROR
+def _bad(tensor: torch.Tensor) -> bool:
+    return not bool(torch.isfinite(tensor).all())
 
 
 class _Probe(HookBase):
@@ -326,50 +193,6 @@ class _Probe(HookBase):
             self._log(f"replayed step {iteration}")
         else:
             self.trainer.request_stop("the replay ran the failing step")
-
-
-def load_trainer_class(spec: str) -> type:
-    """Import the trainer class ``spec`` names: ``module:Class`` or ``path/to/file.py:Class``.
-
-    A file is imported under another name than ``__main__``, so a training script's
-    ``if __name__ == "__main__":`` part does not run.
-
-    Raises:
-        ReplayError: If the module, file or class cannot be found.
-    """
-    where, _, name = spec.rpartition(":")
-    if not where or not name:
-        raise ReplayError(f"--trainer {spec!r}: give module:Class or path/to/script.py:Class")
-    try:
-        if where.endswith(".py"):
-            if not os.path.isfile(where):
-                raise ReplayError(f"--trainer {spec!r}: no file {where}; give its path")
-            module_name = "_trainkit_replay_" + os.path.splitext(os.path.basename(where))[0]
-            module_spec = importlib.util.spec_from_file_location(module_name, where)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ImportError as e:
-        raise ReplayError(f"--trainer {spec!r}: cannot import {where} ({e})") from e
-    found: Any = module
-    for part in name.split("."):
-        found = getattr(found, part, None)
-    if not isinstance(found, type):
-        raise ReplayError(f"--trainer {spec!r}: {where} has no class {name}")
-    return found
-
-
-def _read_step(folder: str) -> dict[str, Any]:
-    path = os.path.join(folder, STEP_FILE)
-    if not os.path.isfile(path):
-        raise ReplayError(
-            f"{folder} holds no {STEP_FILE}; give a folder OUTPUT_DIR/failed_steps/iter_<N> "
-            "that a failed run wrote."
-        )
-    with open(path) as f:
-        return json.load(f)
 
 
 def replay_config(folder: str, step: dict[str, Any], output_dir: str) -> CfgNode:
@@ -419,7 +242,7 @@ def replay_failed_step(
         ReplayError: If the folder, its run's checkpoint or the trainer cannot be used, or
             the replay goes another way than the run (other records, a failure before).
     """
-    step = _read_step(folder)
+    step = read_step_file(folder)
     if trainer_class is None:
         trainer_class = load_trainer_class(step["trainer"])
     threads = torch.get_num_threads()
@@ -458,8 +281,8 @@ def _replay(
     probe = _Probe(report, log)
     trainer.register_hooks([probe])
     loop_log = logging.getLogger(TrainerBase.__module__)
-    quiet = _Quiet()  # the failure is what the replay expects: its report says it
-    loop_log.addFilter(quiet)
+    # The failure is what the replay expects: its report says it, not the loop's traceback.
+    loop_log.addFilter(quiet := lambda record: record.levelno < logging.ERROR)
     try:
         # The loop itself, not DefaultTrainer.train: nothing is captured or evaluated.
         TrainerBase.train(trainer, start, cfg.SOLVER.MAX_ITER)
@@ -471,12 +294,12 @@ def _replay(
                 f"({type(e).__name__}: {e}); the run did not. The model is not deterministic "
                 "here (see docs/troubleshooting.md)."
             ) from e
-        if (
-            trainer.iter != iteration
-            or e is not trainer._progress.step_error
-            and not isinstance(e, NonFiniteLossError)
+        if trainer.iter != iteration or not (
+            isinstance(e, NonFiniteLossError) or e is trainer.step_error
         ):
-            raise
+            raise  # a hook's error, not the step's
+    finally:
+        loop_log.removeFilter(quiet)
     _check_records(trainer, step, iteration, probe.position)
     with EventStorage(iteration):  # the model may read it, as in the step
         _diagnose(trainer, ranks, step, report)
@@ -503,12 +326,9 @@ def _load_start(
     if state.get("world_size") == world_size and len(saved) == world_size:
         return trainer.iter + 1, [local.get("rng") for local in saved]
     logger.warning(
-        "Checkpoint %s was written by %s processes, the failing job had %d: each rank's "
-        "random ops (dropout) are not replayed exactly",
-        checkpoint,
-        state.get("world_size"),
-        world_size,
-    )
+        "Checkpoint %s was written by %s processes, the failing job had %d: each rank's random "
+        "ops (dropout) are not replayed exactly", checkpoint, state.get("world_size"), world_size
+    )  # fmt: skip
     return trainer.iter + 1, [None] * world_size
 
 
@@ -532,19 +352,16 @@ def _diagnose(
         report.grad_norms[f"rank {rank}"] = gradient_norm(local.grads)
     averaged = ranks.averaged()
     report.grad_norms["all"] = gradient_norm(averaged)
-    report.non_finite_grads = [
-        n for n, g in zip(names, averaged) if g is not None and not bool(torch.isfinite(g).all())
-    ]
-    report.non_finite_weights = [
-        n
-        for n, v in report.weights.items()
-        if v.is_floating_point() and not torch.isfinite(v).all()
-    ]
+    report.non_finite_grads = [n for n, g in zip(names, averaged) if g is not None and _bad(g)]
+    weights = report.weights.items()
+    report.non_finite_weights = [n for n, v in weights if v.is_floating_point() and _bad(v)]
     ids = record_ids(trainer.cfg, trainer.data_loader.records)
-    for rank, micro in report.bad_slots:
-        batch = batches[micro * world_size + rank] if batches else None
+    indices = {(s["rank"], s["micro_batch"]): s["indices"] for s in step.get("records") or []}
+    for slot in report.bad_slots:
+        batch = batches[slot[1] * world_size + slot[0]] if batches else None
         if isinstance(batch, list):  # a list of records can be split
-            _find_bad_records(trainer._trainer, ranks, report, ids, step, rank, micro, batch)
+            names = [ids(i) for i in indices.get(slot, [])]
+            _find_bad_records(trainer._trainer, ranks, report, slot, batch, names)
 
 
 def _check_records(
@@ -571,11 +388,9 @@ def _find_bad_records(
     step: Any,
     ranks: EmulatedRanks,
     report: ReplayReport,
-    ids: Callable[[int], str],
-    run_step: dict[str, Any],
-    rank: int,
-    micro: int,
+    slot: tuple[int, int],
     batch: list[Any],
+    record_names: list[str],
 ) -> None:
     """Run each record of a bad micro-batch alone; name those that fail alone.
 
@@ -583,33 +398,32 @@ def _find_bad_records(
     as BatchNorm1d in training mode), the micro-batch is run without each record instead: a
     record is bad if the batch without it does not fail.
     """
-    report.records_tried += len(batch)
+    (rank, micro), report.records_tried = slot, report.records_tried + len(batch)
     with ranks.active(ranks.ranks[rank]):
         found = _losses_of(step, [[record] for record in batch])
         leave_one_out = len(batch) > 1 and all(isinstance(f, Exception) for f in found)
         if leave_one_out:
             found = _losses_of(step, [batch[:i] + batch[i + 1 :] for i in range(len(batch))])
     if ranks.ranks[0].buffers is not None:
-        _load_buffers(ranks.model, ranks.ranks[0].buffers)
-    slots = {(s["rank"], s["micro_batch"]): s["indices"] for s in run_step.get("records") or []}
-    whole = report.losses.get((rank, micro), {})
-    for index, result in zip(slots.get((rank, micro), []), found):
+        load_buffers(ranks.model, ranks.ranks[0].buffers)
+    whole = report.losses.get(slot, {})
+    for name, result in zip(record_names, found):
         if leave_one_out:  # bad if the batch is fine without it: the whole batch's failure
             fine = not isinstance(result, Exception) and not _non_finite(result)
-            error = report.errors.get((rank, micro))
+            error = report.errors.get(slot)
             terms, losses = (([error] if error else _non_finite(whole)) if fine else []), {}
         elif isinstance(result, Exception):
             terms, losses = [f"{type(result).__name__}: {result}"], {}
         else:
             terms, losses = _non_finite(result), result
         if terms:
-            report.bad_records.append(BadRecord(rank, micro, ids(index), terms, losses))
+            report.bad_records.append(BadRecord(rank, micro, name, terms, losses))
 
 
 def _losses_of(step: Any, batches: list[list[Any]]) -> list[dict[str, float] | Exception]:
     """Each batch's loss terms without gradients (or its error); buffers and RNG kept."""
     model, found = step.model, []
-    buffers = _copy_buffers(model)
+    buffers = copy_buffers(model)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for batch in batches:
             try:
@@ -618,5 +432,5 @@ def _losses_of(step: Any, batches: list[list[Any]]) -> list[dict[str, float] | E
             except Exception as e:
                 found.append(e)
             finally:
-                _load_buffers(model, buffers)
+                load_buffers(model, buffers)
     return found

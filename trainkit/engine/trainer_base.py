@@ -246,6 +246,11 @@ class TrainerBase:
         self._progress.stop_reason = str(reason)
 
     @property
+    def step_error(self) -> BaseException | None:
+        """What ``run_step`` raised in the current (or last) :meth:`train`, if it raised."""
+        return self._progress.step_error
+
+    @property
     def stop_reason(self) -> str | None:
         """Why training stops early (from the request on); ``None`` if it does not (or failed)."""
         return self._progress.stop_reason
