@@ -11,9 +11,9 @@ from torch import nn
 
 from trainkit.config import get_cfg
 from trainkit.config.provenance import config_changes
+from trainkit.config.scaling import auto_scale_config
 from trainkit.data import build_train_loader
 from trainkit.engine import DefaultTrainer, default_argument_parser, default_setup, launch
-from trainkit.engine.scaling import auto_scale_config
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from tests.engine.test_default_trainer import RegressionModel, RegressionTrainer
 from trainkit.checkpoint import Checkpointer
 from trainkit.config import ConfigError
 from trainkit.engine import SimpleTrainer, hooks
-from trainkit.engine.deferred_checks import DeferredLossCheck
 from trainkit.engine.hooks.preemption import PreemptionHandler
+from trainkit.engine.period_metrics import DeferredLossCheck
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
 

@@ -14,9 +14,9 @@ from torch import nn
 
 from tests.dist import run_on_ranks
 from trainkit.config import ConfigError, get_cfg
+from trainkit.config.scaling import SCALED_KEYS, auto_scale_config
 from trainkit.data import DatasetCatalog
 from trainkit.engine import DefaultTrainer, default_argument_parser, default_setup, hooks, launch
-from trainkit.engine.scaling import SCALED_KEYS, auto_scale_config
 from trainkit.utils import comm
 from trainkit.utils.env import seed_all_rng
 from trainkit.utils.errors import UsageError

@@ -19,7 +19,7 @@ from tests.engine.test_failed_steps import (
     train,
 )
 from trainkit.checkpoint import unwrap_model
-from trainkit.engine import HookBase
+from trainkit.engine import HookBase, SimpleTrainer
 from trainkit.engine.failed_steps import load_trainer_class
 from trainkit.engine.replay import ReplayError, replay_failed_step
 
@@ -138,3 +138,23 @@ def test_a_report_with_some_bad_records_lists_them_all():
     assert text.count("bad record:") == 7 and "every one" not in text
     alone = _report(1, 1)  # a micro-batch of one record: that record is the one
     assert alone.count("bad record:") == 1 and "every one" not in alone
+
+
+def test_the_replay_and_the_training_run_the_same_accumulate(tmp_path, monkeypatch):
+    # One step implementation: the replay runs SimpleTrainer.accumulate, with the emulated
+    # ranks as its gradient combiner, never a copy of the micro-batch loop.
+    calls = []
+    original = SimpleTrainer.accumulate
+
+    def spy(self, batches):
+        calls.append((type(self.gradient_combiner).__name__, len(batches)))
+        return original(self, batches)
+
+    monkeypatch.setattr(SimpleTrainer, "accumulate", spy)
+    cfg = cfg_for(tmp_path, accumulate=2)
+    poison_record_of(cfg, 9, micro_batch=1)
+    train(cfg)
+    assert len(calls) == 10 and set(calls) == {("GradientCombiner", 2)}  # steps 0..9
+    calls.clear()
+    replay_failed_step(str(tmp_path / "failed_steps" / "iter_9"))
+    assert calls == [("EmulatedRanks", 2)] * 2  # step 8 with its update, then step 9

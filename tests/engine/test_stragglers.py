@@ -15,16 +15,15 @@ from trainkit.config import ConfigError, get_cfg
 from trainkit.data import build_train_loader
 from trainkit.engine import DefaultTrainer, SimpleTrainer
 from trainkit.engine.events import StepListener
-from trainkit.engine.phase_clock import PhaseClock
 from trainkit.engine.straggler_rule import StragglerRule
-from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
+from trainkit.engine.stragglers import PhaseClock, StragglerDetector, build_straggler_detector
 from trainkit.utils import comm
 from trainkit.utils.events import EventStorage
 
 
 def test_phase_clock_adds_up_each_phase_and_the_current_one_goes_on(monkeypatch):
     now = iter([0.0, 1.0, 1.5, 4.0, 4.25, 5.0, 7.0])
-    monkeypatch.setattr("trainkit.engine.phase_clock.time.perf_counter", lambda: next(now))
+    monkeypatch.setattr("trainkit.engine.stragglers.time.perf_counter", lambda: next(now))
     clock = PhaseClock("cpu")
     assert not clock.uses_cuda_events
     clock.enter("data")  # 0.0
@@ -94,7 +93,7 @@ def _figures(data_s, host="node0", local_rank=1):
 
 def test_detector_skips_the_warm_up_period_and_gives_seconds_per_step(monkeypatch):
     now = iter([0.0, 10.0, 11.0, 12.0, 32.0])
-    monkeypatch.setattr("trainkit.engine.phase_clock.time.perf_counter", lambda: next(now))
+    monkeypatch.setattr("trainkit.engine.stragglers.time.perf_counter", lambda: next(now))
     detector = _detector()
     detector.on_phase("data", 0)
     assert detector.period_figures(4) is None  # the first period: warm-up

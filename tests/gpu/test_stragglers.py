@@ -10,9 +10,8 @@ from tests.gpu.test_step import (
     _TinyConvNet,
 )
 from trainkit.engine import SimpleTrainer
-from trainkit.engine.phase_clock import PhaseClock
 from trainkit.engine.straggler_rule import StragglerRule
-from trainkit.engine.stragglers import StragglerDetector
+from trainkit.engine.stragglers import PhaseClock, StragglerDetector
 
 pytestmark = [
     pytest.mark.gpu,

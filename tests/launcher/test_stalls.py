@@ -43,19 +43,24 @@ def test_the_rank_furthest_behind_is_blamed_even_if_a_waiting_peer_got_there_fir
 
 def _stall_rank_one_in_data(output_dir):
     from tests.engine.test_default_trainer import RegressionTrainer, _cfg
-    from trainkit.engine import hooks
     from trainkit.utils import comm
+
+    class HangingLoader(RegressionTrainer):
+        @classmethod
+        def build_train_loader(cls, cfg):
+            loader = super().build_train_loader(cfg)
+
+            def batches():
+                for i, batch in enumerate(loader):
+                    if i == 3 and comm.get_rank() == 1:
+                        time.sleep(120)  # a hung file system, as far as the job can tell
+                    yield batch
+
+            return batches()
 
     cfg = _cfg(output_dir, max_iter=50, workers=0)
     cfg.WATCHDOG_TIMEOUT_S = 3.0
-    trainer = RegressionTrainer(cfg)
-
-    def before_step(t):
-        if t.iter == 3 and comm.get_rank() == 1:
-            time.sleep(120)  # a hung file system, as far as the job can tell
-
-    trainer.register_hooks([hooks.CallbackHook(before_step=before_step)])
-    trainer.train()
+    HangingLoader(cfg).train()
 
 
 @pytest.mark.distributed

@@ -2,9 +2,9 @@
 
 from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
-from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.defaults import DefaultPredictor, default_argument_parser, default_setup
+from trainkit.engine.gradients import create_ddp_model
 from trainkit.engine.hook_base import HookBase, HookPriority
 
 # detectron2's engine package star-imports its hooks, so `from detectron2.engine import

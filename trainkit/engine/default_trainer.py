@@ -13,25 +13,25 @@ from torch import nn
 
 from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
+from trainkit.config.scaling import auto_scale_config, check_same_recipe
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.engine import hooks
-from trainkit.engine.ddp import create_ddp_model
 from trainkit.engine.failed_steps import FailedStepCapture
+from trainkit.engine.gradients import create_ddp_model
 from trainkit.engine.hook_base import HookBase
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.hooks.preemption import PreemptionHandler
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
 from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
-from trainkit.engine.scaling import auto_scale_config, check_same_recipe
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
-from trainkit.engine.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.engine.writers import build_writers
 from trainkit.evaluation import DatasetEvaluator, verify_results
+from trainkit.evaluation.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.launcher import connect_job_store, resumes_by_itself
 from trainkit.modeling import build_model
 from trainkit.solver import build_lr_scheduler, build_optimizer
@@ -501,7 +501,7 @@ class DefaultTrainer(TrainerBase):
     def auto_scale_workers(cfg: CfgNode, num_workers: int) -> CfgNode:
         """Return ``cfg`` rescaled from ``SOLVER.REFERENCE_WORLD_SIZE`` to ``num_workers``.
 
-        See :func:`trainkit.engine.scaling.auto_scale_config` for the rule and its refusals.
+        See :func:`trainkit.config.scaling.auto_scale_config` for the rule and its refusals.
         """
         return auto_scale_config(cfg, num_workers)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from trainkit.engine.ddp import create_ddp_model
+from trainkit.config.run_config import RunConfig, run_config
 from trainkit.engine.default_trainer import DefaultTrainer
+from trainkit.engine.gradients import create_ddp_model
 from trainkit.engine.predictor import DefaultPredictor
-from trainkit.engine.run_config import RunConfig, run_config
 from trainkit.engine.writers import default_writers
 from trainkit.utils import comm
 from trainkit.utils.collect_env import format_env_info
@@ -148,7 +148,7 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     """Prepare the run: output directory, logs, environment record, scaling, config dump, seeds.
 
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
-    rescaled in place to the world size (:func:`~trainkit.engine.scaling.auto_scale_config`); then
+    rescaled in place to the world size (:func:`~trainkit.config.scaling.auto_scale_config`); then
     rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
     (each key set by a file, the command line or code, and where its value came from) and
     ``env.txt``, and logs the detectron2-only keys a file or the command line set that
@@ -160,7 +160,7 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     (:func:`~trainkit.engine.dry_run.run_dry_run`) and exits, the same way: nothing is written.
 
     A LazyConfig (an omegaconf ``DictConfig``, as detectron2 accepts) is set up the same way
-    (:mod:`~trainkit.engine.run_config`) from ``train.output_dir``, ``train.seed``,
+    (:mod:`~trainkit.config.run_config`) from ``train.output_dir``, ``train.seed``,
     ``train.cudnn_benchmark`` and ``train.init_checkpoint``: ``config.yaml`` is written with
     ``LazyConfig.save``, every value is listed with its origin, nothing is rescaled, and the
     config stays mutable.

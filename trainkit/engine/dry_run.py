@@ -18,8 +18,8 @@ import os
 from typing import Any
 
 from trainkit.config import CfgNode
+from trainkit.config.scaling import SCALED_KEYS, ScalingError, auto_scale_config, check_same_recipe
 from trainkit.engine.run_state import continued_position, upgrade_run_state
-from trainkit.engine.scaling import SCALED_KEYS, ScalingError, auto_scale_config, check_same_recipe
 from trainkit.engine.stragglers import check_straggler_config
 from trainkit.utils.errors import UsageError
 from trainkit.utils.file_io import atomic_write

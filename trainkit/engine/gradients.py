@@ -21,10 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from trainkit.checkpoint import unwrap_model
+from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
 
 __all__ = [
     "EmulatedRanks",
+    "create_ddp_model",
     "GradientCombiner",
     "StepResult",
     "add_weighted",
@@ -88,6 +90,30 @@ def gradient_norm(gradients: Sequence[torch.Tensor | None]) -> float:
     """Return the L2 norm of all gradients together (as ``clip_grad_norm_`` computes it)."""
     norms = [g.detach().float().norm(2) for g in gradients if g is not None]
     return float(torch.stack(norms).norm(2)) if norms else 0.0
+
+
+def create_ddp_model(
+    model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any
+) -> nn.Module:
+    """Wrap ``model`` (already on its device) in DistributedDataParallel with several processes.
+
+    Args:
+        fp16_compression: compress gradients to fp16 for the all-reduce (NCCL only).
+        kwargs: passed to ``DistributedDataParallel`` (e.g. ``broadcast_buffers=False``).
+
+    Returns:
+        ``model`` itself with one process, else the DDP wrapper.
+    """
+    if comm.get_world_size() == 1:
+        return model
+    if "device_ids" not in kwargs and next(model.parameters()).device.type == "cuda":
+        kwargs["device_ids"] = [comm.get_local_rank()]
+    ddp = DistributedDataParallel(model, **kwargs)
+    if fp16_compression:
+        from torch.distributed.algorithms.ddp_comm_hooks import default as comm_hooks
+
+        ddp.register_comm_hook(state=None, hook=comm_hooks.fp16_compress_hook)
+    return ddp
 
 
 class GradientCombiner:

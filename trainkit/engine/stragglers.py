@@ -1,6 +1,6 @@
 """Slow ranks named: every rank's phase times compared at each writer period.
 
-:class:`StragglerDetector` times this rank's phases (:class:`~trainkit.engine.phase_clock.
+:class:`StragglerDetector` times this rank's phases (:class:`~trainkit.engine.stragglers.
 PhaseClock`, fed by the loop's phase events), sends them with each period's metrics (the one
 ``all_gather`` the step makes then) and applies
 :class:`~trainkit.engine.straggler_rule.StragglerRule` to every rank's: a rank named goes to
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from typing import Any
 
 import torch
@@ -19,14 +20,77 @@ from typing_extensions import override
 
 from trainkit.config import CfgNode, ConfigError
 from trainkit.engine.events import StepListener
-from trainkit.engine.phase_clock import PhaseClock
 from trainkit.engine.straggler_rule import SlowRank, StragglerRule
 from trainkit.utils import comm
 from trainkit.utils.event_storage import EventStorage
 
-__all__ = ["StragglerDetector", "build_straggler_detector", "check_straggler_config"]
+__all__ = ["PhaseClock", "StragglerDetector", "build_straggler_detector", "check_straggler_config"]
 
 logger = logging.getLogger(__name__)
+
+# Events kept before the completed ones are folded into the totals (a long writer period
+# would otherwise hold one event per phase change of every step in it).
+_MAX_PENDING_EVENTS = 256
+
+
+class PhaseClock:
+    """Add up the seconds spent in each phase between two :meth:`take` calls.
+
+    Args:
+        device: the training device; CUDA events time phases on a ``cuda`` device,
+            ``time.perf_counter`` anywhere else.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.uses_cuda_events = device is not None and torch.device(device).type == "cuda"
+        self._totals_s: dict[str, float] = {}
+        # CPU: (phase, its start in seconds); CUDA: (phase, its start event), oldest first.
+        self._marks: list[tuple[str, Any]] = []
+        self._free_events: list[torch.cuda.Event] = []
+
+    def enter(self, phase: str) -> None:
+        """Start ``phase`` now (no wait: a timestamp, or an event recorded on the stream)."""
+        if not self.uses_cuda_events:
+            now_s = time.perf_counter()
+            if self._marks:
+                previous, start_s = self._marks[0]
+                self._totals_s[previous] = self._totals_s.get(previous, 0.0) + now_s - start_s
+            self._marks = [(phase, now_s)]
+            return
+        event = (
+            self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        )
+        event.record()
+        self._marks.append((phase, event))
+        if len(self._marks) > _MAX_PENDING_EVENTS:
+            self._fold(wait=False)
+
+    def take(self) -> dict[str, float]:
+        """Return the seconds per phase since the last call; the current phase goes on.
+
+        With CUDA events it waits for the device to reach the current phase's start: call
+        it where the step waits for the device anyway (the writer period's metrics).
+        """
+        if self.uses_cuda_events:
+            self._fold(wait=True)
+        elif self._marks:
+            self.enter(self._marks[0][0])  # split the current phase at now
+        totals, self._totals_s = self._totals_s, {}
+        return totals
+
+    def _fold(self, *, wait: bool) -> None:
+        # Move the phases whose end the device has reached into the totals.
+        marks = self._marks
+        if wait and marks:
+            marks[-1][1].synchronize()
+        num_done = 0
+        while num_done + 1 < len(marks) and (wait or marks[num_done + 1][1].query()):
+            (phase, start), (_, end) = marks[num_done], marks[num_done + 1]
+            self._totals_s[phase] = self._totals_s.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+            num_done += 1
+        self._free_events.extend(event for _, event in marks[:num_done])
+        del marks[:num_done]
+
 
 # The documented rule's limits: a config may be stricter (smaller, fewer), never looser.
 _MAX_MARGIN = 0.5

@@ -3,7 +3,7 @@
 import pytest
 
 from trainkit.config import ConfigError, get_cfg
-from trainkit.engine.scaling import ScalingError, auto_scale_config
+from trainkit.config.scaling import ScalingError, auto_scale_config
 from trainkit.utils import UsageError
 
 

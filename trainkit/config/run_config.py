@@ -22,7 +22,7 @@ from trainkit.config.provenance import (
     listed_changes,
     origins_of,
 )
-from trainkit.engine.scaling import auto_scale_config
+from trainkit.config.scaling import auto_scale_config
 from trainkit.utils.errors import MissingFileError, UsageError
 from trainkit.utils.file_io import atomic_write
 

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from trainkit.config import LazyConfig, get_cfg
+from trainkit.config.run_config import run_config
 from trainkit.engine import default_setup
-from trainkit.engine.run_config import run_config
 from trainkit.utils.errors import MissingFileError, UsageError
 
 
