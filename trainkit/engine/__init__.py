@@ -4,7 +4,8 @@ from trainkit.engine import hooks
 from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.defaults import DefaultPredictor, default_argument_parser, default_setup
-from trainkit.engine.gradients import create_ddp_model
+from trainkit.engine.events import StepEvents, StepListener
+from trainkit.engine.gradients import GradientCombiner, StepResult, create_ddp_model
 from trainkit.engine.hook_base import HookBase, HookPriority
 
 # detectron2's engine package star-imports its hooks, so `from detectron2.engine import
@@ -34,6 +35,7 @@ __all__ = [
     "DefaultPredictor",
     "DefaultTrainer",
     "EvalHook",
+    "GradientCombiner",
     "HookBase",
     "HookPriority",
     "IterationTimer",
@@ -43,6 +45,9 @@ __all__ = [
     "PeriodicWriter",
     "PreciseBN",
     "SimpleTrainer",
+    "StepEvents",
+    "StepListener",
+    "StepResult",
     "TorchMemoryStats",
     "TorchProfiler",
     "TrainerBase",
