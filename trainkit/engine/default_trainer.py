@@ -409,7 +409,7 @@ class DefaultTrainer(TrainerBase):
             # by the rank that finds it, before the launcher hears of it; a hook's error is
             # its own (its note names it).
             if e is self.step_error or isinstance(e, NonFiniteLossError):
-                capture.capture(e, self.iter, self._trainer.current_batches, self.data_loader)
+                capture.capture(e, self.iter, self._trainer.last_result.batches, self.data_loader)
             raise
         finally:
             capture.after_train()

@@ -42,12 +42,13 @@ class StepResult:
     """What :meth:`SimpleTrainer.accumulate` did with one step's micro-batches.
 
     Attributes:
+        batches: the micro-batches given (``run_step`` drops them once the step went through).
         losses: each micro-batch's loss terms (detached), up to the one that raised.
-        step_losses: the step's loss terms: the micro-batches' weighted sum (detached with
-            several micro-batches).
+        step_losses: the step's loss terms: the micro-batches' weighted sum (detached).
         error: what a micro-batch raised (``None``: all ran); its index is ``len(losses)``.
     """
 
+    batches: list[Any] = field(default_factory=list)
     losses: list[dict[str, torch.Tensor]] = field(default_factory=list)
     step_losses: dict[str, torch.Tensor] = field(default_factory=dict)
     error: Exception | None = None

@@ -337,7 +337,7 @@ def _diagnose(
 ) -> None:
     """Fill ``report`` from the failing step the trainer just ran (or went through)."""
     world_size, result = len(ranks.ranks), trainer._trainer.last_result
-    batches = trainer._trainer.current_batches
+    batches = result.batches
     for q, losses in enumerate(result.losses):
         report.losses[(q % world_size, q // world_size)] = values = _floats(losses)
         if _non_finite(values):

@@ -25,6 +25,8 @@ __all__ = ["SimpleTrainer", "StepResult"]
 
 logger = logging.getLogger(__name__)
 
+_METRICS_SYNC = "metrics are gathered once per gather_metric_period, never waiting in between"
+
 
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
@@ -78,10 +80,9 @@ class SimpleTrainer(TrainerBase):
             data_loader: (micro-)batches, normally infinite; its iterator is made on first use.
             optimizer: the optimizer of ``model``'s parameters.
             gather_metric_period: record (and gather over ranks) metrics every this many iterations.
-            zero_grad_before_forward: clear gradients before the forward pass, not after it
-                (matters only when the forward pass itself reads gradients).
-            async_write_metrics: detectron2's; not needed here (metrics are gathered once
-                per period, without a wait per step), so it is logged and not used.
+            zero_grad_before_forward: clear gradients before the forward pass, not after it.
+            async_write_metrics: detectron2's; not needed (metrics are gathered once a
+                period, with no wait per step): logged, not used.
             record_every_step: see the class docstring.
             accumulate_steps: micro-batches per optimizer step.
             deferred_checks: see :class:`~trainkit.engine.period_metrics.LossCheck`.
@@ -97,10 +98,7 @@ class SimpleTrainer(TrainerBase):
                 f"SOLVER.ACCUMULATE_STEPS / accumulate_steps must be >= 1, got {accumulate_steps}"
             )
         if async_write_metrics:
-            logger.info(
-                "async_write_metrics=True is not needed: trainkit gathers metrics once per "
-                "period (gather_metric_period) and never waits for the device in between."
-            )
+            logger.info("async_write_metrics=True is not needed: %s", _METRICS_SYNC)
         model.train()
         self.model = model
         self.batches = StepBatches(data_loader)
@@ -113,10 +111,8 @@ class SimpleTrainer(TrainerBase):
         self._loss_check = LossCheck(deferred_checks)
         self._metrics = MetricsWriter(self._loss_check, every_step=record_every_step)
         self.events.bind_step([self._loss_check, self._metrics])
-        self.current_batches: list[Any] = []
-        """The micro-batches of the step in progress (a failure's capture records them)."""
         self.last_result = StepResult()
-        """What :meth:`accumulate` did in the latest step (the replay reads it)."""
+        """What :meth:`accumulate` did in the latest step (the failure capture reads it)."""
 
     @property
     def record_every_step(self) -> bool:
@@ -146,7 +142,7 @@ class SimpleTrainer(TrainerBase):
         events = self.events
         events.phase("data")
         start_s = time.perf_counter()
-        self.current_batches = batches = self.batches.next(self.accumulate_steps, self.iter)
+        batches = self.batches.next(self.accumulate_steps, self.iter)
         data_time_s = time.perf_counter() - start_s
         events.phase("forward/backward")
         if self.zero_grad_before_forward:
@@ -160,17 +156,17 @@ class SimpleTrainer(TrainerBase):
         events.phase("optimizer")
         self.after_backward()
         self.optimizer_step()
-        self.current_batches = []
+        result.batches = []
 
     def accumulate(self, batches: Sequence[Any]) -> StepResult:
         """Run a step's micro-batches: forward, weighted backward, gradients combined.
 
-        Gradients are cleared after the first forward pass (before it with
-        ``zero_grad_before_forward``); each micro-batch's loss is weighted by the
-        :attr:`gradient_combiner` and back-propagated by :meth:`backward`. A micro-batch
-        that raises ends the step: the error is returned in the :class:`StepResult`.
+        Gradients are cleared after the first forward pass (before, with
+        ``zero_grad_before_forward``); each loss is weighted by the :attr:`gradient_combiner`
+        and back-propagated by :meth:`backward`. A micro-batch that raises ends the step:
+        the error is returned in the :class:`StepResult`.
         """
-        combiner, model, result = self.gradient_combiner, self.model, StepResult()
+        combiner, model, result = self.gradient_combiner, self.model, StepResult(list(batches))
         weights, last = combiner.weights(batches), len(batches) - 1
         for j, batch in enumerate(batches):
             try:
@@ -222,8 +218,7 @@ class SimpleTrainer(TrainerBase):
         self.batches.replace(data_loader)
 
     @property
-    def _data_loader_iter(self) -> Iterator[Any]:
-        # detectron2's name: projects draw from it in their own run_step.
+    def _data_loader_iter(self) -> Iterator[Any]:  # detectron2's: projects draw from it
         return self.batches.iterator
 
     @override
@@ -260,13 +255,11 @@ class SimpleTrainer(TrainerBase):
         ):
             self._end_period(cur_iter)
 
-    def _end_period(self, cur_iter: int) -> None:
-        # Collective: every rank files at the same iterations.
+    def _end_period(self, cur_iter: int) -> None:  # collective: every rank, the same steps
         self.events.period_end(cur_iter, self.storage)
 
     @override
-    def _end_early(self) -> None:
-        # The loop stopped (TrainerBase.request_stop) before the next period end.
+    def _end_early(self) -> None:  # a stop requested before the next period end
         self._end_period(self.iter)
 
     write_metrics = staticmethod(write_metrics)
