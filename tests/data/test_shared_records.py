@@ -363,7 +363,7 @@ def test_the_catalog_keeps_one_copy_per_machine_without_a_collective(tmp_path):
 
 
 def _crash_job(tmp_dir, fail_in_load):
-    from trainkit.data.build import load_catalog_dataset
+    from trainkit.data.catalog import load_catalog_dataset
     from trainkit.utils import comm
 
     with open(os.path.join(tmp_dir, f"pid.{comm.get_rank()}"), "w") as f:

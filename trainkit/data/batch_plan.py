@@ -48,7 +48,6 @@ __all__ = [
     "GlobalBatchPlan",
     "RankBatchPlan",
     "deal",
-    "make_batch_plan",
     "micro_batch_size",
     "split_batch",
 ]
@@ -379,44 +378,19 @@ class RankBatchPlan(BatchPlan):
 
 
 def micro_batch_size(
-    total_batch_size: int | None, single_gpu_batch_size: int | None, accumulate_steps: int
+    total_batch_size: int | None,
+    single_gpu_batch_size: int | None,
+    accumulate_steps: int,
+    world_size: int,
 ) -> int:
-    """Records of one micro-batch of this rank, from the total or the per-rank batch size.
+    """Records of one micro-batch of a rank, from the total or the per-rank batch size.
 
     Raises:
         ConfigError: A ``ValueError``: if it does not split evenly (:func:`split_batch`).
         ValueError: If both sizes are given.
     """
     if not single_gpu_batch_size:
-        return split_batch(total_batch_size, comm.get_world_size(), accumulate_steps)
+        return split_batch(total_batch_size, world_size, accumulate_steps)
     if total_batch_size:
         raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
     return split_batch(single_gpu_batch_size, 1, accumulate_steps, key="single_gpu_batch_size")
-
-
-def make_batch_plan(
-    sampler: Any,
-    total_batch_size: int | None,
-    single_gpu_batch_size: int | None,
-    accumulate_steps: int,
-    bucket_ids: BucketIds | None,
-    drop_last: bool,
-) -> BatchPlan:
-    """Return the plan of a map-style train loader over ``sampler``.
-
-    A trainkit training sampler gets the global stream's plan, unless batches have a per-rank
-    size (``single_gpu_batch_size``); any other sampler the per-rank plan. Raises as
-    :func:`micro_batch_size`.
-    """
-    if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:
-        # The sampler's own rank and world size: tests and custom sharding set them.
-        return GlobalBatchPlan(
-            sampler,
-            total_batch_size or 0,
-            rank=sampler.rank,
-            world_size=sampler.world_size,
-            accumulate_steps=accumulate_steps,
-            bucket_ids=bucket_ids,
-        )
-    batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
-    return RankBatchPlan(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)

@@ -9,7 +9,8 @@ run's trainer class (its ``build_model``, ``build_optimizer``, ``build_lr_schedu
    every step to ``W x k`` micro-batches (``SOLVER.ACCUMULATE_STEPS`` set to ``W x k``), so
    micro-batch ``q`` is micro-batch ``q // W`` of rank ``q % W``, mapped through the same
    mapper at the same global positions (the same augmentations); each is checked against
-   :func:`~trainkit.data.step_records.steps_records` of the run's ``W x k``;
+   the records its loader's spec lists for the run's ``W x k``
+   (:meth:`~trainkit.data.spec.TrainDataSpec.steps_records`);
 2. the newest checkpoint before the step (weights, optimizer, LR schedule, loader position,
    every rank's RNG states);
 3. every step from there to the failing one: each rank's micro-batches
@@ -26,6 +27,7 @@ evaluation).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -38,8 +40,7 @@ from typing import Any
 import torch
 
 from trainkit.config import CfgNode, get_cfg
-from trainkit.data.step_records import build_train_plan, steps_records
-from trainkit.engine.failed_steps import STEP_FILE, record_ids
+from trainkit.engine.failed_steps import STEP_FILE
 from trainkit.engine.rank_replay import RankLocalState
 from trainkit.engine.replay_loop import BadRecord, ReplayError, ReplayLoop, ReplayReport
 from trainkit.engine.run_state import continued_position, upgrade_run_state
@@ -189,21 +190,18 @@ def _replay(
             f"checkpoint {checkpoint} holds iteration {start - 1}, not before the failing "
             f"step {iteration}; give an older one with --checkpoint."
         )
-    run_cfg = _run_config(cfg, step)
-    records, plan = build_train_plan(run_cfg, world_size, dataset=trainer.data_loader.records)
-    planned = steps_records(plan, iteration - start + 1, state=loader_state, first_step=start)
+    # The replay's loader deals each step to W x k micro-batches of one process; the run's
+    # spec is the same data dealt to its W processes x k.
+    run_spec = dataclasses.replace(
+        trainer.data_loader.spec,
+        world_size=world_size,
+        rank=0,
+        accumulate_steps=int(step["accumulate_steps"]),
+    )
+    planned = run_spec.steps_records(iteration - start + 1, state=loader_state, first_step=start)
     report = ReplayReport(iteration, checkpoint or "", range(start, iteration))
-    ReplayLoop(trainer, ranks, record_ids(run_cfg, records), report, log).run(planned)
+    ReplayLoop(trainer, ranks, run_spec.record_ids(), report, log).run(planned)
     return report
-
-
-def _run_config(cfg: CfgNode, step: dict[str, Any]) -> CfgNode:
-    """The replay's config with the run's ``SOLVER.ACCUMULATE_STEPS`` (for the run's plan)."""
-    run_cfg = cfg.clone()
-    run_cfg.defrost()
-    run_cfg.SOLVER.ACCUMULATE_STEPS = step["accumulate_steps"]
-    run_cfg.freeze()
-    return run_cfg
 
 
 def _load_start(
