@@ -54,8 +54,8 @@ from trainkit.data import (
     build_train_loader,
     trivial_batch_collator,
 )
-from trainkit.data.grouping import LazyBucketIds, record_bucket_ids
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
+from trainkit.data.plans.grouping import LazyBucketIds, record_bucket_ids
 
 _MAP_STYLE_TARGET = 1.0  # grouping on vs the torch loader
 _STREAM_TARGET = 0.95  # the stream through build_batch_data_loader vs a self-sharding one
@@ -353,7 +353,7 @@ def _bench_grouping_sizes(rounds: int) -> dict[str, Any]:
     """Grouping's cost when the loader is built, and per record as the plan reaches it.
 
     Building reads the first record only (``record_bucket_ids``); every other record is read
-    the first time the plan reaches it (:class:`~trainkit.data.grouping.LazyBucketIds`): its
+    the first time the plan reaches it (:class:`~trainkit.data.plans.grouping.LazyBucketIds`): its
     size, or without one its image's header (a file open and a parse).
     """
     # As the loader holds them: one serialised copy, each record unpickled when read.

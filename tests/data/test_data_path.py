@@ -13,8 +13,8 @@ The train loader's path (docs/architecture.md draws it):
                      each record's bucket is read once, when the plan first reaches it:
                      from its width/height, or from its image header), this rank's
                      micro-batch
-5. samplers/         global_indices: the global stream
-6. mapping.py        RecordMapper: the sample context, failures, the user's mapper
+5. global_stream.py  global_indices: the global stream
+6. record_mapper.py  RecordMapper: the sample context, failures, the user's mapper
 7. dataset_from_list.py  DatasetFromList: the machine's one copy of the records, read
 8. loader_workers.py     the collated batch packed in one buffer per dtype, then unpacked
 
@@ -30,8 +30,8 @@ import pytest
 
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
-from trainkit.data import loader_workers as loader_workers_module
-from trainkit.data.dataset_from_list import DatasetFromList
+from trainkit.data.loading import loader_workers as loader_workers_module
+from trainkit.data.records.dataset_from_list import DatasetFromList
 from trainkit.data.samplers import TrainingSampler
 
 PATH = [
@@ -42,8 +42,8 @@ PATH = [
     "spec.py",
     "batch_plan.py",
     "grouping.py",  # a helper of batch_plan.py, and of build.py for the record sizes
-    "samplers",
-    "mapping.py",
+    "global_stream.py",
+    "record_mapper.py",
     "dataset_from_list.py",
     "loader_workers.py",
 ]
@@ -51,8 +51,7 @@ _STACKS = {}
 
 
 def _module(filename):
-    parts = filename.split("/trainkit/data/", 1)[1].split("/")
-    return "samplers" if parts[0] == "samplers" else parts[-1]
+    return filename.split("/trainkit/data/", 1)[1].split("/")[-1]
 
 
 def _trainkit_frames(stack):
@@ -155,9 +154,9 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
         ("loader.py", "__getitems__"),  # _MappedRecords: the whole batch at once
-        ("mapping.py", "map_replacing"),
+        ("record_mapper.py", "map_replacing"),
     ]
-    assert _STACKS["map"] == [*mapped, ("mapping.py", "_try")]
+    assert _STACKS["map"] == [*mapped, ("record_mapper.py", "_try")]
     # The record is read by the plan, for its aspect ratio (the first epoch only), and by the
     # mapper, from the machine's one copy.
     bucket = [*planned, ("batch_plan.py", "__iter__"), ("batch_plan.py", "_compose")]

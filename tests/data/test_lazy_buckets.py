@@ -7,7 +7,7 @@ from PIL import Image
 
 from trainkit.config import ConfigError, get_cfg
 from trainkit.data import TrainingSampler, build_batch_data_loader, build_train_loader
-from trainkit.data.grouping import BucketOf, LazyBucketIds, record_bucket_ids
+from trainkit.data.plans.grouping import BucketOf, LazyBucketIds, record_bucket_ids
 
 BINS = [0.5, 1.0, 2.0]
 SIZES = [(20, 60), (40, 30), (90, 30), (30, 30), (50, 40), (30, 40), (100, 20)]

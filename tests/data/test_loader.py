@@ -19,7 +19,7 @@ from trainkit.data import (
     sample_rng,
     sample_seed,
 )
-from trainkit.data.grouping import aspect_ratio_bucket_ids, record_aspect_ratio
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids, record_aspect_ratio
 from trainkit.data.samplers import TrainingSampler
 
 BINS = [0.5, 0.75, 1.0, 1.333, 2.0]

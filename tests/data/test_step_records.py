@@ -5,12 +5,12 @@ import pytest
 
 from trainkit.config import ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, MetadataCatalog
-from trainkit.data.batch_plan import GlobalBatchPlan, RankBatchPlan
 from trainkit.data.catalog import load_catalog_parts
-from trainkit.data.grouping import aspect_ratio_bucket_ids
+from trainkit.data.plans.batch_plan import GlobalBatchPlan, RankBatchPlan
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
+from trainkit.data.plans.step_records import steps_records
 from trainkit.data.samplers import TrainingSampler
 from trainkit.data.spec import TrainDataSpec
-from trainkit.data.step_records import steps_records
 
 SIZE = 50
 BATCH = 8

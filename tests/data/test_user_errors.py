@@ -16,8 +16,8 @@ from trainkit.data import (
     build_test_loader,
     build_train_loader,
 )
-from trainkit.data.batch_plan import RankBatchPlan
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
+from trainkit.data.plans.batch_plan import RankBatchPlan
 from trainkit.data.samplers import RandomSubsetTrainingSampler, TrainingSampler
 from trainkit.data.train_config import check_train_loader_config
 from trainkit.utils import UsageError

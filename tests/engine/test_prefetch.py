@@ -11,7 +11,7 @@ import torch
 
 from tests.engine.test_default_trainer import RegressionTrainer, _assert_same, _cfg
 from trainkit.config import get_cfg
-from trainkit.data.device_prefetch import DevicePrefetcher
+from trainkit.data.loading.device_prefetch import DevicePrefetcher
 from trainkit.engine import SimpleTrainer, hooks
 from trainkit.engine.step_config import prefetch_device
 from trainkit.utils.env import seed_all_rng

@@ -1,7 +1,7 @@
 """Build train loaders from plain arguments or from a config (detectron2's builders).
 
 ``build_detection_train_loader`` and ``build_detection_test_loader`` (from
-:mod:`trainkit.data.inference_loader`; detectron2 imports it from here) are
+:mod:`trainkit.data.loading.inference_loader`; detectron2 imports it from here) are
 :func:`~trainkit.config.configurable` with detectron2's signatures. Given a config, the train
 loader's arguments come from :func:`~trainkit.data.train_config.train_loader_arguments`
 (checked before any data is loaded); either form ends in :func:`build_batch_data_loader`,
@@ -19,9 +19,9 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from trainkit.config import configurable
 from trainkit.data.catalog import get_detection_dataset_dicts
-from trainkit.data.inference_loader import build_detection_test_loader, build_test_loader
-from trainkit.data.loader import TrainLoader
-from trainkit.data.loader_workers import trivial_batch_collator, worker_init_reset_seed
+from trainkit.data.loading.inference_loader import build_detection_test_loader, build_test_loader
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.loading.loader_workers import trivial_batch_collator, worker_init_reset_seed
 from trainkit.data.spec import TrainDataSpec
 from trainkit.data.train_config import train_loader_arguments
 
@@ -121,7 +121,7 @@ def build_batch_data_loader(
     these arguments (``loader.spec``): a map-style dataset in the batches of a batch plan
     (over a trainkit training sampler the same records per step for any world size, ``k``
     and ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers
-    form the batches (:mod:`trainkit.data.stream_batches`; it resumes with the same
+    form the batches (:mod:`trainkit.data.loading.stream_batches`; it resumes with the same
     ``num_workers``).
 
     Args:

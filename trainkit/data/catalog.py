@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
 
 from trainkit.config import ConfigError
-from trainkit.data.dataset_from_list import DatasetFromList
+from trainkit.data.records.dataset_from_list import DatasetFromList
 from trainkit.utils.catalog import DatasetCatalog, Metadata, MetadataCatalog
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ arguments (:meth:`TrainDataSpec.from_arguments`, which detectron2's
 
 Building one reads no record: the sampler needs only the dataset's length, and a record's
 aspect-ratio bucket is found the first time a plan reaches it
-(:class:`~trainkit.data.grouping.LazyBucketIds`). So listing ``K`` steps of a dataset of
+(:class:`~trainkit.data.plans.grouping.LazyBucketIds`). So listing ``K`` steps of a dataset of
 4e8 records reads the records those steps draw, and those waiting in buckets, only.
 """
 
@@ -27,22 +27,22 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data.batch_plan import (
+from trainkit.data.common import records_and_mapper
+from trainkit.data.mapping.record_mapper import RecordMapper
+from trainkit.data.plans.batch_plan import (
     BatchPlan,
     BucketIds,
     GlobalBatchPlan,
     RankBatchPlan,
     micro_batch_size,
 )
-from trainkit.data.common import records_and_mapper
-from trainkit.data.grouping import BucketOf, aspect_ratio_bucket_ids, record_bucket_ids
-from trainkit.data.mapping import RecordMapper
-from trainkit.data.mixed_plan import MixedBatchPlan
+from trainkit.data.plans.global_stream import GlobalStreamSampler
+from trainkit.data.plans.grouping import BucketOf, aspect_ratio_bucket_ids, record_bucket_ids
+from trainkit.data.plans.mixed_plan import MixedBatchPlan
+from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
+from trainkit.data.plans.step_records import RecordIds, RecordsNotPlannedError, StepRecords
+from trainkit.data.plans.step_records import steps_records as _steps_records
 from trainkit.data.samplers import TrainingSampler
-from trainkit.data.samplers.global_stream import GlobalStreamSampler
-from trainkit.data.samplers.mixed import MixedTrainingSampler
-from trainkit.data.step_records import RecordIds, RecordsNotPlannedError, StepRecords
-from trainkit.data.step_records import steps_records as _steps_records
 from trainkit.data.train_config import train_loader_arguments
 from trainkit.utils import comm
 
@@ -336,7 +336,7 @@ class TrainDataSpec:
     ) -> list[StepRecords]:
         """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 
-        As :func:`~trainkit.data.step_records.steps_records` with this spec's plan (dealt to
+        As :func:`~trainkit.data.plans.step_records.steps_records` with this spec's plan (dealt to
         ``world_size x accumulate_steps``): from loader position ``state`` (default: the
         start), from step ``first_step`` on.
 

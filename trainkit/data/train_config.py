@@ -8,8 +8,8 @@ setting is checked before any data is loaded (:func:`check_train_loader_config`)
 data seed follows one rule (:func:`resolve_data_seed`).
 
 ``DATASETS.TRAIN_WEIGHTS`` mixes the ``DATASETS.TRAIN`` sets (each step's exact share of
-every set: :mod:`trainkit.data.samplers.mixed`, :mod:`trainkit.data.mixed_plan`): each set
-is loaded on its own, so its size is known (:func:`mixed_sets`). Supported: map-style sets
+every set: :mod:`trainkit.data.plans.mixed_sampler`, :mod:`trainkit.data.plans.mixed_plan`):
+each set is loaded on its own, so its size is known (:func:`mixed_sets`). Supported: map-style sets
 (record lists, ``MetaFileDataset``, any sized ``Dataset``) with
 ``DATALOADER.SAMPLER_TRAIN "TrainingSampler"``. A stream dataset (an ``IterableDataset``, a
 ``RankDataset``) yields its own order, so no step can be given its share of it; the
@@ -26,20 +26,19 @@ from typing import Any
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError
-from trainkit.data.batch_plan import split_batch
 from trainkit.data.catalog import joined_names, load_catalog_parts
 from trainkit.data.common import DatasetFromList, records_and_mapper
 from trainkit.data.dataset_mapper import DatasetMapper
-from trainkit.data.grouping import BucketOf
-from trainkit.data.loader_workers import check_num_workers
-from trainkit.data.mapping import as_record_mapper, check_max_failures
+from trainkit.data.mapping.record_mapper import as_record_mapper, check_max_failures
+from trainkit.data.plans.batch_plan import split_batch
+from trainkit.data.plans.grouping import BucketOf
+from trainkit.data.plans.mixed_sampler import MixedTrainingSampler, mix_weights
 from trainkit.data.samplers import (
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
 from trainkit.data.samplers.distributed_sampler import check_subset_ratio
-from trainkit.data.samplers.mixed import MixedTrainingSampler, mix_weights
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
@@ -48,6 +47,7 @@ __all__ = [
     "TRAIN_SAMPLERS",
     "build_train_sampler",
     "check_mix_config",
+    "check_num_workers",
     "check_train_loader_config",
     "mixed_sets",
     "resolve_data_seed",
@@ -68,6 +68,18 @@ def resolve_data_seed(seed: int) -> int:
         ``comm.shared_random_seed()`` on every rank when ``seed < 0``.
     """
     return seed if seed >= 0 else comm.shared_random_seed()
+
+
+def check_num_workers(cfg: CfgNode, where: str) -> None:
+    """Raise a ``ConfigError`` unless ``DATALOADER.NUM_WORKERS`` is >= 0.
+
+    torch's own error does not name the key. ``where``: what loads without loader workers.
+    """
+    if cfg.DATALOADER.NUM_WORKERS < 0:
+        raise ConfigError(
+            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
+            f"load in {where}."
+        )
 
 
 def check_train_loader_config(cfg: CfgNode, world_size: int | None = None) -> None:
@@ -176,7 +188,7 @@ def mixed_sets(
 
     Returns:
         The sets as one dataset (set ``i``'s records after set ``i - 1``'s) and the
-        :class:`~trainkit.data.samplers.mixed.MixedTrainingSampler` over them.
+        :class:`~trainkit.data.plans.mixed_sampler.MixedTrainingSampler` over them.
 
     Raises:
         ConfigError: A ``ValueError``: for a stream dataset, or as the catalog loading does.

@@ -103,8 +103,8 @@ def _plan_steps(
     cfg: CfgNode, world_size: int, resume: bool, num_steps: int, report: dict[str, Any]
 ) -> None:
     # Heavy imports (the data package) only for a dry run.
+    from trainkit.data.plans.step_records import RecordsNotPlannedError
     from trainkit.data.spec import TrainDataSpec
-    from trainkit.data.step_records import RecordsNotPlannedError
 
     state, seed = None, None
     if resume:

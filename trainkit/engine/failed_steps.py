@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainkit.checkpoint._files import read_checkpoint_file
-from trainkit.data.loader_state import is_global_position
+from trainkit.data.plans.loader_state import is_global_position
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainkit.checkpoint import unwrap_model
-from trainkit.data.step_records import RecordIds, StepRecords
+from trainkit.data.plans.step_records import RecordIds, StepRecords
 from trainkit.engine.hooks import LRScheduler
 from trainkit.engine.rank_replay import (
     RankLocalState,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainkit.config import CfgNode
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
-from trainkit.data.loader_state import is_global_position
+from trainkit.data.plans.loader_state import is_global_position
 from trainkit.data.train_config import resolve_data_seed
 from trainkit.launcher import record_run_id
 from trainkit.utils import comm

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from trainkit.data.device_prefetch import DevicePrefetcher
+from trainkit.data.loading.device_prefetch import DevicePrefetcher
 from trainkit.engine.accumulation import add_weighted, micro_batch_weights
 from trainkit.engine.period_metrics import PeriodMetrics
 from trainkit.engine.phase_clock import mark_when_backward_computed
@@ -60,7 +60,7 @@ class SimpleTrainer(TrainerBase):
 
     **Prefetching.** With ``prefetch_device`` set (``DefaultTrainer``: on CUDA, unless
     ``DATALOADER.PREFETCH_TO_DEVICE`` is off) the loader's iterator is wrapped in a
-    :class:`~trainkit.data.device_prefetch.DevicePrefetcher`: the next batch is drawn and
+    :class:`~trainkit.data.loading.device_prefetch.DevicePrefetcher`: the next batch is drawn and
     copied to that device while the current step runs. :meth:`loader_state_dict` is the
     loader's position after the batches consumed, which checkpoints save.
 

@@ -7,7 +7,7 @@ parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank 
 share ``r`` only (:class:`_Shares`): every record is in exactly one share per epoch, and a
 rank holds ``M / (world_size * mini_epochs)`` records. :class:`RankDataset` is the current
 share (map-style) and :class:`RankStream` the shares as an endless stream
-(:class:`~trainkit.data.rank_loader.RankDataLoader` is the train loader over it).
+(:class:`~trainkit.data.loading.rank_loader.RankDataLoader` is the train loader over it).
 """
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
-from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
-from trainkit.data.samplers.positions import check_rank, shard_range
-from trainkit.data.shared_segments import SegmentWriter, SharedSegment
+from trainkit.data.plans.global_stream import (
+    PURPOSE_RANK_SHARES,
+    check_rank,
+    permute,
+    round_keys,
+    shard_range,
+)
+from trainkit.data.records.metafile import MetaFileDataset
+from trainkit.data.records.shared_segments import SegmentWriter, SharedSegment
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)

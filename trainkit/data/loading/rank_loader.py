@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from trainkit.config import ConfigError
-from trainkit.data.loader import TrainLoader
-from trainkit.data.mapping import RecordMapper
-from trainkit.data.rank_dataset import RankDataset, RankStream
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.mapping.record_mapper import RecordMapper
+from trainkit.data.records.rank_dataset import RankDataset, RankStream
 from trainkit.data.spec import TrainDataSpec
 
 __all__ = ["RankDataLoader"]
@@ -17,7 +17,7 @@ __all__ = ["RankDataLoader"]
 class RankDataLoader(TrainLoader):
     """The infinite, resumable train loader over a :class:`RankDataset`, built once.
 
-    A :class:`~trainkit.data.loader.TrainLoader` over its :class:`RankStream`: a loader over
+    A :class:`~trainkit.data.loading.loader.TrainLoader` over its :class:`RankStream`: a loader over
     the same file with the same ``num_workers`` that loads its state continues with the next
     batch; a state saved with another seed, rank, world size or ``mini_epochs`` is refused
     (the shares would differ). ``build_train_loader(cfg)`` builds the same loader for a

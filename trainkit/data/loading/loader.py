@@ -1,15 +1,15 @@
 """``TrainLoader``: the resumable train loader, for map-style datasets and for streams.
 
 A record's way through a map-style train loader, forward only: a **batch plan**
-(:mod:`trainkit.data.batch_plan`) decides in this process which ``(index, position)``
+(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)``
 pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
 to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
-each record in its sample context (:class:`~trainkit.data.mapping.RecordMapper`) and
+each record in its sample context (:class:`~trainkit.data.mapping.record_mapper.RecordMapper`) and
 collates the batch; the loader returns batches in plan order and keeps the position after
 each. So the batches are the same for any number of loader workers and, over a trainkit
 sampler, for any world size. A stream dataset (``IterableDataset``) goes through
-:mod:`trainkit.data.stream_batches` instead. Either position is a
-:mod:`trainkit.data.loader_state` state.
+:mod:`trainkit.data.loading.stream_batches` instead. Either position is a
+:mod:`trainkit.data.plans.loader_state` state.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from trainkit.data.batch_plan import BatchPlan
-from trainkit.data.loader_state import copy_state, load_state
-from trainkit.data.loader_workers import (
+from trainkit.data.loading.loader_workers import (
     PackedCollate,
     start_iterator,
     trivial_batch_collator,
     unpack_batch,
 )
-from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
-from trainkit.data.mapping import RecordMapper, sample_context
-from trainkit.data.stream_batches import StreamBatches, batches_in_turn
+from trainkit.data.loading.loader_workers import loader_kwargs as worker_kwargs
+from trainkit.data.loading.stream_batches import StreamBatches, batches_in_turn
+from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
+from trainkit.data.plans.batch_plan import BatchPlan
+from trainkit.data.plans.loader_state import copy_state, load_state
 from trainkit.utils.errors import UsageError, user_message
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch (:mod:`~trainkit.data.loader_state`).
+        """Return the position after the last returned batch (a ``loader_state`` position).
 
         Plain data: it loads with ``torch.load(weights_only=True)``.
         """

@@ -1,11 +1,11 @@
 """The records of each optimizer step, for every rank and micro-batch, without a loader.
 
 Every optimizer step's records are a pure function of the data seed and the step
-(:mod:`trainkit.data.batch_plan`), so one process can list what every rank of any job reads
+(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job reads
 in any step: :func:`steps_records` lets a plan (a train loader's, or one a
 :class:`~trainkit.data.spec.TrainDataSpec` makes for any world size) compose each step's
 whole batch once and deals it to the ``W x k`` (rank, micro-batch) slots with the loader's
-own rule (:func:`~trainkit.data.batch_plan.deal`), so listing a step for thousands of ranks
+own rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
 costs what one rank's loader pays for it. :class:`RecordIds` turns a dataset index into a
 printable id: the ``DATASETS.TRAIN`` name it came from, its index there, and its
 ``image_id`` or ``file_name`` (:func:`record_label`).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainkit.config import ConfigError
-from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, deal
+from trainkit.data.plans.batch_plan import BatchPlan, GlobalBatchPlan, deal
 
 __all__ = [
     "RecordIds",

@@ -1,8 +1,8 @@
 """The batch plan of a weighted mix of training sets: each step's exact share of every set.
 
 :class:`MixedBatchPlan` composes optimizer step ``s``'s batch of ``B = SOLVER.IMS_PER_BATCH``
-records from several sets (:class:`~trainkit.data.samplers.mixed.MixedTrainingSampler`) and
-deals it to ``W x k`` slots exactly as :class:`~trainkit.data.batch_plan.GlobalBatchPlan`
+records from several sets (:class:`~trainkit.data.plans.mixed_sampler.MixedTrainingSampler`) and
+deals it to ``W x k`` slots exactly as :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan`
 does, so a step's records stay a pure function of (seed, step) on every topology:
 
 1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
@@ -22,7 +22,7 @@ does, so a step's records stay a pure function of (seed, step) on every topology
    ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
    same on every topology.
 
-The position after a step (:mod:`trainkit.data.loader_state`, kind ``"global"``) holds each
+The position after a step (:mod:`trainkit.data.plans.loader_state`, kind ``"global"``) holds each
 set's: the next position of its stream, the records it gave to steps so far, those of the
 last step, and its waiting records per bucket. So the mix resumes exactly, on any world size
 and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
@@ -35,9 +35,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from trainkit.data.batch_plan import BucketIds, GlobalBatchPlan
-from trainkit.data.grouping import Buckets
-from trainkit.data.samplers.mixed import MixedTrainingSampler
+from trainkit.data.plans.batch_plan import BucketIds, GlobalBatchPlan
+from trainkit.data.plans.grouping import Buckets
+from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
 
 __all__ = ["LOOK_AHEAD", "MixedBatchPlan"]
 
@@ -68,7 +68,7 @@ class MixedBatchPlan(GlobalBatchPlan):
 
         ``bucket_ids`` (aspect-ratio grouping, or None): each dataset index's bucket, the
         indices of the concatenated sets. Raises a ``ConfigError`` if the batch does not
-        split evenly (:func:`~trainkit.data.batch_plan.split_batch`).
+        split evenly (:func:`~trainkit.data.plans.batch_plan.split_batch`).
         """
         super().__init__(
             sampler,  # type: ignore[arg-type]  # read through its own methods below

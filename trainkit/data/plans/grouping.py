@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trainkit.config import ConfigError
-from trainkit.data.image_headers import image_size_from_header
+from trainkit.data.plans.image_headers import image_size_from_header
 
 __all__ = [
     "BucketOf",
@@ -199,7 +199,7 @@ class LazyBucketIds:
     whose pages the operating system maps only once written, so 300 million records cost at
     most 300 MB, not a Python object per record.
 
-    Cost: a :class:`~trainkit.data.batch_plan.GlobalBatchPlan` runs the whole global stream
+    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global stream
     on every rank, so in the first epoch each of the ``W`` ranks reads every record once (a
     few microseconds for one with a size; for one without, the header: ``W`` headers per
     image it decodes itself); later epochs read none. That is
