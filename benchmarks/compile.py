@@ -23,7 +23,7 @@ from benchmarks.measure import alternate, median
 from benchmarks.report import print_table, target_text, verdict
 from trainkit.config import get_cfg
 from trainkit.data import build_train_loader
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 from trainkit.modeling import build_model, compile_stats
 from trainkit.solver import build_optimizer
 

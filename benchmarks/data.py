@@ -5,8 +5,8 @@
   and grouping on over the same records without ``width``/``height`` (as ``load_sem_seg``
   gives them): each image's header is read when the batch plan first reaches it, so the
   measured window (a new loader: the first pass) pays one header read per record;
-* what grouping costs when the loader is built (the read of every record's size, or nothing)
-  and per header read;
+* what grouping costs when the loader is built (the first record's size: the others are
+  read when the plan reaches them) and per record as the plan reaches it;
 * a stream: ``build_batch_data_loader(MapDataset(stream, mapper), None, ...)`` with 2 workers
   (trainkit shards the stream across its workers and maps whole batches) beside a torch
   ``DataLoader`` over an ``IterableDataset`` that shards itself with ``get_worker_info()`` and
@@ -54,11 +54,12 @@ from trainkit.data import (
     build_train_loader,
     trivial_batch_collator,
 )
-from trainkit.data.grouping import LazyBucketIds, record_bucket_ids
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
+from trainkit.data.plans.grouping import LazyBucketIds, record_bucket_ids
 
 _MAP_STYLE_TARGET = 1.0  # grouping on vs the torch loader
 _STREAM_TARGET = 0.95  # the stream through build_batch_data_loader vs a self-sharding one
+_BUILD_MS_TARGET = 1.0  # grouping's cost when a loader is built: the first record read
 # Images per batch in the throughput rows (the issue's comparison: batch 8, as a GPU job's
 # per-process batch often is); the padding rows keep benchmarks.shapes.BATCH.
 LOADER_BATCH = 8
@@ -351,9 +352,9 @@ def _bench_stream(rounds: int, num_batches: int) -> dict[str, Any]:
 def _bench_grouping_sizes(rounds: int) -> dict[str, Any]:
     """Grouping's cost when the loader is built, and per record as the plan reaches it.
 
-    Records with sizes are all read when the loader is built (``record_bucket_ids``);
-    records without are not read then, but each header costs a file open and a parse the
-    first time the plan reaches it (:class:`~trainkit.data.grouping.LazyBucketIds`).
+    Building reads the first record only (``record_bucket_ids``); every other record is read
+    the first time the plan reaches it (:class:`~trainkit.data.plans.grouping.LazyBucketIds`): its
+    size, or without one its image's header (a file open and a parse).
     """
     # As the loader holds them: one serialised copy, each record unpickled when read.
     sized = DatasetFromList(DatasetCatalog.get("shapes_train"), copy=False)
@@ -383,15 +384,15 @@ def _bench_grouping_sizes(rounds: int) -> dict[str, Any]:
     )
     result: dict[str, Any] = {k: median(v) for k, v in samples.items()}
     result["records"] = len(sized)
-    # Building must not read the records without sizes (nor their images): no slower than
-    # the read of every record's size it replaces.
-    result["verdict"] = verdict(
-        result["unsized_build_ms"] / result["sized_build_ms"], 1.0, higher_is_better=False
-    )
-    target = "build <= with width/height"
+    # Building reads one record, with or without sizes: well under a millisecond, however
+    # many records there are.
+    slowest_ms = max(result["sized_build_ms"], result["unsized_build_ms"])
+    result["verdict"] = verdict(slowest_ms, _BUILD_MS_TARGET, higher_is_better=False)
+    target = target_text(_BUILD_MS_TARGET, higher_is_better=False) + " ms"
     print_table(
-        f"Aspect-ratio buckets of the {len(sized)} shapes_train records: reading them when the "
-        "loader is built, and finding one record's bucket the first time the plan reaches it "
+        f"Aspect-ratio buckets of the {len(sized)} shapes_train records: what building the "
+        "loader reads (the first record), and finding one record's bucket the first time the "
+        "plan reaches it "
         f"(medians of {rounds} alternating runs; image files in the page cache)",
         ["records", "build, ms", "first reach, us/record", "target", "PASS/MISS"],
         [

@@ -32,7 +32,7 @@ from benchmarks.measure import alternate, median
 from benchmarks.report import print_table, target_text, verdict
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data import DatasetCatalog, DatasetMapper
-from trainkit.data.mapping import sample_context, seed_global_generators
+from trainkit.data.mapping.record_mapper import sample_context, seed_global_generators
 
 SIZE = 64  # shorter side after resizing, and the cap on the longer one (Base-Shapes.yaml)
 

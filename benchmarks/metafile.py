@@ -101,7 +101,7 @@ def _time_baseline_scan(path: str) -> float:
 
 
 def _bench_index(path: str, n: int) -> dict[str, Any]:
-    from trainkit.data.metafile import build_line_index
+    from trainkit.data.records.metafile import build_line_index
 
     size_mb = os.path.getsize(path) / 1e6
     index_path = path + ".idx"

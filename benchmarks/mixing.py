@@ -20,11 +20,11 @@ from benchmarks.padding import _padding
 from benchmarks.report import print_table, target_text, verdict
 from benchmarks.shapes import BATCH, shapes_cfg
 from trainkit.data import DatasetCatalog, TrainingSampler, build_train_loader
-from trainkit.data.batch_plan import GlobalBatchPlan
-from trainkit.data.grouping import aspect_ratio_bucket_ids
-from trainkit.data.mappers import ClassificationDatasetMapper
-from trainkit.data.mixed_plan import MixedBatchPlan
-from trainkit.data.samplers.mixed import MixedTrainingSampler
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
+from trainkit.data.plans.batch_plan import GlobalBatchPlan
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
+from trainkit.data.plans.mixed_plan import MixedBatchPlan
+from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
 
 _TARGET = 1.1  # mixed / plain time per composed step
 _WEIGHTS = (10, 5, 1)

@@ -7,7 +7,7 @@ from typing import Any
 
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
 BATCH = 16  # images per batch in the data benchmarks
 

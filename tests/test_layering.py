@@ -1,8 +1,9 @@
 """The layering is a contract: ``lint-imports`` checks it (configured in pyproject.toml).
 
 utils < config < data, solver, checkpoint, modeling, evaluation < launcher < engine; the
-middle packages do not import one another, the library never imports ``benchmarks``, and no
-modules of a package import each other in a cycle.
+middle packages do not import one another, the library never imports ``benchmarks``, no
+modules of a package import each other in a cycle, and inside ``data`` nothing imports the
+builder, a loader or the training-data spec from below them.
 """
 
 import shutil
@@ -45,8 +46,11 @@ def test_the_contracts_catch_an_upward_import_and_a_cycle(tmp_path):
     with open(tmp_path / "trainkit" / "engine" / "hook_base.py", "a") as f:
         f.write("\nfrom typing import TYPE_CHECKING  # noqa: E402\n")
         f.write("if TYPE_CHECKING:\n    import trainkit.engine.trainer_base\n")
+    with open(tmp_path / "trainkit" / "data" / "records" / "rank_dataset.py", "a") as f:
+        f.write("\nimport trainkit.data.build  # the builder, from below it\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "trainkit.data.catalog -> trainkit.engine" in result.stdout
+    assert "trainkit.data.records.rank_dataset -> trainkit.data.build" in result.stdout
     assert "No cycles are allowed in trainkit.utils" in result.stdout
     assert "No cycles are allowed in trainkit.engine" in result.stdout

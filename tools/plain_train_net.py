@@ -28,7 +28,7 @@ import torch
 from trainkit.checkpoint import DetectionCheckpointer, PeriodicCheckpointer
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data import build_detection_test_loader, build_detection_train_loader
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 from trainkit.engine import (
     build_writers,
     create_ddp_model,

@@ -19,7 +19,7 @@ the command line end it with one line and exit status 2, from the library.
 from trainkit.checkpoint import DetectionCheckpointer
 from trainkit.config import get_cfg
 from trainkit.data import build_detection_test_loader, build_detection_train_loader
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 from trainkit.engine import DefaultTrainer, default_argument_parser, default_setup, launch
 from trainkit.engine.hooks import load_ema_weights
 from trainkit.evaluation import ClassificationEvaluator, verify_results

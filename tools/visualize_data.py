@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from trainkit.config import CfgNode, get_cfg
 from trainkit.data import MetadataCatalog, build_train_loader
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
 logger = logging.getLogger("trainkit.visualize_data")
 

@@ -18,7 +18,7 @@ from trainkit.data import (
     build_detection_train_loader,
     get_detection_dataset_dicts,
 )
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 from trainkit.evaluation import ClassificationEvaluator
 from trainkit.modeling.image_classifier import ImageClassifier
 from trainkit.solver import WarmupParamScheduler

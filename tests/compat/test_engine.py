@@ -126,7 +126,10 @@ def test_async_write_metrics_is_accepted_and_writes_every_step(tmp_path):
                 async_write_metrics=True,
             )
         # Said, not silently dropped: metrics never wait for the device between periods.
-        assert "async_write_metrics=True is not needed" in info.call_args.args[0] % info.call_args.args[1:]
+        assert (
+            "async_write_metrics=True is not needed"
+            in info.call_args.args[0] % info.call_args.args[1:]
+        )
         trainer.train(0, 6)
         assert [i for _, i in trainer.storage.history("total_loss").values()] == list(range(6))
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from trainkit.config import ConfigError
-from trainkit.data.batch_plan import GlobalBatchPlan
-from trainkit.data.grouping import aspect_ratio_bucket_ids
+from trainkit.data.plans.batch_plan import GlobalBatchPlan
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
 from trainkit.data.samplers import TrainingSampler
 
 SIZE = 50

@@ -2,18 +2,19 @@
 
 The train loader's path (docs/architecture.md draws it):
 
-1. build.py          build_train_loader(cfg): the records, the mapper and the sampler go
-                     straight to the loader (no MapDataset built and taken apart)
-2. catalog.py        load_catalog_dataset -> DatasetCatalog.get (utils/catalog.py, below
+1. build.py          build_train_loader(cfg): train_config.py reads the config into the
+                     records, the mapper and the sampler, spec.py's TrainDataSpec holds
+                     them (no MapDataset built and taken apart), the loader loads it
+2. catalog.py        load_catalog_parts -> DatasetCatalog.get (utils/catalog.py, below
                      the data package): the records
 3. loader.py         TrainLoader, each step: _PlannedBatches (the torch loader's batch
                      sampler), then _MappedRecords (a loader worker maps the whole batch)
 4. batch_plan.py     GlobalBatchPlan: step s's records (grouped by grouping.py's Buckets;
-                     each record's bucket is read once: while building from its
-                     width/height, or from its image header when the plan first reaches
-                     it), this rank's micro-batch
-5. samplers/         global_indices: the global stream
-6. mapping.py        RecordMapper: the sample context, failures, the user's mapper
+                     each record's bucket is read once, when the plan first reaches it:
+                     from its width/height, or from its image header), this rank's
+                     micro-batch
+5. global_stream.py  global_indices: the global stream
+6. record_mapper.py  RecordMapper: the sample context, failures, the user's mapper
 7. dataset_from_list.py  DatasetFromList: the machine's one copy of the records, read
 8. loader_workers.py     the collated batch packed in one buffer per dtype, then unpacked
 
@@ -29,18 +30,20 @@ import pytest
 
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
-from trainkit.data import loader_workers as loader_workers_module
-from trainkit.data.dataset_from_list import DatasetFromList
+from trainkit.data.loading import loader_workers as loader_workers_module
+from trainkit.data.records.dataset_from_list import DatasetFromList
 from trainkit.data.samplers import TrainingSampler
 
 PATH = [
     "build.py",
+    "train_config.py",
     "catalog.py",
     "loader.py",
+    "spec.py",
     "batch_plan.py",
     "grouping.py",  # a helper of batch_plan.py, and of build.py for the record sizes
-    "samplers",
-    "mapping.py",
+    "global_stream.py",
+    "record_mapper.py",
     "dataset_from_list.py",
     "loader_workers.py",
 ]
@@ -48,8 +51,7 @@ _STACKS = {}
 
 
 def _module(filename):
-    parts = filename.split("/trainkit/data/", 1)[1].split("/")
-    return "samplers" if parts[0] == "samplers" else parts[-1]
+    return filename.split("/trainkit/data/", 1)[1].split("/")[-1]
 
 
 def _trainkit_frames(stack):
@@ -62,7 +64,11 @@ def _trainkit_frames(stack):
 
 
 def _record(stage):
-    _STACKS.setdefault(stage, _trainkit_frames(traceback.extract_stack()[:-2]))
+    stack = _trainkit_frames(traceback.extract_stack()[:-2])
+    if stage != "read":
+        _STACKS.setdefault(stage, stack)
+    elif stack not in _STACKS.setdefault(stage, []):  # each way a record is read
+        _STACKS[stage].append(stack)
 
 
 def _mapper(record):
@@ -108,12 +114,16 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     cfg.SOLVER.IMS_PER_BATCH = 4
     cfg.SEED = 0
     loader = build_train_loader(cfg, mapper=_mapper)
-    # Facts read once from the unmapped records (aspect ratios), while building: the first
-    # record shows they have sizes, so all are read now.
+    # While building, only the first record is read (a dataset without sizes or images
+    # fails now); each other record's aspect ratio is read when the plan first reaches it.
     assert _STACKS.pop("read") == [
-        ("build.py", "build_detection_train_loader"),
-        ("build.py", "build_batch_data_loader"),
-        ("grouping.py", "record_bucket_ids"),
+        [
+            ("build.py", "build_detection_train_loader"),
+            ("loader.py", "__init__"),
+            ("spec.py", "plan"),
+            ("spec.py", "bucket_ids"),
+            ("grouping.py", "record_bucket_ids"),
+        ]
     ]
     ids = {i for _, batch in zip(range(12), loader) for i in batch}
     assert 5 in ids
@@ -121,8 +131,8 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
     assert type(loader.records).__name__ == "DatasetFromList"
     # The config form reads the catalog (no other stage between).
     assert _STACKS["catalog"] == [
-        ("build.py", "_train_loader_from_config"),
-        ("catalog.py", "load_catalog_dataset"),
+        ("train_config.py", "train_loader_arguments"),
+        ("catalog.py", "load_catalog_parts"),
         ("catalog.py", "_named_datasets"),
         ("catalog.py", "_catalog_part"),
     ]
@@ -144,10 +154,15 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("loader.py", "__iter__"),
         ("loader.py", "_iter_planned"),
         ("loader.py", "__getitems__"),  # _MappedRecords: the whole batch at once
-        ("mapping.py", "map_replacing"),
+        ("record_mapper.py", "map_replacing"),
     ]
-    assert _STACKS["map"] == [*mapped, ("mapping.py", "_try")]
-    assert _STACKS["read"] == mapped  # the record is read by the mapper, from the copy
+    assert _STACKS["map"] == [*mapped, ("record_mapper.py", "_try")]
+    # The record is read by the plan, for its aspect ratio (the first epoch only), and by the
+    # mapper, from the machine's one copy.
+    bucket = [*planned, ("batch_plan.py", "__iter__"), ("batch_plan.py", "_compose")]
+    bucket += [("batch_plan.py", "_read"), ("grouping.py", "<genexpr>")]
+    bucket += [("grouping.py", "__getitem__")]
+    assert _STACKS["read"] == [bucket, mapped]
     # The batch, collated, is packed for its trip from a worker to this process.
     assert _STACKS["pack"] == [
         ("loader.py", "__iter__"),
@@ -155,7 +170,9 @@ def test_a_record_passes_each_stage_once_in_a_line(registered, monkeypatch):
         ("loader_workers.py", "__call__"),  # PackedCollate: the user's collate, then pack
     ]
     # Forward only: in every stack each frame's stage is at or after its caller's.
-    for stage, frames in _STACKS.items():
+    stacks = [(stage, frames) for stage, frames in _STACKS.items() if stage != "read"]
+    for stage, frames in stacks + [("read", frames) for frames in _STACKS["read"]]:
         order = [PATH.index(module) for module, _ in frames]
         assert order == sorted(order), (stage, frames)
-    assert len([module for module in PATH if module != "grouping.py"]) <= 8
+    assembly = ("train_config.py", "spec.py", "grouping.py")  # build time, or a helper
+    assert len([module for module in PATH if module not in assembly]) <= 8

@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from trainkit.data import build_test_loader
-from trainkit.data.inference_loader import InferenceLoader
+from trainkit.data.loading.inference_loader import InferenceLoader
 from trainkit.data.samplers import InferenceSampler
 from trainkit.evaluation import DatasetEvaluator, inference_on_dataset
 

@@ -19,7 +19,7 @@ from trainkit.data import (
     sample_rng,
     sample_seed,
 )
-from trainkit.data.grouping import aspect_ratio_bucket_ids, record_aspect_ratios
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids, record_aspect_ratio
 from trainkit.data.samplers import TrainingSampler
 
 BINS = [0.5, 0.75, 1.0, 1.333, 2.0]
@@ -128,7 +128,7 @@ def test_plain_batches_follow_the_sampler_stream():
 
 def test_grouping_never_mixes_buckets_and_uses_more_than_two():
     records = make_records()
-    buckets = aspect_ratio_bucket_ids(record_aspect_ratios(records), BINS)
+    buckets = aspect_ratio_bucket_ids([record_aspect_ratio(r) for r in records], BINS)
     assert len(set(buckets.tolist())) > 2
     cfg = make_cfg(
         **{"DATALOADER.ASPECT_RATIO_GROUPING": True, "DATALOADER.ASPECT_RATIO_BINS": BINS}

@@ -19,7 +19,7 @@ from trainkit.data import (
     build_batch_data_loader,
     build_train_loader,
 )
-from trainkit.data.loader_state import is_global_position, upgrade
+from trainkit.data.plans.loader_state import is_global_position, upgrade
 from trainkit.data.samplers import InferenceSampler
 
 WIDTHS = [10, 30, 64, 100, 150, 220]

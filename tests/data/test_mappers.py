@@ -8,7 +8,7 @@ from PIL import Image
 
 from trainkit.config import get_cfg
 from trainkit.data import MapDataset
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from tests.data.metafiles import write_jsonl
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, MetaFileDataset, TrainingSampler, build_train_loader
-from trainkit.data import metafile as metafile_module
+from trainkit.data.records import metafile as metafile_module
 
 
 @pytest.mark.parametrize(

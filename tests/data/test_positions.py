@@ -1,14 +1,14 @@
 import numpy as np
 import pytest
 
-from trainkit.data.samplers import TrainingSampler
-from trainkit.data.samplers.positions import (
+from trainkit.data.plans.global_stream import (
     check_rank,
     global_positions,
     shard_range,
     split_positions,
     worker_local_positions,
 )
+from trainkit.data.samplers import TrainingSampler
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 7, 8, 16]
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.data.metafiles import write_jsonl
 from trainkit.data import RankDataLoader, RankDataset, sample_rng
-from trainkit.data.rank_dataset import RankStream, rank_share
+from trainkit.data.records.rank_dataset import RankStream, rank_share
 
 
 @pytest.mark.parametrize(

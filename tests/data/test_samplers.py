@@ -8,13 +8,13 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainkit.config import get_cfg
-from trainkit.data.build import build_train_sampler
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
+from trainkit.data.train_config import build_train_sampler
 
 
 def take(sampler, n):

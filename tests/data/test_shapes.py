@@ -16,7 +16,7 @@ from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, MapDataset, MetadataCatalog
 from trainkit.data.datasets import SHAPES_CLASSES, get_datasets_root, load_shapes, register_shapes
 from trainkit.data.datasets import shapes as shapes_module
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
 NUM_IMAGES = 24
 

@@ -2,7 +2,7 @@
 
 Ranks (and any other processes of the user) that build ``DatasetFromList`` from identical
 records map one memfd segment, found through an abstract unix socket named after the
-records' digest; different records never meet. See trainkit/data/segment_sharing.py.
+records' digest; different records never meet. See trainkit/data/records/segment_sharing.py.
 """
 
 import gc
@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 from tests.dist import RankFailure, run_on_ranks
 from trainkit.data import DatasetCatalog, DatasetFromList
-from trainkit.data import segment_sharing as share_module
-from trainkit.data.segment_sharing import attach_segment
+from trainkit.data.records import segment_sharing as share_module
+from trainkit.data.records.segment_sharing import attach_segment
 
 _BLOB = bytes(range(256)) * 8  # 2 KiB per record: pickles are big, the list stays small
 
@@ -182,7 +182,7 @@ def test_a_forked_child_does_not_keep_the_name_bound(monkeypatch, caplog):
         del ds
         gc.collect()
         began = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
+        with caplog.at_level(logging.WARNING, logger="trainkit.data.records.segment_sharing"):
             rebuilt = DatasetFromList(_records())
             again = DatasetFromList(_records())
         # Had the child kept the socket, the name would still be bound with nobody
@@ -220,7 +220,7 @@ def _fake_server(address, payload_fd, message, ready, uid=None):
 
 
 def test_a_server_offering_other_records_is_refused(caplog):
-    from trainkit.data.dataset_from_list import _serialize_records
+    from trainkit.data.records.dataset_from_list import _serialize_records
 
     impostor = _serialize_records(_records(tag="x"))  # same size, other records
     wanted = _serialize_records(_records(tag="y"))  # what the dataset below will build
@@ -234,7 +234,7 @@ def test_a_server_offering_other_records_is_refused(caplog):
     )
     server.start()
     ready.wait(5)
-    with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
+    with caplog.at_level(logging.WARNING, logger="trainkit.data.records.segment_sharing"):
         ds = DatasetFromList(_records(tag="y"))
     server.join(5)
     assert ds[4]["tag"] == "y" and ds.segment_identity != impostor.identity
@@ -245,7 +245,7 @@ def test_a_server_offering_other_records_is_refused(caplog):
 def test_a_server_of_another_user_is_refused(caplog):
     import multiprocessing as mp
 
-    from trainkit.data.dataset_from_list import _serialize_records
+    from trainkit.data.records.dataset_from_list import _serialize_records
 
     wanted = _serialize_records(_records(tag="z"))
     message = share_module.MESSAGE.pack(share_module.MESSAGE_MAGIC, wanted.nbytes, wanted.digest)
@@ -264,7 +264,7 @@ def test_a_server_of_another_user_is_refused(caplog):
     squatter.start()
     try:
         assert ready.wait(5)
-        with caplog.at_level(logging.WARNING, logger="trainkit.data.segment_sharing"):
+        with caplog.at_level(logging.WARNING, logger="trainkit.data.records.segment_sharing"):
             ds = DatasetFromList(_records(tag="z"))
         assert ds.segment_identity != wanted.identity and ds[1]["tag"] == "z"
         assert "another user" in caplog.text
@@ -363,7 +363,7 @@ def test_the_catalog_keeps_one_copy_per_machine_without_a_collective(tmp_path):
 
 
 def _crash_job(tmp_dir, fail_in_load):
-    from trainkit.data.build import load_catalog_dataset
+    from trainkit.data.catalog import load_catalog_dataset
     from trainkit.utils import comm
 
     with open(os.path.join(tmp_dir, f"pid.{comm.get_rank()}"), "w") as f:

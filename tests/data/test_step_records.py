@@ -5,11 +5,12 @@ import pytest
 
 from trainkit.config import ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, MetadataCatalog
-from trainkit.data.batch_plan import GlobalBatchPlan, RankBatchPlan
-from trainkit.data.catalog import dataset_sizes
-from trainkit.data.grouping import aspect_ratio_bucket_ids
+from trainkit.data.catalog import load_catalog_parts
+from trainkit.data.plans.batch_plan import GlobalBatchPlan, RankBatchPlan
+from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
+from trainkit.data.plans.step_records import steps_records
 from trainkit.data.samplers import TrainingSampler
-from trainkit.data.step_records import RecordIds, build_train_plan, steps_records
+from trainkit.data.spec import TrainDataSpec
 
 SIZE = 50
 BATCH = 8
@@ -120,13 +121,13 @@ def two_datasets():
 
 
 def test_record_ids_name_the_dataset_the_index_in_it_and_the_records_own_id(two_datasets):
-    assert dataset_sizes(two_datasets) == [6, 5]
-    assert dataset_sizes(two_datasets, filter_empty=True) == [6, 4]
+    assert load_catalog_parts(two_datasets)[1] == {"steps_a": 6, "steps_b": 5}
+    assert load_catalog_parts(two_datasets, filter_empty=True)[1] == {"steps_a": 6, "steps_b": 4}
     cfg = get_cfg()
     cfg.merge_from_list(["DATASETS.TRAIN", two_datasets, "SOLVER.IMS_PER_BATCH", 4, "SEED", 7])
-    records, plan = build_train_plan(cfg, 2)
-    ids = RecordIds.from_config(cfg, records)
-    assert len(records) == 10  # FILTER_EMPTY_ANNOTATIONS drops the crowd-only record
+    spec = TrainDataSpec.from_config(cfg, world_size=2)
+    ids = spec.record_ids()
+    assert len(spec.records) == 10  # FILTER_EMPTY_ANNOTATIONS drops the crowd-only record
     assert ids(0) == "steps_a[0] image_id=a0"
     assert ids(7) == "steps_b[1] file_name=b1.png"
     assert ids.info(9) == {"dataset": "steps_b", "index": 3, "file_name": "b3.png"}
@@ -144,21 +145,23 @@ def test_the_plan_from_a_config_is_the_loaders(two_datasets, weights):
         + ["DATALOADER.ASPECT_RATIO_GROUPING", True, "SOLVER.ACCUMULATE_STEPS", 2]
         + ["DATALOADER.NUM_WORKERS", 0, "DATASETS.TRAIN_WEIGHTS", weights]
     )
-    _, plan = build_train_plan(cfg, 1)
+    spec = TrainDataSpec.from_config(cfg, world_size=1)
     loader = build_detection_train_loader(cfg, mapper=lambda r: r)
     seen = [tuple(loader.last_batch_indices) for _, _ in zip(range(10), loader)]
-    listed = [tuple(i for i, _ in step.records(0, j)) for step in steps_records(plan, 5)
+    listed = [tuple(i for i, _ in step.records(0, j)) for step in spec.steps_records(5)
               for j in range(2)]  # fmt: skip
     assert seen == listed
+    assert [s.batch for s in loader.spec.steps_records(5)] == [
+        s.batch for s in spec.steps_records(5)
+    ]
     if weights:  # 3:1 of a batch of 4: three of steps_a (indices < 6), one of steps_b
-        assert all(sum(i < 6 for i, _ in step.batch) == 3 for step in steps_records(plan, 5))
+        assert all(sum(i < 6 for i, _ in step.batch) == 3 for step in spec.steps_records(5))
 
 
 def test_a_config_the_plan_cannot_list_is_one_line(two_datasets):
     cfg = get_cfg()
     cfg.merge_from_list(["DATASETS.TRAIN", two_datasets, "SOLVER.IMS_PER_BATCH", 6])
     with pytest.raises(ConfigError, match="multiple of 4"):
-        build_train_plan(cfg, 4)
-    cfg.merge_from_list(["SEED", -1])
-    with pytest.raises(ConfigError, match="SEED=-1"):
-        build_train_plan(cfg, 2)
+        TrainDataSpec.from_config(cfg, world_size=4)
+    spec = TrainDataSpec.from_config(cfg, world_size=2, rank=1, seed=3)
+    assert (spec.seed, spec.world_size, spec.rank, spec.sampler.world_size) == (3, 2, 1, 2)

@@ -16,10 +16,10 @@ from trainkit.data import (
     build_test_loader,
     build_train_loader,
 )
-from trainkit.data.batch_plan import RankBatchPlan
-from trainkit.data.build import check_train_loader_config
-from trainkit.data.mappers import ClassificationDatasetMapper
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper
+from trainkit.data.plans.batch_plan import RankBatchPlan
 from trainkit.data.samplers import RandomSubsetTrainingSampler, TrainingSampler
+from trainkit.data.train_config import check_train_loader_config
 from trainkit.utils import UsageError
 from trainkit.utils.errors import MissingFileError, UnknownNameError
 
@@ -257,7 +257,7 @@ def test_unreadable_image_is_still_a_skipped_record_not_a_usage_error(tmp_path):
 # ---- every local rank reports local rank 0's user error ----------------------------------
 def _load_empty_dataset():
     from trainkit.data import DatasetCatalog
-    from trainkit.data.build import load_catalog_dataset
+    from trainkit.data.catalog import load_catalog_dataset
 
     DatasetCatalog.register("empty_everywhere", lambda: [])
     try:

@@ -17,7 +17,7 @@ from torch import nn
 from tests.dist import run_on_ranks
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader, sample_rng
-from trainkit.data.samplers.mixed import mix_counts
+from trainkit.data.plans.mixed_sampler import mix_counts
 from trainkit.engine import DefaultTrainer, SimpleTrainer, hooks
 from trainkit.evaluation import DatasetEvaluator
 from trainkit.utils import comm

@@ -234,7 +234,7 @@ def test_a_straggler_rule_looser_than_documented_is_refused_as_a_real_run_would(
 
 
 def test_a_mixed_dry_run_shows_each_steps_records_of_every_dataset(tmp_path, capsys):
-    from trainkit.data.samplers.mixed import mix_counts
+    from trainkit.data.plans.mixed_sampler import mix_counts
 
     second = f"{_NAME}_b"
     DatasetCatalog.register(second, lambda: _records(30))

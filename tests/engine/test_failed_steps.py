@@ -15,7 +15,7 @@ from torch import nn
 
 from trainkit.config import get_cfg
 from trainkit.data import DatasetCatalog, build_train_loader
-from trainkit.data.step_records import build_train_plan, steps_records
+from trainkit.data.spec import TrainDataSpec
 from trainkit.engine import DefaultTrainer
 from trainkit.engine.failed_steps import failed_step_dir, trainer_spec
 from trainkit.engine.step_metrics import NonFiniteLossError
@@ -97,10 +97,10 @@ def cfg_for(output_dir, accumulate=1, deferred=None):
 
 def poison_record_of(cfg, step, micro_batch=0):
     """Poison the first record of ``step``'s micro-batch (one process); return its index."""
-    _, plan = build_train_plan(cfg, 1)
-    (found,) = steps_records(plan, 1, first_step=step)
+    spec = TrainDataSpec.from_config(cfg, world_size=1)
+    (found,) = spec.steps_records(1, first_step=step)
     index, _ = found.records(0, micro_batch)[0]
-    assert index not in {i for s in steps_records(plan, step) for i, _ in s.batch}
+    assert index not in {i for s in spec.steps_records(step) for i, _ in s.batch}
     POISON["index"] = index
     return index
 
@@ -132,8 +132,7 @@ def test_a_non_finite_loss_writes_the_step_its_records_and_the_ranks_state(tmp_p
     assert step["last_checkpoint"] == "model_0000007.pth"
     assert step["trainer"] == "tests.engine.test_failed_steps:PoisonTrainer"
     (slot,) = step["records"]
-    _, plan = build_train_plan(cfg, 1)
-    (expected,) = steps_records(plan, 1, first_step=9)
+    (expected,) = TrainDataSpec.from_config(cfg, world_size=1).steps_records(1, first_step=9)
     assert slot["indices"] == [i for i, _ in expected.records(0)]
     assert slot["positions"] == [p for _, p in expected.records(0)] == list(range(72, 80))
     assert slot["indices"][0] == index

@@ -166,7 +166,7 @@ elif KIND == "sleep_at_iter":
 elif KIND == "stall_data_on_rank":
     import time
 
-    from trainkit.data.mappers import ClassificationDatasetMapper
+    from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
     original_mapper_call = ClassificationDatasetMapper.__call__
     rank_str, _, count_str = ARG.partition(":")
@@ -185,7 +185,7 @@ elif KIND == "stall_data_on_rank":
 elif KIND == "slow_data_on_rank":
     import time
 
-    from trainkit.data.mappers import ClassificationDatasetMapper
+    from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
     original_slow_call = ClassificationDatasetMapper.__call__
     slow_rank_str, _, delay_str = ARG.partition(":")
@@ -199,7 +199,7 @@ elif KIND == "slow_data_on_rank":
 
     ClassificationDatasetMapper.__call__ = slow_call
 elif KIND in ("worker_dies", "mapper_raises"):
-    from trainkit.data.mappers import ClassificationDatasetMapper
+    from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 
     original_call = ClassificationDatasetMapper.__call__
     seen = [0]

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import train_net  # noqa: E402
 
 from trainkit.data import build_detection_train_loader  # noqa: E402
-from trainkit.data.mappers import ClassificationDatasetMapper  # noqa: E402
+from trainkit.data.mapping.mappers import ClassificationDatasetMapper  # noqa: E402
 from trainkit.engine import HookBase, default_argument_parser, launch  # noqa: E402
 
 POISONED_ID = int(os.environ.get("TRAINKIT_TEST_POISONED_ID", "-1"))

@@ -28,7 +28,7 @@ from tests.engine.test_failed_steps import (
     train,
 )
 from trainkit.config import get_cfg
-from trainkit.data.step_records import build_train_plan, steps_records
+from trainkit.data.spec import TrainDataSpec
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,8 +48,8 @@ def _poisoned_record(out):
     cfg = get_cfg()
     cfg.merge_from_file(SMOKE)
     cfg.merge_from_list(["OUTPUT_DIR", str(out), *OPTS])
-    records, plan = build_train_plan(cfg, 2)
-    steps = steps_records(plan, FAILING_STEP + 1)
+    spec = TrainDataSpec.from_config(cfg, world_size=2, rank=0)
+    records, steps = spec.records, spec.steps_records(FAILING_STEP + 1)
     index, _ = steps[FAILING_STEP].records(FAILING_RANK, 0)[0]
     earlier = {i for step in steps[:FAILING_STEP] for i, _ in step.batch}
     assert index not in earlier

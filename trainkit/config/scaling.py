@@ -13,7 +13,7 @@ Two rules, chosen by ``SOLVER.SCALE_MODE``:
   it was written for); else, when ``W > A`` and ``W`` divides ``IMS_PER_BATCH``, one micro-batch
   each (smaller micro-batches); else the config is refused, since a micro-batch would grow.
   Together with the step batches composed from the global stream
-  (:mod:`trainkit.data.batch_plan`), a run then does not depend on its topology.
+  (:mod:`trainkit.data.plans.batch_plan`), a run then does not depend on its topology.
 """
 
 from __future__ import annotations

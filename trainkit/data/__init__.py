@@ -15,15 +15,17 @@ from trainkit.data.build import (
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
 from trainkit.data.dataset_mapper import DatasetMapper
-from trainkit.data.mapping import batch_rng, sample_rng, sample_seed
-from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.rank_dataset import RankDataLoader, RankDataset, RankStream
+from trainkit.data.loading.rank_loader import RankDataLoader
+from trainkit.data.mapping.record_mapper import batch_rng, sample_rng, sample_seed
+from trainkit.data.records.metafile import MetaFileDataset
+from trainkit.data.records.rank_dataset import RankDataset, RankStream
 from trainkit.data.samplers import (
     InferenceSampler,
     RandomSubsetTrainingSampler,
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
+from trainkit.data.spec import TrainDataSpec
 
 __all__ = [
     "DatasetCatalog",
@@ -39,6 +41,7 @@ __all__ = [
     "RankStream",
     "RepeatFactorTrainingSampler",
     "ToIterableDataset",
+    "TrainDataSpec",
     "TrainingSampler",
     "batch_rng",
     "build_batch_data_loader",

@@ -3,7 +3,7 @@
 ``DatasetCatalog`` and ``MetadataCatalog`` are defined in :mod:`trainkit.utils.catalog`
 (every package may look a dataset up) and exported here. :func:`load_catalog_dataset` and
 detectron2's :func:`get_detection_dataset_dicts` turn ``DATASETS.TRAIN``/``DATASETS.TEST``
-names into a dataset (both exported by :mod:`trainkit.data.build`, detectron2's path).
+names into a dataset (:func:`load_catalog_parts` also into how many records each adds).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset
 
 from trainkit.config import ConfigError
-from trainkit.data.dataset_from_list import DatasetFromList
+from trainkit.data.records.dataset_from_list import DatasetFromList
 from trainkit.utils.catalog import DatasetCatalog, Metadata, MetadataCatalog
 
 logger = logging.getLogger(__name__)
@@ -24,10 +24,10 @@ __all__ = [
     "DatasetCatalog",
     "Metadata",
     "MetadataCatalog",
-    "dataset_sizes",
     "get_detection_dataset_dicts",
     "joined_names",
     "load_catalog_dataset",
+    "load_catalog_parts",
 ]
 
 
@@ -142,15 +142,25 @@ def get_detection_dataset_dicts(
 
 
 def _named_datasets(
-    names: list[str], filter_empty: bool, min_keypoints: int = 0
+    names: list[str],
+    filter_empty: bool,
+    min_keypoints: int = 0,
+    sizes: dict[str, int] | None = None,
 ) -> Dataset | Iterator[Any]:
-    """The named dataset objects joined, or their filtered records, one at a time."""
+    """The named dataset objects joined, or their filtered records, one at a time.
+
+    ``sizes`` (optional) receives how many records each name adds, as they are read.
+    """
     # The first function tells the kind; what it returned is used, not fetched twice.
     first = _catalog_part(names, names[0])
     if not isinstance(first, Dataset):
-        return _iter_dataset_dicts(names, first, filter_empty, min_keypoints)
+        return _iter_dataset_dicts(names, first, filter_empty, min_keypoints, sizes)
+    if sizes is not None and not isinstance(first, IterableDataset):
+        sizes[names[0]] = len(first)  # type: ignore[arg-type]
     parts = [first] + [_catalog_part(names, name, dataset=True) for name in names[1:]]
     iterable = [isinstance(part, IterableDataset) for part in parts]
+    if sizes is not None and not any(iterable):
+        sizes.update((name, len(part)) for name, part in zip(names, parts))  # type: ignore[arg-type]
     if len(parts) == 1:
         return first
     if all(iterable):
@@ -164,7 +174,11 @@ def _named_datasets(
 
 
 def _iter_dataset_dicts(
-    names: list[str], first: Any, filter_empty: bool, min_keypoints: int
+    names: list[str],
+    first: Any,
+    filter_empty: bool,
+    min_keypoints: int,
+    sizes: dict[str, int] | None = None,
 ) -> Iterator[Any]:
     # Reads one catalog function's records at a time, so that no rank holds the
     # concatenation of all of them. ``first``: names[0]'s records, already fetched.
@@ -172,7 +186,7 @@ def _iter_dataset_dicts(
     for i, name in enumerate(names):
         part = first if i == 0 else _catalog_part(names, name, dataset=False)
         first = None
-        before = seen
+        before, kept_before = seen, kept
         for record in part:
             seen += 1
             if keep_record(record, filter_empty=filter_empty, min_keypoints=min_keypoints):
@@ -180,6 +194,8 @@ def _iter_dataset_dicts(
                 yield record
         if seen == before:
             raise _empty_dataset(name)
+        if sizes is not None:
+            sizes[name] = kept - kept_before
         del part
     if kept < seen:
         logger.info("Filters removed %d records; %d left", seen - kept, kept)
@@ -208,28 +224,22 @@ def load_catalog_dataset(names: str | Sequence[str], *, filter_empty: bool = Fal
             lists and dataset objects are mixed.
         UnknownNameError: A ``KeyError``: if a name is not registered.
     """
-    found = _named_datasets(_names(names), filter_empty)
-    return found if isinstance(found, Dataset) else DatasetFromList(found, copy=False)
+    return load_catalog_parts(names, filter_empty=filter_empty)[0]
 
 
-def dataset_sizes(names: str | Sequence[str], *, filter_empty: bool = False) -> list[int]:
-    """Return how many records each named dataset adds to :func:`load_catalog_dataset`'s.
+def load_catalog_parts(
+    names: str | Sequence[str], *, filter_empty: bool = False
+) -> tuple[Dataset, dict[str, int] | None]:
+    """Return :func:`load_catalog_dataset`'s dataset and how many records each name adds.
 
-    Each catalog function is called again and its records counted, not kept, so dataset
-    index ``i`` of the joined dataset is record ``i - sum(sizes[:n])`` of the ``n``-th name.
-
-    Args:
-        names, filter_empty: as for :func:`load_catalog_dataset`.
+    Dataset index ``i`` of the joined dataset is record ``i - (records of the names before)``
+    of its name; the sizes are counted while the records are read (``None`` for streams).
 
     Raises:
         ConfigError, UnknownNameError: As :func:`load_catalog_dataset`.
     """
     names = _names(names)
-    sizes = []
-    for name in names:
-        part = _catalog_part(names, name)
-        if isinstance(part, Dataset):
-            sizes.append(len(part))  # type: ignore[arg-type]  # an unsized one raises
-        else:
-            sizes.append(sum(keep_record(r, filter_empty=filter_empty) for r in part))
-    return sizes
+    sizes: dict[str, int] = {}
+    found = _named_datasets(names, filter_empty, sizes=sizes)
+    dataset = found if isinstance(found, Dataset) else DatasetFromList(found, copy=False)
+    return dataset, (sizes if len(sizes) == len(names) else None)

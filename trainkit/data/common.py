@@ -1,7 +1,7 @@
 """detectron2's dataset wrappers: record lists, failure-tolerant mapping, iterable adapters.
 
-``DatasetFromList`` lives in :mod:`trainkit.data.dataset_from_list`, the mapping itself in
-:mod:`trainkit.data.mapping`, grouping in :mod:`trainkit.data.grouping`.
+``DatasetFromList`` lives in :mod:`trainkit.data.records.dataset_from_list`, the mapping itself in
+:mod:`trainkit.data.mapping.record_mapper`, grouping in :mod:`trainkit.data.plans.grouping`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from trainkit.data.dataset_from_list import (
+from trainkit.data.mapping.record_mapper import RecordMapper, as_record_mapper
+from trainkit.data.plans.global_stream import GlobalStreamSampler
+from trainkit.data.plans.grouping import Buckets
+from trainkit.data.records.dataset_from_list import (
     DatasetFromList,
     set_default_dataset_from_list_serialize_method,
 )
-from trainkit.data.grouping import Buckets
-from trainkit.data.mapping import RecordMapper, as_record_mapper
-from trainkit.data.samplers.global_stream import GlobalStreamSampler
 
 __all__ = [
     "AspectRatioGroupedDataset",
@@ -144,13 +144,13 @@ class _Mapped:
 class MapDataset(_Mapped, Dataset):
     """Apply ``map_func`` to each record of a dataset, skipping records that fail.
 
-    A dataset view over a :class:`~trainkit.data.mapping.RecordMapper` (what fails, how it
-    is logged and replaced). Given an ``IterableDataset`` the result is an iterable dataset
-    (of a private subclass of ``IterableDataset``, not of this class, as in detectron2) that
-    maps each element and skips those that fail. ``map_func`` on a map-style dataset runs in
-    a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed by the global
-    stream position in the train loader, by ``i`` (seed 0) in a plain ``dataset[i]``; an
-    iterable has no global position, so its mapper cannot.
+    A dataset view over a :class:`~trainkit.data.mapping.record_mapper.RecordMapper` (what
+    fails, how it is logged and replaced). Given an ``IterableDataset`` the result is an
+    iterable dataset (of a private subclass of ``IterableDataset``, not of this class, as in
+    detectron2) that maps each element and skips those that fail. ``map_func`` on a map-style
+    dataset runs in a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed
+    by the global stream position in the train loader, by ``i`` (seed 0) in a plain
+    ``dataset[i]``; an iterable has no global position, so its mapper cannot.
     """
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:

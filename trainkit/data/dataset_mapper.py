@@ -53,7 +53,7 @@ class DatasetMapper:
       as detectron2 does.
 
     Random augmentations draw from the sample's generator in a loader
-    (:func:`~trainkit.data.mapping.augmentation_rng`), so batches are the same for any
+    (:func:`~trainkit.data.mapping.record_mapper.augmentation_rng`), so batches are the same for any
     ``NUM_WORKERS`` and after a resume.
     """
 

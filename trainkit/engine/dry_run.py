@@ -5,7 +5,7 @@ script in ``default_setup``, as ``--print-config`` does, and ``launch`` starts n
 it, so ``--num-gpus 64 --num-machines 16`` runs in seconds on one CPU. It goes through the
 code a real job runs: ``auto_scale_config`` for the job's world size (what
 ``DefaultTrainer.auto_scale_workers`` refuses is reported, not raised), the loader's checks,
-catalog, sampler and batch plan (:func:`~trainkit.data.step_records.build_train_plan`), and
+catalog, sampler and batch plan (:meth:`~trainkit.data.spec.TrainDataSpec.from_config`), and
 with ``--resume`` the newest checkpoint's run state (read, never loaded into a model) and
 the recipe check of a resume on another world size.
 """
@@ -103,28 +103,30 @@ def _plan_steps(
     cfg: CfgNode, world_size: int, resume: bool, num_steps: int, report: dict[str, Any]
 ) -> None:
     # Heavy imports (the data package) only for a dry run.
-    from trainkit.data.step_records import (
-        RecordIds,
-        RecordsNotPlannedError,
-        build_train_plan,
-        steps_records,
-    )
+    from trainkit.data.plans.step_records import RecordsNotPlannedError
+    from trainkit.data.spec import TrainDataSpec
 
     state, seed = None, None
     if resume:
         state, seed = _resume_state(cfg, world_size, report)
+    seed = cfg.SEED if seed is None else seed
     try:
-        records, plan = build_train_plan(cfg, world_size, seed=seed)
+        if seed < 0:
+            raise RecordsNotPlannedError(
+                f"SEED={seed}: a run draws its data seed when it starts, so its records are "
+                "not known before; set SEED >= 0 to fix them."
+            )
+        spec = TrainDataSpec.from_config(cfg, world_size=world_size, rank=0, seed=seed)
+        listed = spec.steps_records(num_steps, state=state)
     except RecordsNotPlannedError as e:
         report["notes"].append(f"records not listed: {e}")
         return
     report["micro_batch_size"] = cfg.SOLVER.IMS_PER_BATCH // (
         world_size * cfg.SOLVER.ACCUMULATE_STEPS
     )
-    listed = steps_records(plan, num_steps, state=state)
     if report["resume"] is not None and listed:
         report["resume"]["step"] = listed[0].step
-    ids = RecordIds.from_config(cfg, records)
+    ids = spec.record_ids()
     if len(ids.names) > 1:  # how many records of each set every step holds (a mix's shares)
         for step in listed:
             per_dataset = dict.fromkeys(ids.names, 0)

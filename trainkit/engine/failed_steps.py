@@ -8,7 +8,7 @@ it writes (every file atomically, so a reader never sees half of one):
   (``last_checkpoint``), the trainer class, the CPU threads per process, and the step's
   records for every rank and micro-batch (``records``: dataset indices, global positions
   and printable ids). The
-  records are a pure function of the seed and the step (:mod:`trainkit.data.step_records`),
+  records are a pure function of the seed and the step (``loader.spec.steps_records``),
   so any rank writes them all, also when the others are stuck in a collective.
 * ``config.yaml``: the run's config (its data seed resolved).
 * ``rank<R>.json``: what this rank has: the error, the step's loss terms (of a non-finite
@@ -39,9 +39,8 @@ import torch
 from trainkit.checkpoint import Checkpointer
 from trainkit.checkpoint._files import read_checkpoint_file
 from trainkit.config import CfgNode
-from trainkit.data.loader import TrainLoader
-from trainkit.data.loader_state import is_global_position
-from trainkit.data.step_records import RecordIds, build_train_plan, steps_records
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.plans.loader_state import is_global_position
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
@@ -60,7 +59,6 @@ __all__ = [
     "failing_iteration",
     "load_trainer_class",
     "read_step_file",
-    "record_ids",
     "trainer_spec",
 ]
 
@@ -83,23 +81,6 @@ class ReplayError(UsageError):
 def failed_step_dir(output_dir: str, iteration: int) -> str:
     """Return ``OUTPUT_DIR/failed_steps/iter_<iteration>`` (the iteration 0-based)."""
     return os.path.join(output_dir, FAILED_STEPS_DIR, f"iter_{iteration}")
-
-
-def record_ids(cfg: CfgNode, records: Any) -> RecordIds:
-    """Printable ids of the train records: by ``DATASETS.TRAIN`` name, else ``train[i]``.
-
-    A loader built from records given in code (``build_train_loader(cfg, dataset=...)``)
-    has no catalog names; its records are then named by their dataset index.
-    """
-    names = cfg.DATASETS.TRAIN
-    names = [names] if isinstance(names, str) else list(names)
-    if len(names) == 1 and len(records) > 0:
-        # One dataset: its size is the records' (no second read of its catalog entry).
-        return RecordIds(records, names, [len(records)])
-    try:
-        return RecordIds.from_config(cfg, records)
-    except (KeyError, ValueError):
-        return RecordIds(records, ["train"], [len(records)])
 
 
 def failing_iteration(error: BaseException, current_iter: int) -> int:
@@ -369,9 +350,9 @@ class FailedStepCapture:
                 "the train loader has no position in the global stream (a stream dataset, a "
                 "per-rank sampler or a loader of its own), so its records are not known"
             )
-        records, plan = build_train_plan(self._cfg, comm.get_world_size(), dataset=loader.records)
-        (step,) = steps_records(plan, 1, state=state, first_step=iteration)
-        ids = record_ids(self._cfg, records)
+        # The loader that ran: its own records and plan, not the config's.
+        (step,) = loader.spec.steps_records(1, state=state, first_step=iteration)
+        ids = loader.spec.record_ids()
         return [
             {
                 "rank": rank,

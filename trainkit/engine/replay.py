@@ -27,12 +27,10 @@ from typing_extensions import override
 
 from trainkit.checkpoint import unwrap_model
 from trainkit.config import CfgNode, get_cfg
-from trainkit.data.step_records import build_train_plan, steps_records
 from trainkit.engine.failed_steps import (
     ReplayError,
     load_trainer_class,
     read_step_file,
-    record_ids,
 )
 from trainkit.engine.gradients import EmulatedRanks, copy_buffers, gradient_norm, load_buffers
 from trainkit.engine.hook_base import HookBase, HookPriority
@@ -355,7 +353,7 @@ def _diagnose(
     report.non_finite_grads = [n for n, g in zip(names, averaged) if g is not None and _bad(g)]
     weights = report.weights.items()
     report.non_finite_weights = [n for n, v in weights if v.is_floating_point() and _bad(v)]
-    ids = record_ids(trainer.cfg, trainer.data_loader.records)
+    ids = trainer.data_loader.spec.record_ids()
     indices = {(s["rank"], s["micro_batch"]): s["indices"] for s in step.get("records") or []}
     for slot in report.bad_slots:
         batch = batches[slot[1] * world_size + slot[0]] if batches else None
@@ -372,8 +370,7 @@ def _check_records(
     if not run or position is None:
         return  # the run could not list them (a stream, a loader of its own)
     world_size = int(step["world_size"])
-    _, plan = build_train_plan(trainer.cfg, 1, dataset=trainer.data_loader.records)
-    (planned,) = steps_records(plan, 1, state=position, first_step=iteration)
+    (planned,) = trainer.data_loader.spec.steps_records(1, state=position, first_step=iteration)
     for _, q, pairs in planned.slots():
         slot, positions = (q % world_size, q // world_size), [p for _, p in pairs]
         if run.get(slot) != positions:

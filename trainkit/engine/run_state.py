@@ -9,8 +9,9 @@ from typing import Any
 from trainkit.checkpoint import Checkpointable
 from trainkit.config import CfgNode
 from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
-from trainkit.data.loader import TrainLoader
-from trainkit.data.loader_state import is_global_position
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.plans.loader_state import is_global_position
+from trainkit.data.train_config import resolve_data_seed
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.launcher import record_run_id
 from trainkit.utils import comm
@@ -195,12 +196,15 @@ def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def resolve_random_seed(cfg: CfgNode) -> CfgNode:
     """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
 
+    The data's seed rule (:func:`~trainkit.data.train_config.resolve_data_seed`), applied once
+    for the run, so that its loader, its checkpoints and a rebuilt loader share the seed.
+
     Collective:
         ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
     """
     if cfg.SEED >= 0:
         return cfg
-    seed = comm.shared_random_seed()
+    seed = resolve_data_seed(cfg.SEED)
     logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
     return with_seed(cfg, seed, "a random seed shared by all ranks")
 

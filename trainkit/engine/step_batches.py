@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from trainkit.checkpoint import Checkpointable
-from trainkit.data.device_prefetch import DevicePrefetcher
+from trainkit.data.loading.device_prefetch import DevicePrefetcher
 
 __all__ = ["StepBatches"]
 
@@ -19,7 +19,7 @@ class StepBatches:
     The iterator is made on first use, not when built: starting loader workers is expensive
     and a trainer built only to evaluate or to load a checkpoint never needs them. With
     ``prefetch_device`` the next batch is drawn and copied to that device while the current
-    step runs (:class:`~trainkit.data.device_prefetch.DevicePrefetcher`; ``"cpu"`` draws
+    step runs (:class:`~trainkit.data.loading.device_prefetch.DevicePrefetcher`; ``"cpu"`` draws
     ahead without a copy, which the CPU tests of resuming use).
 
     Args:

@@ -5,7 +5,7 @@ import pytest
 
 from trainkit.data import MapDataset
 from trainkit.data import transforms as T
-from trainkit.data.mapping import augmentation_rng
+from trainkit.data.mapping.record_mapper import augmentation_rng
 
 IMAGE = np.arange(24, dtype=np.uint8).reshape(4, 6)
 

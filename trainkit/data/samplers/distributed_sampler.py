@@ -1,11 +1,14 @@
-"""Training samplers (infinite, shared-seed, rank-strided, resumable) and InferenceSampler."""
+"""Training samplers (infinite, shared-seed, rank-strided, resumable) and InferenceSampler.
+
+``TrainingSampler`` is defined with the global stream it reads
+(:mod:`trainkit.data.plans.global_stream`) and exported here, detectron2's path.
+"""
 
 from __future__ import annotations
 
 import bisect
 import logging
 import math
-import operator
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,15 +18,17 @@ import torch
 from torch.utils.data import Sampler
 
 from trainkit.config import ConfigError
-from trainkit.data.samplers._permutation import (
+from trainkit.data.plans.global_stream import (
     PURPOSE_REPEAT,
     PURPOSE_SHUFFLE,
     PURPOSE_SUBSET,
+    GlobalStreamSampler,
+    TrainingSampler,
+    checked_size,
     permute,
     round_keys,
+    shard_range,
 )
-from trainkit.data.samplers.global_stream import GlobalStreamSampler
-from trainkit.data.samplers.positions import shard_range, split_positions
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
@@ -37,19 +42,6 @@ __all__ = [
 ]
 
 
-def _checked_size(sampler_name: str, size: Any) -> int:
-    try:
-        size = operator.index(size)  # any integer, numpy's included; not 3.0
-    except TypeError:
-        raise TypeError(
-            f"{sampler_name}(size=...) expects an int (the dataset size), got "
-            f"{type(size).__name__} {size!r}"
-        ) from None
-    if size <= 0:
-        raise ValueError(f"{sampler_name} needs a dataset size > 0, got {size}")
-    return size
-
-
 def check_subset_ratio(subset_ratio: float) -> None:
     """Raise a ``ConfigError`` unless ``DATALOADER.RANDOM_SUBSET_RATIO`` is in ``(0, 1]``."""
     if not 0.0 < subset_ratio <= 1.0:
@@ -57,58 +49,6 @@ def check_subset_ratio(subset_ratio: float) -> None:
             f"DATALOADER.RANDOM_SUBSET_RATIO / subset_ratio must be in (0, 1], got "
             f"{subset_ratio}; use 1.0 to train on every record."
         )
-
-
-class TrainingSampler(GlobalStreamSampler):
-    """Yield an infinite sequence of indices of a dataset of ``size`` records.
-
-    Each epoch (``size`` consecutive global positions) is another permutation of
-    ``range(size)``, computed by a keyed bijection instead of stored: O(1) memory in ``size``
-    (4e8 works) and O(1) jumps to any position, so resume and worker sharding cost nothing.
-    The order differs from detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global
-    positions ``r, r + W, ...``, without padding or end: for one exact pass over a dataset
-    use :class:`InferenceSampler`.
-    """
-
-    def __init__(
-        self,
-        size: int,
-        shuffle: bool = True,
-        seed: int | None = None,
-        *,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        """Create the sampler.
-
-        Args:
-            size: dataset size (> 0).
-            shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
-            seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
-                (a collective: every rank must construct the sampler together).
-            rank, world_size: this rank and the number of ranks (default: ``comm``'s); for
-                tests and custom sharding.
-
-        Raises:
-            TypeError: If ``size`` is not an integer.
-            ValueError: If ``size`` is not positive.
-        """
-        size = _checked_size(type(self).__name__, size)
-        super().__init__(seed, rank=rank, world_size=world_size)
-        self._size = self._epoch_size = size
-        self._shuffle = shuffle
-
-    def _identity(self) -> dict[str, Any]:
-        return {**super()._identity(), "size": self._size, "shuffle": self._shuffle}
-
-    def _indices_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = split_positions(positions, self._epoch_size)
-        if not self._shuffle:
-            return offsets
-        # Positions come sorted, so a block usually lies in one epoch: one key column then.
-        one_epoch = epochs[0] == epochs[-1]
-        keys = round_keys(self._seed, PURPOSE_SHUFFLE, epochs[:1] if one_epoch else epochs)
-        return permute(offsets, self._epoch_size, keys)
 
 
 class RandomSubsetTrainingSampler(TrainingSampler):
@@ -142,7 +82,7 @@ class RandomSubsetTrainingSampler(TrainingSampler):
             ConfigError: A ``ValueError``: if ``subset_ratio`` is outside ``(0, 1]`` or
                 selects no index (``size`` is checked as by :class:`TrainingSampler`).
         """
-        size = _checked_size(type(self).__name__, size)
+        size = checked_size(type(self).__name__, size)
         check_subset_ratio(subset_ratio)
         subset_size = int(size * subset_ratio)
         if subset_size < 1:

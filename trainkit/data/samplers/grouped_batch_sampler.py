@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, Sampler
 
-from trainkit.data.grouping import Buckets
+from trainkit.data.plans.grouping import Buckets
 
 __all__ = ["GroupedBatchSampler"]
 
@@ -16,7 +16,7 @@ __all__ = ["GroupedBatchSampler"]
 class GroupedBatchSampler(BatchSampler):
     """Wrap a sampler and yield batches whose indices all belong to one group.
 
-    It groups with :class:`~trainkit.data.grouping.Buckets`, as the train loader does:
+    It groups with :class:`~trainkit.data.plans.grouping.Buckets`, as the train loader does:
     batches follow the sampler's order as closely as grouping allows, and indices still
     waiting when the sampler ends join the next pass, as in detectron2. It records no
     position: for a resumable, grouped train loader use

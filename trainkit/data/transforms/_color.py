@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from fvcore.transforms.transform import BlendTransform, Transform
 
-from trainkit.data.mapping import augmentation_rng
+from trainkit.data.mapping.record_mapper import augmentation_rng
 from trainkit.data.transforms.augmentation import Augmentation
 
 __all__ = ["RandomBrightness", "RandomContrast", "RandomLighting", "RandomSaturation"]

@@ -14,7 +14,7 @@ from fvcore.transforms.transform import (
     TransformList,
 )
 
-from trainkit.data.mapping import augmentation_rng
+from trainkit.data.mapping.record_mapper import augmentation_rng
 from trainkit.data.transforms.augmentation import Augmentation
 
 __all__ = ["FixedSizeCrop", "MinIoURandomCrop", "RandomCrop", "RandomCrop_CategoryAreaConstraint"]

@@ -8,7 +8,7 @@ list is applied as it is) and returns what it applied as one ``TransformList``, 
 caller then applies to anything else it has (points, its own annotations).
 
 Random choices come from :meth:`Augmentation._rand_range` and
-:func:`trainkit.data.mapping.augmentation_rng`: keyed by the sample's global stream
+:func:`trainkit.data.mapping.record_mapper.augmentation_rng`: keyed by the sample's global stream
 position inside a trainkit loader (the same for any ``NUM_WORKERS`` and after a resume),
 seeded from ``np.random`` elsewhere.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from fvcore.transforms.transform import Transform, TransformList
 
-from trainkit.data.mapping import augmentation_rng
+from trainkit.data.mapping.record_mapper import augmentation_rng
 
 __all__ = [
     "AugInput",
@@ -79,7 +79,7 @@ class Augmentation:
     :attr:`input_args` names them. Conventions of the fields: ``image`` ``HxW`` or
     ``HxWxC``, uint8 (0-255) or float; ``boxes`` ``Nx4`` float XYXY in pixels; ``sem_seg``
     ``HxW`` integer labels. Draw random numbers with :meth:`_rand_range` or
-    ``trainkit.data.mapping.augmentation_rng()`` so that a loader can repeat them.
+    ``trainkit.data.mapping.record_mapper.augmentation_rng()`` so that a loader can repeat them.
     """
 
     input_args: tuple[str, ...] | None = None

@@ -3,7 +3,7 @@
 Resizing, flipping, rotating and extents are here; the crops live in ``_crop.py`` and the
 colour changes in ``_color.py``, and every one is importable from this module as in
 detectron2. Each draws its random numbers from
-:func:`~trainkit.data.mapping.augmentation_rng` (keyed by the sample inside a loader).
+:func:`~trainkit.data.mapping.record_mapper.augmentation_rng` (keyed by the sample inside a loader).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from fvcore.transforms.transform import HFlipTransform, NoOpTransform, Transform, VFlipTransform
 
-from trainkit.data.mapping import augmentation_rng
+from trainkit.data.mapping.record_mapper import augmentation_rng
 from trainkit.data.transforms._color import (
     RandomBrightness,
     RandomContrast,

@@ -11,8 +11,8 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from typing_extensions import override
 
-from trainkit.data.loader import TrainLoader
-from trainkit.data.loader_state import mixed_set_metrics
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.plans.loader_state import mixed_set_metrics
 from trainkit.engine.hook_base import HookBase, HookPriority, is_time
 from trainkit.solver import LRMultiplier
 from trainkit.utils.events import EventWriter
@@ -278,7 +278,7 @@ class SkippedRecordsCounter(HookBase):
     ``data/skipped_records`` is the loader's cumulative count of records that failed to map;
     with ``DATASETS.TRAIN_WEIGHTS``, ``data/<name>/epoch`` and ``data/<name>/records`` are
     each set's epochs so far and its records in the step
-    (:func:`~trainkit.data.loader_state.mixed_set_metrics`), read from the position after
+    (:func:`~trainkit.data.plans.loader_state.mixed_set_metrics`), read from the position after
     the batches the step consumed: host numbers, no device wait.
     """
 

@@ -6,8 +6,8 @@ every rank (a keyed bijection, never materialised), cuts it into ``mini_epochs``
 parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank ``r`` reads
 share ``r`` only (:class:`_Shares`): every record is in exactly one share per epoch, and a
 rank holds ``M / (world_size * mini_epochs)`` records. :class:`RankDataset` is the current
-share (map-style), :class:`RankStream` the shares as an endless stream and
-:class:`RankDataLoader` the train loader over that stream.
+share (map-style) and :class:`RankStream` the shares as an endless stream
+(:class:`~trainkit.data.loading.rank_loader.RankDataLoader` is the train loader over it).
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainkit.config import ConfigError
-from trainkit.data.build import build_batch_data_loader
-from trainkit.data.mapping import RecordMapper
-from trainkit.data.metafile import MetaFileDataset
-from trainkit.data.samplers._permutation import PURPOSE_RANK_SHARES, permute, round_keys
-from trainkit.data.samplers.positions import check_rank, shard_range
-from trainkit.data.shared_segments import SegmentWriter, SharedSegment
+from trainkit.data.plans.global_stream import (
+    PURPOSE_RANK_SHARES,
+    check_rank,
+    permute,
+    round_keys,
+    shard_range,
+)
+from trainkit.data.records.metafile import MetaFileDataset
+from trainkit.data.records.shared_segments import SegmentWriter, SharedSegment
 from trainkit.utils import comm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankDataLoader", "RankDataset", "RankStream", "rank_share"]
+__all__ = ["RankDataset", "RankStream", "rank_share"]
 
 _PERMUTE_BLOCK = 1 << 20  # positions permuted per numpy call (bounds the temporaries)
 _STREAM_BLOCK = 1 << 14  # a stream's records whose file positions are computed per call
@@ -251,67 +254,3 @@ class RankStream(IterableDataset):
                     yield records[index]
             remaining = max(0, remaining - len(mine))
             epoch += 1
-
-
-class RankDataLoader:
-    """The infinite, resumable train loader over a :class:`RankDataset`, built once.
-
-    A :class:`~trainkit.data.loader.TrainLoader` over :class:`RankStream`: a loader over the
-    same file with the same ``num_workers`` that loads its state continues with the next
-    batch. ``build_train_loader(cfg)`` builds the same loader for a ``DatasetCatalog`` entry
-    that returns a ``RankDataset``.
-    """
-
-    def __init__(
-        self,
-        dataset: RankDataset,
-        batch_size: int,
-        *,
-        mapper: Callable[[Any], Any] | None = None,
-        start_epoch: int = 0,
-        **loader_kwargs: Any,
-    ) -> None:
-        """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
-
-        Args:
-            dataset, batch_size: this rank's :class:`RankDataset` and its samples per batch.
-            mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
-            start_epoch: the first (mini-)epoch.
-            loader_kwargs: for :func:`~trainkit.data.build.build_batch_data_loader`.
-
-        Raises:
-            ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
-        """
-        if batch_size < 1:
-            raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
-        self.dataset = dataset
-        self._loader = build_batch_data_loader(
-            RankStream(dataset, start_epoch),
-            None,
-            None,
-            mapper=None if mapper is None else RecordMapper(mapper, name=dataset.meta_file),
-            single_gpu_batch_size=batch_size,
-            seed=dataset.seed,
-            **loader_kwargs,
-        )
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._loader)
-
-    @property
-    def num_skipped_records(self) -> int:
-        """Records that failed to map in the batches returned so far."""
-        return self._loader.num_skipped_records
-
-    def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch."""
-        return self._loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue after the batches recorded in ``state`` (call before iterating).
-
-        Raises:
-            ConfigError: A ``ValueError``: if the state was saved with another seed, rank,
-                world size or ``mini_epochs`` (the shares would differ).
-        """
-        self._loader.load_state_dict(state)

@@ -25,13 +25,11 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
-from trainkit.config import CfgNode, ConfigError
 from trainkit.utils.env import seed_all_rng
 
 __all__ = [
     "PackedBatch",
     "PackedCollate",
-    "check_num_workers",
     "loader_kwargs",
     "map_leaves",
     "pack_batch",
@@ -85,18 +83,6 @@ def start_iterator(loader: DataLoader) -> Iterator[Any]:
         return iter(loader)
     finally:
         gc.unfreeze()
-
-
-def check_num_workers(cfg: CfgNode, where: str) -> None:
-    """Raise a ``ConfigError`` unless ``DATALOADER.NUM_WORKERS`` is >= 0.
-
-    torch's own error does not name the key. ``where``: what loads without loader workers.
-    """
-    if cfg.DATALOADER.NUM_WORKERS < 0:
-        raise ConfigError(
-            f"DATALOADER.NUM_WORKERS must be >= 0, got {cfg.DATALOADER.NUM_WORKERS}; use 0 to "
-            f"load in {where}."
-        )
 
 
 def loader_kwargs(kwargs: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from PIL import Image
 
 from trainkit.config import CfgNode, ConfigError
 from trainkit.data.catalog import MetadataCatalog
-from trainkit.data.mapping import batch_rng, sample_rng
+from trainkit.data.mapping.record_mapper import batch_rng, sample_rng
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Of ``n`` loader workers (``n = 1`` without), worker ``w`` reads elements ``w, w + n, ...``
 of the stream (a stream with ``shards_across_workers = True`` gives each worker its own
 share), forms whole batches of them (grouped by the raw element's ``width``/``height`` in
-:class:`~trainkit.data.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
+:class:`~trainkit.data.plans.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
 batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``: unique, and the
 stream position itself when the loader shards) and collates it. The loader returns the
 workers' batches in turn (:func:`batches_in_turn`), so unlike the map-style path the batches
@@ -23,10 +23,10 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from trainkit.data.grouping import BucketOf, Buckets
-from trainkit.data.loader_state import check_stream_workers, new_state
-from trainkit.data.loader_workers import pack_in_worker
-from trainkit.data.mapping import RecordMapper, sample_context
+from trainkit.data.loading.loader_workers import pack_in_worker
+from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
+from trainkit.data.plans.grouping import BucketOf, Buckets
+from trainkit.data.plans.loader_state import check_stream_workers, new_state
 
 __all__ = ["StreamBatches", "batches_in_turn"]
 

@@ -39,9 +39,7 @@ from typing import Any
 import numpy as np
 
 from trainkit.config import ConfigError
-from trainkit.data.samplers._permutation import PURPOSE_MIX, round_keys
-from trainkit.data.samplers.distributed_sampler import TrainingSampler
-from trainkit.data.samplers.positions import check_rank
+from trainkit.data.plans.global_stream import PURPOSE_MIX, TrainingSampler, check_rank, round_keys
 from trainkit.utils import comm
 
 __all__ = ["MixedTrainingSampler", "mix_counts", "mix_weights"]
@@ -148,7 +146,7 @@ class MixedTrainingSampler:
     Set ``i`` is the dataset indices ``offsets[i] .. offsets[i] + sizes[i] - 1`` of the
     concatenated records (``DATASETS.TRAIN`` in order); its stream is a
     :class:`~trainkit.data.samplers.TrainingSampler` of ``sizes[i]`` records. It is read by
-    :class:`~trainkit.data.mixed_plan.MixedBatchPlan`, which takes :meth:`counts` records of
+    :class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan`, which takes :meth:`counts` records of
     each set per optimizer step; like a training sampler it never ends and holds no per-record
     state.
     """

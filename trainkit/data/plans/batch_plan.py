@@ -1,9 +1,9 @@
 """Batch plans: which records make each batch, decided from indices before anything is loaded.
 
 A plan runs in the training process: it reads dataset indices from a sampler, groups them by
-aspect-ratio bucket when asked (:class:`~trainkit.data.grouping.Buckets`) and yields each
+aspect-ratio bucket when asked (:class:`~trainkit.data.plans.grouping.Buckets`) and yields each
 batch as ``[dataset index, global position]`` pairs with the loader's position after it
-(:mod:`trainkit.data.loader_state`). Loader workers load whole batches, so grouping costs no
+(:mod:`trainkit.data.plans.loader_state`). Loader workers load whole batches, so grouping costs no
 throughput and the batches are the same for any ``NUM_WORKERS``.
 
 :class:`GlobalBatchPlan`, over a trainkit training sampler, is computed by every rank alone
@@ -20,7 +20,7 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
    ``r, r + W, ...``).
 
 Steps 1-2 are :meth:`GlobalBatchPlan.step_batches`, which composes the whole batches without
-moving the plan (:mod:`trainkit.data.step_records` lists every rank's records with it).
+moving the plan (:mod:`trainkit.data.plans.step_records` lists every rank's records with it).
 
 So a step's records and the order of steps are the same for every ``W`` and ``k``, and the
 position after a step is valid for any topology. Each rank computes the whole global stream
@@ -37,10 +37,9 @@ from typing import Any, Union
 import numpy as np
 
 from trainkit.config import ConfigError
-from trainkit.data.grouping import Buckets, LazyBucketIds
-from trainkit.data.loader_state import copy_state, load_state, new_state
-from trainkit.data.samplers.global_stream import GlobalStreamSampler
-from trainkit.data.samplers.positions import global_position
+from trainkit.data.plans.global_stream import GlobalStreamSampler, global_position
+from trainkit.data.plans.grouping import Buckets, LazyBucketIds
+from trainkit.data.plans.loader_state import copy_state, load_state, new_state
 from trainkit.utils import comm
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
     "GlobalBatchPlan",
     "RankBatchPlan",
     "deal",
-    "make_batch_plan",
     "micro_batch_size",
     "split_batch",
 ]
@@ -191,7 +189,7 @@ class GlobalBatchPlan(BatchPlan):
         """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s global stream.
 
         ``bucket_ids`` (aspect-ratio grouping, or None) holds each dataset index's bucket
-        (a :class:`~trainkit.data.grouping.LazyBucketIds` finds them as the stream reaches
+        (a :class:`~trainkit.data.plans.grouping.LazyBucketIds` finds them as the stream reaches
         each record: the same on every rank).
         Raises a ``ConfigError`` if the batch does not split evenly (:func:`split_batch`).
         """
@@ -379,44 +377,19 @@ class RankBatchPlan(BatchPlan):
 
 
 def micro_batch_size(
-    total_batch_size: int | None, single_gpu_batch_size: int | None, accumulate_steps: int
+    total_batch_size: int | None,
+    single_gpu_batch_size: int | None,
+    accumulate_steps: int,
+    world_size: int,
 ) -> int:
-    """Records of one micro-batch of this rank, from the total or the per-rank batch size.
+    """Records of one micro-batch of a rank, from the total or the per-rank batch size.
 
     Raises:
         ConfigError: A ``ValueError``: if it does not split evenly (:func:`split_batch`).
         ValueError: If both sizes are given.
     """
     if not single_gpu_batch_size:
-        return split_batch(total_batch_size, comm.get_world_size(), accumulate_steps)
+        return split_batch(total_batch_size, world_size, accumulate_steps)
     if total_batch_size:
         raise ValueError("give either total_batch_size or single_gpu_batch_size, not both")
     return split_batch(single_gpu_batch_size, 1, accumulate_steps, key="single_gpu_batch_size")
-
-
-def make_batch_plan(
-    sampler: Any,
-    total_batch_size: int | None,
-    single_gpu_batch_size: int | None,
-    accumulate_steps: int,
-    bucket_ids: BucketIds | None,
-    drop_last: bool,
-) -> BatchPlan:
-    """Return the plan of a map-style train loader over ``sampler``.
-
-    A trainkit training sampler gets the global stream's plan, unless batches have a per-rank
-    size (``single_gpu_batch_size``); any other sampler the per-rank plan. Raises as
-    :func:`micro_batch_size`.
-    """
-    if isinstance(sampler, GlobalStreamSampler) and not single_gpu_batch_size:
-        # The sampler's own rank and world size: tests and custom sharding set them.
-        return GlobalBatchPlan(
-            sampler,
-            total_batch_size or 0,
-            rank=sampler.rank,
-            world_size=sampler.world_size,
-            accumulate_steps=accumulate_steps,
-            bucket_ids=bucket_ids,
-        )
-    batch_size = micro_batch_size(total_batch_size, single_gpu_batch_size, accumulate_steps)
-    return RankBatchPlan(sampler, batch_size, bucket_ids=bucket_ids, drop_last=drop_last)

@@ -1,39 +1,45 @@
 """``TrainLoader``: the resumable train loader, for map-style datasets and for streams.
 
 A record's way through a map-style train loader, forward only: a **batch plan**
-(:mod:`trainkit.data.batch_plan`) decides in this process which ``(index, position)``
+(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)``
 pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
 to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
-each record in its sample context (:class:`~trainkit.data.mapping.RecordMapper`) and
+each record in its sample context (:class:`~trainkit.data.mapping.record_mapper.RecordMapper`) and
 collates the batch; the loader returns batches in plan order and keeps the position after
 each. So the batches are the same for any number of loader workers and, over a trainkit
 sampler, for any world size. A stream dataset (``IterableDataset``) goes through
-:mod:`trainkit.data.stream_batches` instead. Either position is a
-:mod:`trainkit.data.loader_state` state.
+:mod:`trainkit.data.loading.stream_batches` instead. Either position is a
+:mod:`trainkit.data.plans.loader_state` state.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Any
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from trainkit.data.batch_plan import BatchPlan
-from trainkit.data.loader_state import copy_state, load_state
-from trainkit.data.loader_workers import (
+from trainkit.data.loading.loader_workers import (
     PackedCollate,
     start_iterator,
     trivial_batch_collator,
     unpack_batch,
 )
-from trainkit.data.loader_workers import loader_kwargs as worker_kwargs
-from trainkit.data.mapping import RecordMapper, sample_context
-from trainkit.data.stream_batches import StreamBatches, batches_in_turn
+from trainkit.data.loading.loader_workers import loader_kwargs as worker_kwargs
+from trainkit.data.loading.stream_batches import StreamBatches, batches_in_turn
+from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
+from trainkit.data.plans.batch_plan import BatchPlan
+from trainkit.data.plans.loader_state import copy_state, load_state
 from trainkit.utils.errors import UsageError, user_message
 
+if TYPE_CHECKING:
+    from trainkit.data.spec import TrainDataSpec
+
 __all__ = ["TrainLoader"]
+
+logger = logging.getLogger(__name__)
 
 
 class _PlannedBatches:
@@ -97,44 +103,45 @@ class _MappedRecords(Dataset):
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
-    Built by :func:`~trainkit.data.build.build_batch_data_loader` (the path is in the module
-    docstring). :meth:`state_dict` describes the batches *returned*, not those prefetched: a
-    loader built the same way that loads it continues with the next batch, and so does a new
-    ``iter()`` (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would
-    yield nothing from there starts the next pass, and ``len()`` is the number of batches of
-    one pass. Use one iterator at a time.
+    Loads a :class:`~trainkit.data.spec.TrainDataSpec` (the path is in the module
+    docstring); :func:`~trainkit.data.build.build_batch_data_loader` builds one.
+    :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of
+    the same spec that loads it continues with the next batch, and so does a new ``iter()``
+    (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would yield
+    nothing from there starts the next pass, and ``len()`` is the number of batches of one
+    pass. Use one iterator at a time.
 
     Attributes:
-        records: the unmapped records (or the stream) the loader reads.
+        spec: the training data it loads (which records each step holds: ``spec.plan()``).
+        records: the unmapped records (or the stream) it reads: ``spec.records``.
+        seed: the key of ``sample_rng()`` and of the workers' base seeds: ``spec.seed``; a
+            resume continues the same stream only with the same seed.
         num_skipped_records: records that failed to map (and were replaced or skipped) in
             the batches returned so far.
-        seed: the key of ``sample_rng()`` and of the workers' base seeds (the sampler's
-            seed when the loader was built without one); a resume continues the same
-            stream only with the same seed.
     """
 
-    def __init__(
-        self,
-        records: Any,
-        mapper: RecordMapper | None,
-        source: BatchPlan | StreamBatches,
-        *,
-        seed: int,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        loader_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        """Load ``records`` (map-style, or the stream) in the batches ``source`` forms.
-
-        ``source`` is the batch plan (map-style) or the workers' stream batches; ``mapper``
-        (``None``: none) maps a record, ``collate_fn`` (default: none) a list of samples, and
-        ``seed`` keys ``sample_rng()`` and the workers' base seeds.
-        """
+    def __init__(self, spec: TrainDataSpec) -> None:
+        """Load ``spec``'s records in the batches its plan (for a stream: its workers) form."""
+        self.spec = spec
+        self.records, self.seed = spec.records, spec.seed
         self.num_skipped_records = 0
-        self.records = records
-        self.seed = seed
         self._last_items: list[list[int]] = []
-        kwargs = worker_kwargs(loader_kwargs or {}, seed)
-        if isinstance(source, StreamBatches):
+        kwargs = worker_kwargs(spec.loader.torch_kwargs(), spec.seed)
+        collate = spec.loader.collate_fn or trivial_batch_collator
+        plan = spec.plan()
+        if plan is None:
+            source = StreamBatches(
+                spec.records,
+                spec.mapper,
+                spec.micro_batch_size,
+                bucket_of=spec.bucket_of,
+                collate_fn=collate,
+                seed=spec.seed,
+                drop_last=spec.loader.drop_last,
+            )
+            logger.info(
+                "Stream dataset: batches of %d formed in the loader workers", source.batch_size
+            )
             self._stream, self._batches = source, None
             self._state = source.initial_state(max(1, int(kwargs.get("num_workers", 0))))
             # Workers that outlive an iterator would keep the position they started from.
@@ -142,13 +149,13 @@ class TrainLoader:
                 source, batch_size=None, **{**kwargs, "persistent_workers": False}
             )
         else:
-            self._stream, self._batches = None, _PlannedBatches(source)
-            self._state = source.state_dict()
+            self._stream, self._batches = None, _PlannedBatches(plan)
+            self._state = plan.state_dict()
             self._loader = DataLoader(
-                _MappedRecords(records, mapper, seed),
+                _MappedRecords(spec.records, spec.mapper, spec.seed),
                 batch_sampler=self._batches,
                 # With the batch number and skip count.
-                collate_fn=PackedCollate(collate_fn or trivial_batch_collator),
+                collate_fn=PackedCollate(collate),
                 **kwargs,
             )
 
@@ -200,7 +207,7 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch (:mod:`~trainkit.data.loader_state`).
+        """Return the position after the last returned batch (a ``loader_state`` position).
 
         Plain data: it loads with ``torch.load(weights_only=True)``.
         """

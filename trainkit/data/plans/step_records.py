@@ -1,15 +1,14 @@
 """The records of each optimizer step, for every rank and micro-batch, without a loader.
 
 Every optimizer step's records are a pure function of the data seed and the step
-(:mod:`trainkit.data.batch_plan`), so one process can list what every rank of any job reads
-in any step: :func:`build_train_plan` builds the plan a train loader would use for a config
-and a world size (the same checks, catalog, sampler and buckets), and :func:`steps_records`
-lets that plan compose each step's whole batch once and deals it to the ``W x k``
-(rank, micro-batch) slots with the loader's own rule
-(:func:`~trainkit.data.batch_plan.deal`), so listing a step for thousands of ranks costs
-what one rank's loader pays for it. :class:`RecordIds` turns a dataset index into a
+(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job reads
+in any step: :func:`steps_records` lets a plan (a train loader's, or one a
+:class:`~trainkit.data.spec.TrainDataSpec` makes for any world size) compose each step's
+whole batch once and deals it to the ``W x k`` (rank, micro-batch) slots with the loader's
+own rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
+costs what one rank's loader pays for it. :class:`RecordIds` turns a dataset index into a
 printable id: the ``DATASETS.TRAIN`` name it came from, its index there, and its
-``image_id`` or ``file_name``.
+``image_id`` or ``file_name`` (:func:`record_label`).
 
 It starts from any loader position of the plan (a fresh run's, or one a checkpoint's run
 state holds), so the steps after a resume can be listed too.
@@ -23,22 +22,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import IterableDataset
-
-from trainkit.config import CfgNode, ConfigError
-from trainkit.data.batch_plan import BatchPlan, GlobalBatchPlan, deal
-from trainkit.data.build import build_train_sampler, check_train_loader_config
-from trainkit.data.catalog import dataset_sizes, joined_names, load_catalog_dataset
-from trainkit.data.common import records_and_mapper
-from trainkit.data.grouping import record_bucket_ids
-from trainkit.data.mixed_plan import make_train_plan
-from trainkit.data.mixed_sets import mixed_sampler, mixed_sets
+from trainkit.config import ConfigError
+from trainkit.data.plans.batch_plan import BatchPlan, GlobalBatchPlan, deal
 
 __all__ = [
     "RecordIds",
     "RecordsNotPlannedError",
     "StepRecords",
-    "build_train_plan",
+    "record_label",
     "steps_records",
 ]
 
@@ -47,7 +38,7 @@ _RECORD_KEYS = ("image_id", "file_name")
 
 
 class RecordsNotPlannedError(ConfigError):
-    """No plan knows a step's records before the run (a stream dataset, or ``SEED < 0``)."""
+    """No plan knows a step's records before the run (a stream, a per-rank plan, ``SEED < 0``)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +94,7 @@ def steps_records(
 
     Args:
         plan: a plan over a trainkit training sampler's global stream (its world size and
-            ``SOLVER.ACCUMULATE_STEPS`` are the slots), e.g. from :func:`build_train_plan`.
+            ``SOLVER.ACCUMULATE_STEPS`` are the slots), e.g. ``TrainDataSpec.plan()``.
         num_steps: how many steps to list.
         state: the loader position to start from (``TrainLoader.state_dict()``, or a rank's
             ``"data"`` in a checkpoint's run state; default: the plan's own). One taken in the
@@ -135,73 +126,6 @@ def steps_records(
     return found
 
 
-def build_train_plan(
-    cfg: CfgNode,
-    world_size: int,
-    *,
-    seed: int | None = None,
-    dataset: Any = None,
-) -> tuple[Any, GlobalBatchPlan]:
-    """Return the train records and rank 0's batch plan of a job of ``world_size`` processes.
-
-    The plan is the one ``build_detection_train_loader(cfg)`` builds (the same checks,
-    catalog records, sampler and aspect-ratio buckets), without a loader, a mapper or a
-    process group; every rank of the job composes the same steps.
-
-    Args:
-        cfg: the config, scaled to ``world_size`` (``auto_scale_config``).
-        world_size: the processes of the job.
-        seed: the data seed (default ``cfg.SEED``).
-        dataset: the train records or map-style dataset (default: ``DATASETS.TRAIN``'s).
-
-    Returns:
-        ``(records, plan)``: the unmapped records (indexed by dataset index) and the plan.
-
-    Raises:
-        ConfigError: A ``ValueError``: as ``check_train_loader_config`` for ``world_size``
-            and as the catalog for the datasets.
-        RecordsNotPlannedError: A ``ConfigError``: for a seed < 0 (a run draws it when it
-            starts) or a stream dataset (its loader workers form the batches, no plan does).
-    """
-    check_train_loader_config(cfg, world_size)
-    seed = cfg.SEED if seed is None else seed
-    if seed < 0:
-        raise RecordsNotPlannedError(
-            f"SEED={seed}: a run draws its data seed when it starts, so its records are not "
-            "known before; set SEED >= 0 to fix them."
-        )
-    sampler = None
-    if cfg.DATASETS.TRAIN_WEIGHTS:
-        # The loader's mix: the sets concatenated, one stream each (mixed_sets).
-        if dataset is None:
-            dataset, sampler = mixed_sets(cfg, seed, rank=0, world_size=world_size)
-        else:
-            sampler = mixed_sampler(cfg, dataset, seed, rank=0, world_size=world_size)
-    elif dataset is None:
-        dataset = load_catalog_dataset(
-            cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
-        )
-    records, _ = records_and_mapper(dataset)
-    if isinstance(records, IterableDataset) or callable(getattr(records, "as_stream", None)):
-        raise RecordsNotPlannedError(
-            f"DATASETS.TRAIN {joined_names(cfg.DATASETS.TRAIN)!r} is a stream dataset: its "
-            "loader workers form the batches, so no plan lists a step's records."
-        )
-    if sampler is None:
-        sampler = build_train_sampler(cfg, records, seed, rank=0, world_size=world_size)
-    loader = cfg.DATALOADER
-    bucket_ids = (
-        record_bucket_ids(records, loader.ASPECT_RATIO_BINS)
-        if loader.ASPECT_RATIO_GROUPING
-        else None
-    )
-    plan = make_train_plan(
-        sampler, cfg.SOLVER.IMS_PER_BATCH, None, cfg.SOLVER.ACCUMULATE_STEPS, bucket_ids, True
-    )
-    assert isinstance(plan, GlobalBatchPlan)  # a trainkit sampler and a total batch size
-    return records, plan
-
-
 class RecordIds:
     """Printable ids of the train records: ``NAME[i] image_id=...`` (or ``file_name=...``).
 
@@ -211,7 +135,8 @@ class RecordIds:
     Args:
         records: the joined records (indexed by dataset index; read only for the ids shown).
         names: the dataset names, in order.
-        sizes: how many records each adds (:func:`~trainkit.data.catalog.dataset_sizes`).
+        sizes: how many records each adds
+            (:func:`~trainkit.data.catalog.load_catalog_parts`).
 
     Raises:
         ValueError: If the sizes do not add up to the records' number.
@@ -225,13 +150,6 @@ class RecordIds:
             )
         self._records, self._names = records, list(names)
         self._starts = list(itertools.accumulate(sizes, initial=0))
-
-    @classmethod
-    def from_config(cls, cfg: CfgNode, records: Sequence[Any]) -> RecordIds:
-        """Ids for ``records`` loaded from ``cfg.DATASETS.TRAIN`` (its catalog is read again)."""
-        names = [cfg.DATASETS.TRAIN] if isinstance(cfg.DATASETS.TRAIN, str) else cfg.DATASETS.TRAIN
-        sizes = dataset_sizes(names, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS)
-        return cls(records, names, sizes)
 
     def info(self, index: int) -> dict[str, Any]:
         """Return ``{"dataset", "index"}`` of dataset index ``index``, plus the record's ids.
@@ -265,6 +183,13 @@ class RecordIds:
     def __call__(self, index: int) -> str:
         """Return the printable id of dataset index ``index`` (see the class docstring)."""
         info = self.info(index)
-        text = f"{info['dataset']}[{info['index']}]"
-        own = next((key for key in _RECORD_KEYS if key in info), None)
-        return text if own is None else f"{text} {own}={info[own]}"
+        return record_label(info, f"{info['dataset']}[{info['index']}]")
+
+
+def record_label(record: Any, name: str) -> str:
+    """Return ``name`` followed by the record's own id: ``name image_id=...`` (or ``file_name``).
+
+    ``name`` alone for a record without either (or that is not a dict).
+    """
+    own = next((key for key in _RECORD_KEYS if isinstance(record, dict) and key in record), None)
+    return name if own is None else f"{name} {own}={record[own]}"

@@ -5,8 +5,8 @@ collective and no process group, so it works under any launcher (``launch()``, t
 SLURM, processes started by hand) and no rank ever waits for another. Every process that
 builds a record segment (``DatasetFromList(lst)`` on each rank, as detectron2 code does, and
 the catalog path) serialises it into its own sealed memfd, hashing it on the way
-(:class:`~trainkit.data.shared_segments.SegmentWriter`); :func:`share_segment` then meets the
-machine's other holders of the same records at a Linux *abstract* unix socket::
+(:class:`~trainkit.data.records.shared_segments.SegmentWriter`); :func:`share_segment` then
+meets the machine's other holders of the same records at a Linux *abstract* unix socket::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
@@ -51,7 +51,7 @@ import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from trainkit.data.shared_segments import (
+from trainkit.data.records.shared_segments import (
     SegmentHandle,
     SharedSegment,
     is_sealed,

@@ -10,23 +10,23 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
 ``SOLVER.IMS_PER_BATCH`` for ``"global"``, this rank's (micro-)batch otherwise) and
 ``num_buckets`` (aspect-ratio buckets, 1 without grouping). By ``kind``:
 
-* ``"global"`` (:class:`~trainkit.data.batch_plan.GlobalBatchPlan`): a position in the global
+* ``"global"`` (:class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan`): a position in the global
   stream; taken at an optimizer-step boundary, any world size and ``SOLVER.ACCUMULATE_STEPS``
   continue it. ``position`` (the next global position of the step being composed),
   ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
   (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
   ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
-  A weighted mix of sets (:class:`~trainkit.data.mixed_plan.MixedBatchPlan`,
+  A weighted mix of sets (:class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan`,
   ``DATASETS.TRAIN_WEIGHTS``) has ``position`` = records of the steps composed, ``buckets``
   empty, and ``sets``: per set, ``position`` (the next position of its own stream),
   ``taken`` (records it gave to steps), ``records`` (those of the last step composed) and
   ``buckets``; its ``source`` names every set (``name``, ``size``, ...) and the weights.
-* ``"rank"`` (:class:`~trainkit.data.batch_plan.RankBatchPlan`): this rank's draws from its
+* ``"rank"`` (:class:`~trainkit.data.plans.batch_plan.RankBatchPlan`): this rank's draws from its
   own sampler; only the same rank of the same world size continues it. ``rank``,
   ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
   finite sampler's finished passes: positions go on growing), ``buckets`` (as above) and
   ``num_batches``.
-* ``"stream"`` (:mod:`trainkit.data.stream_batches`): what each loader worker read of a
+* ``"stream"`` (:mod:`trainkit.data.loading.stream_batches`): what each loader worker read of a
   stream dataset; only as many loader workers (``DATALOADER.NUM_WORKERS``) continue it.
   ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``: per worker,
   ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count, position]`` of the

@@ -1,8 +1,8 @@
 """The batch plan of a weighted mix of training sets: each step's exact share of every set.
 
 :class:`MixedBatchPlan` composes optimizer step ``s``'s batch of ``B = SOLVER.IMS_PER_BATCH``
-records from several sets (:class:`~trainkit.data.samplers.mixed.MixedTrainingSampler`) and
-deals it to ``W x k`` slots exactly as :class:`~trainkit.data.batch_plan.GlobalBatchPlan`
+records from several sets (:class:`~trainkit.data.plans.mixed_sampler.MixedTrainingSampler`) and
+deals it to ``W x k`` slots exactly as :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan`
 does, so a step's records stay a pure function of (seed, step) on every topology:
 
 1. Step ``s`` holds ``n_i(s)`` records of set ``i`` (the sampler's :meth:`counts`: largest
@@ -22,7 +22,7 @@ does, so a step's records stay a pure function of (seed, step) on every topology
    ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
    same on every topology.
 
-The position after a step (:mod:`trainkit.data.loader_state`, kind ``"global"``) holds each
+The position after a step (:mod:`trainkit.data.plans.loader_state`, kind ``"global"``) holds each
 set's: the next position of its stream, the records it gave to steps so far, those of the
 last step, and its waiting records per bucket. So the mix resumes exactly, on any world size
 and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
@@ -35,12 +35,11 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from trainkit.config import ConfigError
-from trainkit.data.batch_plan import BatchPlan, BucketIds, GlobalBatchPlan, make_batch_plan
-from trainkit.data.grouping import Buckets
-from trainkit.data.samplers.mixed import MixedTrainingSampler
+from trainkit.data.plans.batch_plan import BucketIds, GlobalBatchPlan
+from trainkit.data.plans.grouping import Buckets
+from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
 
-__all__ = ["LOOK_AHEAD", "MixedBatchPlan", "make_train_plan"]
+__all__ = ["LOOK_AHEAD", "MixedBatchPlan"]
 
 # With grouping, a set other than the leading one reads ahead until the step's bucket holds
 # its share, keeping at most LOOK_AHEAD x buckets x its share records waiting (its memory
@@ -69,7 +68,7 @@ class MixedBatchPlan(GlobalBatchPlan):
 
         ``bucket_ids`` (aspect-ratio grouping, or None): each dataset index's bucket, the
         indices of the concatenated sets. Raises a ``ConfigError`` if the batch does not
-        split evenly (:func:`~trainkit.data.batch_plan.split_batch`).
+        split evenly (:func:`~trainkit.data.plans.batch_plan.split_batch`).
         """
         super().__init__(
             sampler,  # type: ignore[arg-type]  # read through its own methods below
@@ -188,47 +187,3 @@ def _first_full(waiting: dict[Any, list[list[int]]], count: int) -> Any:
         return None
     full = [b for b, items in waiting.items() if len(items) >= count]
     return min(full, key=lambda b: waiting[b][count - 1][1], default=None)
-
-
-def make_train_plan(
-    sampler: Any,
-    total_batch_size: int | None,
-    single_gpu_batch_size: int | None,
-    accumulate_steps: int,
-    bucket_ids: BucketIds | None,
-    drop_last: bool,
-) -> BatchPlan:
-    """Return the plan of a map-style train loader over ``sampler``, mixed or not.
-
-    A :class:`~trainkit.data.samplers.mixed.MixedTrainingSampler` gets a
-    :class:`MixedBatchPlan`; any other sampler what
-    :func:`~trainkit.data.batch_plan.make_batch_plan` gives. The loader and
-    :func:`~trainkit.data.step_records.build_train_plan` both build their plan here.
-
-    Raises:
-        ConfigError: For a mixed sampler with ``single_gpu_batch_size`` (a mix composes whole
-            optimizer steps), and as :func:`~trainkit.data.batch_plan.make_batch_plan`.
-    """
-    if not isinstance(sampler, MixedTrainingSampler):
-        return make_batch_plan(
-            sampler,
-            total_batch_size,
-            single_gpu_batch_size,
-            accumulate_steps,
-            bucket_ids,
-            drop_last,
-        )
-    if single_gpu_batch_size:
-        raise ConfigError(
-            "a MixedTrainingSampler (DATASETS.TRAIN_WEIGHTS) composes whole optimizer "
-            "steps: give total_batch_size (SOLVER.IMS_PER_BATCH), not "
-            "single_gpu_batch_size."
-        )
-    return MixedBatchPlan(
-        sampler,
-        total_batch_size or 0,
-        rank=sampler.rank,
-        world_size=sampler.world_size,
-        accumulate_steps=accumulate_steps,
-        bucket_ids=bucket_ids,
-    )

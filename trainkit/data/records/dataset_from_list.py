@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from trainkit.data.segment_sharing import share_segment
-from trainkit.data.shared_segments import SegmentWriter, SharedSegment
+from trainkit.data.records.segment_sharing import share_segment
+from trainkit.data.records.shared_segments import SegmentWriter, SharedSegment
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,11 @@ class _SharedSerializedList:
     """trainkit's default serialisation method: a read-only list of pickled records.
 
     The records lie in one sealed, anonymous shared-memory segment
-    (:mod:`~trainkit.data.shared_segments`). Forked loader workers share its pages and never
+    (:mod:`~trainkit.data.records.shared_segments`). Forked loader workers share its pages and never
     write to them (reading a list of millions of Python objects bumps their reference counts
     and so copies every page into every worker: "copy-on-read"); spawned workers and the
     machine's other builders of the same records map the same pages
-    (:mod:`~trainkit.data.segment_sharing`, no collective). Each item is a fresh unpickled
+    (:mod:`~trainkit.data.records.segment_sharing`, no collective). Each item is a fresh unpickled
     record, safe to modify.
     """
 
@@ -164,7 +164,7 @@ class DatasetFromList(Dataset):
         Kept for code written for earlier trainkit versions, where only local rank 0 called
         ``load_fn``: now every rank calls it (it may return any iterable) and the constructor,
         given ``copy``, shares one copy per machine by content
-        (:mod:`trainkit.data.segment_sharing`; a custom default serialisation method is
+        (:mod:`trainkit.data.records.segment_sharing`; a custom default serialisation method is
         applied by every rank instead).
         """
         return cls(load_fn(), copy=copy)

@@ -8,7 +8,7 @@ which has no name in the file system, so nothing can leak: the kernel frees the 
 the last descriptor and mapping, also when every process holding it crashes or is killed.
 The writer seals a memfd against writes, growth and shrinking once it is complete, so no
 process can change the bytes under another one's feet. How other processes of the machine
-map the same file is :mod:`trainkit.data.segment_sharing`'s.
+map the same file is :mod:`trainkit.data.records.segment_sharing`'s.
 
 Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
 tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
@@ -96,8 +96,8 @@ class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
     Made by :class:`SegmentWriter`, :func:`segment_from_fd` or
-    :func:`~trainkit.data.segment_sharing.attach_segment`. Sent through multiprocessing it
-    travels as its handle (registered by :mod:`trainkit.data.segment_sharing`), so the
+    :func:`~trainkit.data.records.segment_sharing.attach_segment`. Sent through multiprocessing it
+    travels as its handle (registered by :mod:`trainkit.data.records.segment_sharing`), so the
     receiver, on this machine while this process holds the segment (a loader worker it
     spawned), maps the same pages.
     """

@@ -2,23 +2,23 @@
 
 The batch plans, the loader workers of a stream dataset, ``AspectRatioGroupedDataset`` and
 ``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
-the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``. A record without
-them (every record of ``load_sem_seg``) is measured by its image's header, only when a plan
-reaches it (:class:`LazyBucketIds`).
+the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``, each read when a
+plan first reaches the record (:class:`LazyBucketIds`), so no loader reads every record to
+start. A record without them (every record of ``load_sem_seg``) is measured by its image's
+header.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from trainkit.config import ConfigError
-from trainkit.data.image_headers import image_size_from_header
+from trainkit.data.plans.image_headers import image_size_from_header
 
 __all__ = [
     "BucketOf",
@@ -26,7 +26,6 @@ __all__ = [
     "LazyBucketIds",
     "aspect_ratio_bucket_ids",
     "record_aspect_ratio",
-    "record_aspect_ratios",
     "record_bucket_ids",
 ]
 
@@ -95,39 +94,6 @@ def record_aspect_ratio(record: Any, index: int | None = None) -> float:
             f"{_TURN_OFF}."
         ) from None
     return width / height
-
-
-def record_aspect_ratios(
-    records: Iterable[dict[str, Any]] | Dataset, *, missing_ok: bool = False
-) -> np.ndarray:
-    """Return ``width / height`` of every record (of a map-style dataset: read one by one).
-
-    Only the records' own ``width``/``height`` are read, never an image.
-
-    Args:
-        records: the unmapped records.
-        missing_ok: give NaN for a record without ``width``/``height`` that has a
-            ``file_name`` (:class:`LazyBucketIds` reads its header later) instead of raising.
-
-    Raises:
-        ConfigError: A ``ValueError``: if a record lacks a positive ``width`` or ``height``
-            (with ``missing_ok``: lacks both them and a ``file_name``).
-    """
-    if isinstance(records, Dataset):
-        dataset = records
-        records = (dataset[i] for i in range(len(dataset)))  # type: ignore[arg-type]
-    ratios = []
-    for i, record in enumerate(records):
-        ratio = _stated_aspect_ratio(record, i)
-        if ratio is None and not missing_ok:
-            raise ConfigError(
-                f"{_name(record, i)} has no 'width'/'height'; aspect-ratio grouping needs them "
-                f"in every record. Add them, {_TURN_OFF}."
-            )
-        if ratio is None:
-            _file_name(record, i)  # fail now, not when the plan reaches the record
-        ratios.append(math.nan if ratio is None else ratio)
-    return np.asarray(ratios, dtype=np.float64)
 
 
 def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) -> np.ndarray:
@@ -231,12 +197,12 @@ class LazyBucketIds:
 
     Memory: one byte per record (bucket + 1; 0: not read yet) in a zero-filled numpy array,
     whose pages the operating system maps only once written, so 300 million records cost at
-    most 300 MB (the eager path's int16 ids cost twice that, all at start), not a Python
-    object per record.
+    most 300 MB, not a Python object per record.
 
-    Cost: a :class:`~trainkit.data.batch_plan.GlobalBatchPlan` runs the whole global stream
-    on every rank, so in the first epoch each of the ``W`` ranks reads the header of every
-    record (``W`` headers per image it decodes itself); later epochs read none. That is
+    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global stream
+    on every rank, so in the first epoch each of the ``W`` ranks reads every record once (a
+    few microseconds for one with a size; for one without, the header: ``W`` headers per
+    image it decodes itself); later epochs read none. That is
     accepted rather than shared: a header read is about 0.1 ms (a file open and a parse of
     its first bytes; after the first rank of a machine, from the page cache), once per
     record and process for the whole run, while sharing the reads would put a collective, or
@@ -285,23 +251,18 @@ class LazyBucketIds:
         return (int(k) - 1 if k else self[i] for i, k in zip(indices.tolist(), known.tolist()))
 
 
-def record_bucket_ids(records: Any, bins: Sequence[float]) -> np.ndarray | LazyBucketIds:
-    """Return every dataset index's aspect-ratio bucket, now or (:class:`LazyBucketIds`) lazily.
+def record_bucket_ids(records: Any, bins: Sequence[float]) -> LazyBucketIds:
+    """Return every dataset index's aspect-ratio bucket, each found when a plan first needs it.
 
-    Records with ``width``/``height`` are read all at once, now. If the first record has
-    none, no record is read (the buckets come from image headers as a plan reaches each
-    record); records in between are read now where they have sizes, lazily where not.
+    Only the first record is read now, so that a dataset without sizes and images fails when
+    the loader is built, not at step 0; any other record is read (its ``width``/``height``,
+    else its image's header) the first time a plan reaches it (:class:`LazyBucketIds`).
 
     Raises:
-        ConfigError: A ``ValueError``: for bad ``bins``, a non-positive record size, or a
-            record with neither a size nor a ``file_name`` (the first one, or one read now).
+        ConfigError: A ``ValueError``: for bad ``bins``, or a first record with a
+            non-positive size or neither a size nor a ``file_name``.
     """
+    ids = LazyBucketIds(records, bins)
     if len(records) and _stated_aspect_ratio(records[0], 0) is None:
-        _file_name(records[0], 0)  # a dataset without any image fails now, not at step 0
-        return LazyBucketIds(records, bins)
-    ratios = record_aspect_ratios(records, missing_ok=True)
-    missing = np.isnan(ratios)
-    ids = aspect_ratio_bucket_ids(np.where(missing, 1.0, ratios), bins)
-    if not missing.any():
-        return ids
-    return LazyBucketIds(records, bins, known=np.where(missing, 0, ids.astype(np.int64) + 1))
+        _file_name(records[0], 0)
+    return ids

@@ -7,7 +7,7 @@ size). It is built once by a vectorised newline scan over ``mmap`` chunks, writt
 temporary file and ``os.replace``-d into place (readers never see half an index; a lock file
 makes builders on several ranks wait for one another), and rebuilt when the metadata file's
 size or mtime changes. :class:`MetaFileDataset` is the one reader of a metadata file;
-:mod:`trainkit.data.rank_dataset` splits a file into each rank's shares over it.
+:mod:`trainkit.data.records.rank_dataset` splits a file into each rank's shares over it.
 """
 
 from __future__ import annotations

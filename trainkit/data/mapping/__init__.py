@@ -1,0 +1,1 @@
+"""Mapping: a record's sample context and failures, and the built-in mappers."""

@@ -1,0 +1,1 @@
+"""Plans, samplers and mixing: which records make each step, decided before any is loaded."""
