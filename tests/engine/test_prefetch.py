@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainkit.data.device_prefetch import DevicePrefetcher
 
 from tests.engine.test_default_trainer import RegressionTrainer, _assert_same, _cfg
 from trainkit.config import get_cfg
+from trainkit.data.loading.device_prefetch import DevicePrefetcher
 from trainkit.engine import hooks
 from trainkit.engine.step_batches import StepBatches
 from trainkit.engine.step_config import prefetch_device

@@ -46,6 +46,22 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
     Args:
         epilog: text shown after the flags in ``--help``.
     """
+    # Every script built the detectron2 way starts here: from now on an uncaught user error
+    # ends it with one line and exit status 2 (see trainkit.utils.errors).
+    install_usage_error_handler()
+    return _parser(epilog)
+
+
+def command_line(args: Any) -> argparse.Namespace:
+    """Return ``args`` with every flag of :func:`default_argument_parser`, defaults filled in.
+
+    detectron2 scripts hand ``default_setup`` their own namespace, a dict or ``None``.
+    """
+    given = {} if args is None else dict(args) if isinstance(args, dict) else vars(args)
+    return argparse.Namespace(**{**vars(_parser(None).parse_args([])), **given})
+
+
+def _parser(epilog: str | None) -> argparse.ArgumentParser:
     epilog = epilog or (
         "Examples:\n"
         f"  Train on 8 GPUs:      {sys.argv[0]} --num-gpus 8 --config-file cfg.yaml\n"
@@ -58,9 +74,6 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         f"  What 128 GPUs would do (here, in seconds): {sys.argv[0]} --config-file cfg.yaml "
         "--dry-run --num-gpus 8 --num-machines 16\n"
     )
-    # Every script built the detectron2 way starts here: from now on an uncaught user error
-    # ends it with one line and exit status 2 (see trainkit.utils.errors).
-    install_usage_error_handler()
     parser = argparse.ArgumentParser(
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -179,16 +192,14 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         SystemExit: With status 0, after printing, with ``args.print_config``; after a dry
             run, 0, or 2 if the job would be refused.
     """
-    run = run_config(cfg)
-    if getattr(args, "print_config", False):
-        _print_config_and_exit(run, args)
-    if getattr(args, "dry_run", False):
+    run, flags = run_config(cfg), command_line(args)
+    if flags.print_config:
+        _print_config_and_exit(run, flags)
+    if flags.dry_run:
         from trainkit.engine.dry_run import run_dry_run  # the data package, only for it
 
-        run_dry_run(cfg, args)
-    run.check_weights(
-        eval_only=getattr(args, "eval_only", False), resume=getattr(args, "resume", False)
-    )
+        run_dry_run(cfg, flags)
+    run.check_weights(eval_only=flags.eval_only, resume=flags.resume)
     output_dir, rank = run.output_dir, comm.get_rank()
     if output_dir:
         check_output_dir(output_dir)
@@ -200,9 +211,9 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         logger.info("Environment:\n%s", env_table)
     if args is not None:
         logger.info("Command line arguments: %s", args)
-        if getattr(args, "config_file", ""):
-            with PathManager.open(args.config_file, "r") as f:
-                logger.info("Contents of %s:\n%s", args.config_file, f.read())
+        if flags.config_file:
+            with PathManager.open(flags.config_file, "r") as f:
+                logger.info("Contents of %s:\n%s", flags.config_file, f.read())
     # Before the dump, so config.yaml holds the config the run uses.
     run.scale_in_place(comm.get_world_size())
     if rank == 0 and output_dir:
@@ -234,7 +245,7 @@ def _print_config_and_exit(run: RunConfig, args: argparse.Namespace) -> None:
     elif "WORLD_SIZE" in os.environ:
         world_size = int(os.environ["WORLD_SIZE"])
     else:
-        world_size = int(getattr(args, "num_gpus", 1)) * int(getattr(args, "num_machines", 1))
+        world_size = int(args.num_gpus) * int(args.num_machines)
     scaled = run.scaled(world_size)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":

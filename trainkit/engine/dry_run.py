@@ -261,7 +261,7 @@ def run_dry_run(cfg: CfgNode, args: argparse.Namespace) -> None:
             "--dry-run reads a yacs config (.yaml); a LazyConfig is not scaled to the world "
             "size, so there is no recipe to show. Use --print-config for its values."
         )
-    num_steps = int(getattr(args, "dry_run_steps", 3))
+    num_steps = int(args.dry_run_steps)
     if num_steps < 0:
         raise UsageError(f"--dry-run-steps must be >= 0, got {num_steps}.")
     num_gpus, num_machines = int(args.num_gpus), int(args.num_machines)
@@ -274,7 +274,7 @@ def run_dry_run(cfg: CfgNode, args: argparse.Namespace) -> None:
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
         print(format_dry_run(report, num_gpus, num_machines), end="", flush=True)  # noqa: T201
-        json_file = getattr(args, "dry_run_json", None)
+        json_file = args.dry_run_json
         if json_file:
             with atomic_write(json_file, "w") as f:
                 json.dump(report, f, indent=1)

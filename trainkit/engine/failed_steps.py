@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
 import socket
-import sys
 from typing import Any
 
 import torch
@@ -43,7 +43,7 @@ from trainkit.data.loading.loader import TrainLoader
 from trainkit.data.plans.loader_state import is_global_position
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.step_metrics import NonFiniteLossError
-from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE
+from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, exit_code_of
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state
 from trainkit.utils.errors import UsageError
@@ -102,7 +102,10 @@ def trainer_spec(trainer_class: type) -> str:
     script imports it as a top-level module), which the replay imports from its file.
     """
     module = trainer_class.__module__
-    path = getattr(sys.modules.get(module), "__file__", None)
+    try:
+        path: str | None = inspect.getfile(trainer_class)
+    except TypeError:  # a class of no file (built in)
+        path = None
     if path and (module in ("__main__", "__mp_main__") or "." not in module):
         return f"{os.path.abspath(path)}:{trainer_class.__qualname__}"
     return f"{module}:{trainer_class.__qualname__}"
@@ -161,7 +164,7 @@ def _is_captured(error: BaseException) -> bool:
     """Whether ``error`` is a step's failure, not a stop, a user error or a peer's echo."""
     if not isinstance(error, Exception) or isinstance(error, UsageError):
         return False
-    exit_code = getattr(error, "exit_code", None)
+    exit_code = exit_code_of(error)
     if exit_code is not None and exit_code != NON_FINITE_EXIT_CODE:
         return False  # an agreed stop (pre-emption)
     # A collective that failed because a peer vanished: the peer writes the folder.
@@ -172,7 +175,7 @@ def _error_info(error: BaseException) -> dict[str, Any]:
     return {
         "type": type(error).__name__,
         "message": str(error),
-        "exit_code": getattr(error, "exit_code", 1),
+        "exit_code": exit_code_of(error) or 1,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
@@ -42,12 +43,12 @@ class _ProgressField(Generic[_T]):
     """A trainer attribute kept in its ``_progress``, which a bound step trainer shares."""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
+        self._name, self._read = name, operator.attrgetter(name)
 
     def __get__(self, trainer: TrainerBase | None, owner: type | None = None) -> _T:
         if trainer is None:  # looked up on the class
             return self  # type: ignore[return-value]
-        return getattr(trainer._progress, self._name)
+        return self._read(trainer._progress)
 
     def __set__(self, trainer: TrainerBase, value: _T) -> None:
         setattr(trainer._progress, self._name, value)

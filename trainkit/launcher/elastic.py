@@ -45,7 +45,7 @@ from trainkit.launcher.job_store import (
     read_abort,
     serve_store,
 )
-from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
+from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, exit_code_of
 from trainkit.utils.errors import USAGE_EXIT_CODE, UsageError, user_message
 
 __all__ = ["JobFailed", "run_agent", "should_restart"]
@@ -388,8 +388,7 @@ def _spawned_process(job: _Job) -> Any:
         report(USAGE_EXIT_CODE, user_message(e))
         raise SystemExit(USAGE_EXIT_CODE) from None
     except BaseException as e:  # report everything, KeyboardInterrupt and SystemExit included
-        code = getattr(e, "exit_code", None)  # pre-emption carries the status to end with
-        code = code if isinstance(code, int) and code > 0 else 1
+        code = exit_code_of(e) or 1  # pre-emption carries the status to end with
         report(code, f"rank {env.rank} raised an exception:\n{traceback.format_exc()}")
         raise SystemExit(code) from None
     try:

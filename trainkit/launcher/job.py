@@ -36,6 +36,7 @@ from trainkit.launcher.protocol import (
     RESTART_COUNT_VAR,
     WATCHDOG_EXIT_CODE,
     describe_stall,
+    exit_code_of,
     find_stalled_rank,
     job_store_address,
 )
@@ -234,7 +235,7 @@ def _post_failure(
     """Tell the other processes (and the launchers) that this one failed, unless it is an echo."""
     if isinstance(error, SystemExit) and error.code in (None, 0):
         return
-    exit_code = getattr(error, "exit_code", None)
+    exit_code = exit_code_of(error)
     if exit_code is not None and exit_code != NON_FINITE_EXIT_CODE:
         return  # an agreed stop (pre-emption): every rank stops the same way, after a barrier
     code, kind = 1, "error"

@@ -27,11 +27,22 @@ __all__ = [
     "WATCHDOG_EXIT_CODE",
     "connect_job_store",
     "describe_stall",
+    "exit_code_of",
     "find_stalled_rank",
     "job_store_address",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def exit_code_of(error: BaseException) -> int | None:
+    """Return the status ``error`` asks the process to end with (its ``exit_code``), or None.
+
+    Only a positive integer counts (see the module docstring).
+    """
+    code = getattr(error, "exit_code", None)  # any exception type may carry one
+    return code if isinstance(code, int) and code > 0 else None
+
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a run stopped by a signal after saving a checkpoint (sysexits' TEMPFAIL)."""

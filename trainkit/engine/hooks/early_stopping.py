@@ -99,8 +99,10 @@ class ImprovementRule:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the progress (plain numbers); ``{}`` before the first evaluation."""
-        keys = ("best_metric", "best_iter", "evals_without_improvement")
-        return {} if self.best_metric is None else {k: getattr(self, k) for k in keys}
+        if self.best_metric is None:
+            return {}
+        best, count = (self.best_metric, self.best_iter), self.evals_without_improvement
+        return {"best_metric": best[0], "best_iter": best[1], "evals_without_improvement": count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a state without the count)."""
