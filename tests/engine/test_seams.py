@@ -155,3 +155,21 @@ def test_a_step_trainer_and_its_replacement_do_not_both_listen(tmp_path):
     # One writer filed each step once.
     assert [i for _, i in trainer.storage.history("loss_mse").values()] == [0, 1, 2]
     assert torch.isfinite(torch.tensor(trainer.storage.history("loss_mse").latest()))
+
+
+class _FailsAfterBackward(hooks.HookBase):
+    def after_backward(self):
+        if self.trainer.iter == 1:
+            raise ValueError("a gradient hook that raises")
+
+
+def test_an_after_backward_hooks_exception_is_the_hooks_too(tmp_path):
+    # It runs inside the step, but it is the hook that failed, not the step's records.
+    trainer = RegressionTrainer(_cfg(tmp_path, max_iter=4, workers=0))
+    trainer.register_hooks([_FailsAfterBackward()])
+    with pytest.raises(ValueError, match="gradient hook") as raised:
+        trainer.train()
+    assert "(raised in hook _FailsAfterBackward.after_backward at iteration 1)" in (
+        raised.value.__notes__
+    )
+    assert trainer.step_error is None and not (tmp_path / "failed_steps").exists()

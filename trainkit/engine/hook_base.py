@@ -191,6 +191,7 @@ class HookDispatch:
         self.callbacks: dict[str, list[tuple[HookBase, Callable[[], None]]]] = {
             p: [] for p in _STEP_PHASES
         }
+        self.hook_error: BaseException | None = None  # the last a hook raised in a phase
         self._warned_unsaved: set[tuple[str, str]] = set()
 
     def add(self, hooks: list[HookBase]) -> None:
@@ -208,6 +209,7 @@ class HookDispatch:
                 method()
             except Exception as e:
                 _note_hook(e, hook, phase, iteration)
+                self.hook_error = e
                 raise
 
     def describe(self) -> list[str]:

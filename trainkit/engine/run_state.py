@@ -60,7 +60,7 @@ class RunState:
         self._loop_ref = weakref.ref(loop)
         self.output_dir = output_dir
         if seed is None and isinstance(loop.data_loader, TrainLoader):
-            seed = loop.data_loader.seed
+            seed = loop.data_loader.spec.seed
         self.seed = seed
         self._ranks: list[dict[str, Any]] | None = None
         self._ranks_iter = -1

@@ -204,8 +204,8 @@ class TrainerBase:
                     self.before_step()
                     try:
                         self.run_step()
-                    except BaseException as e:
-                        progress.step_error = e
+                    except BaseException as e:  # an after_backward hook's is the hook's
+                        progress.step_error = None if e is self._dispatch.hook_error else e
                         raise
                     self.events.phase("hooks")
                     self.after_step()
