@@ -20,8 +20,8 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from trainkit.config import configurable
 from trainkit.data.catalog import get_detection_dataset_dicts
 from trainkit.data.loading.inference_loader import build_detection_test_loader, build_test_loader
-from trainkit.data.loading.loader import TrainLoader
-from trainkit.data.loading.loader_workers import trivial_batch_collator, worker_init_reset_seed
+from trainkit.data.loading.loader import TrainLoader, trivial_batch_collator
+from trainkit.data.loading.loader_workers import worker_init_reset_seed
 from trainkit.data.spec import TrainDataSpec
 from trainkit.data.train_config import train_loader_arguments
 
