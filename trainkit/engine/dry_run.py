@@ -123,7 +123,7 @@ class _LazyJob:
         target = None if node is None else node.get("_target_")
         target = locate(target) if isinstance(target, str) else target
         if target not in (build_detection_train_loader, build_batch_data_loader):
-            name = getattr(target, "__qualname__", target)
+            name = getattr(target, "__qualname__", target)  # any callable, or None
             raise RecordsNotPlannedError(
                 f"dataloader.train is built by {name}, not by build_detection_train_loader or "
                 "build_batch_data_loader, so its records are not known without building it."
@@ -409,7 +409,7 @@ def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
         UsageError: For a negative ``--dry-run-steps`` or a world size below 1.
         SystemExit: Always, after printing.
     """
-    num_steps = int(getattr(args, "dry_run_steps", 3))
+    num_steps = int(args.dry_run_steps)
     if num_steps < 0:
         raise UsageError(f"--dry-run-steps must be >= 0, got {num_steps}.")
     num_gpus, num_machines = int(args.num_gpus), int(args.num_machines)
@@ -422,7 +422,7 @@ def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
         print(format_dry_run(report, num_gpus, num_machines), end="", flush=True)  # noqa: T201
-        json_file = getattr(args, "dry_run_json", None)
+        json_file = args.dry_run_json
         if json_file:
             with atomic_write(json_file, "w") as f:
                 json.dump(report, f, indent=1)
