@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainkit.data import MapDataset, build_batch_data_loader, build_test_loader
-from trainkit.data.loading.loader_workers import PackedBatch, pack_batch, unpack_batch
+from trainkit.data.loading.loader import PackedBatch, pack_batch, unpack_batch
 from trainkit.data.samplers import TrainingSampler
 
 

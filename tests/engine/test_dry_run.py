@@ -5,6 +5,7 @@ test_topology); the dry run's listing of the same steps must equal it, per rank 
 micro-batch, for a fresh run and after a resume.
 """
 
+import itertools
 import json
 
 import numpy as np
@@ -256,3 +257,169 @@ def test_a_mixed_dry_run_shows_each_steps_records_of_every_dataset(tmp_path, cap
         assert sum(i.startswith(f"{second}[") for i in ids) == entry["records"][second]
     text = capsys.readouterr().out
     assert f"  step 1: {_NAME} 6, {second} 2\n" in text
+
+
+# ---- LazyConfigs, stream datasets, and datasets too large to read ------------------------
+
+
+def _listed_indices(report):
+    """The dataset indices the report lists, from ids like ``NAME[i] image_id=...``."""
+    ids = [i for slot in report["steps"] for i in slot["record_ids"]]
+    return [int(i.split("[", 1)[1].split("]", 1)[0]) for i in ids]
+
+
+def _lazy_cfg(**train):
+    from omegaconf import OmegaConf
+
+    from trainkit.config import LazyCall as L
+    from trainkit.data import build_detection_train_loader, get_detection_dataset_dicts
+
+    loader = L(build_detection_train_loader)(
+        dataset=L(get_detection_dataset_dicts)(names=_NAME),
+        mapper=L(_identity)(),
+        total_batch_size=8,
+        aspect_ratio_grouping=True,
+        aspect_ratio_bins=[0.8, 1.25],
+        num_workers=0,
+        seed="${train.seed}",
+        **train,
+    )
+    return OmegaConf.create(
+        {"dataloader": {"train": loader}, "train": {"seed": 5, "max_iter": 10, "output_dir": ""}},
+        flags={"allow_objects": True},
+    )
+
+
+class _identity:  # a mapper class a LazyConfig builds
+    def __call__(self, record):
+        return record["image_id"]
+
+
+def test_a_lazyconfig_is_listed_from_its_loaders_arguments_without_building_it(capsys):
+    from trainkit.config import instantiate
+    from trainkit.engine.dry_run import dry_run, format_dry_run
+
+    cfg = _lazy_cfg(accumulate_steps=2)
+    report = dry_run(cfg, 2, num_steps=4)
+    assert report["rescaled"] is False and report["refused"] == []
+    assert report["recipe"] == {
+        "dataloader.train.total_batch_size": 8,
+        "dataloader.train.accumulate_steps": 2,
+        "train.max_iter": 10,
+    }
+    assert (report["micro_batch_size"], report["accumulate_steps"]) == (2, 2)
+    slots = _by_slot(report)
+    assert len(slots) == 4 * 2 * 2  # steps x ranks x micro-batches
+    # One process deals the same steps to 2 micro-batches of 4: the loader the LazyConfig
+    # builds reads them.
+    one = dry_run(cfg, 1, num_steps=4)
+    loader = instantiate(cfg.dataloader.train)
+    read = [batch for _, batch in zip(range(8), loader)]
+    assert [[int(i.split("=")[1]) for i in s["record_ids"]] for s in one["steps"]] == read
+    assert sorted(i for ids in slots.values() for i in ids) == sorted(
+        i for s in one["steps"] for i in s["record_ids"]
+    )
+    text = format_dry_run(report, 2, 1)
+    assert "Recipe (a LazyConfig is not rescaled to the world size: as written):" in text
+
+
+def test_a_lazyconfig_without_a_data_seed_is_not_listed():
+    from trainkit.engine.dry_run import dry_run
+
+    cfg = _lazy_cfg()
+    cfg.train.seed = -1
+    report = dry_run(cfg, 4)
+    assert report["steps"] == [] and "SEED=-1" in report["notes"][0]
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """An endless stream of records; each loader worker reads every n-th one."""
+
+    def __iter__(self):
+        for i in itertools.count():
+            yield {"image_id": i, "width": 10, "height": 10 + i % 3}
+
+
+def test_a_stream_lists_what_its_loader_yields_with_the_configured_workers(tmp_path, capsys):
+    from trainkit.data import build_train_loader
+    from trainkit.engine.dry_run import dry_run, format_dry_run
+
+    DatasetCatalog.register("dry_run_stream", _Stream)
+    try:
+        cfg = _cfg(tmp_path, ["DATASETS.TRAIN", ("dry_run_stream",), "DATALOADER.NUM_WORKERS", 2])
+        report = dry_run(cfg, 1, num_steps=2)
+        loader = build_train_loader(auto_scale_config(cfg, 1), mapper=lambda r: r["image_id"])
+        read = [batch for _, batch in zip(range(8), loader)]
+    finally:
+        DatasetCatalog.remove("dry_run_stream")
+    assert report["refused"] == [] and "stream dataset" in report["notes"][0]
+    assert [(s["step"], s["micro_batch"]) for s in report["steps"]] == [
+        (step, j) for step in range(2) for j in range(4)
+    ]
+    assert [s["worker"] for s in report["steps"]] == [0, 1] * 4  # the workers in turn
+    assert [[int(i.split("=")[1]) for i in s["record_ids"]] for s in report["steps"]] == read
+    assert "rank 0, micro-batch 1 (loader worker 1): image_id=" in format_dry_run(report, 1, 1)
+
+
+class _Huge(torch.utils.data.Dataset):
+    """4e8 records, made when read; every read is kept."""
+
+    def __init__(self):
+        self.reads = []
+
+    def __len__(self):
+        return 400_000_000
+
+    def __getitem__(self, index):
+        self.reads.append(index)
+        return {"image_id": index, "width": 10 + index % 13, "height": 16}
+
+
+@pytest.mark.parametrize("grouping", [False, True], ids=["plain", "grouped"])
+def test_a_dry_run_of_a_len_4e8_dataset_reads_only_the_records_its_steps_draw(tmp_path, grouping):
+    from trainkit.engine.dry_run import dry_run
+
+    huge = _Huge()
+    DatasetCatalog.register("dry_run_huge", lambda: huge)
+    bins = [0.8, 1.25]
+    try:
+        opts = ["DATASETS.TRAIN", ("dry_run_huge",), "SOLVER.IMS_PER_BATCH", 16]
+        opts += ["DATALOADER.ASPECT_RATIO_GROUPING", grouping, "DATALOADER.ASPECT_RATIO_BINS", bins]
+        report = dry_run(_cfg(tmp_path, opts), 8, num_steps=3)
+    finally:
+        DatasetCatalog.remove("dry_run_huge")
+    listed = _listed_indices(report)
+    assert len(listed) == 3 * 16 and report["refused"] == []
+    if not grouping:  # each listed record read once, for its id; nothing else
+        assert sorted(huge.reads) == sorted(listed)
+        return
+    # Also each record the plan passed, for its bucket, and the first, checked when built:
+    # the listed ones and those left waiting in buckets (fewer than a batch per bucket).
+    assert set(listed) <= set(huge.reads)
+    waiting = set(huge.reads) - set(listed) - {0}
+    assert len(waiting) <= (len(bins) + 1) * (16 - 1)
+
+
+def test_a_metadata_files_dry_run_reads_only_the_drawn_and_waiting_lines(tmp_path, monkeypatch):
+    from tests.data.metafiles import write_jsonl
+    from trainkit.data import MetaFileDataset
+    from trainkit.engine.dry_run import dry_run
+
+    meta = write_jsonl(tmp_path / "train.jsonl", 5000)
+    MetaFileDataset(meta)  # the line index, built once
+    lines = []
+    original = MetaFileDataset.line
+
+    def line(self, idx):
+        lines.append(idx)
+        return original(self, idx)
+
+    monkeypatch.setattr(MetaFileDataset, "line", line)
+    DatasetCatalog.register("dry_run_meta", lambda: MetaFileDataset(meta))
+    try:
+        opts = ["DATASETS.TRAIN", ("dry_run_meta",), "DATALOADER.ASPECT_RATIO_GROUPING", False]
+        report = dry_run(_cfg(tmp_path, opts), 4, num_steps=3)
+    finally:
+        DatasetCatalog.remove("dry_run_meta")
+    listed = _listed_indices(report)
+    assert len(listed) == 3 * 8 and sorted(lines) == sorted(listed)

@@ -22,13 +22,23 @@ from trainkit.config.provenance import (
     listed_changes,
     origins_of,
 )
-from trainkit.config.scaling import auto_scale_config
+from trainkit.config.scaling import SCALED_KEYS, auto_scale_config, check_same_recipe
 from trainkit.utils.errors import MissingFileError, UsageError
 from trainkit.utils.file_io import atomic_write
 
 __all__ = ["RunConfig", "run_config"]
 
 logger = logging.getLogger(__name__)
+
+# A LazyConfig's recipe: what the keys auto-scaling changes in a yacs config are called there.
+_LAZY_RECIPE = (
+    "dataloader.train.total_batch_size",
+    "dataloader.train.accumulate_steps",
+    "optimizer.lr",
+    "train.max_iter",
+    "train.checkpointer.period",
+    "train.eval_period",
+)
 
 
 def run_config(cfg: Any) -> RunConfig:
@@ -46,15 +56,36 @@ class RunConfig:
         cudnn_benchmark: whether cuDNN may benchmark convolution algorithms.
         weights: the weights the run starts from (``""``: the model's initialisation),
             the value of the key ``weights_key``.
+        max_iter: the run's last iteration + 1 (``None``: not in the config).
+        data_seed: the seed of the training data's order; negative: drawn when it starts.
+        train_loader: a LazyConfig's ``dataloader.train`` (the call that builds the loader);
+            ``None`` for a ``CfgNode``, whose loader ``build_train_loader(cfg)`` builds.
+        rescaled: whether :meth:`scaled` rescales to a world size (a LazyConfig is not).
     """
 
     weights_key = "MODEL.WEIGHTS"
+    rescaled = False
+    train_loader: Any = None
 
     def __init__(
         self, cfg: Any, output_dir: str, seed: int, cudnn_benchmark: bool, weights: str
     ) -> None:
         self.cfg, self.output_dir, self.seed = cfg, output_dir, int(seed)
         self.cudnn_benchmark, self.weights = bool(cudnn_benchmark), weights
+        self.max_iter: int | None = None
+        self.data_seed = self.seed
+
+    def recipe(self) -> dict[str, Any]:
+        """Return the values that make the recipe (those auto-scaling may change), by key."""
+        return {}
+
+    def origin(self, key: str) -> str | None:
+        """Return where a value :meth:`scaled` changed came from (``None``: it changes none)."""
+        return None
+
+    def check_resume(self, saved_world_size: int | None, world_size: int) -> None:
+        """Refuse resuming a run of ``saved_world_size`` processes on ``world_size`` if that
+        changes the recipe (nothing is rescaled here: never)."""
 
     def scaled(self, world_size: int) -> RunConfig:
         """Return the config a job of ``world_size`` processes runs (a LazyConfig: this one).
@@ -126,6 +157,19 @@ class _LazyRunConfig(RunConfig):
         output_dir = value("train.output_dir", value("output_dir", ""))
         seed, cudnn_benchmark = value("train.seed", -1), value("train.cudnn_benchmark", False)
         super().__init__(cfg, output_dir, seed, cudnn_benchmark, value(self.weights_key, ""))
+        self.max_iter = value("train.max_iter", None)
+        self.data_seed = int(value("dataloader.train.seed", -1))  # None: the sampler draws one
+        self.train_loader = value("dataloader.train", None)
+
+    def recipe(self) -> dict[str, Any]:
+        from omegaconf import OmegaConf
+
+        found = {key: OmegaConf.select(self.cfg, key, default=None) for key in _LAZY_RECIPE}
+        return {
+            key: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for key, v in found.items()
+            if v is not None
+        }
 
     def changes(self) -> list[ConfigChange]:
         # No defaults to leave out: each key was set by a file, the command line or code.
@@ -143,11 +187,28 @@ class _LazyRunConfig(RunConfig):
 class _YacsRunConfig(RunConfig):
     cfg: CfgNode
 
+    rescaled = True
+
     def __init__(self, cfg: CfgNode) -> None:
         super().__init__(cfg, cfg.OUTPUT_DIR, cfg.SEED, cfg.CUDNN_BENCHMARK, cfg.MODEL.WEIGHTS)
+        self.max_iter = cfg.SOLVER.MAX_ITER
 
     def scaled(self, world_size: int) -> RunConfig:
         return _YacsRunConfig(auto_scale_config(self.cfg, world_size))
+
+    def recipe(self) -> dict[str, Any]:
+        recipe = {}
+        for key in SCALED_KEYS:
+            section, leaf = key.split(".")
+            value = self.cfg[section][leaf]
+            recipe[key] = list(value) if isinstance(value, (tuple, list)) else value
+        return recipe
+
+    def origin(self, key: str) -> str | None:
+        return self.cfg.get_origin(key)
+
+    def check_resume(self, saved_world_size: int | None, world_size: int) -> None:
+        check_same_recipe(self.cfg, saved_world_size, world_size)
 
     def scale_in_place(self, world_size: int) -> None:
         # In place: detectron2-style scripts keep using the cfg they passed to default_setup.

@@ -11,19 +11,24 @@ which loads the :class:`~trainkit.data.spec.TrainDataSpec` of its arguments.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from trainkit.config import configurable
+from trainkit.config import configurable, instantiate
+from trainkit.config.run_config import RunConfig
 from trainkit.data.catalog import get_detection_dataset_dicts
 from trainkit.data.loading.inference_loader import build_detection_test_loader, build_test_loader
-from trainkit.data.loading.loader import TrainLoader
-from trainkit.data.loading.loader_workers import trivial_batch_collator, worker_init_reset_seed
+from trainkit.data.loading.loader import TrainLoader, trivial_batch_collator
+from trainkit.data.loading.loader_workers import worker_init_reset_seed
+from trainkit.data.plans.step_records import RecordsNotPlannedError
 from trainkit.data.spec import TrainDataSpec
 from trainkit.data.train_config import train_loader_arguments
+from trainkit.utils.registry import locate
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,7 @@ __all__ = [
     "build_test_loader",
     "build_train_loader",
     "get_detection_dataset_dicts",
+    "train_data_spec",
     "trivial_batch_collator",
     "worker_init_reset_seed",
 ]
@@ -175,3 +181,35 @@ def build_batch_data_loader(
 
 
 build_train_loader = build_detection_train_loader
+
+
+def train_data_spec(run: RunConfig, *, world_size: int, rank: int, seed: int) -> TrainDataSpec:
+    """Return the spec a run's train loader would load, without building the loader.
+
+    A ``CfgNode`` gives :meth:`TrainDataSpec.from_config`'s; a LazyConfig the spec of its
+    ``dataloader.train`` arguments, when that call is one of the builders above (a loader
+    of another making has no spec before it is built).
+
+    Args:
+        run: the run's config (:func:`~trainkit.config.run_config.run_config`).
+        world_size, rank: the job's processes and whose share.
+        seed: the data seed.
+
+    Raises:
+        RecordsNotPlannedError: For a LazyConfig whose loader another callable builds.
+    """
+    node = run.train_loader
+    if node is None:
+        return TrainDataSpec.from_config(run.cfg, world_size=world_size, rank=rank, seed=seed)
+    target = node.get("_target_")
+    target = locate(target) if isinstance(target, str) else target
+    if target not in (build_detection_train_loader, build_batch_data_loader):
+        raise RecordsNotPlannedError(
+            f"dataloader.train is built by {target!r}, not by build_detection_train_loader or "
+            "build_batch_data_loader, so its records are not known without building it."
+        )
+    arguments = {k: instantiate(v) for k, v in node.items() if k != "_target_"}
+    bound = inspect.signature(target).bind(**{**arguments, "seed": seed})
+    bound.apply_defaults()
+    spec = TrainDataSpec.from_arguments(**{**bound.arguments, **bound.arguments.pop("kwargs", {})})
+    return dataclasses.replace(spec, world_size=world_size, rank=rank)

@@ -3,22 +3,38 @@
 ``--dry-run`` (:func:`~trainkit.engine.defaults.default_argument_parser`) stops a training
 script in ``default_setup``, as ``--print-config`` does, and ``launch`` starts no process for
 it, so ``--num-gpus 64 --num-machines 16`` runs in seconds on one CPU. It goes through the
-code a real job runs: ``auto_scale_config`` for the job's world size (what
-``DefaultTrainer.auto_scale_workers`` refuses is reported, not raised), the loader's checks,
-catalog, sampler and batch plan (:meth:`~trainkit.data.spec.TrainDataSpec.from_config`), and
-with ``--resume`` the newest checkpoint's run state (read, never loaded into a model) and
-the recipe check of a resume on another world size.
+code a real job runs: for a yacs config ``auto_scale_config`` for the job's world size (what
+``DefaultTrainer.auto_scale_workers`` refuses is reported, not raised); the train data as the
+loader gets it, a :class:`~trainkit.data.spec.TrainDataSpec` (from the config, or from a
+LazyConfig's ``dataloader.train`` arguments, without building the loader) and its batch
+plan; with ``--resume`` the newest checkpoint's run state (read, never loaded into a model)
+and the recipe check of a resume on another world size.
+
+A map-style dataset's steps are listed for every rank and micro-batch; only the records they
+draw are read (and, with aspect-ratio grouping, those the plan passes that wait in buckets),
+so a metadata file of 4e8 records with its line index built lists in seconds. A stream
+dataset has no plan: its loader workers form the batches, so the dry run lists what this
+process's loader with the configured ``NUM_WORKERS`` yields, batch by batch, with the worker
+each batch came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from typing import Any
 
-from trainkit.config import CfgNode
-from trainkit.config.scaling import SCALED_KEYS, ScalingError, auto_scale_config, check_same_recipe
+import torch
+
+from trainkit.checkpoint import Checkpointer, read_checkpoint_file
+from trainkit.config.run_config import RunConfig, run_config
+from trainkit.config.scaling import ScalingError
+from trainkit.data import TrainDataSpec
+from trainkit.data.build import train_data_spec
+from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.plans.step_records import RecordsNotPlannedError, record_label
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.stragglers import check_straggler_config
 from trainkit.utils.errors import UsageError
@@ -29,39 +45,46 @@ __all__ = ["dry_run", "format_dry_run", "run_dry_run"]
 # What the text report shows of each step; --dry-run-json has everything.
 _SHOWN_SLOTS = 6
 _SHOWN_RECORDS = 6
+_SHOWN_CHARS = 60  # of an element of a stream that has no id of its own
 
 
 def dry_run(
-    cfg: CfgNode, world_size: int, *, resume: bool = False, num_steps: int = 3
+    cfg: Any, world_size: int, *, resume: bool = False, num_steps: int = 3
 ) -> dict[str, Any]:
     """Return what a job of ``world_size`` processes would do with ``cfg``, as plain data.
 
     Args:
-        cfg: the config as the script built it (not yet scaled).
+        cfg: the config as the script built it (a yacs config, not yet scaled, or a
+            LazyConfig).
         world_size: the job's processes (``--num-gpus`` x ``--num-machines``).
-        resume: continue from the newest checkpoint in ``OUTPUT_DIR`` (``--resume``).
+        resume: continue from the newest checkpoint in the output directory (``--resume``).
         num_steps: the optimizer steps whose records are listed.
 
     Returns:
-        ``{"world_size", "recipe", "origins", "micro_batch_size", "refused", "notes",
-        "resume", "steps"}``: ``recipe`` maps each key auto-scaling may change
-        (``SCALED_KEYS``) to its value for this job (``origins``: where the changed ones
+        ``{"world_size", "recipe", "rescaled", "origins", "micro_batch_size",
+        "accumulate_steps", "refused", "notes", "resume", "steps", "datasets"}``: ``recipe``
+        maps each key auto-scaling may change (``SCALED_KEYS``) to its value for this job (a
+        LazyConfig's, as written: ``rescaled`` is false; ``origins``: where the changed ones
         came from); ``refused`` the one-line scaling errors that would stop it (as
-        ``auto_scale_workers`` and a resume's recipe check raise them);
-        ``resume`` ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one
-        ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each
-        listed step; ``datasets`` (with several ``DATASETS.TRAIN``) one ``{"step",
-        "records": {name: count}}`` per listed step: its records of each dataset (with
-        ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares).
+        ``auto_scale_workers`` and a resume's recipe check raise them); ``resume``
+        ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one ``{"step", "rank",
+        "micro_batch", "record_ids"}`` per rank and micro-batch of each listed step (for a
+        stream, rank 0's batches, each with the loader ``"worker"`` that formed it);
+        ``datasets`` (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name:
+        count}}`` per listed step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``,
+        the mix's exact shares).
 
     Raises:
         ConfigError: For any other config error, as the real job raises it (the loader's
             checks, the datasets, a saved position of another loader).
     """
+    run = run_config(cfg)
     report: dict[str, Any] = {
         "world_size": world_size,
-        "recipe": {},
+        "recipe": run.recipe(),
+        "rescaled": run.rescaled,
         "micro_batch_size": None,
+        "accumulate_steps": None,
         "origins": {},
         "refused": [],
         "notes": [],
@@ -70,19 +93,13 @@ def dry_run(
         "datasets": [],
     }
     try:
-        scaled = auto_scale_config(cfg, world_size)
+        scaled = run.scaled(world_size)
     except ScalingError as e:  # DefaultTrainer.auto_scale_workers would refuse the job
         report["refused"].append(f"auto_scale_workers: {e}")
-        report["recipe"] = _recipe(cfg)
         return report
-    report["recipe"] = _recipe(scaled)
-    # Where each changed value came from ("auto-scaling from N to M processes (was V, ...)").
-    unscaled = _recipe(cfg)
-    report["origins"] = {
-        key: scaled.get_origin(key)
-        for key, value in report["recipe"].items()
-        if value != unscaled[key]
-    }
+    written, report["recipe"] = report["recipe"], scaled.recipe()
+    changed = [key for key, value in report["recipe"].items() if value != written[key]]
+    report["origins"] = {key: scaled.origin(key) for key in changed}
     try:
         _plan_steps(scaled, world_size, resume, num_steps, report)
     except ScalingError as e:  # the recipe would change on resuming (SCALE_MODE linear)
@@ -90,40 +107,28 @@ def dry_run(
     return report
 
 
-def _recipe(cfg: CfgNode) -> dict[str, Any]:
-    recipe = {}
-    for key in SCALED_KEYS:
-        section, leaf = key.split(".")
-        value = cfg[section][leaf]
-        recipe[key] = list(value) if isinstance(value, (tuple, list)) else value
-    return recipe
-
-
 def _plan_steps(
-    cfg: CfgNode, world_size: int, resume: bool, num_steps: int, report: dict[str, Any]
+    run: RunConfig, world_size: int, resume: bool, num_steps: int, report: dict
 ) -> None:
-    # Heavy imports (the data package) only for a dry run.
-    from trainkit.data.plans.step_records import RecordsNotPlannedError
-    from trainkit.data.spec import TrainDataSpec
-
-    state, seed = None, None
+    state, seed = None, run.data_seed
     if resume:
-        state, seed = _resume_state(cfg, world_size, report)
-    seed = cfg.SEED if seed is None else seed
+        state, seed = _resume_state(run, world_size, report)
     try:
         if seed < 0:
             raise RecordsNotPlannedError(
                 f"SEED={seed}: a run draws its data seed when it starts, so its records are "
                 "not known before; set SEED >= 0 to fix them."
             )
-        spec = TrainDataSpec.from_config(cfg, world_size=world_size, rank=0, seed=seed)
+        spec = train_data_spec(run, world_size=world_size, rank=0, seed=seed)
+        report["micro_batch_size"] = spec.micro_batch_size
+        report["accumulate_steps"] = spec.accumulate_steps
+        if spec.is_stream:
+            _stream_batches(spec, num_steps, state, report)
+            return
         listed = spec.steps_records(num_steps, state=state)
     except RecordsNotPlannedError as e:
         report["notes"].append(f"records not listed: {e}")
         return
-    report["micro_batch_size"] = cfg.SOLVER.IMS_PER_BATCH // (
-        world_size * cfg.SOLVER.ACCUMULATE_STEPS
-    )
     if report["resume"] is not None and listed:
         report["resume"]["step"] = listed[0].step
     ids = spec.record_ids()
@@ -145,22 +150,60 @@ def _plan_steps(
             )
 
 
+def _stream_batches(
+    spec: TrainDataSpec, num_steps: int, state: dict[str, Any] | None, report: dict[str, Any]
+) -> None:
+    """List the first steps' batches of rank 0's stream loader, as its workers form them."""
+    # The elements as the stream yields them: nothing is mapped.
+    loader = TrainLoader(dataclasses.replace(spec, mapper=None))
+    if state is not None:
+        loader.load_state_dict(state)
+    first = 0 if report["resume"] is None else report["resume"]["iteration"] or 0
+    workers = spec.loader.num_workers
+    report["notes"].append(
+        f"stream dataset: rank 0's batches as its {max(1, workers)} loader worker(s) form "
+        f"them (DATALOADER.NUM_WORKERS {workers}); each rank reads what its stream gives it"
+    )
+    batches = iter(loader)
+    try:
+        for step in range(first, first + num_steps):
+            for micro_batch in range(spec.accumulate_steps):
+                worker = loader.state_dict()["next_worker"]
+                batch = next(batches, None)
+                if batch is None:  # a finite stream ended
+                    return
+                report["steps"].append(
+                    {
+                        "step": step,
+                        "rank": 0,
+                        "micro_batch": micro_batch,
+                        "worker": worker,
+                        "record_ids": [_element_id(element) for element in batch],
+                    }
+                )
+    finally:
+        del batches  # its loader workers stop
+
+
+def _element_id(element: Any) -> str:
+    """A stream element's own id (``image_id=...``, ``file_name=...``), else its start."""
+    own = record_label(element, "").strip()
+    text = repr(element)
+    return own or (text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "...")
+
+
 def _resume_state(
-    cfg: CfgNode, world_size: int, report: dict[str, Any]
-) -> tuple[dict[str, Any] | None, int | None]:
+    run: RunConfig, world_size: int, report: dict[str, Any]
+) -> tuple[dict[str, Any] | None, int]:
     """The loader position and data seed a resumed job continues with (as resume_or_load)."""
-    import torch
-
-    from trainkit.checkpoint import Checkpointer, read_checkpoint_file
-
-    path = Checkpointer(torch.nn.Module(), cfg.OUTPUT_DIR, save_to_disk=False)
+    path = Checkpointer(torch.nn.Module(), run.output_dir, save_to_disk=False)
     newest = path.get_checkpoint_file()
     if not newest:
         report["notes"].append(
-            f"--resume: no checkpoint in OUTPUT_DIR {cfg.OUTPUT_DIR!r}; the run starts at "
-            "iteration 0"
+            f"--resume: no checkpoint in the output directory {run.output_dir!r}; the run "
+            "starts at iteration 0"
         )
-        return None, None
+        return None, run.data_seed
     # Memory-mapped and dropped: the weights are never read into a model.
     checkpoint = read_checkpoint_file(newest, trust_pickle=False, keep_mapped=True)
     state = upgrade_run_state(checkpoint)
@@ -170,13 +213,13 @@ def _resume_state(
         "iteration": None if last is None else last + 1,
         "step": None,
     }
-    check_same_recipe(cfg, state["world_size"], world_size)
-    if last is not None and last + 1 >= cfg.SOLVER.MAX_ITER:
+    run.check_resume(state["world_size"], world_size)
+    if last is not None and run.max_iter is not None and last + 1 >= run.max_iter:
         report["notes"].append(
-            f"--resume: the checkpoint ends the run (SOLVER.MAX_ITER {cfg.SOLVER.MAX_ITER}); "
-            "resuming trains nothing"
+            f"--resume: the checkpoint ends the run (max_iter {run.max_iter}); resuming "
+            "trains nothing"
         )
-    seed = state["seed"] if cfg.SEED < 0 and state["seed"] is not None else None
+    seed = state["seed"] if run.data_seed < 0 and state["seed"] is not None else run.data_seed
     data = continued_position(state, world_size)
     if data is None:
         report["notes"].append(
@@ -189,26 +232,34 @@ def _resume_state(
 def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> str:
     """Return the text ``--dry-run`` prints for :func:`dry_run`'s ``report``."""
     world_size = report["world_size"]
+    heading = (
+        "Recipe (the keys auto-scaling may change, for this job):"
+        if report.get("rescaled", True)
+        else "Recipe (a LazyConfig is not rescaled to the world size: as written):"
+    )
     lines = [
         f"Dry run of a job of {world_size} processes ({num_gpus} per machine x {num_machines} "
         "machine(s)): nothing is trained and no process is started.",
         "",
-        "Recipe (the keys auto-scaling may change, for this job):",
+        heading,
     ]
     origins = report.get("origins", {})
+    width = max([28, *map(len, report["recipe"])])
     for key, value in report["recipe"].items():
         origin = origins.get(key)
-        lines.append(f"  {key:<28} {value}" + (f"   ({origin})" if origin else ""))
+        lines.append(f"  {key:<{width}} {value}" + (f"   ({origin})" if origin else ""))
     if report["micro_batch_size"] is not None:
         lines.append(
-            f"  each process: {report['recipe']['SOLVER.ACCUMULATE_STEPS']} micro-batch(es) of "
+            f"  each process: {report['accumulate_steps']} micro-batch(es) of "
             f"{report['micro_batch_size']} record(s) per optimizer step"
         )
     lines.append("")
     if report["refused"]:
         lines += [f"Refused: {reason}" for reason in report["refused"]]
-    else:
+    elif report.get("rescaled", True):
         lines.append("Accepted: auto_scale_workers and the train loader's checks pass.")
+    else:
+        lines.append("Accepted: the train loader's arguments pass its checks.")
     if report["resume"] is not None:
         resume = report["resume"]
         lines.append(
@@ -242,25 +293,23 @@ def _format_steps(steps: list[dict[str, Any]], datasets: list[dict[str, Any]]) -
             text = ", ".join(ids[:_SHOWN_RECORDS])
             if len(ids) > _SHOWN_RECORDS:
                 text += f", ... ({len(ids)} records)"
-            lines.append(f"    rank {slot['rank']}, micro-batch {slot['micro_batch']}: {text}")
+            worker = f" (loader worker {slot['worker']})" if "worker" in slot else ""
+            lines.append(
+                f"    rank {slot['rank']}, micro-batch {slot['micro_batch']}{worker}: {text}"
+            )
     return lines
 
 
-def run_dry_run(cfg: CfgNode, args: argparse.Namespace) -> None:
+def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
     """Print the dry run of the job ``args`` describe (and write its JSON); exit.
 
     The world size is ``--num-gpus`` x ``--num-machines`` (never a running job's). Exits
     with status 0, or 2 when the job would be refused (the report says why).
 
     Raises:
-        UsageError: For a LazyConfig, or a negative ``--dry-run-steps``.
+        UsageError: For a negative ``--dry-run-steps`` or a world size below 1.
         SystemExit: Always, after printing.
     """
-    if not isinstance(cfg, CfgNode):
-        raise UsageError(
-            "--dry-run reads a yacs config (.yaml); a LazyConfig is not scaled to the world "
-            "size, so there is no recipe to show. Use --print-config for its values."
-        )
     num_steps = int(args.dry_run_steps)
     if num_steps < 0:
         raise UsageError(f"--dry-run-steps must be >= 0, got {num_steps}.")
@@ -269,7 +318,8 @@ def run_dry_run(cfg: CfgNode, args: argparse.Namespace) -> None:
         raise UsageError(
             f"--num-gpus and --num-machines must be at least 1, got {num_gpus} and {num_machines}."
         )
-    check_straggler_config(cfg)  # what the trainer checks first, before it trains
+    if "STRAGGLER" in cfg:  # the keys a trainer checks first, before it trains
+        check_straggler_config(cfg)
     report = dry_run(cfg, num_gpus * num_machines, resume=bool(args.resume), num_steps=num_steps)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":

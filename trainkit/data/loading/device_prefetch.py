@@ -8,7 +8,7 @@ the CPU), and the copied tensors are marked as used by the consumer's stream so 
 allocator does not hand their memory to the side stream before that stream is done.
 
 :func:`copy_batch_to_device` decides the copies: a packed batch's buffers (one per dtype,
-:mod:`trainkit.data.loading.loader_workers`) are copied whole, one copy each, and the tensors are
+:mod:`trainkit.data.loading.loader`) are copied whole, one copy each, and the tensors are
 rebuilt as views on the device; other tensors are packed per dtype into a pinned buffer
 first, so a batch is still one copy per dtype.
 
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainkit.data.loading.loader_workers import PackedBatch, map_leaves, unpack_batch
+from trainkit.data.loading.loader import PackedBatch, map_leaves, unpack_batch
 
 __all__ = ["BatchCopy", "CudaBatchCopy", "DevicePrefetcher", "copy_batch_to_device"]
 
@@ -40,7 +40,7 @@ def copy_batch_to_device(
 ) -> tuple[Any, list[torch.Tensor]]:
     """Return ``batch`` with its CPU tensors copied to ``device``, and the copies made.
 
-    ``batch`` is a :class:`~trainkit.data.loading.loader_workers.PackedBatch` or lists, tuples and
+    ``batch`` is a :class:`~trainkit.data.loading.loader.PackedBatch` or lists, tuples and
     dicts (by exact type) of tensors and other values; only tensors move. The copies are
     ``non_blocking``, from pinned memory, on the current stream:
 

@@ -15,12 +15,8 @@ from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.data.catalog import joined_names, load_catalog_dataset
 from trainkit.data.common import MapDataset, records_and_mapper
 from trainkit.data.dataset_mapper import DatasetMapper
-from trainkit.data.loading.loader_workers import (
-    PackedCollate,
-    loader_kwargs,
-    trivial_batch_collator,
-    unpack_batch,
-)
+from trainkit.data.loading.loader import PackedCollate, trivial_batch_collator, unpack_batch
+from trainkit.data.loading.loader_workers import loader_kwargs
 from trainkit.data.mapping.record_mapper import RecordMapper, as_record_mapper, sample_context
 from trainkit.data.samplers import InferenceSampler
 from trainkit.data.train_config import check_num_workers

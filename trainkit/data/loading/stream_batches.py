@@ -23,7 +23,6 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from trainkit.data.loading.loader_workers import pack_in_worker
 from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
 from trainkit.data.plans.grouping import BucketOf, Buckets
 from trainkit.data.plans.loader_state import check_stream_workers, new_state
@@ -36,7 +35,8 @@ class StreamBatches(IterableDataset):
 
     ``stream`` yields raw elements; ``mapper`` (``None``: none) maps one, ``bucket_of`` gives
     its aspect-ratio bucket (``None``: no grouping), ``collate_fn`` turns the mapped elements
-    into a batch and ``seed`` keys ``sample_rng()`` / ``batch_rng()``. With ``drop_last``,
+    into a batch (the loader's packs it for the trip) and ``seed`` keys ``sample_rng()`` /
+    ``batch_rng()``. With ``drop_last``,
     what waits in a worker's buckets when a finite stream ends is dropped (else each bucket
     is one last, smaller batch). ``start`` is the loader's position (``None``: the start).
     """
@@ -138,7 +138,7 @@ class StreamBatches(IterableDataset):
         state = {"read": read, "buckets": waiting}
         meta = {"worker": worker, "state": state, "skipped": len(items) - len(batch)}
         if batch:
-            yield pack_in_worker(self.collate_fn(batch)), meta
+            yield self.collate_fn(batch), meta
 
 
 def batches_in_turn(

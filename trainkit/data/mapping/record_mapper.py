@@ -284,7 +284,7 @@ class RecordMapper:
     the config or the inputs that other records would hit too, raised at once. Each failure
     is logged with the record and a running count; ``max_consecutive_failures`` in a row
     raise a ``RuntimeError`` naming the dataset and the last failing record. The function is
-    held in a ``PicklableWrapper``, so spawned loader workers get it as it is.
+    pickled in a ``PicklableWrapper``, so spawned loader workers get it as it is.
     """
 
     def __init__(
@@ -300,10 +300,20 @@ class RecordMapper:
         ``ConfigError`` unless positive), ``name`` the dataset's name in messages.
         """
         check_max_failures(max_consecutive_failures)
-        self.map_func = PicklableWrapper(map_func)
+        # Held bare and pickled wrapped (__getstate__): it is called for every record, and a
+        # wrapper would add a call, in another module, to that path.
+        self.map_func = map_func.wrapped if isinstance(map_func, PicklableWrapper) else map_func
         self.max_consecutive_failures = max_consecutive_failures
         self.name = name
         self.num_failures = 0  # in this process: each loader worker counts its own
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned loader workers get the function by value (a lambda or a closure too).
+        return {**self.__dict__, "map_func": PicklableWrapper(self.map_func)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.map_func = state["map_func"].wrapped
 
     def _try(self, record: Any) -> tuple[Any, BaseException | None]:
         try:

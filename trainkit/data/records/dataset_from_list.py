@@ -61,7 +61,12 @@ class _SharedSerializedList:
         return int(self._segment.ends.size)
 
     def __getitem__(self, idx: int) -> Any:
-        return pickle.loads(memoryview(self._segment.record(idx)))
+        # SharedSegment.record's slice, written out here: every record a loader reads takes
+        # this path, which is kept to as few modules as it can (tests/data/test_data_path.py).
+        ends = self._segment.ends
+        idx = range(ends.size)[idx]  # negative indices and bounds checks, like a list
+        start = int(ends[idx - 1]) if idx > 0 else 0
+        return pickle.loads(memoryview(self._segment.data[start : int(ends[idx])]))
 
     def __repr__(self) -> str:
         mib = self._segment.nbytes / 2**20
