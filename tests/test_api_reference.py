@@ -34,6 +34,11 @@ NOT_DOCUMENTED: dict[str, str] = {
     "trainkit.modeling.roi_heads": _PLACEHOLDERS,
     "trainkit.projects": _PLACEHOLDERS,
     "trainkit.tracking": _PLACEHOLDERS,
+    # The data package's stages: their public names are trainkit.data's (documented there).
+    "trainkit.data.loading": "a stage of trainkit.data, which exports its public names",
+    "trainkit.data.mapping": "a stage of trainkit.data, which exports its public names",
+    "trainkit.data.plans": "a stage of trainkit.data, which exports its public names",
+    "trainkit.data.records": "a stage of trainkit.data, which exports its public names",
 }
 
 
