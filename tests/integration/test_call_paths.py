@@ -122,5 +122,4 @@ def test_the_modules_a_config_value_and_a_record_pass(tmp_path):
     assert modules("worker"), "no loader worker was seen fetching a batch"
     assert "tools/train_net.py" in build and "trainkit/data/loading/loader.py" in build
     assert len(build) <= MAX_BUILD_MODULES, sorted(build)
-    print("build", len(build), sorted(build), "step", len(step), sorted(step))
     assert len(step) <= MAX_STEP_MODULES, sorted(step)
