@@ -26,6 +26,7 @@ from typing import Any
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Sampler
 
 from trainkit.config import CfgNode, ConfigError
+from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data.catalog import joined_names, load_catalog_parts
 from trainkit.data.common import DatasetFromList, records_and_mapper
 from trainkit.data.dataset_mapper import DatasetMapper
@@ -51,7 +52,9 @@ __all__ = [
     "check_train_loader_config",
     "mixed_sets",
     "resolve_data_seed",
+    "resolve_random_seed",
     "train_loader_arguments",
+    "with_seed",
 ]
 
 TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler")
@@ -68,6 +71,37 @@ def resolve_data_seed(seed: int) -> int:
         ``comm.shared_random_seed()`` on every rank when ``seed < 0``.
     """
     return seed if seed >= 0 else comm.shared_random_seed()
+
+
+def resolve_random_seed(cfg: CfgNode) -> CfgNode:
+    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
+
+    The seed rule (:func:`resolve_data_seed`) applied once for the run, so that its loader,
+    its checkpoints and a rebuilt loader share the seed.
+
+    Collective:
+        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
+    """
+    if cfg.SEED >= 0:
+        return cfg
+    seed = resolve_data_seed(cfg.SEED)
+    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
+    return with_seed(cfg, seed, "a random seed shared by all ranks")
+
+
+def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
+    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
+
+    Args:
+        why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
+            and in ``config_origins.yaml``.
+    """
+    out = cfg.clone()
+    out.defrost()
+    out.SEED = seed
+    out.freeze()
+    record_changes(cfg, out, f"{ORIGIN_RUN_TIME}: {why}")
+    return out
 
 
 def check_num_workers(cfg: CfgNode, where: str) -> None:

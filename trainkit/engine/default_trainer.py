@@ -15,6 +15,7 @@ from trainkit.checkpoint import Checkpointer
 from trainkit.config import CfgNode
 from trainkit.config.scaling import auto_scale_config, check_same_recipe
 from trainkit.data import build_test_loader, build_train_loader
+from trainkit.data.train_config import resolve_random_seed, with_seed
 from trainkit.engine import hooks
 from trainkit.engine.failed_steps import FailedStepCapture
 from trainkit.engine.gradients import create_ddp_model
@@ -23,7 +24,7 @@ from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.hooks.preemption import PreemptionHandler
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
-from trainkit.engine.run_state import RunState, resolve_random_seed, upgrade_run_state, with_seed
+from trainkit.engine.run_state import RunState, upgrade_run_state
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
 from trainkit.engine.step_metrics import NonFiniteLossError
@@ -147,11 +148,12 @@ class DefaultTrainer(TrainerBase):
         # Under launch(), torchrun or srun, the watchdog publishes this rank's progress to the
         # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
         store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
+        device = next((p.device for p in model.parameters()), None)
         self._extras = self._default_extras(
             watchdog=ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store),
             model_ema=hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None,
             # Slow ranks named (STRAGGLER.*): it times the phases the step announces.
-            stragglers=build_straggler_detector(cfg, _device_of(model)),
+            stragglers=build_straggler_detector(cfg, device),
         )
         self.checkpointer.add_checkpointable("trainer", self.run_state)
         # The watchdog is the job's, not one of the default hooks a subclass rearranges:
@@ -371,20 +373,16 @@ class DefaultTrainer(TrainerBase):
         elif seed not in (None, self.cfg.SEED):
             logger.warning(
                 "SEED changed from %d to %d since the checkpoint: the data stream starts "
-                "afresh with the new seed.",
-                seed,
-                self.cfg.SEED,
-            )
+                "afresh with the new seed.", seed, self.cfg.SEED
+            )  # fmt: skip
         self.run_state.load_state_dict(state)
         # The checkpoint holds the last finished iteration; continue with the next one.
         self.start_iter = self.iter + 1
         if (saved_iter := checkpoint.get("iteration")) not in (None, self.iter):
             logger.warning(
                 "Checkpoint extra data says iteration %s but the trainer state says %d; "
-                "using the trainer state.",
-                saved_iter,
-                self.iter,
-            )
+                "using the trainer state.", saved_iter, self.iter
+            )  # fmt: skip
 
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
@@ -515,7 +513,3 @@ class DefaultTrainer(TrainerBase):
         """Restore what :meth:`state_dict` returned (other keys are ignored)."""
         super().load_state_dict(state)
         self._trainer.load_state_dict(state["_trainer"])
-
-
-def _device_of(model: nn.Module) -> torch.device | None:
-    return next((p.device for p in model.parameters()), None)

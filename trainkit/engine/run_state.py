@@ -6,12 +6,9 @@ import logging
 import weakref
 from typing import Any
 
-from trainkit.checkpoint import Checkpointable
-from trainkit.config import CfgNode
-from trainkit.config.provenance import ORIGIN_RUN_TIME, record_changes
 from trainkit.data.loading.loader import TrainLoader
+from trainkit.data.loading.step_batches import ResumableLoader
 from trainkit.data.plans.loader_state import is_global_position
-from trainkit.data.train_config import resolve_data_seed
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.launcher import record_run_id
 from trainkit.utils import comm
@@ -20,9 +17,7 @@ from trainkit.utils.env import get_rng_state, set_rng_state
 __all__ = [
     "RunState",
     "continued_position",
-    "resolve_random_seed",
     "upgrade_run_state",
-    "with_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -130,7 +125,7 @@ class RunState:
         world_size, rank, ranks = comm.get_world_size(), comm.get_rank(), state.get("ranks")
         data = continued_position(state, world_size, rank)
         loader = loop.data_loader
-        if data is not None and isinstance(loader, Checkpointable):
+        if data is not None and isinstance(loader, ResumableLoader):
             loader.load_state_dict(data)
         if ranks is not None and state.get("world_size") == world_size:
             set_rng_state(ranks[rank]["rng"])
@@ -191,34 +186,3 @@ def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     for key in ("seed", "world_size", "ranks"):
         state.setdefault(key, None)
     return state
-
-
-def resolve_random_seed(cfg: CfgNode) -> CfgNode:
-    """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
-
-    The data's seed rule (:func:`~trainkit.data.train_config.resolve_data_seed`), applied once
-    for the run, so that its loader, its checkpoints and a rebuilt loader share the seed.
-
-    Collective:
-        ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
-    """
-    if cfg.SEED >= 0:
-        return cfg
-    seed = resolve_data_seed(cfg.SEED)
-    logger.info("SEED=%d: the data stream of this run uses the shared seed %d", cfg.SEED, seed)
-    return with_seed(cfg, seed, "a random seed shared by all ranks")
-
-
-def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
-    """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
-
-    Args:
-        why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
-            and in ``config_origins.yaml``.
-    """
-    out = cfg.clone()
-    out.defrost()
-    out.SEED = seed
-    out.freeze()
-    record_changes(cfg, out, f"{ORIGIN_RUN_TIME}: {why}")
-    return out

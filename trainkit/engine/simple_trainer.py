@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from trainkit.data.loading.step_batches import StepBatches
 from trainkit.engine.gradients import GradientCombiner, StepResult, add_weighted
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
-from trainkit.engine.step_batches import StepBatches
 from trainkit.engine.step_metrics import checked_losses, sum_losses, write_metrics
 from trainkit.engine.trainer_base import TrainerBase
 from trainkit.utils.periodic import is_last_iter, is_period_end
@@ -44,7 +44,7 @@ class SimpleTrainer(TrainerBase):
       their gradients, each loss weighted by its share of the step's samples: the update of
       one batch k times larger. The :attr:`gradient_combiner` says how gradients combine
       (DDP all-reduces only the last micro-batch). Hooks, schedule and metrics count steps.
-    * **Batches** come from :attr:`batches` (:class:`~trainkit.engine.step_batches.
+    * **Batches** come from :attr:`batches` (:class:`~trainkit.data.loading.step_batches.
       StepBatches`): copied to a device ahead of their step (``DefaultTrainer``: on CUDA);
       its position is the one after the batches consumed, which checkpoints save.
     * **Events**: the step announces its phases on the loop's :attr:`events` (``data``,

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from trainkit.checkpoint import Checkpointable
 from trainkit.data.loading.device_prefetch import DevicePrefetcher
 
-__all__ = ["StepBatches"]
+__all__ = ["ResumableLoader", "StepBatches"]
+
+
+@runtime_checkable
+class ResumableLoader(Protocol):
+    """A loader with a position to save and load back (``TrainLoader``, or a project's)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the position after the batches returned."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position :meth:`state_dict` returned."""
+        ...
 
 
 class StepBatches:
@@ -84,4 +96,4 @@ class StepBatches:
         if isinstance(self._iterator, DevicePrefetcher):
             return self._iterator.state_dict()
         loader = self.loader
-        return loader.state_dict() if isinstance(loader, Checkpointable) else None
+        return loader.state_dict() if isinstance(loader, ResumableLoader) else None
