@@ -29,9 +29,7 @@ def parse_args(argv=None):
     """Parse the command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="OUTPUT_DIR/failed_steps/iter_<N> written by the run")
-    parser.add_argument(
-        "--trainer", default=None, help="module:Class or path/to/script.py:Class of the trainer"
-    )
+    parser.add_argument("--trainer", help="module:Class or path/to/script.py:Class of the trainer")
     parser.add_argument("--checkpoint", default=None, help="start from this checkpoint instead")
     parser.add_argument("--output-dir", default=None, help="where the replay may write files")
     parser.add_argument(

@@ -15,7 +15,6 @@ evaluation (so PreciseBN at the run's evaluation periods too), early stopping an
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -44,8 +43,7 @@ __all__ = ["BadRecord", "ReplayError", "ReplayReport", "replay_config", "replay_
 
 logger = logging.getLogger(__name__)
 
-# What a report lists of a long list (records, parameters) before "... and N more".
-_SHOWN = 5
+_SHOWN = 5  # what a report lists of a long list (records, parameters) before "N more"
 
 
 @dataclass
@@ -159,12 +157,11 @@ def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
     return {name: float(value.float()) for name, value in losses.items()}
 
 
-def _non_finite(losses: dict[str, float]) -> list[str]:
-    return [name for name, value in losses.items() if not math.isfinite(value)]
-
-
-def _bad(tensor: torch.Tensor) -> bool:
-    return not bool(torch.isfinite(tensor).all())
+def _non_finite(values: dict[str, Any]) -> list[str]:
+    """The names of the values (floats, or tensors of any shape) that are not all finite."""
+    return [
+        name for name, v in values.items() if not bool(torch.isfinite(torch.as_tensor(v)).all())
+    ]
 
 
 class _Probe(HookBase):
@@ -321,13 +318,12 @@ def _load_start(
         raise ReplayError(f"checkpoint {checkpoint} holds no loader position; give another")
     trainer.data_loader.load_state_dict(data)
     saved = state.get("ranks") or []
-    if state.get("world_size") == world_size and len(saved) == world_size:
-        return trainer.iter + 1, [local.get("rng") for local in saved]
-    logger.warning(
-        "Checkpoint %s was written by %s processes, the failing job had %d: each rank's random "
-        "ops (dropout) are not replayed exactly", checkpoint, state.get("world_size"), world_size
-    )  # fmt: skip
-    return trainer.iter + 1, [None] * world_size
+    if state.get("world_size") != world_size or len(saved) != world_size:
+        logger.warning("%s was written by %s processes, the job had %d: each rank's random ops "
+                       "(dropout) are not replayed exactly", checkpoint, state.get("world_size"),
+                       world_size)  # fmt: skip
+        saved = [{}] * world_size
+    return trainer.iter + 1, [local.get("rng") for local in saved]
 
 
 def _diagnose(
@@ -350,9 +346,9 @@ def _diagnose(
         report.grad_norms[f"rank {rank}"] = gradient_norm(local.grads)
     averaged = ranks.averaged()
     report.grad_norms["all"] = gradient_norm(averaged)
-    report.non_finite_grads = [n for n, g in zip(names, averaged) if g is not None and _bad(g)]
-    weights = report.weights.items()
-    report.non_finite_weights = [n for n, v in weights if v.is_floating_point() and _bad(v)]
+    report.non_finite_grads = _non_finite({n: g for n, g in zip(names, averaged) if g is not None})
+    weights = {n: v for n, v in report.weights.items() if v.is_floating_point()}
+    report.non_finite_weights = _non_finite(weights)
     ids = trainer.data_loader.spec.record_ids()
     indices = {(s["rank"], s["micro_batch"]): s["indices"] for s in step.get("records") or []}
     for slot in report.bad_slots:
