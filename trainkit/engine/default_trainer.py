@@ -180,9 +180,9 @@ class DefaultTrainer(TrainerBase):
             failed_steps=FailedStepCapture(cfg, type(self), checkpointer),
             **parts,
         )
-        self.events.subscribe(extras.watchdog)
-        if extras.stragglers is not None:
-            self.events.subscribe(extras.stragglers)
+        # Only what is used hears the phases: a disabled watchdog would cost each step calls.
+        used = (extras.watchdog if extras.watchdog.enabled else None, extras.stragglers)
+        self.events.subscribe(*[x for x in used if x is not None])
         return extras
 
     @property
