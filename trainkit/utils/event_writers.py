@@ -40,10 +40,9 @@ class EventWriter:
         scalar recorded at several iterations since the previous call appears at its latest
         one only.
         """
+        latest = storage.latest_with_smoothing_hint(self._window_size)
         by_iter: defaultdict[int, dict[str, float]] = defaultdict(dict)
-        for name, (value, cur_iter) in storage.latest_with_smoothing_hint(
-            self._window_size
-        ).items():
+        for name, (value, cur_iter) in latest.items():
             if cur_iter > self._last_written_iter:  # older iterations were written already
                 by_iter[cur_iter][name] = value
         if by_iter:
@@ -221,8 +220,7 @@ class TensorboardXWriter(EventWriter):
         summaries = [
             (step, image(tag, img, dataformats="CHW")) for tag, img, step in storage._vis_data
         ]
-        for params in storage._histograms:
-            params = dict(params)
+        for params in map(dict, storage._histograms):
             summaries.append(
                 (params.pop("global_step"), histogram_raw(params.pop("tag"), **params))
             )

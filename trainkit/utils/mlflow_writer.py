@@ -159,15 +159,10 @@ class MLflowWriter(trackers.TrackerWriter):
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         timestamp_ms = int(time.time() * 1000)
         keys = self._keys
-        metrics = [
-            self._metric_cls(
-                keys.get(name) or keys.setdefault(name, _mlflow_key(name)),
-                float(value),
-                timestamp_ms,
-                iteration,
-            )
-            for name, value in scalars.items()
-        ]
+        for name in scalars.keys() - keys.keys():
+            keys[name] = _mlflow_key(name)
+        metric = self._metric_cls
+        metrics = [metric(keys[n], float(v), timestamp_ms, iteration) for n, v in scalars.items()]
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             chunk = metrics[start : start + _MAX_METRICS_PER_BATCH]
             self._calls.submit(self._client.log_batch, self.run_id, metrics=chunk)

@@ -329,11 +329,5 @@ def _eroded(mask: np.ndarray) -> np.ndarray:
 
     The image's border is not an outline: pixels outside it repeat the edge.
     """
-    padded = np.pad(mask, 1, mode="edge")
-    return (
-        padded[1:-1, 1:-1]
-        & padded[:-2, 1:-1]
-        & padded[2:, 1:-1]
-        & padded[1:-1, :-2]
-        & padded[1:-1, 2:]
-    )
+    p = np.pad(mask, 1, mode="edge")
+    return p[1:-1, 1:-1] & p[:-2, 1:-1] & p[2:, 1:-1] & p[1:-1, :-2] & p[1:-1, 2:]
