@@ -194,8 +194,7 @@ class TensorboardXWriter(EventWriter):
     @override
     def write(self) -> None:
         storage = get_event_storage()
-        new_scalars = self._new_scalars(storage)
-        if new_scalars:
+        if new_scalars := self._new_scalars(storage):
             self._event_file()
             event_cls, summary_cls = self._event_cls, self._summary_cls
             # The wall time of the write, not of the hand-off, keeps TensorBoard's time

@@ -106,8 +106,7 @@ class VisImage:
         """Write the drawing to ``filepath`` (format from the extension, e.g. ``.png``)."""
         from PIL import Image
 
-        directory = os.path.dirname(filepath)
-        if directory:
+        if directory := os.path.dirname(filepath):
             PathManager.mkdirs(directory)
         Image.fromarray(self.get_image()).save(filepath)
 
