@@ -218,8 +218,7 @@ class Checkpointer:
             self._writer.wait()
             data = {"model": self.model.state_dict()}
             data.update((key, obj.state_dict()) for key, obj in self.checkpointables.items())
-            clashes = sorted(set(kwargs) & set(data))
-            if clashes:
+            if clashes := sorted(set(kwargs) & set(data)):
                 raise ValueError(f"extra data keys {clashes} clash with checkpointable names")
             data.update(kwargs)
             unsafe = None if self.trust_pickle else find_unsafe_value(data)
