@@ -55,8 +55,9 @@ class MaskedBatchNorm2d(nn.BatchNorm2d):
 class _ConvStage(nn.Module):
     """``num_convs`` 3x3 convs, each followed by masked BN and ReLU; the first has stride 2.
 
-    Padded positions are set back to zero after every conv, so the next conv sees exactly
-    the zeros it would see at the border of the image run alone.
+    Padded positions, which BN's shift makes non-zero, are set back to zero after every conv,
+    so the next conv sees exactly the zeros it would see at the border of the image run alone
+    (predictions then do not depend on the batch).
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_convs: int):
@@ -73,8 +74,6 @@ class _ConvStage(nn.Module):
         # valid iff input pixel 2i is; the stride-1 convs keep the mask as it is.
         mask = mask[:, :, ::2, ::2]
         for conv, norm in zip(self.convs, self.norms):
-            # Re-zero the padding: BN's shift made it non-zero, and the next conv would carry
-            # it into valid pixels near the border, making predictions depend on the batch.
             x = F.relu(norm(conv(x), mask)) * mask
         return x, mask
 
