@@ -99,12 +99,8 @@ class HostStaging:
         on_gpu = t.device.type == "cuda"
         # Tensors come in the same order every save; a changed state just reallocates.
         buffer = next(reusable, None)
-        if (
-            buffer is None
-            or buffer.shape != t.shape
-            or buffer.dtype != t.dtype
-            or buffer.is_pinned() != on_gpu
-        ):
+        wanted = (t.shape, t.dtype, on_gpu)
+        if buffer is None or (buffer.shape, buffer.dtype, buffer.is_pinned()) != wanted:
             buffer = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=on_gpu)
         if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
             # A plain memcpy. torch's copy_ splits a large copy over its intra-op threads,

@@ -132,10 +132,9 @@ def read_checkpoint_file(
     if not os.path.isfile(path):
         # torch.load's own error would be reported below as a corrupt file.
         raise MissingFileError(f"Checkpoint {path} not found; check the path.")
-    # Memory-map the file (zip format, what torch.save has written since torch 1.6): the
-    # model's tensors are then copied from the page cache straight into its parameters,
-    # one copy instead of read-then-copy, about twice torch.load's speed. Other entries
-    # are materialised below, so nothing keeps the file mapped after loading.
+    # Memory-map a zip-format file (torch.save's since 1.6): the model's tensors are copied
+    # from the page cache straight into its parameters, about twice torch.load's speed.
+    # Other entries are materialised below, so nothing keeps the file mapped after loading.
     use_mmap = zipfile.is_zipfile(path)
     try:
         data = _torch_load(path, trust_pickle, use_mmap)
@@ -163,10 +162,9 @@ def read_checkpoint_file(
             "{'model': state_dict} or save the bare state dict."
         )
     if use_mmap and not keep_mapped:
-        # The model state is copied into the model and dropped; everything else (optimizer
-        # state, trainer state) may be kept as it is by whoever loads it, and a tensor
-        # backed by a mapping would keep the file's disk space after checkpoint rotation
-        # deletes it: copy it into memory.
+        # The model state is copied into the model and dropped; anything else may be kept
+        # by whoever loads it, and a mapped tensor would keep the file's disk space after
+        # checkpoint rotation deletes it: copy it into memory.
         copied = HostStaging().copy({k: v for k, v in data.items() if k != "model"})
         data = {k: data[k] if k == "model" else copied[k] for k in data}
     return data

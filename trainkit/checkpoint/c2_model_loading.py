@@ -30,12 +30,6 @@ def _looks_like_caffe2(keys: list[str]) -> bool:
     )
 
 
-def _best_match(model_key: str, ckpt_keys: list[str]) -> str | None:
-    """The longest checkpoint key equal to ``model_key`` or ending it at a ``.`` boundary."""
-    found = [k for k in ckpt_keys if model_key == k or model_key.endswith("." + k)]
-    return max(found, key=len) if found else None
-
-
 def align_and_update_state_dicts(
     model_state_dict: Mapping[str, Any],
     ckpt_state_dict: Mapping[str, Any],
@@ -71,9 +65,10 @@ def align_and_update_state_dicts(
     result: dict[str, Any] = {}
     taken_by: dict[str, str] = {}
     for model_key in sorted(model_state_dict):
-        ckpt_key = _best_match(model_key, ckpt_keys)
-        if ckpt_key is None:
+        found = [k for k in ckpt_keys if model_key == k or model_key.endswith("." + k)]
+        if not found:
             continue
+        ckpt_key = max(found, key=len)
         value = ckpt_state_dict[ckpt_key]
         model_shape = tuple(getattr(model_state_dict[model_key], "shape", ()))
         if tuple(getattr(value, "shape", ())) != model_shape:

@@ -216,10 +216,9 @@ class Checkpointer:
             # One write at a time, in order: the previous one is complete (and tagged)
             # before this state is even copied, so at most one host copy exists.
             self._writer.wait()
-            data = {"model": unwrap_model(self.model).state_dict()}
+            data = {"model": self.model.state_dict()}
             data.update((key, obj.state_dict()) for key, obj in self.checkpointables.items())
-            clashes = sorted(set(kwargs) & set(data))
-            if clashes:
+            if clashes := sorted(set(kwargs) & set(data)):
                 raise ValueError(f"extra data keys {clashes} clash with checkpointable names")
             data.update(kwargs)
             unsafe = None if self.trust_pickle else find_unsafe_value(data)
@@ -344,9 +343,8 @@ class Checkpointer:
         local_path = local_checkpoint_path(self.path_manager, path)
         checkpoint = self._load_file(local_path)
         if matching_heuristics:
-            model_state = unwrap_model(self.model).state_dict()
             checkpoint["model"] = align_and_update_state_dicts(
-                model_state, checkpoint["model"], c2_conversion=False
+                self.model.state_dict(), checkpoint["model"], c2_conversion=False
             )
         return self._restore(checkpoint, local_path, checkpointables)
 

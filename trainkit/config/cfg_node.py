@@ -86,14 +86,11 @@ class CfgNode(_FvcoreCfgNode):
 
         Args:
             filename: the config file.
-            allow_unsafe: read a file (or ``_BASE_`` file) that the safe loader refuses for a
-                ``!!python/...`` tag with PyYAML's unsafe loader, with a logged warning: such
-                a file can run any code. Only for files you trust.
+            allow_unsafe: as for :func:`~trainkit.config.yaml_files.load_yaml_with_origins`:
+                accept ``!!python/...`` tags (they can run any code), only for trusted files.
 
         Raises:
-            ConfigError: On a missing file, a YAML syntax error, an unsafe tag without
-                ``allow_unsafe``, a non-mapping document or a ``_BASE_`` cycle
-                (:func:`~trainkit.config.yaml_files.load_yaml_with_origins`).
+            ConfigError: As :func:`~trainkit.config.yaml_files.load_yaml_with_origins`.
         """
         return load_yaml_with_origins(filename, allow_unsafe=allow_unsafe)[0]
 
@@ -159,17 +156,16 @@ class CfgNode(_FvcoreCfgNode):
                 )
             if full_key == BASE_KEY:
                 raise ConfigError("_BASE_ can only be used inside config files")
-            node, parts = self, full_key.split(".")
-            for depth, part in enumerate(parts):
-                if not isinstance(node, _FvcoreCfgNode):
+            node: Any = self
+            for part in full_key.split("."):
+                if not isinstance(node, _FvcoreCfgNode) or not (
+                    part in node or node.is_new_allowed()
+                ):
                     self._raise_unknown(full_key, "the command line")
                 if part not in node:
-                    if node.is_new_allowed():
-                        break
-                    self._raise_unknown(full_key, "the command line")
-                if depth < len(parts) - 1:
-                    node = node[part]
-            for part in reversed(parts):
+                    break
+                node = node[part]
+            for part in reversed(full_key.split(".")):
                 value = {part: value}
             self._merge_checked(value, source="the command line", origins=ORIGIN_COMMAND_LINE)
 
@@ -194,16 +190,14 @@ class CfgNode(_FvcoreCfgNode):
             if key == BASE_KEY:
                 raise ConfigError(f"_BASE_ can only be used inside config files (in {source})")
             if key not in self:
-                if self.is_new_allowed():
-                    value = _decode(copy.deepcopy(value))
-                    if isinstance(value, dict):
-                        self[key] = type(self)(value)
-                        origins_of(root).record_all(flat_leaves(self[key], f"{full_key}."), origins)
-                    else:
-                        self[key] = value
-                        origins_of(root).record_all({full_key: value}, origins)
-                    continue
-                root._raise_unknown(full_key, source)
+                if not self.is_new_allowed():
+                    root._raise_unknown(full_key, source)
+                value = _decode(copy.deepcopy(value))
+                is_group = isinstance(value, dict)
+                self[key] = type(self)(value) if is_group else value
+                leaves = flat_leaves(self[key], f"{full_key}.") if is_group else {full_key: value}
+                origins_of(root).record_all(leaves, origins)
+                continue
             current = self[key]
             if isinstance(current, _FvcoreCfgNode):
                 if not isinstance(value, dict):

@@ -140,9 +140,7 @@ def _is_config(obj: Any) -> bool:
 def _called_with_cfg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     # Only the first positional argument or a keyword named "cfg" can be the config: a config
     # passed anywhere else is an ordinary argument of the explicit form.
-    if args and _is_config(args[0]):
-        return True
-    return _is_config(kwargs.get("cfg"))
+    return bool(args) and _is_config(args[0]) or _is_config(kwargs.get("cfg"))
 
 
 def _arguments_from_config(

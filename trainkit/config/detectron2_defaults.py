@@ -15,10 +15,8 @@ that trainkit does not use it (:func:`unused_detectron2_keys`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from trainkit.config.cfg_node import CfgNode as CN
+from trainkit.config.provenance import flat_leaves
 
 __all__ = [
     "READ_BY_TRAINKIT",
@@ -74,7 +72,7 @@ def detectron2_only_keys() -> frozenset[str]:
     Returns:
         Full key names such as ``"MODEL.ROI_HEADS.NUM_CLASSES"``.
     """
-    return frozenset(_leaf_names(_detectron2_only()))
+    return frozenset(flat_leaves(_detectron2_only()))
 
 
 def unused_detectron2_keys(cfg: CN) -> list[str]:
@@ -337,13 +335,3 @@ def _add_missing(dst: CN, src: CN) -> None:
             dst[key] = value
         elif isinstance(value, CN) and isinstance(dst[key], CN):
             _add_missing(dst[key], value)
-
-
-def _leaf_names(node: Mapping[str, Any], prefix: str = "") -> list[str]:
-    names: list[str] = []
-    for key, value in node.items():
-        if isinstance(value, Mapping):
-            names.extend(_leaf_names(value, prefix + key + "."))
-        else:
-            names.append(prefix + key)
-    return names

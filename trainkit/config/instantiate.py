@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainkit.config.cfg_node import ConfigError, did_you_mean
-from trainkit.utils.registry import _convert_target_to_string, locate
+from trainkit.utils.registry import _convert_target_to_string, _target_name, locate
 
 __all__ = ["dump_dataclass", "instantiate"]
 
@@ -18,15 +18,8 @@ logger = logging.getLogger(__name__)
 _TARGET = "_target_"
 
 
-def _is_dataclass_type(kind: Any) -> bool:
-    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
-
-
-def _tuple_config_type() -> tuple[type, ...]:
-    import omegaconf
-
-    tuple_config = getattr(omegaconf, "TupleConfig", None)
-    return (tuple_config,) if tuple_config is not None else ()
+def _is_dataclass_instance(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
 def instantiate(cfg: Any) -> Any:
@@ -49,6 +42,7 @@ def instantiate(cfg: Any) -> Any:
             do not fit its signature (with the closest parameter names), or a value is
             missing (``???``). Errors raised by the target itself propagate unchanged.
     """
+    import omegaconf
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
@@ -57,11 +51,11 @@ def instantiate(cfg: Any) -> Any:
     if isinstance(cfg, list):
         # Many constructors take lists of objects (augmentations, hooks, layers).
         return [instantiate(x) for x in cfg]
-    if isinstance(cfg, _tuple_config_type()):
+    if isinstance(cfg, getattr(omegaconf, "TupleConfig", ())):
         # omegaconf >= 2.4 keeps a config's tuples as TupleConfig (older versions made them
         # lists): their items are built too, and the target gets a plain tuple.
         return tuple(instantiate(x) for x in cfg)
-    if isinstance(cfg, DictConfig) and _is_dataclass_type(OmegaConf.get_type(cfg)):
+    if isinstance(cfg, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(cfg)):
         # A dataclass instance assigned into a config became a config of its fields.
         return OmegaConf.to_object(cfg)
     if not (isinstance(cfg, Mapping) and _TARGET in cfg):
@@ -74,7 +68,7 @@ def instantiate(cfg: Any) -> Any:
             f"command line ({e.full_key}=VALUE)."
         ) from None
     target = kwargs.pop(_TARGET)
-    name = target if isinstance(target, str) else _display_name(target)
+    name = _target_name(target)
     if isinstance(target, str):
         try:
             target = locate(target)
@@ -102,27 +96,17 @@ def dump_dataclass(obj: Any) -> dict[str, Any]:
     Raises:
         TypeError: If ``obj`` is not a dataclass instance.
     """
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+    if not _is_dataclass_instance(obj):
         raise TypeError(f"dump_dataclass needs a dataclass instance, got {obj!r}")
     out: dict[str, Any] = {_TARGET: _convert_target_to_string(type(obj))}
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _is_dataclass_instance(value):
             value = dump_dataclass(value)
         elif isinstance(value, (list, tuple)):
-            value = [
-                dump_dataclass(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
-                for v in value
-            ]
+            value = [dump_dataclass(v) if _is_dataclass_instance(v) else v for v in value]
         out[field.name] = value
     return out
-
-
-def _display_name(target: Any) -> str:
-    try:
-        return _convert_target_to_string(target)
-    except AttributeError:
-        return repr(target)
 
 
 def _check_arguments(target: Any, name: str, kwargs: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from trainkit.config.lazy_overrides import apply_overrides, flat_config_items
 from trainkit.config.provenance import display_path, origins_of, python_key_lines, yaml_key_lines
 from trainkit.utils.errors import MissingFileError
 from trainkit.utils.file_io import PathManager, atomic_write
-from trainkit.utils.registry import _convert_target_to_string, locate
+from trainkit.utils.registry import _convert_target_to_string, _target_name, locate
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -107,7 +107,7 @@ class LazyConfig:
             ConfigError: If the file is not ``.py``/``.yaml`` or has a syntax error.
             MissingFileError: If it does not exist.
         """
-        from omegaconf import OmegaConf
+        from omegaconf import DictConfig, ListConfig, OmegaConf
 
         filename = os.path.normpath(filename)
         if os.path.splitext(filename)[1] not in _EXTENSIONS:
@@ -138,7 +138,8 @@ class LazyConfig:
                 {
                     name: as_config(value)
                     for name, value in namespace.items()
-                    if _is_config_value(value) and not name.startswith("_")
+                    if isinstance(value, (DictConfig, ListConfig, dict))
+                    and not name.startswith("_")
                 }
             )
         # Where each value was set (a part asked for with ``keys`` gets the line of the
@@ -234,21 +235,6 @@ def _top_level(namespace: Any, key: str, filename: str) -> Any:
             f"{', '.join(sorted(names))}."
         )
     return namespace[key]
-
-
-def _is_config_value(value: Any) -> bool:
-    from omegaconf import DictConfig, ListConfig
-
-    return isinstance(value, (DictConfig, ListConfig, dict))
-
-
-def _target_name(target: Any) -> str:
-    if isinstance(target, str):
-        return target
-    try:
-        return _convert_target_to_string(target)
-    except AttributeError:
-        return repr(target)
 
 
 def _importable_name(value: Any) -> str | None:

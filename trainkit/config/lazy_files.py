@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainkit.config.cfg_node import ConfigError
+from trainkit.config.provenance import relative_import_file
 from trainkit.utils.file_io import PathManager
 
 if TYPE_CHECKING:
@@ -72,10 +73,7 @@ def _config_import(
             f"{importer}: 'from {'.' * level} import ...' (a relative import of a directory) is "
             "not supported in a config file; import names from a file: from .FILE import NAME."
         )
-    directory = os.path.dirname(importer)
-    for _ in range(level - 1):
-        directory = os.path.dirname(directory)
-    path = os.path.join(directory, *name.split(".")) + ".py"
+    path = relative_import_file(importer, name, level)
     if not PathManager.isfile(path):
         raise _ConfigImportError(
             f"{importer}: 'from {'.' * level}{name} import ...' needs the file {path}, which "
@@ -90,8 +88,7 @@ def _config_import(
 
 
 def as_config(value: Any) -> Any:
-    """Return ``value`` as a ``DictConfig`` if it is a dict, else as it is."""
-    # Top-level dicts of a config file become DictConfigs, so they can be edited by attribute.
+    """Return ``value`` as a ``DictConfig`` (editable by attribute) if a dict, else as it is."""
     return dict_config(value) if isinstance(value, dict) else value
 
 

@@ -83,7 +83,7 @@ def flat_config_items(cfg: Any) -> dict[str, Any]:
 
 
 def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
-    from omegaconf import DictConfig, ListConfig
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
     node = cfg
     parts = key.split(".")
@@ -91,7 +91,8 @@ def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
         prefix = ".".join(parts[:depth])
         if isinstance(node, DictConfig):
             if part in node.keys():
-                node = node[part] if _present(node, part) else None
+                # A "???" (missing) value is a key without a value yet: set, not walked into.
+                node = None if OmegaConf.is_missing(node, part) else node[part]
                 continue
             if is_new and depth == len(parts) - 1:
                 return
@@ -112,10 +113,3 @@ def _check_override_key(cfg: Any, key: str, is_new: bool) -> None:
             f"cannot set {key}: {prefix or 'the config'} holds {type(node).__name__} "
             f"{node!r}, not a group of keys; set {prefix} itself."
         )
-
-
-def _present(node: Any, key: str) -> bool:
-    # A "???" (missing) value is a key without a value yet: it may be set, not walked into.
-    from omegaconf import OmegaConf
-
-    return not OmegaConf.is_missing(node, key)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from trainkit.utils.registry import _convert_target_to_string
+from trainkit.utils.registry import _target_name
 
 if TYPE_CHECKING:
     # yacs's node, which trainkit's CfgNode extends (importing that one would be circular).
@@ -94,10 +94,7 @@ class Origins:
 
 def origins_of(cfg: Any) -> Origins:
     """Return the :class:`Origins` of ``cfg`` (a ``CfgNode`` or a LazyConfig), made if none."""
-    store = vars(cfg).get(_STORE)
-    if store is None:
-        store = vars(cfg)[_STORE] = Origins()
-    return store
+    return vars(cfg).setdefault(_STORE, Origins())
 
 
 def _snapshot(value: Any) -> Any:
@@ -185,10 +182,7 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    try:
-        return _convert_target_to_string(value)
-    except AttributeError:
-        return repr(value)
+    return _target_name(value)
 
 
 def flat_leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -208,11 +202,8 @@ def flat_leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def _origin_below(origins: Mapping[str, str], key: str) -> str | None:
     """Return the origin of the deepest of ``key`` and its parents that ``origins`` has."""
     parts = key.split(".")
-    for length in range(len(parts), 0, -1):
-        origin = origins.get(".".join(parts[:length]))
-        if origin is not None:
-            return origin
-    return None
+    found = (origins.get(".".join(parts[:n])) for n in range(len(parts), 0, -1))
+    return next(filter(None, found), None)
 
 
 # ---- reading origins from files ----------------------------------------------------------
@@ -266,10 +257,7 @@ def python_key_lines(path: str, _seen: frozenset[str] = frozenset()) -> dict[str
     for statement in tree.body:
         where = f"{shown}:{statement.lineno}"
         if isinstance(statement, ast.ImportFrom) and statement.level > 0 and statement.module:
-            directory = os.path.dirname(path)
-            for _ in range(statement.level - 1):
-                directory = os.path.dirname(directory)
-            imported_file = os.path.join(directory, *statement.module.split(".")) + ".py"
+            imported_file = relative_import_file(path, statement.module, statement.level)
             imported = python_key_lines(imported_file, _seen | {real})
             for alias in statement.names:
                 name = alias.asname or alias.name
@@ -284,6 +272,14 @@ def python_key_lines(path: str, _seen: frozenset[str] = frozenset()) -> dict[str
                     _set(origins, key, where)
                     _record_arguments(statement.value, key, shown, origins)
     return origins
+
+
+def relative_import_file(importer: str, module: str, level: int) -> str:
+    """Return the ``.py`` file ``from {"." * level}{module} import ...`` in ``importer`` names."""
+    directory = os.path.dirname(importer)
+    for _ in range(level - 1):
+        directory = os.path.dirname(directory)
+    return os.path.join(directory, *module.split(".")) + ".py"
 
 
 def _dotted(node: ast.expr) -> str | None:

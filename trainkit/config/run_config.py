@@ -18,6 +18,7 @@ from trainkit.config.lazy_overrides import flat_config_items
 from trainkit.config.provenance import (
     ConfigChange,
     config_changes,
+    flat_leaves,
     format_config_changes,
     listed_changes,
     origins_of,
@@ -197,12 +198,9 @@ class _YacsRunConfig(RunConfig):
         return _YacsRunConfig(auto_scale_config(self.cfg, world_size))
 
     def recipe(self) -> dict[str, Any]:
-        recipe = {}
-        for key in SCALED_KEYS:
-            section, leaf = key.split(".")
-            value = self.cfg[section][leaf]
-            recipe[key] = list(value) if isinstance(value, (tuple, list)) else value
-        return recipe
+        leaves = flat_leaves(self.cfg)
+        values = {key: leaves[key] for key in SCALED_KEYS}
+        return {k: list(v) if isinstance(v, (tuple, list)) else v for k, v in values.items()}
 
     def origin(self, key: str) -> str | None:
         return self.cfg.get_origin(key)

@@ -1,11 +1,8 @@
 """Reading YAML config files: the safe loader, refused ``!!python`` tags, ``_BASE_`` chains.
 
 :func:`load_yaml_with_origins` is what ``CfgNode.load_yaml_with_base`` and
-``CfgNode.merge_from_file`` read a file with: a dict of the file's values with its
-``_BASE_`` files merged underneath (paths relative to the including file, followed
-recursively, a cycle refused), and the ``FILE:LINE`` of every key it sets. Files are parsed
-with PyYAML's safe loader, so a config cannot run code; a ``!!python/...`` tag is refused
-with its file and line unless the caller opts in with ``allow_unsafe`` (logged).
+``CfgNode.merge_from_file`` read a file with: its values, ``_BASE_`` files merged underneath
+(relative to the including file, recursively, a cycle refused), and each key's ``FILE:LINE``.
 """
 
 from __future__ import annotations

@@ -93,11 +93,7 @@ class DatasetEvaluators(DatasetEvaluator):
 
 @contextlib.contextmanager
 def inference_context(model: nn.Module) -> Iterator[None]:
-    """Put ``model`` in eval mode inside the block and restore its previous mode after.
-
-    The mode is restored even if the block raises, so an evaluation error during training
-    does not silently continue training with dropout/BatchNorm in eval mode.
-    """
+    """Put ``model`` in eval mode inside the block; restore its mode after, also on an error."""
     was_training = model.training
     model.eval()
     try:
@@ -160,8 +156,7 @@ def inference_on_dataset(
         eval_s / per_iter,
     )
     # trainkit's test loaders skip (never replace) records that fail to map and count them.
-    skipped = getattr(data_loader, "num_skipped_records", None)
-    if skipped:
+    if skipped := getattr(data_loader, "num_skipped_records", None):
         logger.warning(
             "%d records of this rank's share could not be mapped and are left out of the "
             "evaluation (each is named in a warning above); the results cover the others.",

@@ -99,8 +99,7 @@ def verify_results(cfg: CfgNode, results: Mapping[str, Any]) -> bool:
         RuntimeError: If any expected result is missing or out of tolerance; the message
             lists each failure (detectron2 exits the process here instead).
     """
-    table = _results_table(results)
-    if table:
+    if table := _results_table(results):
         logger.info("Final results:\n%s", table)
     failures = []
     for entry in cfg.TEST.EXPECTED_RESULTS:

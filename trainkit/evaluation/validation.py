@@ -104,10 +104,8 @@ def validation_losses(model: nn.Module, data_loader: Iterable[Any]) -> dict[str,
     total = sum(rank_count for _, rank_count in parts)
     losses: dict[str, float] = {}
     if total:
-        for rank_sums, _ in parts:
-            for name, value in rank_sums.items():
-                losses[name] = losses.get(name, 0.0) + value
-        losses = {name: value / total for name, value in losses.items()}
+        names = dict.fromkeys(name for rank_sums, _ in parts for name in rank_sums)
+        losses = {name: sum(s.get(name, 0.0) for s, _ in parts) / total for name in names}
         losses.setdefault("total_loss", math.fsum(losses.values()))
     logger.info(
         "Validation losses over %d records (%d processes): %s; took %.2f s",

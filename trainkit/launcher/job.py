@@ -264,11 +264,7 @@ def _is_secondary(error: BaseException) -> bool:
 
 
 def _wait_for_abort(round_store: dist.Store) -> dict[str, Any] | None:
-    """The failure a peer posted, waiting up to ``_SETTLE_S`` for it; None if none came.
-
-    The wait also lets the agent (which names the first process it sees die) see the peer
-    die before this process.
-    """
+    """The failure a peer posted, waiting up to ``_SETTLE_S`` for it; None if none came."""
     deadline = time.monotonic() + _SETTLE_S
     while True:
         with contextlib.suppress(RuntimeError, dist.DistError):  # the store's host is gone

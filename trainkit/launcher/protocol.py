@@ -115,9 +115,7 @@ def find_stalled_rank(records: list[dict[str, Any]], timeout_s: float) -> dict[s
     for a moment) enters the collective before the peer enters its stuck phase. Among ranks
     equally far, the one stuck longest is named.
     """
-    if timeout_s <= 0 or not records:
-        return None
-    if max(r["elapsed_s"] for r in records) <= timeout_s:
+    if timeout_s <= 0 or not records or max(r["elapsed_s"] for r in records) <= timeout_s:
         return None
     return min(
         records, key=lambda r: (r["iteration"], _PHASE_ORDER.get(r["phase"], 3), -r["elapsed_s"])

@@ -67,9 +67,7 @@ def is_restart(output_dir: str) -> bool:
     Without a run id, whether the job says it was restarted (:func:`restart_count`).
     """
     current = run_id()
-    if not current:
-        return restart_count() > 0
-    return _recorded_run_id(output_dir) == current
+    return _recorded_run_id(output_dir) == current if current else restart_count() > 0
 
 
 def resumes_by_itself(output_dir: str, newest_checkpoint: str) -> bool:

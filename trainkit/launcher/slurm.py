@@ -63,8 +63,7 @@ def _expand_brackets(group: str, nodelist: str) -> list[str]:
         low, dash, high = part.partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
             raise SlurmEnvironmentError(f"cannot read the range {part!r} in {nodelist!r}")
-        for number in range(int(low), int(high or low) + 1):
-            names.append(str(number).zfill(len(low)))
+        names += [str(number).zfill(len(low)) for number in range(int(low), int(high or low) + 1)]
     return names
 
 

@@ -69,10 +69,6 @@ _DETECTRON2_DETECTION_CONFIGS = (
 )
 
 
-def _is_detectron2_detection_config(config_path: str) -> bool:
-    return config_path.lstrip("./").startswith(_DETECTRON2_DETECTION_CONFIGS)
-
-
 def get_config_file(config_path: str) -> str:
     """Return the path of a shipped config.
 
@@ -88,7 +84,7 @@ def get_config_file(config_path: str) -> str:
         path = root / config_path
         if path.is_file():
             return str(path)
-    if _is_detectron2_detection_config(config_path):
+    if config_path.lstrip("./").startswith(_DETECTRON2_DETECTION_CONFIGS):
         raise MissingFileError(
             f"{config_path!r} is one of detectron2's detection configs (detection models, "
             "COCO-style data and evaluators), which are detection-only and not shipped by "
@@ -96,10 +92,9 @@ def get_config_file(config_path: str) -> str:
             "trainkit's common/train.py, common/optim.py and common/coco_schedule.py."
         )
     available = _available()
-    hint = did_you_mean(config_path, available)
     raise MissingFileError(
-        f"trainkit's model zoo has no config {config_path!r}.{hint} Available: "
-        f"{', '.join(available)}."
+        f"trainkit's model zoo has no config {config_path!r}.{did_you_mean(config_path, available)}"
+        f" Available: {', '.join(available)}."
     )
 
 

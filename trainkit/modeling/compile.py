@@ -74,9 +74,7 @@ def call_compiled(module: nn.Module, name: str, *args: Any) -> Any:
         What the method returns.
     """
     compiled = module.__dict__.get(_COMPILED, {}).get(name)
-    if compiled is None:
-        return getattr(module, name)(*args)
-    return compiled(module, *args)
+    return getattr(module, name)(*args) if compiled is None else compiled(module, *args)
 
 
 def recompile_limit() -> int:
@@ -199,8 +197,7 @@ def compile_stats(model: nn.Module) -> CompileStats | None:
         recompiles += max(entries - 1, 0)
         if entries >= limit:
             at_limit.append(name)
-    breaks = dynamo_graph_breaks()
-    return CompileStats(graphs, recompiles, breaks, tuple(at_limit))
+    return CompileStats(graphs, recompiles, dynamo_graph_breaks(), tuple(at_limit))
 
 
 def compile_from_config(model: nn.Module, cfg: CfgNode) -> Sequence[str]:
@@ -209,23 +206,16 @@ def compile_from_config(model: nn.Module, cfg: CfgNode) -> Sequence[str]:
     cache_dir = opts.CACHE_DIR or os.path.join(cfg.OUTPUT_DIR, "compile_cache")
     names = compile_model(model, mode=opts.MODE, backend=opts.BACKEND, cache_dir=cache_dir)
     plans = getattr(model, "shape_plans", None)
-    limit = recompile_limit()
     if plans is not None:
         train, test = (p.num_shapes if p is not None else "unbounded" for p in plans)
-        logger.info(
-            "compile: %s of %s; at most %s graphs for training, %s for evaluation "
-            "(torch._dynamo.config.recompile_limit=%d per method)",
-            ", ".join(names),
-            type(model).__name__,
-            train,
-            test,
-            limit,
-        )
+        planned = f"at most {train} graphs for training, {test} for evaluation"
     else:
-        logger.info(
-            "compile: %s of %s; graph count not planned by the model (recompile_limit=%d)",
-            ", ".join(names),
-            type(model).__name__,
-            limit,
-        )
+        planned = "graph count not planned by the model"
+    logger.info(
+        "compile: %s of %s; %s (torch._dynamo.config.recompile_limit=%d per method)",
+        ", ".join(names),
+        type(model).__name__,
+        planned,
+        recompile_limit(),
+    )
     return names

@@ -55,8 +55,9 @@ class MaskedBatchNorm2d(nn.BatchNorm2d):
 class _ConvStage(nn.Module):
     """``num_convs`` 3x3 convs, each followed by masked BN and ReLU; the first has stride 2.
 
-    Padded positions are set back to zero after every conv, so the next conv sees exactly
-    the zeros it would see at the border of the image run alone.
+    Padded positions, which BN's shift makes non-zero, are set back to zero after every conv,
+    so the next conv sees exactly the zeros it would see at the border of the image run alone
+    (predictions then do not depend on the batch).
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_convs: int):
@@ -73,8 +74,6 @@ class _ConvStage(nn.Module):
         # valid iff input pixel 2i is; the stride-1 convs keep the mask as it is.
         mask = mask[:, :, ::2, ::2]
         for conv, norm in zip(self.convs, self.norms):
-            # Re-zero the padding: BN's shift made it non-zero, and the next conv would carry
-            # it into valid pixels near the border, making predictions depend on the batch.
             x = F.relu(norm(conv(x), mask)) * mask
         return x, mask
 
@@ -211,17 +210,13 @@ class ImageClassifier(nn.Module):
         """Normalise one float image [3, h, w] (0-255) as ``self.input_norm`` says."""
         if self.input_norm == "pixel":
             return (image - self.pixel_mean) / self.pixel_std
-        # Per-image standardisation: the background colour and the shape/background
-        # contrast are nuisances drawn anew for every image; removing them here spares the
-        # first layers from learning colour invariance, which they do slowly (a CNN on
-        # fixed-normalised shapes barely leaves chance level in hundreds of iterations).
-        # The statistics use only this image's pixels, so padding cannot change them.
-        mean = image.mean(dim=(1, 2), keepdim=True)
-        centred = image - mean
-        # One std over all channels keeps the relative strength of the colour channels. The
-        # floor (0-255 units) stops a nearly flat image from amplifying its noise.
-        std = centred.square().mean().sqrt()
-        return centred / std.clamp(min=_MIN_IMAGE_STD)
+        # Per-image standardisation over this image's pixels (padding cannot change it): the
+        # background colour and contrast, drawn anew per image, are removed here rather than
+        # learnt slowly by the first layers (a CNN on fixed-normalised shapes barely leaves
+        # chance level in hundreds of iterations). One std over all channels keeps their
+        # relative strength; its floor (0-255 units) keeps a flat image's noise small.
+        centred = image - image.mean(dim=(1, 2), keepdim=True)
+        return centred / centred.square().mean().sqrt().clamp(min=_MIN_IMAGE_STD)
 
     def preprocess_image(self, batched_inputs: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:
         """Normalise and zero-pad the images into one batch.
@@ -239,8 +234,7 @@ class ImageClassifier(nn.Module):
         width = max(image.shape[-1] for image in images)
         plan = None if self.shape_plans is None else self.shape_plans[0 if self.training else 1]
         if plan is None:
-            size = self.size_divisibility
-            num = len(images)
+            size, num = self.size_divisibility, len(images)
             height, width = (math.ceil(v / size) * size for v in (height, width))
         else:
             num, height, width = plan.batch_shape(height, width, len(images))

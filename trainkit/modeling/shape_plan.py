@@ -63,12 +63,11 @@ def plan_canvases(
     """
     top = _round_up(max_side, divisibility)
     low = min(_round_up(min_side, divisibility), top)
-    levels = range(low, top + 1, divisibility)
     bins = sorted(float(b) for b in aspect_ratio_bins)
     # (lo, hi) of each bucket; 0 and inf at the ends.
     bounds = list(zip([0.0, *bins], [*bins, math.inf]))
     canvases: set[tuple[int, int]] = set()
-    for level in levels:
+    for level in range(low, top + 1, divisibility):  # the long sides
         for lo, hi in bounds:
             # Sides are whole pixels: a bin given as 1.333 still holds a 64 x 48 image.
             if hi <= 1.0:  # portrait: width < hi * height

@@ -65,9 +65,7 @@ def reduce_param_groups(params: list[dict[str, Any]]) -> list[dict[str, Any]]:
         hyperparams = {k: v for k, v in entry.items() if k not in _GROUP_LIST_KEYS}
         # Sorted so that the order in which keys were set does not split equal groups.
         key = tuple(sorted((k, _hashable(v)) for k, v in hyperparams.items()))
-        group = merged.get(key)
-        if group is None:
-            group = merged[key] = {**hyperparams, "params": []}
+        group = merged.setdefault(key, {**hyperparams, "params": []})
         if group["params"] and ("param_names" in group) != ("param_names" in entry):
             # torch refuses optimizers whose groups mix named and unnamed parameters too.
             raise ValueError(

@@ -244,11 +244,10 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
 def _zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
     """Give a fused SGD zero momentum buffers before its first step.
 
-    torch's fused SGD creates them with ``empty_like`` on its first step and lets the kernel
-    fill them; when ``GradScaler`` skips that step (inf/NaN gradients, the usual start of a
-    float16 run) the kernel does not run, and the next step reads uninitialised memory (NaN
-    weights on a GPU). From zero, the first update is the same as torch's (momentum * 0 +
-    grad = grad, SGD's dampening being 0 here).
+    torch's fused SGD makes them with ``empty_like`` and lets its first step fill them; when
+    ``GradScaler`` skips that step (inf/NaN gradients, the usual start of a float16 run), the
+    next reads uninitialised memory (NaN weights on a GPU). From zero, the first update is
+    torch's (momentum * 0 + grad = grad; dampening is 0 here).
     """
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -322,13 +321,9 @@ def build_lr_scheduler(cfg: CfgNode, optimizer: torch.optim.Optimizer) -> LRMult
             f"{', '.join(_LR_SCHEDULERS)}, or override DefaultTrainer.build_lr_scheduler."
         )
     warmup_length = min(int(solver.WARMUP_ITERS) / max_iter, 1.0)
-    sched = WarmupParamScheduler(
-        sched,
-        float(solver.WARMUP_FACTOR),
-        warmup_length,
-        str(solver.WARMUP_METHOD),
-        rescale_interval=bool(solver.RESCALE_INTERVAL),
-    )
+    factor, method = float(solver.WARMUP_FACTOR), str(solver.WARMUP_METHOD)
+    rescale = bool(solver.RESCALE_INTERVAL)
+    sched = WarmupParamScheduler(sched, factor, warmup_length, method, rescale_interval=rescale)
     return LRMultiplier(optimizer, multiplier=sched, max_iter=max_iter)
 
 

@@ -153,10 +153,9 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         try:
             multiplier = self._multiplier(where)
         except IndexError:
-            # The scheduler is stepped once more after the final iteration (and any number
-            # of times by a loop that overruns max_iter). A schedule that cannot be evaluated
-            # at its end (fvcore's step schedulers, and detectron2, raise IndexError there)
-            # keeps the last iteration's lr.
+            # Stepped once more after the final iteration (or more by a loop that overruns
+            # max_iter), a schedule that raises IndexError at its end (fvcore's step
+            # schedulers, and detectron2) keeps the last iteration's lr.
             if where < 1.0:
                 raise
             multiplier = self._multiplier((self._max_iter - 1) / self._max_iter)
@@ -164,9 +163,8 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
 
 
 # ---- detectron2's older schedulers ----------------------------------------------------------
-# detectron2 still exports these two (deprecated in favour of LRMultiplier); they are kept so
-# that scripts constructing them directly keep working. Their warm-up multiplies the main
-# schedule (it does not end where the schedule picks up), exactly as in detectron2.
+# Deprecated there in favour of LRMultiplier, kept for scripts that build them; their warm-up
+# multiplies the main schedule (no joining where it picks up), exactly as in detectron2.
 
 
 def _check_warmup_method(warmup_method: str) -> None:
@@ -224,8 +222,7 @@ class _WarmupLRScheduler(torch.optim.lr_scheduler.LRScheduler):
             "LRMultiplier over a WarmupParamScheduler.",
             type(self).__name__,
         )
-        self.warmup_factor = warmup_factor
-        self.warmup_iters = warmup_iters
+        self.warmup_factor, self.warmup_iters = warmup_factor, warmup_iters
         self.warmup_method = warmup_method
         super().__init__(optimizer, last_epoch)
 

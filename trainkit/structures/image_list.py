@@ -81,8 +81,7 @@ class ImageList:
                     f"({', '.join(map(str, lead))}{', ' if lead else ''}H, W); got {what}."
                 )
         image_sizes = [(int(t.shape[-2]), int(t.shape[-1])) for t in tensors]
-        max_h = max(h for h, _ in image_sizes)
-        max_w = max(w for _, w in image_sizes)
+        max_h, max_w = (max(sides) for sides in zip(*image_sizes))
         if padding_constraints:
             square_size = int(padding_constraints.get("square_size", 0))
             if square_size > 0:

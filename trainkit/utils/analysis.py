@@ -32,33 +32,12 @@ __all__ = [
     "parameter_count_table",
 ]
 
-_ZERO_COST_OPERATORS = (
-    "aten::add",
-    "aten::add_",
-    "aten::sub",
-    "aten::rsub",
-    "aten::mul",
-    "aten::mul_",
-    "aten::div",
-    "aten::div_",
-    "aten::neg",
-    "aten::relu",
-    "aten::relu_",
-    "aten::gelu",
-    "aten::silu",
-    "aten::sigmoid",
-    "aten::tanh",
-    "aten::softmax",
-    "aten::log_softmax",
-    "aten::exp",
-    "aten::sqrt",
-    "aten::rsqrt",
-    "aten::clamp",
-    "aten::clamp_min",
-    "aten::mean",
-    "aten::sum",
-    "aten::max_pool2d",
-    "aten::dropout",
+_ZERO_COST_OPERATORS = tuple(
+    f"aten::{name}"
+    for name in (
+        "add add_ sub rsub mul mul_ div div_ neg relu relu_ gelu silu sigmoid tanh softmax "
+        "log_softmax exp sqrt rsqrt clamp clamp_min mean sum max_pool2d dropout"
+    ).split()
 )
 
 
@@ -96,7 +75,7 @@ def flop_count_operators(model: nn.Module, inputs: Any) -> dict[str, float]:
         model: the model (a DDP wrapper is looked through).
         inputs: the batch, as ``model(inputs)`` takes it.
     """
-    with _eval_mode(model), torch.no_grad():
+    with _mode(model, training=False), torch.no_grad():
         counts = FlopCountAnalysis(model, inputs).by_operator()
     return {op: flops / 1e9 for op, flops in counts.items()}
 
@@ -106,7 +85,7 @@ def activation_count_operators(model: nn.Module, inputs: Any) -> dict[str, float
 
     Counted like :func:`flop_count_operators`: eval mode, no gradients, mode restored.
     """
-    with _eval_mode(model), torch.no_grad():
+    with _mode(model, training=False), torch.no_grad():
         analysis = ActivationCountAnalysis(_bare(model), (inputs,))
         counts = analysis.set_op_handle(**dict.fromkeys(_ZERO_COST_OPERATORS)).by_operator()
     return {op: count / 1e6 for op, count in counts.items()}
@@ -128,15 +107,13 @@ def find_unused_parameters(model: nn.Module, inputs: Any) -> list[str]:
     model = _bare(model)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     saved_buffers = [buffer.detach().clone() for buffer in model.buffers()]
-    was_training = model.training
     try:
-        model.train()
-        losses = model(inputs)
-        total = sum(losses.values()) if isinstance(losses, Mapping) else losses
-        grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
+        with _mode(model, training=True):
+            losses = model(inputs)
+            total = sum(losses.values()) if isinstance(losses, Mapping) else losses
+            grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
     finally:
         # After the backward pass: batch norm's backward checks its buffers are unchanged.
-        model.train(was_training)
         with torch.no_grad():
             for buffer, saved in zip(model.buffers(), saved_buffers):
                 buffer.copy_(saved)
@@ -144,9 +121,9 @@ def find_unused_parameters(model: nn.Module, inputs: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
+def _mode(model: nn.Module, training: bool) -> Iterator[None]:
     was_training = model.training
-    model.eval()
+    model.train(training)
     try:
         yield
     finally:

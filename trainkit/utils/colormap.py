@@ -19,16 +19,14 @@ _GOLDEN_RATIO_CONJUGATE = 0.618033988749895
 _SHADES = ((0.85, 0.95), (0.55, 0.85), (0.95, 0.65))
 
 
-def _palette() -> np.ndarray:
-    rows = []
-    for k in range(_NUM_COLORS):
-        saturation, value = _SHADES[k % len(_SHADES)]
-        rows.append(colorsys.hsv_to_rgb((k * _GOLDEN_RATIO_CONJUGATE) % 1.0, saturation, value))
-    return np.asarray(rows, dtype=np.float32)
-
-
 # RGB in [0, 1]; a constant computed once (read-only).
-_RGB = _palette()
+_RGB = np.asarray(
+    [
+        colorsys.hsv_to_rgb((k * _GOLDEN_RATIO_CONJUGATE) % 1.0, *_SHADES[k % len(_SHADES)])
+        for k in range(_NUM_COLORS)
+    ],
+    dtype=np.float32,
+)
 _RGB.setflags(write=False)
 
 

@@ -63,8 +63,7 @@ def create_dummy_func(func: str, dependency: str | Sequence[str], message: str =
 
     Args:
         func: the function's name.
-        dependency: the package (or packages) it needs.
-        message: appended to the error, e.g. how to install the dependency.
+        dependency, message: as for :func:`create_dummy_class`.
 
     Returns:
         A function that raises ``ImportError`` when called.

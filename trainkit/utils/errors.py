@@ -73,9 +73,9 @@ def _report_uncaught(
     exit_code = getattr(exc, "exit_code", None)
     if exc_type.__module__.startswith("trainkit.") and isinstance(exit_code, int) and exit_code > 0:
         # A trainkit outcome with its own status (a failed rank, a pre-empted run): its
-        # message is the report (the failed rank's traceback included); the launcher's own
+        # message (the failed rank's traceback included) and notes (the failing step's
+        # folder, as a traceback would end with them) are the report; the launcher's own
         # stack would only be noise.
-        # Its notes too (the failing step's folder), as a traceback would end with them.
         _write_line("".join([str(exc), *(f"\n{note}" for note in getattr(exc, "__notes__", ()))]))
         raise SystemExit(exit_code)
     _previous_hook(exc_type, exc, tb)

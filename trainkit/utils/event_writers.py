@@ -40,10 +40,9 @@ class EventWriter:
         scalar recorded at several iterations since the previous call appears at its latest
         one only.
         """
+        latest = storage.latest_with_smoothing_hint(self._window_size)
         by_iter: defaultdict[int, dict[str, float]] = defaultdict(dict)
-        for name, (value, cur_iter) in storage.latest_with_smoothing_hint(
-            self._window_size
-        ).items():
+        for name, (value, cur_iter) in latest.items():
             if cur_iter > self._last_written_iter:  # older iterations were written already
                 by_iter[cur_iter][name] = value
         if by_iter:
@@ -195,8 +194,7 @@ class TensorboardXWriter(EventWriter):
     @override
     def write(self) -> None:
         storage = get_event_storage()
-        new_scalars = self._new_scalars(storage)
-        if new_scalars:
+        if new_scalars := self._new_scalars(storage):
             self._event_file()
             event_cls, summary_cls = self._event_cls, self._summary_cls
             # The wall time of the write, not of the hand-off, keeps TensorBoard's time
@@ -221,8 +219,7 @@ class TensorboardXWriter(EventWriter):
         summaries = [
             (step, image(tag, img, dataformats="CHW")) for tag, img, step in storage._vis_data
         ]
-        for params in storage._histograms:
-            params = dict(params)
+        for params in map(dict, storage._histograms):
             summaries.append(
                 (params.pop("global_step"), histogram_raw(params.pop("tag"), **params))
             )

@@ -27,17 +27,13 @@ _MAX_METRICS_PER_BATCH = 1000
 class MLflowWriter(trackers.TrackerWriter):
     """Log scalars to an MLflow run, with the iteration as the step.
 
-    When built, it checks that the tracking server accepts connections, opens the run (the
-    one whose id is in ``output_dir/mlflow_run_id`` if that file exists and the run is
-    still there, else a new one in ``experiment``), logs the config as parameters with
-    flattened keys (``SOLVER.BASE_LR``) and the config file as the artifact ``config.yaml``.
-    A background thread sends the scalars, so a slow server does not stall training. A
-    character MLflow forbids in a scalar name is replaced (``[metric]x`` becomes
-    ``_metric_x``).
-
-    MLflow's first error turns the writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
-    The ``MLFLOW_HTTP_REQUEST_*`` environment variables set how long MLflow's client retries
-    before it reports an error.
+    When built, it checks that the tracking server accepts connections and opens the run
+    (the one whose id is in ``output_dir/mlflow_run_id`` if that file exists and the run is
+    still there, else a new one in ``experiment``). A background thread sends the scalars,
+    so a slow server does not stall training. A character MLflow forbids in a scalar name is
+    replaced (``[metric]x`` becomes ``_metric_x``). MLflow's first error turns the writer off
+    (:class:`~trainkit.utils.trackers.TrackerWriter`); the ``MLFLOW_HTTP_REQUEST_*``
+    environment variables set how long its client retries before it reports an error.
     """
 
     name = "MLflow"
@@ -62,7 +58,8 @@ class MLflowWriter(trackers.TrackerWriter):
             tracking_uri: the tracking server or store; ``""`` uses MLflow's own default
                 (the ``MLFLOW_TRACKING_URI`` environment variable, else a local store).
             experiment: name of the experiment, created if missing.
-            config: the resolved config, logged as parameters with flattened keys.
+            config: the resolved config, logged as parameters with flattened keys
+                (``SOLVER.BASE_LR``).
             config_yaml: the config file's text, logged as the artifact ``config.yaml``.
             run_name, window_size, connect_timeout_s: as for
                 :class:`~trainkit.utils.wandb_writer.WandbWriter`.
@@ -142,8 +139,7 @@ class MLflowWriter(trackers.TrackerWriter):
         params = {k: str(v) for k, v in trackers.flatten_config(config).items()}
         # MLflow refuses to change a parameter; a resumed run keeps the values it started
         # with and the new config.yaml shows what changed.
-        changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
-        if changed:
+        if changed := sorted(k for k, v in params.items() if k in logged and logged[k] != v):
             logger.warning(
                 "MLflow: run %s keeps its first values of %s; this run's config.yaml (the "
                 "artifact) has the new ones.",
@@ -159,15 +155,10 @@ class MLflowWriter(trackers.TrackerWriter):
     def _log(self, iteration: int, scalars: dict[str, float]) -> None:
         timestamp_ms = int(time.time() * 1000)
         keys = self._keys
-        metrics = [
-            self._metric_cls(
-                keys.get(name) or keys.setdefault(name, _mlflow_key(name)),
-                float(value),
-                timestamp_ms,
-                iteration,
-            )
-            for name, value in scalars.items()
-        ]
+        for name in scalars.keys() - keys.keys():
+            keys[name] = _mlflow_key(name)
+        metric = self._metric_cls
+        metrics = [metric(keys[n], float(v), timestamp_ms, iteration) for n, v in scalars.items()]
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             chunk = metrics[start : start + _MAX_METRICS_PER_BATCH]
             self._calls.submit(self._client.log_batch, self.run_id, metrics=chunk)

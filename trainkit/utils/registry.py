@@ -174,3 +174,13 @@ def _convert_target_to_string(target: Any) -> str:
             if locate(candidate) is target:
                 return candidate
     return f"{target.__module__}.{target.__qualname__}"
+
+
+def _target_name(target: Any) -> str:
+    """``target`` as a string for messages: itself if a str, its import path, else its repr."""
+    if isinstance(target, str):
+        return target
+    try:
+        return _convert_target_to_string(target)
+    except AttributeError:
+        return repr(target)

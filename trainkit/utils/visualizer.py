@@ -106,8 +106,7 @@ class VisImage:
         """Write the drawing to ``filepath`` (format from the extension, e.g. ``.png``)."""
         from PIL import Image
 
-        directory = os.path.dirname(filepath)
-        if directory:
+        if directory := os.path.dirname(filepath):
             PathManager.mkdirs(directory)
         Image.fromarray(self.get_image()).save(filepath)
 
@@ -329,11 +328,5 @@ def _eroded(mask: np.ndarray) -> np.ndarray:
 
     The image's border is not an outline: pixels outside it repeat the edge.
     """
-    padded = np.pad(mask, 1, mode="edge")
-    return (
-        padded[1:-1, 1:-1]
-        & padded[:-2, 1:-1]
-        & padded[2:, 1:-1]
-        & padded[1:-1, :-2]
-        & padded[1:-1, 2:]
-    )
+    p = np.pad(mask, 1, mode="edge")
+    return p[1:-1, 1:-1] & p[:-2, 1:-1] & p[2:, 1:-1] & p[1:-1, :-2] & p[1:-1, 2:]

@@ -23,11 +23,9 @@ class WandbWriter(trackers.TrackerWriter):
     """Log scalars to a W&B run, with the iteration as the step.
 
     The run lives in ``output_dir/wandb/`` (offline: ``offline-run-*`` directories to upload
-    later with ``wandb sync``), or, when the ``WANDB_DIR`` environment variable is set, where
-    W&B's own convention puts it (``$WANDB_DIR/wandb/``); its config is the resolved config
-    with flattened keys (``SOLVER.BASE_LR``). A writer built where ``output_dir/wandb_run_id``
-    exists continues that run. Online, the server must accept connections and the login work
-    when the writer is built. W&B's client sends scalars in the background; its first error
+    later with ``wandb sync``), or in ``$WANDB_DIR/wandb/`` (W&B's own convention) when the
+    ``WANDB_DIR`` environment variable is set. A writer built where ``output_dir/wandb_run_id``
+    exists continues that run. W&B's client sends scalars in the background; its first error
     turns the writer off (:class:`~trainkit.utils.trackers.TrackerWriter`).
     """
 
@@ -53,7 +51,8 @@ class WandbWriter(trackers.TrackerWriter):
             project: the W&B project.
             mode: ``"online"`` (needs the server and a login) or ``"offline"`` (only local
                 files; no network).
-            config: the resolved config, logged as the run's config with flattened keys.
+            config: the resolved config, logged as the run's config with flattened keys
+                (``SOLVER.BASE_LR``).
             run_name: name of a new run; defaults to the name of ``output_dir``.
             window_size: number of iterations the median of smoothed scalars covers.
             connect_timeout_s: how long the check that the server is reachable waits.

@@ -37,9 +37,5 @@ class Backbone(nn.Module, metaclass=ABCMeta):
 
     def output_shape(self) -> dict[str, ShapeSpec]:
         """Return the channels and stride of each output feature map, by name."""
-        return {
-            name: ShapeSpec(
-                channels=self._out_feature_channels[name], stride=self._out_feature_strides[name]
-            )
-            for name in self._out_features
-        }
+        channels, strides = self._out_feature_channels, self._out_feature_strides
+        return {n: ShapeSpec(channels=channels[n], stride=strides[n]) for n in self._out_features}

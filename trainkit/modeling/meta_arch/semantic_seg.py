@@ -124,12 +124,11 @@ class SemanticSegmentor(nn.Module):
         results, losses = self.sem_seg_head(features, targets)
         if self.training:
             return losses
-        outputs = []
-        for result, inputs, image_size in zip(results, batched_inputs, images.image_sizes):
-            height = inputs.get("height", image_size[0])
-            width = inputs.get("width", image_size[1])
-            outputs.append({"sem_seg": sem_seg_postprocess(result, image_size, height, width)})
-        return outputs
+        per_image = zip(results, batched_inputs, images.image_sizes)
+        return [
+            {"sem_seg": sem_seg_postprocess(r, s, x.get("height", s[0]), x.get("width", s[1]))}
+            for r, x, s in per_image
+        ]
 
 
 @SEM_SEG_HEADS_REGISTRY.register()

@@ -28,11 +28,9 @@ def default_X_scheduler(num_X):  # noqa: N802, N803 - detectron2's name
     total_iters = num_X * _ITERS_PER_1X
     if num_X <= 2:
         # Only the ratios matter: the schedule is stretched over train.max_iter.
-        milestones = [60000, 80000]
-        num_updates = 90000
+        milestones, num_updates = [60000, 80000], 90000
     else:
-        milestones = [total_iters - 60000, total_iters - 20000]
-        num_updates = total_iters
+        milestones, num_updates = [total_iters - 60000, total_iters - 20000], total_iters
     steps = L(MultiStepParamScheduler)(
         values=[1.0, 0.1, 0.01], milestones=milestones, num_updates=num_updates
     )
