@@ -66,9 +66,8 @@ class ModelEMA(HookBase):
         if self._averaged is None:
             # use_buffers: BatchNorm statistics are averaged too, so the EMA model is usable
             # as it is; the multi-tensor update averages every floating tensor in one go.
-            multi_avg_fn = get_ema_multi_avg_fn(self.decay)
             self._averaged = AveragedModel(
-                self._source(), multi_avg_fn=multi_avg_fn, use_buffers=True
+                self._source(), multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True
             )
             self._averaged.requires_grad_(False)
         if self._pending_state is not None:
