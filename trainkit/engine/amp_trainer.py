@@ -27,14 +27,12 @@ def default_precision(device_type: str) -> torch.dtype:
 class AMPTrainer(SimpleTrainer):
     """:class:`SimpleTrainer` with automatic mixed precision.
 
-    The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on
-    CUDA and bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss
-    scaling). float16, on any device, scales the loss with a ``GradScaler`` (a new one unless
-    given), and then:
+    The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on CUDA and
+    bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss scaling). float16,
+    on any device, scales the loss with a ``GradScaler`` (a new one unless given), and then:
 
-    * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips, logs
-      or checks gradients sees their true values (so does config clipping, in the optimizer
-      step);
+    * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips, logs or
+      checks gradients sees their true values (so does config clipping, in the optimizer step);
     * a step the scaler skips (inf/NaN gradients) is counted on the device, without a wait:
       the count is read when metrics are synchronised, recorded as ``[metric]amp_skipped_steps``
       and logged as a warning when it grew. The iteration and the LR schedule advance as for

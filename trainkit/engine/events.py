@@ -1,13 +1,12 @@
 """The loop's event channel: each iteration's phases, its losses and the end of each period.
 
-One :class:`StepEvents` belongs to a loop (``TrainerBase.events``); the step trainer bound to
-it announces on it. Who announces what, once per iteration whatever
-``SOLVER.ACCUMULATE_STEPS`` is:
+One :class:`StepEvents` belongs to a loop (``TrainerBase.events``). Once per iteration,
+whatever ``SOLVER.ACCUMULATE_STEPS`` is, these announce on it:
 
-* the step: ``data`` (drawing the step's batches), ``forward/backward``, ``collective``
-  (DDP's wait for the gradient all-reduce, and a period end's metric sync), ``optimizer``
-  (``after_backward`` hooks and the update); then the step's losses and, at a writer period's
-  end, the period end;
+* the step trainer bound to the loop: ``data`` (drawing the step's batches),
+  ``forward/backward``, ``collective`` (DDP's wait for the gradient all-reduce, and a period
+  end's metric sync), ``optimizer`` (``after_backward`` hooks and the update); then the step's
+  losses and, at a writer period's end, the period end;
 * the loop: ``hooks`` (the ``after_step`` hooks, and the next step's ``before_step`` ones);
 * a save and an evaluation: ``checkpoint`` and ``eval`` (:meth:`StepEvents.during`).
 

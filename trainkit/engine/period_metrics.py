@@ -115,19 +115,6 @@ class DeferredLossCheck:
             raise_non_finite(found[0], names, found[1], noticed_at)
 
 
-class _Names:
-    """The metric names of a step's losses, recomputed only when the loss names change."""
-
-    _key: tuple[tuple[str, ...], str] = ((), "")
-    _names: tuple[str, ...] = ()
-
-    def __call__(self, losses: _Losses, prefix: str) -> tuple[str, ...]:
-        key = (tuple(losses), prefix)
-        if key != self._key:
-            self._key, self._names = key, metric_names(key[0], prefix)
-        return self._names
-
-
 class LossCheck(StepListener):
     """Refuse a step whose total loss is infinite or NaN.
 
@@ -140,13 +127,13 @@ class LossCheck(StepListener):
     def __init__(self, deferred: bool | None = None) -> None:
         self.deferred = deferred
         self._pending = DeferredLossCheck()
-        self._names = _Names()
+        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(losses, prefix)
+        names = self._names(tuple(losses), prefix)
         deferred = not total.is_cpu if self.deferred is None else self.deferred
         if deferred:
             values = [losses[name].detach() for name in names[:-1]] + [total.detach()]
@@ -176,9 +163,8 @@ class LossCheck(StepListener):
 class MetricsWriter(StepListener):
     """Keep each step's losses and file their rank averages into the storage at period ends.
 
-    A non-finite step found at the period end (noted on a device, or in another rank's
-    values) stops the filing there: the steps before it are filed on every rank, then it
-    raises.
+    A non-finite step found at the period end (noted on a device, or in another rank's values) stops
+    the filing there: the steps before it are filed on every rank, then it raises.
 
     Args:
         check: the step's loss check, read before filing.
@@ -190,13 +176,13 @@ class MetricsWriter(StepListener):
         self.check = check
         self.every_step = every_step
         self._buffer: list[MetricEntry] = []
-        self._names = _Names()
+        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(losses, prefix)
+        names = self._names(tuple(losses), prefix)
         # Detached tensors, read at the period end with one copy (a CPU step reads nothing).
         values = [losses[n].detach() for n in names[:-1]] + [total.detach()]
         if not self.every_step:

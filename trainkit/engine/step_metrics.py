@@ -132,10 +132,7 @@ def gather_and_file(
         so all raise together on a non-finite loss (none is left waiting in a collective).
     """
     device_values = [
-        value.float().reshape(())
-        for _, _, values, _ in buffered
-        for value in values
-        if isinstance(value, torch.Tensor)
+        v.float().reshape(()) for entry in buffered for v in entry[2] if isinstance(v, torch.Tensor)
     ]
     if device_values:
         # One stacked device-to-host copy instead of one .item() sync per value.

@@ -86,11 +86,10 @@ def build_writers(cfg: CfgNode, max_iter: int | None = None) -> list[EventWriter
     if repeated:
         raise ConfigError(f"WRITERS={names!r} names {', '.join(repeated)} twice; list each once.")
     PathManager.mkdirs(cfg.OUTPUT_DIR)
-    # Trackers first: the checks most likely to fail run before any file is opened.
-    build_order = sorted(names, key=lambda name: name not in ("wandb", "mlflow"))
     built: dict[str, EventWriter] = {}
     try:
-        for name in build_order:
+        # Trackers first: the checks most likely to fail run before any file is opened.
+        for name in sorted(names, key=lambda name: name not in ("wandb", "mlflow")):
             built[name] = _BUILDERS[name](cfg, max_iter)
     except BaseException:
         # Close what was opened (files, a tracker run) before the error ends the run.

@@ -1,8 +1,8 @@
 """Ending training when an evaluation metric stops improving: one rule, two hooks.
 
-:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.
-BestCheckpointer` (``patience=``) both feed :class:`ImprovementRule` one value per evaluation
-through :func:`update_from_storage`.
+:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and
+:class:`~trainkit.engine.hooks.BestCheckpointer` (``patience=``) both feed
+:class:`ImprovementRule` one value per evaluation through :func:`update_from_storage`.
 """
 
 from __future__ import annotations

@@ -147,8 +147,7 @@ def load_ema_weights(model: nn.Module, path: str) -> bool:
         trainkit.checkpoint.CheckpointError: If ``path`` is not a readable checkpoint.
     """
     checkpoint = read_checkpoint_file(path, trust_pickle=False)
-    hook_states = checkpoint.get("trainer", {}).get("hooks", {})
-    state = hook_states.get(ModelEMA.__qualname__)
+    state = checkpoint.get("trainer", {}).get("hooks", {}).get(ModelEMA.__qualname__)
     if state is None:
         logger.warning("%s holds no EMA weights; evaluating its trained weights instead", path)
         return False
