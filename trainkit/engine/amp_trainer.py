@@ -27,22 +27,20 @@ def default_precision(device_type: str) -> torch.dtype:
 class AMPTrainer(SimpleTrainer):
     """:class:`SimpleTrainer` with automatic mixed precision.
 
-    The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on
-    CUDA and bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss
-    scaling). float16 — on CUDA, or on the CPU when asked for — scales the loss with a
-    ``GradScaler`` (a new one unless given), and then:
+    The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on CUDA and
+    bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss scaling). float16,
+    on any device, scales the loss with a ``GradScaler`` (a new one unless given), and then:
 
-    * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips,
-      logs or checks gradients sees their true values (config clipping, inside the
-      optimizer step, sees them too);
+    * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips, logs or
+      checks gradients sees their true values (so does config clipping, in the optimizer step);
     * a step the scaler skips (inf/NaN gradients) is counted on the device, without a wait:
-      the count is read when metrics are synchronised, recorded as
-      ``[metric]amp_skipped_steps`` and logged as a warning when it grew. The iteration and
-      the LR schedule advance as for any step (torch's ``GradScaler`` convention).
+      the count is read when metrics are synchronised, recorded as ``[metric]amp_skipped_steps``
+      and logged as a warning when it grew. The iteration and the LR schedule advance as for
+      any step (torch's ``GradScaler`` convention).
 
     The step never waits for the device when the optimizer takes the scaler's state on the
-    device (torch's fused optimizers, ``fused=True``: what ``build_optimizer`` builds on
-    CUDA); with another optimizer ``GradScaler.step`` reads whether to skip, a wait per step.
+    device (torch's fused optimizers, ``fused=True``: what ``build_optimizer`` builds on CUDA);
+    with another optimizer ``GradScaler.step`` reads whether to skip, a wait per step.
     """
 
     def __init__(
@@ -88,10 +86,8 @@ class AMPTrainer(SimpleTrainer):
             grad_scaler = torch.amp.GradScaler(self.autocast_device)
         self.grad_scaler = grad_scaler
         self.log_grad_scaler = log_grad_scaler
-        # Skipped steps: counted on the device (_skipped_on_device) and read at the period
-        # end; _skipped_read is the count last read (what the warnings compare against).
-        self._skipped_on_device: torch.Tensor | None = None
-        self._skipped_read = 0
+        self._skipped_on_device: torch.Tensor | None = None  # skipped steps, read at period ends
+        self._skipped_read = 0  # the count last read (what the warnings compare against)
         self._report_from_iter = 0  # the first iteration the next warning covers
         self._skipped_before_device = 0  # loaded from a checkpoint, added to the device count
         if grad_scaler is not None and not steps_with_scaler_state(optimizer):
@@ -121,8 +117,8 @@ class AMPTrainer(SimpleTrainer):
     @override
     def after_backward(self) -> None:
         if self.grad_scaler is not None:
-            # Once per step, after the last micro-batch: the scaler then knows not to
-            # unscale again in step(), and hooks see true gradients.
+            # Once per step, after the last micro-batch: hooks see true gradients, and the
+            # scaler knows not to unscale again in step().
             self.grad_scaler.unscale_(self.optimizer)
         super().after_backward()
 
@@ -135,19 +131,16 @@ class AMPTrainer(SimpleTrainer):
         scaler.step(self.optimizer)
         found_inf = _found_inf(scaler, self.optimizer)  # before update(), which clears it
         scaler.update()
-        if found_inf is None:
-            return
-        if self._skipped_on_device is None:
-            self._skipped_on_device = torch.zeros((), dtype=torch.long, device=found_inf.device)
-        self._skipped_on_device += found_inf.to(torch.long)
+        if found_inf is not None:
+            skipped, found = self._skipped_on_device, found_inf.to(torch.long)
+            self._skipped_on_device = found if skipped is None else skipped + found
 
     @override
     def _end_period(self, cur_iter: int) -> None:
         super()._end_period(cur_iter)
         if self.grad_scaler is None:
             return
-        # Read with the period's metrics: counted up to the previous step (this step's
-        # update has not happened yet).
+        # Counted up to the previous step: this step's update has not happened yet.
         skipped = self.num_skipped_steps
         self.storage.put_scalar("[metric]amp_skipped_steps", skipped, False)
         if skipped > self._skipped_read:
@@ -188,12 +181,10 @@ def _found_inf(
 ) -> torch.Tensor | None:
     """Return 1 on the device if ``scaler`` skipped ``optimizer``'s step, else 0 (no wait).
 
-    ``None`` when nothing was checked (no parameter had a gradient, or no scaling).
+    ``None`` when nothing was checked (no scaling, or no parameter had a gradient).
     """
-    if not scaler.is_enabled():
-        return None
-    values = grad_scaler_found_inf(scaler, optimizer)
-    if not values:  # no parameter had a gradient: nothing was checked, nothing skipped
+    values = grad_scaler_found_inf(scaler, optimizer) if scaler.is_enabled() else None
+    if not values:
         return None
     found = values[0]
     for value in values[1:]:  # several devices (model parallel): each one's flag, summed

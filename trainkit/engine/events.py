@@ -1,13 +1,12 @@
 """The loop's event channel: each iteration's phases, its losses and the end of each period.
 
-One :class:`StepEvents` belongs to a loop (``TrainerBase.events``); a step trainer bound to
-the loop announces on it. Who announces what, once per iteration whatever
-``SOLVER.ACCUMULATE_STEPS`` is:
+One :class:`StepEvents` belongs to a loop (``TrainerBase.events``). Once per iteration,
+whatever ``SOLVER.ACCUMULATE_STEPS`` is, these announce on it:
 
-* the step: ``data`` (drawing the step's batches), ``forward/backward``, ``collective``
-  (DDP's wait for the gradient all-reduce, and a period end's metric sync), ``optimizer``
-  (``after_backward`` hooks and the update); then the step's losses and, at a writer period's
-  end, the period end;
+* the step trainer bound to the loop: ``data`` (drawing the step's batches),
+  ``forward/backward``, ``collective`` (DDP's wait for the gradient all-reduce, and a period
+  end's metric sync), ``optimizer`` (``after_backward`` hooks and the update); then the step's
+  losses and, at a writer period's end, the period end;
 * the loop: ``hooks`` (the ``after_step`` hooks, and the next step's ``before_step`` ones);
 * a save and an evaluation: ``checkpoint`` and ``eval`` (:meth:`StepEvents.during`).
 
@@ -21,30 +20,26 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
+from torch import Tensor
 
 from trainkit.utils.events import EventStorage
 
 __all__ = ["StepEvents", "StepListener"]
 
+_Losses = Mapping[str, Tensor]  # a step's loss terms by name
+
 
 class StepListener:
     """What subscribes to a :class:`StepEvents`; override the methods you need.
 
-    Only the methods a subclass overrides are called, so a listener costs a step nothing in
-    the events it ignores.
+    Only those are called, so the events a listener ignores cost a step nothing.
     """
 
     def on_phase(self, phase: str, iteration: int) -> None:
         """This rank starts ``phase`` in ``iteration`` (no wait: called on every change)."""
 
     def on_losses(
-        self,
-        iteration: int,
-        losses: Mapping[str, torch.Tensor],
-        total: torch.Tensor,
-        data_time: float,
-        prefix: str,
+        self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
         """Step ``iteration``'s losses (averaged over its micro-batches) and their sum.
 
@@ -101,20 +96,13 @@ class StepEvents:
 
     def _reindex(self) -> None:
         # Only what a listener overrides is called: most listeners hear one kind of event.
-        self._on_phase = [
-            x.on_phase for x in self.listeners if type(x).on_phase is not StepListener.on_phase
-        ]
-        self._on_losses = [
-            x.on_losses for x in self.listeners if type(x).on_losses is not StepListener.on_losses
-        ]
-        self._on_period_end = [
-            x.on_period_end
-            for x in self.listeners
-            if type(x).on_period_end is not StepListener.on_period_end
-        ]
-        self._riders = [
-            x for x in self.listeners if type(x).period_figures is not StepListener.period_figures
-        ]
+        def heard(name: str) -> list[Any]:  # the listeners' bound methods `name`
+            base = getattr(StepListener, name)
+            return [getattr(x, name) for x in self.listeners if getattr(type(x), name) is not base]
+
+        self._on_phase, self._on_losses = heard("on_phase"), heard("on_losses")
+        self._on_period_end = heard("on_period_end")
+        self._riders = [method.__self__ for method in heard("period_figures")]
 
     def phase(self, name: str) -> None:
         """Announce that this rank starts phase ``name``."""
@@ -135,12 +123,7 @@ class StepEvents:
             self.phase(previous)
 
     def losses(
-        self,
-        iteration: int,
-        losses: Mapping[str, torch.Tensor],
-        total: torch.Tensor,
-        data_time: float,
-        prefix: str = "",
+        self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str = ""
     ) -> None:
         """Announce step ``iteration``'s losses (see :meth:`StepListener.on_losses`)."""
         for listener in self._on_losses:
@@ -153,9 +136,7 @@ class StepEvents:
 
     def collect_figures(self, iteration: int) -> list[Any] | None:
         """Return the figures of every listener that sends some with the period's metrics."""
-        if not self._riders:
-            return None
-        return [rider.period_figures(iteration) for rider in self._riders]
+        return [rider.period_figures(iteration) for rider in self._riders] or None
 
     def compare_figures(self, per_rank: list[list[Any] | None], storage: EventStorage) -> None:
         """Hand each rider every rank's figures (``per_rank[r][i]``: rank r's, rider i's)."""

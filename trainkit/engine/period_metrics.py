@@ -2,11 +2,10 @@
 
 A step trainer subscribes two listeners to its loop's events
 (:class:`~trainkit.engine.events.StepEvents`): :class:`LossCheck` refuses a non-finite loss,
-read at once (free on the CPU) or noted on its device
-(:class:`DeferredLossCheck`, read at the period end and
-before checkpoints); :class:`MetricsWriter` keeps each step's losses and files them at the
-period end (:func:`~trainkit.engine.step_metrics.gather_and_file`: one host copy, one
-``all_gather``, which the slow-rank figures ride along). The step trainer decides when a
+read at once (free on the CPU) or noted on its device (:class:`DeferredLossCheck`, read at the
+period end and before checkpoints); :class:`MetricsWriter` keeps each step's losses and files
+them at the period end (:func:`~trainkit.engine.step_metrics.gather_and_file`: one host copy,
+one ``all_gather``, which the slow-rank figures ride along). The step trainer decides when a
 period ends; these decide nothing about the schedule.
 """
 
@@ -18,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 from typing_extensions import override
 
 from trainkit.engine.events import StepEvents, StepListener
@@ -34,8 +34,8 @@ from trainkit.utils.events import EventStorage
 
 __all__ = ["DeferredLossCheck", "LossCheck", "MetricsWriter"]
 
-
 _ALL_FINITE = -1  # the first bad step's value while every step so far was finite
+_Losses = Mapping[str, Tensor]  # a step's loss terms by name
 
 
 class DeferredLossCheck:
@@ -73,9 +73,7 @@ class DeferredLossCheck:
             # pending before the layout changes (rare: a model whose loss names vary).
             self.check(collective=False)
             self._names = names
-            self._first_bad_iter = torch.full(
-                (), _ALL_FINITE, dtype=torch.long, device=stacked.device
-            )
+            self._first_bad_iter = torch.full_like(stacked[-1], _ALL_FINITE, dtype=torch.long)
             self._bad_values = torch.zeros_like(stacked)
         assert self._first_bad_iter is not None and self._bad_values is not None
         is_first_bad = (self._first_bad_iter == _ALL_FINITE) & ~torch.isfinite(stacked[-1])
@@ -103,11 +101,10 @@ class DeferredLossCheck:
             assert self._first_bad_iter is not None and self._bad_values is not None
             host = torch.cat([self._first_bad_iter.double().reshape(1), self._bad_values.double()])
             first_bad, *values = host.cpu().tolist()
-            if first_bad != _ALL_FINITE:
-                found = (int(first_bad), values)
-                # Keeps the state: a later check raises the same error again.
-            else:
+            if first_bad == _ALL_FINITE:
                 self._num_pending = 0
+            else:  # the state is kept: a later check raises the same error again
+                found = (int(first_bad), values)
         names, noticed_at = self._names, self._last_iter
         if collective and comm.get_world_size() > 1:
             per_rank = comm.all_gather((found, names, noticed_at))
@@ -116,20 +113,6 @@ class DeferredLossCheck:
                 found, names, noticed_at = min(bad, key=lambda entry: entry[0][0])
         if found is not None:
             raise_non_finite(found[0], names, found[1], noticed_at)
-
-
-class _Names:
-    """The metric names of a step's losses, recomputed only when the loss names change."""
-
-    def __init__(self) -> None:
-        self._key: tuple[tuple[str, ...], str] = ((), "")
-        self._names: tuple[str, ...] = ()
-
-    def __call__(self, losses: Mapping[str, torch.Tensor], prefix: str) -> tuple[str, ...]:
-        key = (tuple(losses), prefix)
-        if key != self._key:
-            self._key, self._names = key, metric_names(key[0], prefix)
-        return self._names
 
 
 class LossCheck(StepListener):
@@ -144,18 +127,13 @@ class LossCheck(StepListener):
     def __init__(self, deferred: bool | None = None) -> None:
         self.deferred = deferred
         self._pending = DeferredLossCheck()
-        self._names = _Names()
+        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
-        self,
-        iteration: int,
-        losses: Mapping[str, torch.Tensor],
-        total: torch.Tensor,
-        data_time: float,
-        prefix: str,
+        self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(losses, prefix)
+        names = self._names(tuple(losses), prefix)
         deferred = not total.is_cpu if self.deferred is None else self.deferred
         if deferred:
             values = [losses[name].detach() for name in names[:-1]] + [total.detach()]
@@ -185,9 +163,8 @@ class LossCheck(StepListener):
 class MetricsWriter(StepListener):
     """Keep each step's losses and file their rank averages into the storage at period ends.
 
-    A non-finite step found at the period end (noted on a device, or in another rank's
-    values) stops the filing there: the steps before it are filed on every rank, then it
-    raises.
+    A non-finite step found at the period end (noted on a device, or in another rank's values) stops
+    the filing there: the steps before it are filed on every rank, then it raises.
 
     Args:
         check: the step's loss check, read before filing.
@@ -199,24 +176,18 @@ class MetricsWriter(StepListener):
         self.check = check
         self.every_step = every_step
         self._buffer: list[MetricEntry] = []
-        self._names = _Names()
+        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
-        self,
-        iteration: int,
-        losses: Mapping[str, torch.Tensor],
-        total: torch.Tensor,
-        data_time: float,
-        prefix: str,
+        self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(losses, prefix)
+        names = self._names(tuple(losses), prefix)
         # Detached tensors, read at the period end with one copy (a CPU step reads nothing).
-        entry = (iteration, names, [losses[n].detach() for n in names[:-1]] + [total.detach()])
-        if self.every_step:
-            self._buffer.append((*entry, data_time))
-        else:
-            self._buffer = [(*entry, data_time)]
+        values = [losses[n].detach() for n in names[:-1]] + [total.detach()]
+        if not self.every_step:
+            self._buffer.clear()
+        self._buffer.append((iteration, names, values, data_time))
 
     @override
     def on_period_end(self, iteration: int, storage: EventStorage, events: StepEvents) -> None:

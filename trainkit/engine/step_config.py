@@ -41,13 +41,10 @@ def build_step_trainer(
     Raises:
         ConfigError: If ``SOLVER.AMP.PRECISION`` is not one of its values.
     """
-    precision = amp_precision(cfg)
-    accumulate_steps = cfg.SOLVER.ACCUMULATE_STEPS
+    precision, steps = amp_precision(cfg), cfg.SOLVER.ACCUMULATE_STEPS  # checked without AMP too
     if not cfg.SOLVER.AMP.ENABLED:
-        return SimpleTrainer(model, data_loader, optimizer, accumulate_steps=accumulate_steps)
-    return AMPTrainer(
-        model, data_loader, optimizer, precision=precision, accumulate_steps=accumulate_steps
-    )
+        return SimpleTrainer(model, data_loader, optimizer, accumulate_steps=steps)
+    return AMPTrainer(model, data_loader, optimizer, precision=precision, accumulate_steps=steps)
 
 
 def amp_precision(cfg: CfgNode) -> torch.dtype | None:

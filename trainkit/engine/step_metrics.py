@@ -45,9 +45,7 @@ def sum_losses(loss_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def checked_losses(output: Any) -> dict[str, torch.Tensor]:
-    """Return a model's training output as a checked dict of scalar losses.
-
-    One tensor is recorded as ``total_loss``.
+    """Return a model's training output as a checked dict of losses (one tensor: ``total_loss``).
 
     Raises:
         TypeError: If ``output`` is neither a dict nor a tensor.
@@ -134,10 +132,7 @@ def gather_and_file(
         so all raise together on a non-finite loss (none is left waiting in a collective).
     """
     device_values = [
-        value.float().reshape(())
-        for _, _, values, _ in buffered
-        for value in values
-        if isinstance(value, torch.Tensor)
+        v.float().reshape(()) for entry in buffered for v in entry[2] if isinstance(v, torch.Tensor)
     ]
     if device_values:
         # One stacked device-to-host copy instead of one .item() sync per value.
@@ -192,11 +187,9 @@ class NonFiniteLossError(FloatingPointError):
 
     def __init__(self, iteration: int, losses: dict[str, float], noticed_at: int | None = None):
         """Describe step ``iteration``'s losses (noticed at step ``noticed_at``, if later)."""
-        noticed = (
-            f" (noticed at iteration {noticed_at}; no checkpoint holds the steps since)"
-            if noticed_at is not None and noticed_at != iteration
-            else ""
-        )
+        noticed = ""
+        if noticed_at is not None and noticed_at != iteration:
+            noticed = f" (noticed at iteration {noticed_at}; no checkpoint holds the steps since)"
         super().__init__(
             f"Loss became infinite or NaN at iteration={iteration}! loss_dict = {losses}"
             f"{noticed}. Resume from the last checkpoint (--resume) after lowering "

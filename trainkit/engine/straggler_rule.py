@@ -1,18 +1,17 @@
 """The rule that names a slow rank from every rank's phase times of one writer period.
 
-Pure arithmetic on plain numbers (no process group), so it is tested with injected timings;
-:class:`~trainkit.engine.stragglers.StragglerDetector` feeds it the figures the ranks send
-with each period's metrics.
+Pure arithmetic on plain numbers (no process group), tested with injected timings;
+:class:`~trainkit.engine.stragglers.StragglerDetector` feeds it the ranks' figures.
 
-The rule: a rank's **own work** is the sum of its times in :data:`OWN_WORK_PHASES` (every
-phase of a step but the waits in collectives, where the fast ranks wait for the slow one, so
-total step times are equal on every rank and name nobody). A rank is slow in a period when
-its own work is at least ``1 + margin`` times the median of the *other* ranks' own work; it
-is named once it has been slow for ``periods`` writer periods in a row (a period that is
-fine starts the count again). Against the median of the others, a rank 1.5x slower than its
-peers has a ratio of 1.5 for any world size: with two ranks, the median of both would be
-their mean and the slow rank only 1.2x it. The phase named is the own-work phase by which
-the rank exceeds the others' median of that phase by the most seconds.
+A rank's **own work** is the sum of its times in :data:`OWN_WORK_PHASES` (every phase of a
+step but the waits in collectives, where the fast ranks wait for the slow one, so total step
+times are equal on every rank and name nobody). A rank is slow in a period when its own work
+is at least ``1 + margin`` times the median of the *other* ranks' own work; it is named once
+it has been slow for ``periods`` writer periods in a row (a period that is fine starts the
+count again). Against the median of the others, a rank 1.5x slower than its peers has a ratio
+of 1.5 for any world size (with two ranks, the median of both would be their mean and the
+slow rank only 1.2x it). The phase named is the own-work phase by which the rank exceeds the
+others' median of that phase by the most seconds.
 """
 
 from __future__ import annotations
@@ -124,13 +123,10 @@ class StragglerRule:
             ratio = rank_own_s / others_s if others_s > 0 else 1.0
             self.max_ratio = max(self.max_ratio, ratio)
             # "At least": a rank exactly 1 + margin times slower, summed in floats, is named.
-            if ratio < 1.0 + self.margin - 1e-9:
-                self._slow_in_a_row[rank] = 0
-                continue
-            self._slow_in_a_row[rank] += 1
-            if self._slow_in_a_row[rank] >= self.periods:
+            is_fine = ratio < 1.0 + self.margin - 1e-9
+            in_a_row = self._slow_in_a_row[rank] = 0 if is_fine else self._slow_in_a_row[rank] + 1
+            if in_a_row >= self.periods:
                 phase, excess_s = slowest_phase(figures, rank)
-                in_a_row = self._slow_in_a_row[rank]
                 named.append(SlowRank(rank, ratio, phase, excess_s, rank_own_s, others_s, in_a_row))
         return sorted(named, key=lambda slow: -slow.ratio)
 
@@ -138,11 +134,7 @@ class StragglerRule:
 def _median_without(ascending: Sequence[float], position: int) -> float:
     """The median of ``ascending`` (sorted, at least 2 values) without the one at ``position``."""
     num_others = len(ascending) - 1
-
-    def other(i: int) -> float:  # the i-th smallest of the others
-        return ascending[i if i < position else i + 1]
-
-    middle = num_others // 2
-    if num_others % 2:
-        return other(middle)
-    return (other(middle - 1) + other(middle)) / 2
+    # The two middle others (one twice for an odd count); the i-th smallest of the others is
+    # ascending[i] below position, ascending[i + 1] from it.
+    low, high = (i if i < position else i + 1 for i in ((num_others - 1) // 2, num_others // 2))
+    return (ascending[low] + ascending[high]) / 2

@@ -1,15 +1,13 @@
 """Slow ranks named: every rank's phase times compared at each writer period.
 
-:class:`StragglerDetector` times this rank's phases (:class:`~trainkit.engine.stragglers.
-PhaseClock`, fed by the loop's phase events), sends them with each period's metrics (the one
-``all_gather`` the step makes then) and applies
-:class:`~trainkit.engine.straggler_rule.StragglerRule` to every rank's: a rank named goes to
-the log on rank 0 and to the metrics as ``straggler/*``. The rule and what "own work" holds
-are documented in ``docs/runs_and_metrics.md`` ("Slow ranks").
+A rank named goes to the log on rank 0 and to the metrics as ``straggler/*``. The rule
+(:class:`~trainkit.engine.straggler_rule.StragglerRule`) and what "own work" holds are
+documented in ``docs/runs_and_metrics.md`` ("Slow ranks").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -28,8 +26,8 @@ __all__ = ["PhaseClock", "StragglerDetector", "build_straggler_detector", "check
 
 logger = logging.getLogger(__name__)
 
-# Events kept before the completed ones are folded into the totals (a long writer period
-# would otherwise hold one event per phase change of every step in it).
+# Events kept before the completed ones are folded into the totals (else a long writer
+# period holds one event per phase change of every step in it).
 _MAX_PENDING_EVENTS = 256
 
 
@@ -100,14 +98,12 @@ _MAX_PERIODS = 3
 class StragglerDetector(StepListener):
     """Time this rank's phases and compare every rank's at each writer period.
 
-    A listener of the loop's events (``DefaultTrainer`` subscribes it): each phase change
-    goes to its clock; when a period's metrics are synchronised, :meth:`period_figures` is
-    sent with them and every rank's reach :meth:`compare_figures`. The first period is a
-    warm-up (allocation, loader workers starting, autotuning differ between ranks) and is
-    not compared.
-
-    It cannot see a slow rank whose slowness is all in a collective (a slow network link)
-    or in a checkpoint or an evaluation; see ``docs/runs_and_metrics.md``.
+    A listener of the loop's events (``DefaultTrainer`` subscribes it): each phase change goes
+    to its :class:`PhaseClock`; :meth:`period_figures` rides on each period's metrics (their
+    one ``all_gather``) and every rank's reach :meth:`compare_figures`. The first period is a
+    warm-up (allocation, loader workers starting, autotuning differ between ranks) and is not
+    compared. It cannot see a slow rank whose slowness is all in a collective (a slow network
+    link) or in a checkpoint or an evaluation; see ``docs/runs_and_metrics.md``.
 
     Args:
         rule: the rule applied to each period's figures.
@@ -171,31 +167,20 @@ class StragglerDetector(StepListener):
         if not per_rank or any(figures is None for figures in per_rank):
             return []
         named = self.rule.update([figures["phases_s"] for figures in per_rank])
-        storage.put_scalar("straggler/count", len(named), smoothing_hint=False)
-        storage.put_scalar("straggler/ratio", self.rule.max_ratio, smoothing_hint=False)
+        scalars = {"straggler/count": len(named), "straggler/ratio": self.rule.max_ratio}
         if named:
-            slowest = named[0]
-            storage.put_scalar("straggler/rank", slowest.rank, smoothing_hint=False)
-            storage.put_scalar(
-                f"straggler/phase/{slowest.phase}", slowest.excess_s, smoothing_hint=False
-            )
+            scalars["straggler/rank"] = named[0].rank
+            scalars[f"straggler/phase/{named[0].phase}"] = named[0].excess_s
+        storage.put_scalars(**scalars, smoothing_hint=False)
         if self._rank == 0:
             for slow in named:
-                figures = per_rank[slow.rank]
                 logger.warning(
-                    "Slow rank: rank %d (host %s, local rank %d) did %.2fx the own work of the "
-                    "other ranks' median (%.4f s vs %.4f s per step) for %d writer periods in "
-                    "a row; its slow phase is '%s' (+%.4f s per step). The other ranks wait "
-                    "for it in collectives.",
-                    slow.rank,
-                    figures["host"],
-                    figures["local_rank"],
-                    slow.ratio,
-                    slow.own_work_s,
-                    slow.others_s,
-                    slow.periods_in_a_row,
-                    slow.phase,
-                    slow.excess_s,
+                    "Slow rank: rank %(rank)d (host %(host)s, local rank %(local_rank)d) did "
+                    "%(ratio).2fx the own work of the other ranks' median (%(own_work_s).4f s "
+                    "vs %(others_s).4f s per step) for %(periods_in_a_row)d writer periods in a "
+                    "row; its slow phase is '%(phase)s' (+%(excess_s).4f s per step). The other "
+                    "ranks wait for it in collectives.",
+                    {**dataclasses.asdict(slow), **per_rank[slow.rank]},
                 )
         return named
 
@@ -226,11 +211,10 @@ def build_straggler_detector(cfg: CfgNode, device: torch.device | None) -> Strag
         ConfigError: As :func:`check_straggler_config`.
     """
     check_straggler_config(cfg)
-    margin, periods = cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS
     if not cfg.STRAGGLER.ENABLED or comm.get_world_size() < 2:
         return None
     return StragglerDetector(
-        StragglerRule(margin, periods),
+        StragglerRule(cfg.STRAGGLER.MARGIN, cfg.STRAGGLER.PERIODS),
         rank=comm.get_rank(),
         local_rank=comm.get_local_rank(),
         host=socket.gethostname(),

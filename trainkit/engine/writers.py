@@ -44,13 +44,8 @@ def _wandb(cfg: CfgNode, max_iter: int | None) -> EventWriter:
 
 
 def _mlflow(cfg: CfgNode, max_iter: int | None) -> EventWriter:
-    return MLflowWriter(
-        cfg.OUTPUT_DIR,
-        cfg.MLFLOW.TRACKING_URI,
-        cfg.MLFLOW.EXPERIMENT,
-        config=cfg,
-        config_yaml=cfg.dump(),
-    )
+    uri, experiment = cfg.MLFLOW.TRACKING_URI, cfg.MLFLOW.EXPERIMENT
+    return MLflowWriter(cfg.OUTPUT_DIR, uri, experiment, config=cfg, config_yaml=cfg.dump())
 
 
 # name in WRITERS -> builder(cfg, max_iter). Trackers check that they are installed and
@@ -62,8 +57,6 @@ _BUILDERS: dict[str, Callable[[CfgNode, int | None], EventWriter]] = {
     "wandb": _wandb,
     "mlflow": _mlflow,
 }
-
-_TRACKERS = ("wandb", "mlflow")
 
 WRITER_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 """The names ``WRITERS`` may hold."""
@@ -93,11 +86,10 @@ def build_writers(cfg: CfgNode, max_iter: int | None = None) -> list[EventWriter
     if repeated:
         raise ConfigError(f"WRITERS={names!r} names {', '.join(repeated)} twice; list each once.")
     PathManager.mkdirs(cfg.OUTPUT_DIR)
-    # Trackers first: the checks most likely to fail run before any file is opened.
-    build_order = sorted(names, key=lambda name: name not in _TRACKERS)
     built: dict[str, EventWriter] = {}
     try:
-        for name in build_order:
+        # Trackers first: the checks most likely to fail run before any file is opened.
+        for name in sorted(names, key=lambda name: name not in ("wandb", "mlflow")):
             built[name] = _BUILDERS[name](cfg, max_iter)
     except BaseException:
         # Close what was opened (files, a tracker run) before the error ends the run.

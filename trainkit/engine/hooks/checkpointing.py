@@ -27,10 +27,10 @@ logger = logging.getLogger(__name__)
 class PeriodicCheckpointer(HookBase):
     """Save a checkpoint every ``period`` iterations and a final one at the last iteration.
 
-    A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer` (file names, rotation,
-    what is saved). After a stop (:meth:`TrainerBase.request_stop`), ``after_train`` writes
-    ``{file_prefix}_final`` for the last finished iteration and tags it; it then waits for a
-    background write (raising its failure), so training ends with the checkpoint on disk.
+    A hook around :class:`trainkit.checkpoint.PeriodicCheckpointer` (file names, rotation, what
+    is saved). After a stop (:meth:`TrainerBase.request_stop`), ``after_train`` writes and tags
+    ``{file_prefix}_final`` for the last finished iteration; it then waits for a background
+    write (raising its failure), so training ends with the checkpoint on disk.
     """
 
     def __init__(
@@ -79,13 +79,16 @@ class PeriodicCheckpointer(HookBase):
         if self._periodic is None:
             return
         if is_time(self.trainer, self._period, self._periodic.max_iter):
-            # Before the save: no checkpoint holds a non-finite step's update. Agreed by every
-            # rank when the hook runs on every rank (DefaultTrainer's, with a run state); a
-            # detectron2-style hook registered on rank 0 alone checks that rank's losses.
-            self.trainer.flush_pending_checks(collective=self._run_state is not None)
-            if self._run_state is not None:
-                self._run_state.prepare_save()
+            self._prepare_save()
         self._periodic.step(self.trainer.iter)
+
+    def _prepare_save(self) -> None:
+        # No checkpoint holds a non-finite step's update. Agreed by every rank when the hook
+        # runs on every rank (DefaultTrainer's, with a run state); a detectron2-style hook
+        # registered on rank 0 alone checks that rank's losses.
+        self.trainer.flush_pending_checks(collective=self._run_state is not None)
+        if self._run_state is not None:
+            self._run_state.prepare_save()
 
     @override
     def after_train(self) -> None:
@@ -93,9 +96,7 @@ class PeriodicCheckpointer(HookBase):
         if trainer.stop_reason is not None and trainer.iter < trainer.max_iter:
             # Stopped early (TrainerBase.request_stop): the last iteration's model_final was
             # never written. Write it now; it records the stop, so --resume does not train on.
-            trainer.flush_pending_checks(collective=self._run_state is not None)
-            if self._run_state is not None:
-                self._run_state.prepare_save()
+            self._prepare_save()
             self._checkpointer.save(f"{self._file_prefix}_final", iteration=trainer.iter)
         if isinstance(self._checkpointer, Checkpointer):
             self._checkpointer.wait()
@@ -163,22 +164,20 @@ class BestCheckpointer(HookBase):
         # checkpoint never holds a non-finite step's update. Agreed by every rank only with
         # patience (the hook is collective then); else, as detectron2 registers it anywhere,
         # each rank checks its own losses.
-        rule, previous = self.rule, self.rule.best_metric
+        rule, previous, metric = self.rule, self.rule.best_metric, self._val_metric
         shared = rule.patience is not None
         self.trainer.flush_pending_checks(collective=shared)
-        if update_from_storage(
-            rule, self.trainer.storage, self._val_metric, shared=shared, strict=False
-        ):
+        if update_from_storage(rule, self.trainer.storage, metric, shared=shared, strict=False):
             logger.info(
                 "Saved best model: %s = %.5g at iteration %d (previous best %s)",
-                self._val_metric,
+                metric,
                 rule.best_metric,
                 rule.best_iter,
                 previous,
             )
             self._checkpointer.save(self._file_prefix, tag_last=False, iteration=rule.best_iter)
         if may_stop and rule.should_stop:
-            self.trainer.request_stop(f"BestCheckpointer: {rule.reason(self._val_metric)}")
+            self.trainer.request_stop(f"BestCheckpointer: {rule.reason(metric)}")
 
     @override
     def after_step(self) -> None:

@@ -23,16 +23,13 @@ logger = logging.getLogger(__name__)
 class DeviceWaitCounter(HookBase, StepListener):
     """Count each step's host-device waits, the model's apart from the trainer's.
 
-    A diagnosis hook (not a default one) that listens to the loop's events: with CUDA it
-    turns on ``torch.cuda.set_sync_debug_mode("warn")`` from one step's ``data`` phase to the
-    next's, so every wait of the step, its hooks included, warns; each warning is counted as
-    the model's when it comes in phase ``forward/backward`` (the model's forward and
-    backward passes), else as the trainer's. The first wait of each kind is logged with its
-    source line. Steps that end a ``period`` (the
-    writer period: metrics are read then, and checkpoints written) wait by design and are
-    not counted, nor are the first ``warmup_iter`` steps. trainkit's own step waits for
-    nothing between periods (``tests/gpu/test_step.py``), so a count under ``"trainer"``
-    points to a hook or a step override.
+    A diagnosis hook (not a default one) that listens to the loop's events: with CUDA it turns
+    on ``torch.cuda.set_sync_debug_mode("warn")`` from one step's ``data`` phase to the next's,
+    so every wait of the step, its hooks included, warns. A warning in phase
+    ``forward/backward`` (the model's forward and backward passes) counts as the model's, any
+    other as the trainer's; the first of each kind is logged with its source line. trainkit's
+    own step waits for nothing between periods (``tests/gpu/test_step.py``), so a count under
+    ``"trainer"`` points to a hook or a step override.
 
     Attributes:
         waits: ``{"model": n, "trainer": m}`` over the counted steps.
@@ -42,10 +39,11 @@ class DeviceWaitCounter(HookBase, StepListener):
     priority = HookPriority.HIGHEST
 
     def __init__(self, period: int, warmup_iter: int = 2) -> None:
-        """Count every step but those ending a ``period`` (the ``WRITER_PERIOD``) and the last.
+        """Count every step but the first ``warmup_iter``, the last and those ending a ``period``.
 
         Args:
-            period: the writer period.
+            period: the writer period (``WRITER_PERIOD``): its last steps wait by design
+                (metrics are read then, and checkpoints written).
             warmup_iter: the first steps, not counted: they create the optimizer's state,
                 the scaler's and the CUDA libraries' handles (cuDNN's autotuning with
                 ``CUDNN_BENCHMARK``), once per run.
@@ -69,10 +67,9 @@ class DeviceWaitCounter(HookBase, StepListener):
             return
         self._close_window()
         trainer = self.trainer
-        cur_iter = iteration
-        if cur_iter < trainer.start_iter + self._warmup_iter:
+        if iteration < trainer.start_iter + self._warmup_iter:
             return
-        if is_period_end(cur_iter, self._period) or is_last_iter(cur_iter, trainer.max_iter):
+        if is_period_end(iteration, self._period) or is_last_iter(iteration, trainer.max_iter):
             return
         self._window = stack = contextlib.ExitStack()
         stack.enter_context(warnings.catch_warnings())
@@ -110,11 +107,9 @@ class DeviceWaitCounter(HookBase, StepListener):
         who = "model" if self._phase == "forward/backward" else "trainer"
         self.waits[who] += 1
         if self.waits[who] == 1:
-            whose = (
-                "the model's (its forward or backward pass), not the trainer's"
-                if who == "model"
-                else "the trainer's (its step or a hook), not the model's"
-            )
+            whose = "the model's (its forward or backward pass), not the trainer's"
+            if who == "trainer":
+                whose = "the trainer's (its step or a hook), not the model's"
             logger.warning(
                 "Iteration %d waited for the device at %s:%d: %s",
                 self.trainer.iter,

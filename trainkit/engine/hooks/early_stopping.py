@@ -1,8 +1,8 @@
 """Ending training when an evaluation metric stops improving: one rule, two hooks.
 
-:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and :class:`~trainkit.engine.hooks.
-BestCheckpointer` (``patience=``) both feed :class:`ImprovementRule` one value per evaluation
-through :func:`update_from_storage`.
+:class:`EarlyStopping` (``TEST.EARLY_STOP.*``) and
+:class:`~trainkit.engine.hooks.BestCheckpointer` (``patience=``) both feed
+:class:`ImprovementRule` one value per evaluation through :func:`update_from_storage`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ _MODES = ("max", "min")
 class ImprovementRule:
     """The best value of a metric so far, and how many evaluations have not beaten it.
 
-    The first value always improves on the best (even NaN, as in detectron2's
-    ``BestCheckpointer``: nothing then beats it).
+    The first value is always the best (even NaN, as in detectron2's ``BestCheckpointer``:
+    nothing then beats it).
 
     Attributes:
         best_metric: the best value so far (``None`` before the first).
@@ -45,8 +45,8 @@ class ImprovementRule:
         Args:
             mode: ``"max"`` (larger is better) or ``"min"``.
             min_delta: how much a value must beat the best by to count (>= 0).
-            patience: evaluations in a row without improvement after which
-                :attr:`should_stop` holds; ``None`` never.
+            patience: evaluations in a row without improvement after which :attr:`should_stop`
+                holds; ``None`` never.
 
         Raises:
             ValueError: For another mode, a negative or non-finite ``min_delta``, or a
@@ -99,10 +99,8 @@ class ImprovementRule:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the progress (plain numbers); ``{}`` before the first evaluation."""
-        if self.best_metric is None:
-            return {}
-        best, count = (self.best_metric, self.best_iter), self.evals_without_improvement
-        return {"best_metric": best[0], "best_iter": best[1], "evals_without_improvement": count}
+        keys = ("best_metric", "best_iter", "evals_without_improvement")
+        return {} if self.best_metric is None else {key: getattr(self, key) for key in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a state without the count)."""
@@ -166,9 +164,8 @@ def _update_locally(
 
 def is_evaluation_step(trainer: TrainerBase, eval_period: int) -> bool:
     """Whether an ``EvalHook(eval_period)`` evaluated in this step (it skips the last one)."""
-    return is_period_end(trainer.iter, eval_period) and not is_last_iter(
-        trainer.iter, trainer.max_iter
-    )
+    cur_iter = trainer.iter
+    return is_period_end(cur_iter, eval_period) and not is_last_iter(cur_iter, trainer.max_iter)
 
 
 class EarlyStopping(HookBase):
@@ -216,18 +213,13 @@ class EarlyStopping(HookBase):
         trainer = self.trainer
         if not is_evaluation_step(trainer, self._period):
             return
-        rule = self.rule
-        update_from_storage(rule, trainer.storage, self._metric, shared=True, strict=True)
-        trainer.storage.put_scalars(
-            **{
-                "early_stop/best": rule.best_metric,
-                "early_stop/best_iter": rule.best_iter,
-                "early_stop/evals_without_improvement": rule.evals_without_improvement,
-            },
-            smoothing_hint=False,
-        )
+        rule, storage = self.rule, trainer.storage
+        update_from_storage(rule, storage, self._metric, shared=True, strict=True)
+        best = {"early_stop/best": rule.best_metric, "early_stop/best_iter": rule.best_iter}
+        waited = {"early_stop/evals_without_improvement": rule.evals_without_improvement}
+        storage.put_scalars(**best, **waited, smoothing_hint=False)
         if rule.should_stop:
-            trainer.storage.put_scalar("early_stop/stopped", 1, smoothing_hint=False)
+            storage.put_scalar("early_stop/stopped", 1, smoothing_hint=False)
             trainer.request_stop(f"early stopping: {rule.reason(self._metric)}")
 
     @override

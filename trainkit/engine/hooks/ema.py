@@ -66,9 +66,8 @@ class ModelEMA(HookBase):
         if self._averaged is None:
             # use_buffers: BatchNorm statistics are averaged too, so the EMA model is usable
             # as it is; the multi-tensor update averages every floating tensor in one go.
-            multi_avg_fn = get_ema_multi_avg_fn(self.decay)
             self._averaged = AveragedModel(
-                self._source(), multi_avg_fn=multi_avg_fn, use_buffers=True
+                self._source(), multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True
             )
             self._averaged.requires_grad_(False)
         if self._pending_state is not None:
@@ -148,8 +147,7 @@ def load_ema_weights(model: nn.Module, path: str) -> bool:
         trainkit.checkpoint.CheckpointError: If ``path`` is not a readable checkpoint.
     """
     checkpoint = read_checkpoint_file(path, trust_pickle=False)
-    hook_states = checkpoint.get("trainer", {}).get("hooks", {})
-    state = hook_states.get(ModelEMA.__qualname__)
+    state = checkpoint.get("trainer", {}).get("hooks", {}).get(ModelEMA.__qualname__)
     if state is None:
         logger.warning("%s holds no EMA weights; evaluating its trained weights instead", path)
         return False

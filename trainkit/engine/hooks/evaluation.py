@@ -78,24 +78,20 @@ class EvalHook(HookBase):
                     f"EvalHook: eval_function returned {type(results).__name__}, not a dict"
                 )
             self.trainer.storage.put_scalars(**_flatten_results(results), smoothing_hint=False)
-        # Every rank leaves the evaluation together, so no rank races ahead into training
-        # while another still runs inference.
-        comm.synchronize()
+        comm.synchronize()  # no rank races ahead into training while another still evaluates
 
     @override
     def after_step(self) -> None:
-        cur_iter, max_iter = self.trainer.iter, self.trainer.max_iter
-        last = is_last_iter(cur_iter, max_iter)
-        self._last_step_done = last
+        cur_iter = self.trainer.iter
+        self._last_step_done = last = is_last_iter(cur_iter, self.trainer.max_iter)
         if is_period_end(cur_iter, self._period) and not (self._eval_after_train and last):
             self._do_eval()
 
     @override
     def after_train(self) -> None:
-        # Only after a completed run: after a failure some ranks may be gone and the
-        # evaluation's gather would hang. A project's own loop written for older detectron2
-        # (unbiased-teacher's) leaves iter at max_iter - 1 on success, so the last step
-        # having finished counts as well.
+        # Only after a completed run: after a failure some ranks may be gone and the gather
+        # would hang. A loop written for older detectron2 (unbiased-teacher's) leaves iter at
+        # max_iter - 1 on success, so the last step having finished counts as well.
         done = self.trainer.iter >= self.trainer.max_iter or self._last_step_done
         if self._eval_after_train and done:
             self._do_eval()

@@ -58,9 +58,8 @@ class CallbackHook(HookBase):
 class IterationTimer(HookBase):
     """Record each step's duration as ``time`` and log the overall speed after training.
 
-    It runs first, so a step is timed from its ``before_step`` to its ``after_step``: the
-    other hooks' ``before_step`` and ``run_step``. The first ``warmup_iter`` steps (slow:
-    allocation, autotuning) are not timed.
+    It runs first, so a step's time covers the other hooks' ``before_step`` and ``run_step``.
+    The first ``warmup_iter`` steps (slow: allocation, autotuning) are not timed.
     """
 
     priority = HookPriority.HIGHEST
@@ -95,16 +94,14 @@ class IterationTimer(HookBase):
     def after_step(self) -> None:
         now_s = self._clock()
         trainer = self.trainer
-        # Steps done in this train() call, this one included: as in detectron2, the step
-        # that completes the warm-up is the first one timed.
+        # As in detectron2, the step that completes the warm-up is the first one timed.
         if trainer.iter - trainer.start_iter + 1 >= self._warmup_iter:
             step_s = now_s - self._step_start_s
             trainer.storage.put_scalar("time", step_s)
             self._timed_steps_s += step_s
             self._num_timed_steps += 1
         else:
-            # The overall speed also starts after the warm-up.
-            self._start_s = now_s
+            self._start_s = now_s  # the overall speed also starts after the warm-up
 
     @override
     def after_train(self) -> None:
@@ -157,8 +154,8 @@ class PeriodicWriter(HookBase):
     def final_write(self) -> None:
         """Write once more, then close every writer (the trainer calls this last).
 
-        Last: after every hook's ``after_train``, so what those record is written too. After
-        a stop, the writers publish the reason too (``EventWriter.write_stop_reason``).
+        After every hook's ``after_train``, so what those record is written too; after a
+        stop, the writers publish the reason (``EventWriter.write_stop_reason``).
         """
         try:
             for writer in self._writers:
@@ -199,8 +196,7 @@ class LRScheduler(HookBase):
         self._optimizer = optimizer
         self._scheduler_arg = scheduler
         self._multiplier: torch.optim.lr_scheduler.LRScheduler | None = None  # of a ParamScheduler
-        # A state loaded before the ParamScheduler was wrapped (resume happens before
-        # train()), applied in before_train.
+        # Loaded before the ParamScheduler is wrapped (resume precedes train()): for before_train.
         self._pending_state: dict[str, Any] | None = None
         self._main_param_group: dict[str, Any] = {}
         self._best_param_group_id = 0
@@ -227,13 +223,11 @@ class LRScheduler(HookBase):
 
     @override
     def before_train(self) -> None:
-        optimizer = self._optimizer if self._optimizer is not None else self.trainer.optimizer  # type: ignore[attr-defined]
+        trainer = self.trainer
+        optimizer = self._optimizer if self._optimizer is not None else trainer.optimizer  # type: ignore[attr-defined]
         if isinstance(self._scheduler_arg, ParamScheduler):
             self._multiplier = LRMultiplier(
-                optimizer,
-                self._scheduler_arg,
-                self.trainer.max_iter,
-                last_iter=self.trainer.iter - 1,
+                optimizer, self._scheduler_arg, trainer.max_iter, last_iter=trainer.iter - 1
             )
         # Resolved once per train() call, not on every step.
         self._stepped_scheduler = self.scheduler

@@ -97,8 +97,7 @@ class PreemptionHandler(HookBase):
         if comm.get_world_size() > 1:
             if not is_time(trainer, self._sync_period):
                 return
-            flags = [f for f in comm.all_gather(requested) if f is not None]
-            requested = flags[0] if flags else None
+            requested = next((f for f in comm.all_gather(requested) if f is not None), None)
         if requested is None or is_last_iter(trainer.iter, trainer.max_iter):
             return  # the last iteration saves model_final anyway
         # A non-finite step since the last check ends the run (exit 65) instead of a save.

@@ -104,9 +104,8 @@ class TorchMemoryStats(HookBase):
 
     @override
     def after_step(self) -> None:
-        if self._num_runs >= self._max_runs or not torch.cuda.is_available():
-            return
-        if not is_time(self.trainer, self._period):
+        done = self._num_runs >= self._max_runs
+        if done or not torch.cuda.is_available() or not is_time(self.trainer, self._period):
             return
         mib = 1024.0 * 1024.0
         stats_mb = {
@@ -116,11 +115,8 @@ class TorchMemoryStats(HookBase):
             "memory/allocated_mb": torch.cuda.memory_allocated() / mib,
         }
         self.trainer.storage.put_scalars(**stats_mb, smoothing_hint=False)
-        logger.info(
-            "iter %d: %s",
-            self.trainer.iter,
-            "  ".join(f"{k.split('/')[1]}: {v:.0f}" for k, v in stats_mb.items()),
-        )
+        summary = "  ".join(f"{k.split('/')[1]}: {v:.0f}" for k, v in stats_mb.items())
+        logger.info("iter %d: %s", self.trainer.iter, summary)
         self._num_runs += 1
         if self._num_runs == self._max_runs:
             logger.info("%s", torch.cuda.memory_summary())

@@ -27,14 +27,12 @@ _PUBLISH_PERIOD_S = 1.0
 class ProgressWatchdog(HookBase, StepListener):
     """Track this rank's phase and report a stall that lasts longer than ``timeout_s``.
 
-    It listens to the loop's events (:mod:`~trainkit.engine.events`: ``data``,
-    ``forward/backward``, ``collective``, ``optimizer``, ``hooks``, ``checkpoint``, ``eval``)
-    and records the phase and when it started; as a hook it runs a daemon thread from
-    ``before_train`` to ``after_train`` that publishes that every second to the job's store
-    (under launch, torchrun or srun), where the job's guard applies
-    :func:`~trainkit.launcher.protocol.find_stalled_rank` and ends every process with status
-    124, long before a collective would time out. In one process (no store) the thread
-    checks this rank itself and ends the process with a message.
+    It records each phase the loop's events announce (:mod:`~trainkit.engine.events`) and when
+    it started. As a hook, it runs a daemon thread from ``before_train`` to ``after_train``
+    that publishes that every second to the job's store (under launch, torchrun or srun),
+    where the job's guard applies :func:`~trainkit.launcher.protocol.find_stalled_rank` and
+    ends every process with status 124, long before a collective would time out. In one
+    process (no store) the thread checks this rank itself and ends the process with a message.
 
     Args:
         timeout_s: seconds one phase may last; 0 disables the watchdog.
@@ -58,9 +56,7 @@ class ProgressWatchdog(HookBase, StepListener):
         self._store = store
         self._clock = clock
         self._on_local_stall = on_local_stall or _exit_process
-        self._phase = "start"
-        self._iteration = -1
-        self._since = clock()
+        self._phase, self._iteration, self._since = "start", -1, clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
