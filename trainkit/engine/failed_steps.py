@@ -1,26 +1,18 @@
 """The failing step's folder: what a rank writes to ``OUTPUT_DIR/failed_steps/iter_<N>/``.
 
 When a step raises, a loss is non-finite or the device runs out of memory, the rank that finds
-it writes (every file atomically, so a reader never sees half of one):
-
-* ``step.json``: the step (``iteration``, 0-based as in ``metrics.json``), the data seed,
-  the job's world size and ``SOLVER.ACCUMULATE_STEPS``, the newest checkpoint's name
-  (``last_checkpoint``), the trainer class, the CPU threads per process, and the step's
-  records for every rank and micro-batch (``records``: dataset indices, global positions
-  and printable ids). The
-  records are a pure function of the seed and the step (``loader.spec.steps_records``),
-  so any rank writes them all, also when the others are stuck in a collective.
-* ``config.yaml``: the run's config (its data seed resolved).
-* ``rank<R>.json``: what this rank has: the error, the step's loss terms (of a non-finite
-  loss), the shapes of its micro-batches (when the failing step is the one in progress) and
-  the host; ``rank<R>_rng.pt``: its RNG states now.
-* ``rank<R>_memory_snapshot.pickle``: on a CUDA out-of-memory error with
-  ``DEBUG.CUDA_MEMORY_HISTORY``, the allocator's snapshot (https://pytorch.org/memory_viz).
-
-The other ranks add their ``rank<R>`` files when they fail too (a non-finite loss found by
-the deferred checks stops all ranks together). ``tools/replay_step.py`` rebuilds the step
-from the folder on one process (:mod:`trainkit.engine.replay`). Writing the folder
-never replaces the run's error: a failure to write is logged and the run fails as it would.
+it writes, every file atomically (``docs/troubleshooting.md`` has the table): ``step.json``
+(the step, 0-based as in ``metrics.json``; the data seed, world size, micro-batches, newest
+checkpoint's name, trainer class, CPU threads, and every rank's and micro-batch's records,
+listed from the loader that ran, ``loader.spec.steps_records``: a pure function of the seed
+and the step, so any rank writes them all, also when the others are stuck in a collective),
+``config.yaml`` (its data seed resolved), and its own ``rank<R>.json`` (the error, a non-finite
+loss's terms, its micro-batches' shapes, the host), ``rank<R>_rng.pt`` and, on a CUDA
+out-of-memory error with ``DEBUG.CUDA_MEMORY_HISTORY``, ``rank<R>_memory_snapshot.pickle``.
+The other ranks add their ``rank<R>`` files when they fail too. ``tools/replay_step.py``
+rebuilds the step from the folder (:mod:`trainkit.engine.replay`); this module also reads the
+folder back for it. Writing the folder never replaces the run's error: a failure to write is
+logged and the run fails as it would.
 """
 
 from __future__ import annotations
@@ -211,8 +203,8 @@ class FailedStepCapture:
 
     def __init__(self, cfg: CfgNode, trainer_class: type, checkpointer: Checkpointer) -> None:
         self._cfg, self._trainer_class, self._checkpointer = cfg, trainer_class, checkpointer
-        # The loader position the loop started from, and the step it starts: the records
-        # of a failing step are listed from the newest of it and the last checkpoint's.
+        # Where the loop started (step, loader position): a failing step's records are listed
+        # from the newest of it and the last checkpoint's.
         self._start: tuple[int, dict[str, Any] | None] = (0, None)
 
     def before_train(self, cfg: CfgNode, start_iter: int, position: dict[str, Any] | None) -> None:
