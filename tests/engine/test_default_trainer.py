@@ -258,7 +258,7 @@ def test_async_checkpoint_blocks_training_only_for_the_copy_in_the_checkpoint_ph
     real_copy, real_save = HostStaging.copy, torch.save
 
     def recording_copy(self, state):
-        phases.append(trainer.watchdog.record()["phase"])
+        phases.append(trainer.events.current_phase)
         return real_copy(self, state)
 
     def gated_save(obj, f, *args, **kwargs):
