@@ -155,8 +155,6 @@ def _named_datasets(
     first = _catalog_part(names, names[0])
     if not isinstance(first, Dataset):
         return _iter_dataset_dicts(names, first, filter_empty, min_keypoints, sizes)
-    if sizes is not None and not isinstance(first, IterableDataset):
-        sizes[names[0]] = len(first)  # type: ignore[arg-type]
     parts = [first] + [_catalog_part(names, name, dataset=True) for name in names[1:]]
     iterable = [isinstance(part, IterableDataset) for part in parts]
     if sizes is not None and not any(iterable):

@@ -1,18 +1,12 @@
 """The training-data spec: the records, mapper, sampler and plan of a run, assembled once.
 
-A :class:`TrainDataSpec` is what a train loader loads (``TrainLoader(spec)``, which keeps it
-as ``loader.spec``) and all that the dry run, the failing-step capture and the replay need to
-know which records each step holds: they take the spec of the loader that ran, or build one
-the same way without a loader. It is built from a config (:meth:`TrainDataSpec.from_config`,
-through :func:`~trainkit.data.train_config.train_loader_arguments`: the checks, the seed
-rule, the catalog or the mix, the sampler) or from a train loader builder's explicit
-arguments (:meth:`TrainDataSpec.from_arguments`, which detectron2's
-``build_batch_data_loader`` forwards to).
-
-Building one reads no record: the sampler needs only the dataset's length, and a record's
-aspect-ratio bucket is found the first time a plan reaches it
-(:class:`~trainkit.data.plans.grouping.LazyBucketIds`). So listing ``K`` steps of a dataset of
-4e8 records reads the records those steps draw, and those waiting in buckets, only.
+A :class:`TrainDataSpec` is what a train loader loads (``TrainLoader(spec)``, kept as
+``loader.spec``) and what the dry run, the failing-step capture and the replay read each
+step's records from. It is built from a config (:meth:`TrainDataSpec.from_config`) or from a
+train loader builder's explicit arguments (:meth:`TrainDataSpec.from_arguments`). Building
+one reads no record (a record's aspect-ratio bucket is read when a plan first reaches it:
+:class:`~trainkit.data.plans.grouping.LazyBucketIds`), so listing ``K`` steps of 4e8 records
+reads only the records those steps draw and those waiting in buckets.
 """
 
 from __future__ import annotations
@@ -71,38 +65,29 @@ class LoaderSettings:
 
     def torch_kwargs(self) -> dict[str, Any]:
         """Return the ``DataLoader`` arguments, ``dataloader_kwargs`` winning."""
-        return {
-            "num_workers": self.num_workers,
-            "prefetch_factor": self.prefetch_factor,
-            "persistent_workers": self.persistent_workers,
-            "pin_memory": self.pin_memory,
-            **self.dataloader_kwargs,
-        }
+        own = {key: getattr(self, key) for key in ("num_workers", *_LOADER_EXTRAS)}
+        return {**own, **self.dataloader_kwargs}
 
 
-# The trainkit arguments build_batch_data_loader takes in **kwargs, and their defaults; the
-# other keyword arguments are the DataLoader's.
+# The trainkit arguments build_batch_data_loader takes in **kwargs, and their defaults (those
+# of LoaderSettings: its own); the other keyword arguments are the DataLoader's.
 _EXTRAS = {
     "mapper": None,
     "accumulate_steps": 1,
     "aspect_ratio_bins": (1.0,),
     "aspect_ratios": None,
-    "prefetch_factor": 2,
-    "persistent_workers": False,
-    "pin_memory": False,
     "dataset_sizes": None,
 }
+_LOADER_EXTRAS = ("prefetch_factor", "persistent_workers", "pin_memory")
 
 
 @dataclass(frozen=True, eq=False)
 class TrainDataSpec:
     """One rank's training data: what its loader reads, maps, and batches in which order.
 
-    Built once (:meth:`from_config`, :meth:`from_arguments`); it loads, maps and batches
-    nothing itself (``TrainLoader(spec)`` does) and reads no record to be built.
-    ``dataclasses.replace(spec, world_size=64, rank=0)`` is the same data for a job of 64
-    processes: over a trainkit sampler the global stream, and so each step's records, do
-    not depend on the world size; only how a step is dealt does.
+    It loads nothing itself (``TrainLoader(spec)`` does). ``dataclasses.replace(spec,
+    world_size=64, rank=0)`` is the same data for a job of 64 processes: over a trainkit
+    sampler each step's records do not depend on the world size, only how a step is dealt.
 
     Attributes:
         records: the unmapped records, indexed by dataset index (map-style), or the stream
@@ -176,6 +161,8 @@ class TrainDataSpec:
             sampler and without ``seed``.
         """
         extras = {key: kwargs.pop(key, default) for key, default in _EXTRAS.items()}
+        settings = {key: kwargs.pop(key) for key in _LOADER_EXTRAS if key in kwargs}
+        settings.update(collate_fn=collate_fn, drop_last=drop_last, dataloader_kwargs=kwargs)
         records, mapper = records_and_mapper(dataset, extras["mapper"])
         if isinstance(records, IterableDataset) and sampler is not None:
             raise ValueError("an IterableDataset yields its own order: pass sampler=None")
@@ -198,15 +185,7 @@ class TrainDataSpec:
             single_gpu_batch_size=single_gpu_batch_size,
             aspect_ratio_bins=tuple(extras["aspect_ratio_bins"]) if aspect_ratio_grouping else None,
             aspect_ratios=None if ratios is None else np.asarray(ratios, dtype=np.float64),
-            loader=LoaderSettings(
-                num_workers,
-                extras["prefetch_factor"],
-                extras["persistent_workers"],
-                extras["pin_memory"],
-                collate_fn,
-                drop_last,
-                kwargs,
-            ),
+            loader=LoaderSettings(num_workers, **settings),
             dataset_sizes=extras["dataset_sizes"],
         )
 
@@ -248,14 +227,10 @@ class TrainDataSpec:
             seed=seed,
         )  # fmt: skip
         spec = cls.from_arguments(**arguments)
-        if world_size is None and rank is None:
-            return spec
         # A stream has no sampler to carry them.
-        return dataclasses.replace(
-            spec,
-            world_size=spec.world_size if world_size is None else world_size,
-            rank=spec.rank if rank is None else rank,
-        )
+        world_size = spec.world_size if world_size is None else world_size
+        rank = spec.rank if rank is None else rank
+        return dataclasses.replace(spec, world_size=world_size, rank=rank)
 
     @property
     def is_stream(self) -> bool:

@@ -1,20 +1,17 @@
 """What a train loader reads from a config: its checks, the seed rule, the sampler, the sets.
 
 :func:`train_loader_arguments` is the one reading of a config into a train loader's
-arguments: ``build_detection_train_loader(cfg)`` (its ``from_config``) and
-:meth:`TrainDataSpec.from_config <trainkit.data.spec.TrainDataSpec.from_config>` both take
-them, so a run, its dry run and its replay get the same records, mapper and sampler. Every
-setting is checked before any data is loaded (:func:`check_train_loader_config`), and the
-data seed follows one rule (:func:`resolve_data_seed`).
+arguments, which ``build_detection_train_loader(cfg)`` and
+:meth:`TrainDataSpec.from_config <trainkit.data.spec.TrainDataSpec.from_config>` both take,
+so a run, its dry run and its replay get the same records, mapper and sampler. Every setting
+is checked before any data is loaded (:func:`check_train_loader_config`); the data seed
+follows one rule (:func:`resolve_data_seed`).
 
-``DATASETS.TRAIN_WEIGHTS`` mixes the ``DATASETS.TRAIN`` sets (each step's exact share of
-every set: :mod:`trainkit.data.plans.mixed_sampler`, :mod:`trainkit.data.plans.mixed_plan`):
-each set is loaded on its own, so its size is known (:func:`mixed_sets`). Supported: map-style sets
-(record lists, ``MetaFileDataset``, any sized ``Dataset``) with
-``DATALOADER.SAMPLER_TRAIN "TrainingSampler"``. A stream dataset (an ``IterableDataset``, a
-``RankDataset``) yields its own order, so no step can be given its share of it; the
-repeat-factor and random-subset samplers reweight records inside one stream. Either is a
-``ConfigError`` with weights, not a silently different mix.
+``DATASETS.TRAIN_WEIGHTS`` mixes the ``DATASETS.TRAIN`` sets, each loaded on its own so its
+size is known (:func:`mixed_sets`; each step's share: :mod:`trainkit.data.plans.mixed_plan`).
+Only map-style sets with ``DATALOADER.SAMPLER_TRAIN "TrainingSampler"`` mix: a stream yields
+its own order, and the other samplers reweight records inside one stream, so either is a
+``ConfigError`` with weights rather than a silently different mix.
 """
 
 from __future__ import annotations
@@ -176,12 +173,9 @@ def build_train_sampler(
     logger.info("Using training sampler %s with seed %d", name, seed)
     size, shard = len(records), {"rank": rank, "world_size": world_size}
     if name == "RandomSubsetTrainingSampler":
+        ratio = cfg.DATALOADER.RANDOM_SUBSET_RATIO
         return RandomSubsetTrainingSampler(
-            size,
-            cfg.DATALOADER.RANDOM_SUBSET_RATIO,
-            seed_shuffle=seed,
-            seed_subset=seed,
-            **shard,
+            size, ratio, seed_shuffle=seed, seed_subset=seed, **shard
         )
     if name == "RepeatFactorTrainingSampler":
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(

@@ -3,19 +3,12 @@
 :class:`DevicePrefetcher` wraps a train loader's iterator. Each time it hands out a batch it
 draws the next one and starts its copy to the device, so the copy overlaps with the step
 that uses the batch before it. On CUDA (:class:`CudaBatchCopy`) the copy runs on a side
-stream from pinned memory; the consumer's stream waits for it (a device-side wait, never
-the CPU), and the copied tensors are marked as used by the consumer's stream so the caching
-allocator does not hand their memory to the side stream before that stream is done.
+stream from pinned memory, one copy per dtype (:func:`copy_batch_to_device`); the consumer's
+stream waits for it on the device, never on the CPU.
 
-:func:`copy_batch_to_device` decides the copies: a packed batch's buffers (one per dtype,
-:mod:`trainkit.data.loading.loader`) are copied whole, one copy each, and the tensors are
-rebuilt as views on the device; other tensors are packed per dtype into a pinned buffer
-first, so a batch is still one copy per dtype.
-
-The loader's position must stay the one of the batches *consumed*: a batch drawn ahead
-must be read again by a resumed run. So the prefetcher records the loader's position right
-after each draw, and :meth:`DevicePrefetcher.state_dict` is the position after the batch it
-handed out last; :meth:`DevicePrefetcher.close` puts the loader back there.
+The loader's position stays the one of the batches *consumed*, so that a resumed run reads a
+batch drawn ahead again: the prefetcher records the loader's position after each draw
+(:meth:`DevicePrefetcher.state_dict`), and :meth:`DevicePrefetcher.close` puts it back.
 """
 
 from __future__ import annotations
@@ -63,11 +56,10 @@ def copy_batch_to_device(
         The batch on ``device``, and the device tensors of the copies (one per copy; on
         CUDA the consumer's stream must be recorded on them).
     """
-    copies: list[torch.Tensor] = []
     if type(batch) is PackedBatch:
-        for buffer in batch.buffers:
-            copies.append(_to_device(buffer, device, pin_memory))
+        copies = [_to_device(buffer, device, pin_memory) for buffer in batch.buffers]
         return unpack_batch(PackedBatch(batch.structure, copies)), copies
+    copies = []
     found: dict[int, torch.Tensor] = {}  # by id: a tensor twice in the batch moves once
     map_leaves(lambda leaf: found.setdefault(id(leaf), leaf) if _movable(leaf) else None, batch)
     leaves = list(found.values())
@@ -196,8 +188,7 @@ class DevicePrefetcher:
     Args:
         iterator: the loader's iterator.
         device: where batches go. ``cuda``: copied on a side stream (:class:`CudaBatchCopy`);
-            ``cpu``: not copied, but still drawn ahead (what the CPU tests of the
-            bookkeeping use; a trainer does not wrap its loader on the CPU).
+            ``cpu``: not copied, but drawn ahead (for the CPU tests of the bookkeeping).
         loader: the loader ``iterator`` came from, if it has a position (``state_dict``,
             ``load_state_dict``): see :meth:`state_dict` and :meth:`close`.
         depth: batches drawn ahead of the one handed out (>= 1).
@@ -239,9 +230,7 @@ class DevicePrefetcher:
                 error, self._error = self._error, None
                 raise error
             raise StopIteration
-        pending, position = self._in_flight.popleft()
-        if self._loader is not None:
-            self._consumed = position
+        pending, self._consumed = self._in_flight.popleft()
         batch = self._copy.finish(pending)
         self._fill()
         return batch
@@ -255,13 +244,10 @@ class DevicePrefetcher:
         while len(self._in_flight) < self._depth and not self._ended:
             try:
                 batch = next(self._iterator)
-            except StopIteration:
-                self._ended = True
-                return
             except Exception as e:
-                # Raised when the consumer reaches the batch that failed, not with the
-                # batch before it, which was drawn fine.
-                self._ended, self._error = True, e
+                # An error is raised when the consumer reaches the batch that failed, not
+                # with the batch before it, which was drawn fine.
+                self._ended, self._error = True, None if isinstance(e, StopIteration) else e
                 return
             position = self._loader.state_dict() if self._loader is not None else None
             self._in_flight.append((self._copy.start(batch), position))

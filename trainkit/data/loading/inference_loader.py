@@ -36,7 +36,7 @@ class _SkippingRecords(Dataset):
         return len(self.records)
 
     def __getitems__(self, indices: list[int]) -> tuple[list[Any], int, int]:
-        elements, skipped = [], 0
+        elements = []
         for index in indices:
             record = self.records[index]
             if self.mapper is None:
@@ -46,11 +46,9 @@ class _SkippingRecords(Dataset):
             # written for training may call sample_rng().
             with sample_context(0, int(index)):
                 element = self.mapper.map_or_skip(record, f"record {index}")
-            if element is None:
-                skipped += 1
-            else:
+            if element is not None:
                 elements.append(element)
-        return elements, skipped, len(elements)
+        return elements, len(indices) - len(elements), len(elements)
 
 
 class InferenceLoader(DataLoader):

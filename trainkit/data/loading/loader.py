@@ -3,25 +3,20 @@
 A record's way through a map-style train loader, forward only: a **batch plan**
 (:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)``
 pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
-to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
-each record in its sample context
-(:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates the batch and packs it
-(:class:`PackedCollate`); the loader unpacks the batches, returns them in plan order and
-keeps the position after each. So the batches are the same for any number of loader workers
-and, over a trainkit sampler, for any world size. A stream dataset (``IterableDataset``)
-goes through :mod:`trainkit.data.loading.stream_batches` instead. Either position is a
-:mod:`trainkit.data.plans.loader_state` state.
+to a loader worker (:class:`_PlannedBatches` is its batch sampler), which maps each record in
+its sample context (:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates
+and packs the batch (:class:`PackedCollate`); the loader unpacks the batches, returns them in
+plan order and keeps the position after each (a :mod:`trainkit.data.plans.loader_state`
+state). So the batches are the same for any number of loader workers and, over a trainkit
+sampler, any world size. A stream dataset goes through
+:mod:`trainkit.data.loading.stream_batches` instead.
 
 Packing: torch sends each tensor of a worker's batch through a shared-memory segment of its
-own (with Linux's default ``file_descriptor`` strategy a new segment, a descriptor passed
-over a socket and an ``mmap``: ~270 µs of CPU per tensor on this project's machine, more
-than reading and resizing a small image), and a detectron2-style batch holds a tensor per
-record. So a worker copies the batch's tensors into one buffer per dtype
-(:func:`pack_batch`: one ``torch.cat``, a few µs) and the training process rebuilds each as
-a view of it, same values, shapes, dtypes and structure. Only plain contiguous CPU tensors
-without gradients that own their whole storage, in lists, tuples and dicts, are packed;
-anything else travels the usual way. The packing lives here, with the loader, because both
-run on every step: a batch's way is one module in the training process and one in a worker.
+own (~270 µs of CPU per tensor here, more than reading and resizing a small image), and a
+detectron2-style batch holds a tensor per record. So a worker copies the batch's plain CPU
+tensors into one buffer per dtype (:func:`pack_batch`, a few µs) and the training process
+rebuilds each as a view of it. It lives here, with the loader, so that a batch's way is one
+module in the training process and one in a worker.
 """
 
 from __future__ import annotations
@@ -120,13 +115,12 @@ class _MappedRecords(Dataset):
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
-    Loads a :class:`~trainkit.data.spec.TrainDataSpec` (the path is in the module
-    docstring); :func:`~trainkit.data.build.build_batch_data_loader` builds one.
+    Loads a :class:`~trainkit.data.spec.TrainDataSpec` (as the module docstring says).
     :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of
     the same spec that loads it continues with the next batch, and so does a new ``iter()``
     (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would yield
-    nothing from there starts the next pass, and ``len()`` is the number of batches of one
-    pass. Use one iterator at a time.
+    nothing from there starts the next pass, and ``len()`` is the batches of one pass. Use
+    one iterator at a time.
 
     Attributes:
         spec: the training data it loads (which records each step holds: ``spec.plan()``).
@@ -212,10 +206,7 @@ class TrainLoader:
 
     @property
     def last_batch_indices(self) -> list[int]:
-        """Dataset indices the batch plan chose for the batch just returned (map-style).
-
-        Replacements of records that failed to map are not shown.
-        """
+        """Dataset indices the plan chose for the batch just returned (not replacements)."""
         return [index for index, _ in self._last_items]
 
     @property
@@ -224,10 +215,7 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch (a ``loader_state`` position).
-
-        Plain data: it loads with ``torch.load(weights_only=True)``.
-        """
+        """Return the position after the last returned batch (plain ``loader_state`` data)."""
         return copy_state(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -302,8 +290,9 @@ def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
 def pack_batch(batch: Any) -> Any:
     """Return the collated ``batch`` as a :class:`PackedBatch` (one buffer per dtype).
 
-    ``batch`` itself is returned when fewer than two tensors could be packed (nothing to
-    gain), or when two of them share memory (packing would separate them).
+    Packed are contiguous CPU tensors without gradients that own their storage, in lists,
+    tuples and dicts; ``batch`` itself is returned when fewer than two tensors could be packed
+    (nothing to gain), or when two of them share memory (packing would separate them).
     """
     leaves: list[torch.Tensor] = []
     map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)

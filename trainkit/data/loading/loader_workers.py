@@ -1,10 +1,7 @@
 """How a loader's workers start: forked, seeded, and with the training process's heap frozen.
 
-:func:`loader_kwargs` gives every trainkit loader its workers: forked where possible
-(:func:`worker_context_kwargs`), seeded from torch's per-worker seed
-(:func:`worker_init_reset_seed`), started with the training process's objects frozen
-(:func:`start_iterator`). How a batch travels back from a worker (packed in one buffer per
-dtype) is :mod:`trainkit.data.loading.loader`'s.
+:func:`loader_kwargs` gives every trainkit loader its workers' arguments, :func:`start_iterator`
+starts them. How a batch travels back from a worker is :mod:`trainkit.data.loading.loader`'s.
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ class ResumableLoader(Protocol):
 class StepBatches:
     """Draw a step's micro-batches from a train loader and know the position after them.
 
-    The iterator is made on first use, not when built: starting loader workers is expensive
-    and a trainer built only to evaluate or to load a checkpoint never needs them. With
-    ``prefetch_device`` the next batch is drawn and copied to that device while the current
-    step runs (:class:`~trainkit.data.loading.device_prefetch.DevicePrefetcher`; ``"cpu"`` draws
-    ahead without a copy, which the CPU tests of resuming use).
+    The iterator is made on first use: a trainer built only to evaluate or to load a
+    checkpoint never starts loader workers. With ``prefetch_device`` the next batch is drawn
+    and copied to that device while the current step runs
+    (:class:`~trainkit.data.loading.device_prefetch.DevicePrefetcher`; ``"cpu"`` draws ahead
+    without a copy, for the CPU tests of resuming).
 
     Args:
         loader: the train loader, normally infinite.
@@ -95,5 +95,4 @@ class StepBatches:
         """
         if isinstance(self._iterator, DevicePrefetcher):
             return self._iterator.state_dict()
-        loader = self.loader
-        return loader.state_dict() if isinstance(loader, ResumableLoader) else None
+        return self.loader.state_dict() if isinstance(self.loader, ResumableLoader) else None

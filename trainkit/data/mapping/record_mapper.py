@@ -1,22 +1,16 @@
 """Mapping one record: its sample context (per-sample randomness) and what happens when it fails.
 
 The loaders map every record inside :func:`sample_context`, keyed by (seed, global stream
-position) of its sample, where a mapper calls :func:`sample_rng` / :func:`sample_seed`: the
-key is the sample's place in the global stream, not the loader worker or process that maps
-it, so augmentation is the same for any ``NUM_WORKERS`` and after a resume. :func:`batch_rng`
-is keyed by the sample's batch, for draws all its samples share (one scale per batch).
-:class:`RecordMapper` is the one place a record is mapped; the loader builders hand the
-user's mapper to the loader as one (``MapDataset`` is a dataset view over one).
+position) of its sample, not by the worker or process that maps it, so what a mapper draws
+from :func:`sample_rng` / :func:`sample_seed` is the same for any ``NUM_WORKERS`` and after a
+resume; :func:`batch_rng` is keyed by the sample's batch (one scale per batch).
+:class:`RecordMapper` is the one place a record is mapped (``MapDataset`` is a dataset view
+over one). Entering a sample's context also seeds ``np.random`` and ``random`` from the same
+key, so a project's own augmentations that draw from them are exactly resumable too; nothing
+is restored on exit (a deterministic state either way).
 
-Entering a sample's context also seeds numpy's and Python's global generators
-(``np.random.*``, ``random.*``) from the same key, so a project's own augmentations that
-draw from them are exactly resumable and independent of ``NUM_WORKERS`` too. Nothing is
-restored on exit: the generators are left as the last sample's draws made them (with
-``NUM_WORKERS 0`` in the training process itself), a deterministic state either way.
-
-Augmentations (:mod:`trainkit.data.transforms`) draw from :func:`augmentation_rng`: the
-sample's generator inside a loader, a fallback seeded from numpy's global generator outside
-one (a predictor, a notebook), so ``np.random.seed(s)`` makes those draws reproducible.
+Augmentations (:mod:`trainkit.data.transforms`) draw from :func:`augmentation_rng` (the
+sample's generator in a loader, else one seeded from ``np.random``).
 """
 
 from __future__ import annotations
@@ -60,14 +54,11 @@ _GLOBAL_PERSONALIZATION = b"trainkit-global"
 class _SampleKey:
     seed: int
     position: int
-    # Inside another sample's context (a mapper mapping more records): gets its own
-    # generator, so that the outer sample's draws are not disturbed.
+    # Inside another sample's context (a mapper mapping more records): its own generator,
+    # so the outer sample's draws are not disturbed.
     nested: bool = False
-    # Identifies the sample's batch (the loader uses its smallest global position); None
-    # outside a batch, where a sample is a batch of its own.
-    batch: int | None = None
-    # "sample" / "batch" -> the generator of this mapper call.
-    generators: dict[str, np.random.Generator] = field(default_factory=dict)
+    batch: int | None = None  # the sample's batch key (None: a batch of its own)
+    generators: dict[str, np.random.Generator] = field(default_factory=dict)  # by kind
 
     def digest(self, batch: bool = False) -> bytes:
         """32 bytes of random material that depend only on (seed, position or batch)."""
@@ -111,8 +102,7 @@ _CURRENT: contextvars.ContextVar[_SampleKey | None] = contextvars.ContextVar(
 
 
 class _SampleContext:
-    """What :func:`sample_context` returns: a class rather than a ``contextlib`` generator,
-    which costs a few microseconds more on every record a loader maps."""
+    """:func:`sample_context`'s: a class, as a ``contextlib`` generator costs µs per record."""
 
     __slots__ = ("_key", "_token")
 
@@ -326,13 +316,10 @@ class RecordMapper:
     def map_replacing(
         self, records: Any, index: int, *, seed: int, position: int, batch: int | None = None
     ) -> tuple[Any, int]:
-        """Map ``records[index]`` for the sample at ``position``; replace it if it fails.
+        """Map ``records[index]`` (unmapped) in the sample's context; replace it if it fails.
 
         The replacement is ``records[j]`` for ``j`` drawn from (seed, position, attempt): the
         same whichever worker maps it, and after a resume.
-
-        ``records`` is a map-style dataset of unmapped records; ``seed``, ``position`` and
-        ``batch`` are the sample's context (:func:`sample_context`).
 
         Returns:
             ``(element, number of records that failed before it)``.
@@ -342,7 +329,6 @@ class RecordMapper:
             UsageError: As soon as reading or mapping a record raises one.
         """
         record: Any = None
-        reason = ""
         error: BaseException | None = None
         for attempt in range(self.max_consecutive_failures):
             with sample_context(seed, position, batch):

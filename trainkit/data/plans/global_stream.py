@@ -1,16 +1,13 @@
 """The global stream: its position arithmetic, its keyed permutation and its samplers.
 
 Every trainkit training sampler reads the *global stream*, what a world-size-1 sampler
-yields: :class:`GlobalStreamSampler` takes rank ``r`` of ``W`` through global positions
-``r, r + W, r + 2W, ...`` in vectorised blocks, and :class:`TrainingSampler` (detectron2's
+yields. A *global position* indexes it; a *local position* ``k`` is a rank's ``k``-th draw:
+rank ``r`` of ``W`` draws global positions ``r, r + W, r + 2W, ...``
+(:class:`GlobalStreamSampler`, in vectorised blocks). :class:`TrainingSampler` (detectron2's
 name, exported from :mod:`trainkit.data.samplers`) makes each epoch another permutation of
 the dataset. One module, because a batch plan calls all of it for every block of indices.
-
-Positions are pure arithmetic: nothing here reads the process group, ``rank`` /
-``world_size`` (or a worker id) are arguments, so the arithmetic is tested for many world
-sizes without starting a process. A *global position* indexes the global stream; a *local
-position* ``k`` is a rank's ``k``-th draw: rank ``r`` of ``W`` draws global positions
-``r, r + W, r + 2W, ...``.
+The position arithmetic is pure (``rank``, ``world_size`` and worker ids are arguments), so
+it is tested for many world sizes without starting a process.
 
 The permutation of ``range(n)`` is computed, never stored: :func:`permute` maps each offset
 through a Feistel network over the smallest power of two >= n (a bijection whatever its
@@ -257,9 +254,7 @@ class GlobalStreamSampler(Sampler[int]):
 
     def global_stream_key(self) -> dict[str, Any]:
         """Plain-data identity of the global stream (independent of rank and world size)."""
-        key = self._identity()
-        key.pop("world_size", None)
-        return key
+        return {key: value for key, value in self._identity().items() if key != "world_size"}
 
     def indices_at_local(self, local_positions: np.ndarray) -> np.ndarray:
         """Return the int64 indices this rank yields at sorted local positions (O(1) jump)."""
@@ -285,8 +280,7 @@ class GlobalStreamSampler(Sampler[int]):
         """Yield only a loader worker's chunks of this rank's draws, from :attr:`start_position`.
 
         Chunks of ``chunk_size`` local positions are dealt round-robin to the workers
-        (:func:`~trainkit.data.plans.positions.worker_local_positions`); each worker computes
-        its own share instead of drawing and discarding the others'.
+        (:func:`worker_local_positions`): each computes its share, discarding none.
         """
         rounds = max(1, _MAX_BLOCK // (chunk_size * num_workers))
         first_round = 0

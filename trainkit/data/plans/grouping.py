@@ -1,11 +1,9 @@
 """Aspect-ratio grouping: each record's bucket, and the one implementation of grouping.
 
 The batch plans, the loader workers of a stream dataset, ``AspectRatioGroupedDataset`` and
-``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
-the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``, each read when a
-plan first reaches the record (:class:`LazyBucketIds`), so no loader reads every record to
-start. A record without them (every record of ``load_sem_seg``) is measured by its image's
-header.
+``GroupedBatchSampler`` all form their batches with :class:`Buckets`. A record's bucket comes
+from its ``width`` / ``height`` (else its image's header, e.g. for ``load_sem_seg``'s records)
+and ``DATALOADER.ASPECT_RATIO_BINS``, read when a plan first reaches it (:class:`LazyBucketIds`).
 """
 
 from __future__ import annotations
@@ -186,27 +184,24 @@ class Buckets:
                 yield batch
 
 
-class LazyBucketIds:
+class LazyBucketIds(BucketOf):
     """Each dataset index's aspect-ratio bucket, found when a batch plan first asks, then kept.
 
     Nothing is read when it is built. A record's bucket comes from its ``width``/``height``,
     else from its image's header (:func:`record_aspect_ratio`), the first time a plan reaches
-    the record; the answer depends only on the record, so every rank, every ``NUM_WORKERS``
-    and a resumed run compose the same batches. The plans run in the training process, which
-    is where this cache lives (loader workers never see it).
+    the record; it depends only on the record, so every rank, every ``NUM_WORKERS`` and a
+    resumed run compose the same batches. The cache lives with the plans, in the training
+    process.
 
     Memory: one byte per record (bucket + 1; 0: not read yet) in a zero-filled numpy array,
-    whose pages the operating system maps only once written, so 300 million records cost at
-    most 300 MB, not a Python object per record.
+    whose pages the operating system maps only once written: at most 300 MB for 300 million
+    records.
 
-    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global stream
-    on every rank, so in the first epoch each of the ``W`` ranks reads every record once (a
-    few microseconds for one with a size; for one without, the header: ``W`` headers per
-    image it decodes itself); later epochs read none. That is
-    accepted rather than shared: a header read is about 0.1 ms (a file open and a parse of
-    its first bytes; after the first rank of a machine, from the page cache), once per
-    record and process for the whole run, while sharing the reads would put a collective, or
-    a segment one rank writes and the others wait for, in the planning of every step.
+    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global
+    stream on every rank, so in the first epoch each of the ``W`` ranks reads every record
+    once (a few microseconds; a header, about 0.1 ms, for one without a size); later epochs
+    read none. Accepted rather than shared: sharing the reads would put a collective, or a
+    segment one rank writes and the others wait for, in the planning of every step.
     ``benchmarks/data.py`` measures the read and the first epoch's throughput.
     """
 
@@ -217,15 +212,13 @@ class LazyBucketIds:
 
         ``known`` (optional): a bucket + 1 per record, 0 where it is not known yet.
         """
-        aspect_ratio_bucket_ids(np.ones(1), bins)  # validates the bins
-        self.bins = [float(b) for b in bins]
+        super().__init__(bins)
         if len(self.bins) > 254:
             raise ConfigError(
                 f"DATALOADER.ASPECT_RATIO_BINS has {len(self.bins)} boundaries; at most 254 are "
                 "supported for records without 'width'/'height'."
             )
         self.records = records
-        self.num_buckets = len(self.bins) + 1
         if known is None:
             known = np.zeros(len(records), dtype=np.uint8)
         self._known = np.asarray(known, dtype=np.uint8)

@@ -22,10 +22,8 @@ does, so a step's records stay a pure function of (seed, step) on every topology
    ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
    same on every topology.
 
-The position after a step (:mod:`trainkit.data.plans.loader_state`, kind ``"global"``) holds each
-set's: the next position of its stream, the records it gave to steps so far, those of the
-last step, and its waiting records per bucket. So the mix resumes exactly, on any world size
-and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
+The position after a step holds each set's (:mod:`trainkit.data.plans.loader_state`), so the
+mix resumes exactly on any world size and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).
 """
 
 from __future__ import annotations
@@ -41,17 +39,15 @@ from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
 
 __all__ = ["LOOK_AHEAD", "MixedBatchPlan"]
 
-# With grouping, a set other than the leading one reads ahead until the step's bucket holds
-# its share, keeping at most LOOK_AHEAD x buckets x its share records waiting (its memory
-# bound, and what makes most steps one bucket when the sets' aspect ratios look alike).
+# Rule 2's bound on a set's records waiting (what also makes most steps one bucket when the
+# sets' aspect ratios look alike).
 LOOK_AHEAD = 4
 
 
 class MixedBatchPlan(GlobalBatchPlan):
     """Compose each step from several sets' streams by weight; deal it as the global plan does.
 
-    The rule is the module docstring's. Batches come in order, without end; a batch's key is
-    its optimizer step.
+    The rule is the module docstring's; batches come as :class:`GlobalBatchPlan`'s do.
     """
 
     def __init__(
@@ -66,9 +62,7 @@ class MixedBatchPlan(GlobalBatchPlan):
     ) -> None:
         """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s sets.
 
-        ``bucket_ids`` (aspect-ratio grouping, or None): each dataset index's bucket, the
-        indices of the concatenated sets. Raises a ``ConfigError`` if the batch does not
-        split evenly (:func:`~trainkit.data.plans.batch_plan.split_batch`).
+        As :class:`GlobalBatchPlan` (``bucket_ids`` indexed as the concatenated sets).
         """
         super().__init__(
             sampler,  # type: ignore[arg-type]  # read through its own methods below
@@ -122,20 +116,13 @@ class MixedBatchPlan(GlobalBatchPlan):
                             positions[i] = last // num_sets + 1
                         batch += part
             taken = [c + n for c, n in zip(taken, counts)]
-            after = {
-                "position": (steps + 1) * batch_size,  # records of the steps composed
-                "sets": [
-                    {
-                        "position": positions[i],
-                        "taken": taken[i],
-                        "records": counts[i],
-                        # Every bucket has its list, in bucket order (Buckets.from_lists).
-                        "buckets": [list(items) for items in waiting[i].values()],
-                    }
-                    for i in range(num_sets)
-                ],
-            }
-            yield steps, batch, after
+            # Every bucket has its list, in bucket order (Buckets.from_lists).
+            after = [
+                {"position": p, "taken": t, "records": n, "buckets": list(map(list, w.values()))}
+                for p, t, n, w in zip(positions, taken, counts, waiting)
+            ]
+            # "position": the records of the steps composed.
+            yield steps, batch, {"position": (steps + 1) * batch_size, "sets": after}
             steps += 1
 
 
@@ -145,14 +132,11 @@ def _fill(
     count: int,
     target: int | None,
 ) -> tuple[list[list[int]], int, int | None]:
-    """Take ``count`` records of one set from its ``waiting`` records by bucket, reading on.
+    """Take ``count`` records of one set from ``waiting`` (a list per bucket), reading on.
 
-    ``waiting`` holds a list for every bucket. Without a ``target`` bucket (the leading set):
-    the first bucket to hold ``count``. With one: that bucket, reading until it holds
-    ``count`` or the set has :data:`LOOK_AHEAD` x buckets x ``count`` records waiting; then
-    (some bucket surely holds ``count``) the bucket whose ``count``-th record came first.
-    Returns the records, the bucket taken and the position of the last record read (None:
-    none was read).
+    From the first bucket to hold ``count`` (the leading set, no ``target``), else from
+    ``target`` as rule 2 of the module docstring says. Returns the records, the bucket taken
+    and the position of the last record read (None: none was read).
     """
     position = None
     if target is None:

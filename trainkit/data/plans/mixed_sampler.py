@@ -124,10 +124,7 @@ _MAX_CYCLE = 4096
 
 
 def _count_cycle(batch_size: int, weights: Sequence[int]) -> list[tuple[int, ...]]:
-    """The counts of steps ``0 .. P-1``, which repeat (:meth:`MixedTrainingSampler.counts`).
-
-    Empty if ``P`` exceeds :data:`_MAX_CYCLE`.
-    """
+    """The counts of steps ``0 .. P-1`` (:meth:`MixedTrainingSampler.counts`; [] if too long)."""
     total = sum(weights)
     period = total // math.gcd(batch_size, total)
     if period > _MAX_CYCLE:
@@ -144,11 +141,10 @@ class MixedTrainingSampler:
     """Several training sets, each with its own global stream, mixed by weight per step.
 
     Set ``i`` is the dataset indices ``offsets[i] .. offsets[i] + sizes[i] - 1`` of the
-    concatenated records (``DATASETS.TRAIN`` in order); its stream is a
-    :class:`~trainkit.data.samplers.TrainingSampler` of ``sizes[i]`` records. It is read by
-    :class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan`, which takes :meth:`counts` records of
-    each set per optimizer step; like a training sampler it never ends and holds no per-record
-    state.
+    concatenated records (``DATASETS.TRAIN`` in order), its stream a
+    :class:`~trainkit.data.samplers.TrainingSampler` of ``sizes[i]`` records.
+    :class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan` takes :meth:`counts` records of
+    each set per optimizer step; it never ends and holds no per-record state.
     """
 
     def __init__(
@@ -178,9 +174,8 @@ class MixedTrainingSampler:
             ConfigError: A ``ValueError``: as :func:`mix_weights`.
             ValueError: For an empty set (as :class:`TrainingSampler`).
         """
-        names = [f"set{i}" for i in range(len(sizes))] if names is None else list(names)
-        self.names = names
-        self.weights = mix_weights(weights, names)
+        self.names = [f"set{i}" for i in range(len(sizes))] if names is None else list(names)
+        self.weights = mix_weights(weights, self.names)
         self.seed = int(comm.shared_random_seed() if seed is None else seed)
         self.world_size = comm.get_world_size() if world_size is None else int(world_size)
         self.rank = comm.get_rank() if rank is None else int(rank)
@@ -203,11 +198,9 @@ class MixedTrainingSampler:
         """Return each set's records in step ``step`` (:func:`mix_counts` with these weights).
 
         ``taken`` must be what the steps before gave (as the plan's position holds it). The
-        counts repeat every ``P = U / gcd(B, U)`` steps: after step ``P - 1`` every set has
-        given a whole number of records, its exact share (less than one record off, so none
-        off), and the carry is zero again. For ``P <=`` :data:`_MAX_CYCLE` the first ``P``
-        steps' counts are computed once and read by ``step % P``; the result is then shared:
-        do not change it.
+        counts repeat every ``P = U / gcd(B, U)`` steps (each set has then given its exact
+        share, and the carry is zero again): for ``P <=`` :data:`_MAX_CYCLE` they are computed
+        once and read by ``step % P``, so the result is shared: do not change it.
         """
         cycle = self._cycles.get(batch_size)
         if cycle is None:

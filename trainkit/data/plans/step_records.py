@@ -1,17 +1,12 @@
 """The records of each optimizer step, for every rank and micro-batch, without a loader.
 
-Every optimizer step's records are a pure function of the data seed and the step
-(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job reads
-in any step: :func:`steps_records` lets a plan (a train loader's, or one a
-:class:`~trainkit.data.spec.TrainDataSpec` makes for any world size) compose each step's
-whole batch once and deals it to the ``W x k`` (rank, micro-batch) slots with the loader's
-own rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
-costs what one rank's loader pays for it. :class:`RecordIds` turns a dataset index into a
-printable id: the ``DATASETS.TRAIN`` name it came from, its index there, and its
-``image_id`` or ``file_name`` (:func:`record_label`).
-
-It starts from any loader position of the plan (a fresh run's, or one a checkpoint's run
-state holds), so the steps after a resume can be listed too.
+A step's records are a pure function of the data seed and the step
+(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job
+reads in any step, from any loader position (a resume's too): :func:`steps_records` has a
+plan compose each step's batch once and deals it to the ``W x k`` slots with the loader's
+rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
+costs what one rank's loader pays. :class:`RecordIds` turns a dataset index into a printable
+id (dataset name, index there, ``image_id`` or ``file_name``).
 """
 
 from __future__ import annotations
@@ -152,9 +147,7 @@ class RecordIds:
         self._starts = list(itertools.accumulate(sizes, initial=0))
 
     def info(self, index: int) -> dict[str, Any]:
-        """Return ``{"dataset", "index"}`` of dataset index ``index``, plus the record's ids.
-
-        The record's ``image_id`` and ``file_name`` are added when it has them.
+        """Return ``{"dataset", "index"}`` of ``index`` and its record's ``image_id``/``file_name``.
 
         Raises:
             IndexError: If ``index`` is not a dataset index.

@@ -1,39 +1,33 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
-This is trainkit's one mechanism for one copy of the records per machine. It uses no
-collective and no process group, so it works under any launcher (``launch()``, torchrun,
-SLURM, processes started by hand) and no rank ever waits for another. Every process that
-builds a record segment (``DatasetFromList(lst)`` on each rank, as detectron2 code does, and
-the catalog path) serialises it into its own sealed memfd, hashing it on the way
+trainkit's one mechanism for one copy of the records per machine: no collective and no process
+group, so it works under any launcher and no rank waits for another. Every process that builds
+a record segment (``DatasetFromList(lst)`` on each rank, and the catalog path) serialises it
+into its own sealed memfd, hashing it on the way
 (:class:`~trainkit.data.records.shared_segments.SegmentWriter`); :func:`share_segment` then
 meets the machine's other holders of the same records at a Linux *abstract* unix socket::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
-* The first process to ``bind`` it serves: a daemon thread sends the memfd itself over the
-  socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it
-  receives (same user, sealed, the size and digest of the segment it built), maps it and
-  drops its own copy. Of two that finish together, the loser of the race for ``bind``
-  connects.
-* Different records have different names, so no process is given another list's records;
-  abstract names vanish with their last socket, so a crash leaves nothing behind.
+* The first process to ``bind`` it serves: a daemon thread sends the memfd over the socket
+  (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it receives
+  (same user, sealed, the size and digest of its own segment), maps it and drops its own copy.
+* Different records have different names; abstract names vanish with their last socket, so
+  a crash leaves nothing behind.
 * Holders keep their connection open to *watch* the server: when it exits or drops the
-  dataset, they race to ``bind`` and the winner serves its mapping (the same file), so a
-  later builder of the same records still finds the copy.
-* Forked loader workers inherit the mapping (an at-fork handler closes the inherited
-  sockets: only the parent serves); spawned ones attach through the pickled handle
+  dataset, they race to ``bind`` and the winner serves its mapping (the same file).
+* Forked loader workers inherit the mapping (an at-fork handler closes the inherited sockets:
+  only the parent serves); spawned ones attach through the pickled handle
   (:func:`attach_segment`) or, where that fails, by digest.
-* Without memfd sealing or abstract unix sockets (another OS, a sandbox), or when a
-  connection times out, a process keeps its private copy and logs one line. Segments under
-  :data:`MIN_SHARED_BYTES` are not shared: the saving would not pay for a thread and sockets.
+* Without memfd sealing or abstract unix sockets, or when a connection times out, a process
+  keeps its private copy and logs one line. Segments under :data:`MIN_SHARED_BYTES` are not
+  shared: the saving would not pay for a thread and sockets.
 
-Costs: every rank that needs the records loads and serialises them itself (the catalog
-function's CPU time and file reads once per rank, not per machine); ranks that build at the
-same time briefly hold one copy each (on top of the callers' lists), freed as each attaches,
-so the steady state is one copy per machine for any number of ranks and loader workers. Each
-shared segment keeps a daemon thread and a few sockets per process. Same-user processes are
-trusted (they could read this process's memory anyway); other users can neither be served
-nor serve (``SO_PEERCRED``). Tests stop every share of a process with :func:`stop_all`.
+Costs: every rank loads and serialises the records itself (the catalog function's CPU time
+and reads once per rank); ranks that build at the same time briefly hold one copy each, freed
+as each attaches. Each shared segment keeps a daemon thread and a few sockets per process.
+Same-user processes are trusted (they could read this process's memory anyway); other users
+can neither be served nor serve (``SO_PEERCRED``). Tests stop every share with :func:`stop_all`.
 """
 
 from __future__ import annotations

@@ -3,17 +3,14 @@
 A *segment* holds serialised records: a 64-byte header (with a BLAKE2b digest of the record
 bytes, ends and counts, computed while they are written), the concatenated record bytes, and
 the int64 end offset of every record. It lives in an **anonymous** memory file
-(``memfd_create``, or an unlinked temporary file in ``/dev/shm`` where memfd is missing),
-which has no name in the file system, so nothing can leak: the kernel frees the pages with
-the last descriptor and mapping, also when every process holding it crashes or is killed.
-The writer seals a memfd against writes, growth and shrinking once it is complete, so no
-process can change the bytes under another one's feet. How other processes of the machine
-map the same file is :mod:`trainkit.data.records.segment_sharing`'s.
+(``memfd_create``, else an unlinked temporary file in ``/dev/shm``): nothing can leak, as the
+kernel frees the pages with the last descriptor and mapping, also after a crash. The writer
+seals a complete memfd against writes, growth and shrinking, so no process can change the
+bytes under another's feet. Other local processes map the same file through
+:mod:`trainkit.data.records.segment_sharing`.
 
-Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
-tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
-no memory file can be created a segment lives in private memory and says so; sending it
-copies its bytes, as for a numpy array.
+Plain ``pickle`` stores the bytes themselves (as for a torch tensor); loading puts them into a
+new memory file. Where no memory file can be created a segment lives in private memory.
 """
 
 from __future__ import annotations
