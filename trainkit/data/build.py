@@ -2,11 +2,11 @@
 
 ``build_detection_train_loader`` and ``build_detection_test_loader`` (from
 :mod:`trainkit.data.loading.inference_loader`; detectron2 imports it from here) are
-:func:`~trainkit.config.configurable` with detectron2's signatures. Given a config, the train
-loader's arguments come from :func:`~trainkit.data.train_config.train_loader_arguments`
-(checked before any data is loaded); either form ends in :func:`build_batch_data_loader`,
-which loads the :class:`~trainkit.data.spec.TrainDataSpec` of its arguments.
-``build_train_loader`` / ``build_test_loader`` are the same functions.
+:func:`~trainkit.config.configurable` with detectron2's signatures; a config gives the train
+loader what :func:`~trainkit.data.train_config.train_loader_arguments` reads. A train loader
+loads the :class:`~trainkit.data.spec.TrainDataSpec` of its arguments, as
+:func:`build_batch_data_loader` does. ``build_train_loader`` / ``build_test_loader`` are the
+same functions.
 """
 
 from __future__ import annotations

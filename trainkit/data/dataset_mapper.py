@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DatasetMapper"]
 
 
-def _refuse_detection_arguments(arguments: dict[str, Any]) -> None:
+def _refuse_detection_arguments(**arguments: Any) -> None:
     """Raise for the first of detectron2's instance arguments that is switched on."""
     for name, value in arguments.items():
         if value not in (None, False):
@@ -86,13 +86,11 @@ class DatasetMapper:
             UsageError: If a detection argument is switched on.
         """
         _refuse_detection_arguments(
-            {
-                "use_instance_mask": use_instance_mask,
-                "use_keypoint": use_keypoint,
-                "keypoint_hflip_indices": keypoint_hflip_indices,
-                "precomputed_proposal_topk": precomputed_proposal_topk,
-                "recompute_boxes": recompute_boxes,
-            }
+            use_instance_mask=use_instance_mask,
+            use_keypoint=use_keypoint,
+            keypoint_hflip_indices=keypoint_hflip_indices,
+            precomputed_proposal_topk=precomputed_proposal_topk,
+            recompute_boxes=recompute_boxes,
         )
         self.is_train = is_train
         self.augmentations = T.AugmentationList(augmentations)

@@ -143,9 +143,7 @@ def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa
     # iopath adds nothing for a local file but costs ~20 us an image; URLs go through it.
     opener = PathManager.open if "://" in file_name else open
     with opener(file_name, "rb") as f:
-        image = Image.open(f)
-        image = _apply_exif_orientation(image)
-        return convert_PIL_to_numpy(image, format)
+        return convert_PIL_to_numpy(_apply_exif_orientation(Image.open(f)), format)
 
 
 def check_image_size(dataset_dict: dict[str, Any], image: np.ndarray) -> None:
@@ -181,11 +179,8 @@ def build_augmentation(cfg: CfgNode, is_train: bool) -> list[T.Augmentation]:
     """
     inp = cfg.INPUT
     if is_train:
-        min_size, max_size, style = (
-            inp.MIN_SIZE_TRAIN,
-            inp.MAX_SIZE_TRAIN,
-            inp.MIN_SIZE_TRAIN_SAMPLING,
-        )
+        min_size, max_size = inp.MIN_SIZE_TRAIN, inp.MAX_SIZE_TRAIN
+        style = inp.MIN_SIZE_TRAIN_SAMPLING
         if style not in ("range", "choice"):
             raise ConfigError(
                 f"INPUT.MIN_SIZE_TRAIN_SAMPLING must be 'range' or 'choice', got {style!r}"

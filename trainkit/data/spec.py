@@ -204,8 +204,7 @@ class TrainDataSpec:
         """Return the spec ``build_detection_train_loader(cfg, mapper, ...)`` loads.
 
         The config is read by :func:`~trainkit.data.train_config.train_loader_arguments`
-        (every setting checked before any data is loaded); the data seed is ``seed``, else
-        ``SEED``, else (``SEED < 0``) a random seed shared by all ranks
+        (checked before any data is loaded); the data seed is ``seed``, else the config's
         (:func:`~trainkit.data.train_config.resolve_data_seed`).
 
         Args:
@@ -254,9 +253,9 @@ class TrainDataSpec:
     def bucket_ids(self) -> BucketIds | None:
         """Each dataset index's aspect-ratio bucket (``None`` without grouping), found lazily.
 
-        Of given ``aspect_ratios`` all at once; otherwise each record's the first time a plan
-        reaches it (only the first record is read now: a dataset without sizes or images
-        fails here). Kept by the spec, so every plan it makes shares what was read.
+        From ``aspect_ratios`` at once, else each record's when a plan first reaches it (the
+        first record's now: a dataset without sizes or images fails here). Kept: every plan
+        of the spec shares what was read.
         """
         if self.aspect_ratio_bins is None or self.is_stream:
             return None
@@ -272,10 +271,8 @@ class TrainDataSpec:
     def plan(self) -> BatchPlan | None:
         """Return a new batch plan of this rank's loader, at its start (``None`` for a stream).
 
-        Over a trainkit training sampler, the global stream's plan dealing each step to
-        ``world_size x accumulate_steps`` slots (a ``MixedBatchPlan`` for a mix of sets),
-        unless batches have a per-rank size; over any other sampler, this rank's own
-        (``RankBatchPlan``).
+        Over a trainkit training sampler the global stream's (a ``MixedBatchPlan`` for a mix
+        of sets), unless batches have a per-rank size; else this rank's (``RankBatchPlan``).
 
         Raises:
             ConfigError: A ``ValueError``: if the batch does not split evenly, or a mix of
@@ -312,9 +309,8 @@ class TrainDataSpec:
     ) -> list[StepRecords]:
         """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 
-        As :func:`~trainkit.data.plans.step_records.steps_records` with this spec's plan (dealt to
-        ``world_size x accumulate_steps``): from loader position ``state`` (default: the
-        start), from step ``first_step`` on.
+        As :func:`~trainkit.data.plans.step_records.steps_records` with this spec's plan: from
+        loader position ``state`` (default: the start), from step ``first_step`` on.
 
         Raises:
             RecordsNotPlannedError: A ``ConfigError``: for a stream or a per-rank plan,

@@ -153,8 +153,7 @@ class ClassificationDatasetMapper:
         return (
             f"ClassificationDatasetMapper(is_train={self.is_train}, flip_prob={self.flip_prob}, "
             f"scale_range={list(self.scale_range)}, scale_per_batch={self.scale_per_batch}, "
-            f"max_size_train={self.max_size_train}, "
-            f"max_size_test={self.max_size_test})"
+            f"max_size_train={self.max_size_train}, max_size_test={self.max_size_test})"
         )
 
 

@@ -6,10 +6,8 @@ set ``i``, decided by :func:`mix_counts` (*largest remainder with a carry*):
 
 1. The weights become exact integers ``u_i`` (each float read as the decimal it prints as:
    ``0.7, 0.2, 0.1`` is ``7 : 2 : 1``), ``U = sum(u_i)``.
-2. After step ``s`` set ``i`` should have given ``(s + 1) * B * u_i / U`` records in all; it
-   has given ``C_i(s)`` (the records of steps ``0 .. s-1``). Its *quota* for step ``s`` is the
-   difference ``q_i = (s + 1) * B * u_i / U - C_i(s)`` (its share of one batch plus what the
-   rounding of earlier steps owes it: the carry).
+2. Set ``i``'s *quota* for step ``s`` is ``q_i = (s + 1) * B * u_i / U - C_i(s)``, ``C_i(s)``
+   the records it gave in steps ``0 .. s-1``: its share of one batch plus the carry.
 3. Each set first gets ``floor(q_i)`` records (0 if that is negative); the records left to
    reach ``B`` go one by one to the sets with the largest remainders ``q_i - n_i`` (ties: the
    set listed first). If the floors exceed ``B`` (only possible when a set is ahead), the
@@ -22,10 +20,9 @@ share up to less than one record: the long-run share is exact. Weights ``10 : 5 
 steps. A set whose share of a batch is below one record is in some steps and not in others;
 no positive weight leaves a set out of every step.
 
-Each set is read through its own :class:`~trainkit.data.samplers.TrainingSampler` (its own
-epochs and keyed shuffle, seeded from the run's seed and the set's place in the list): O(1)
-memory per set, whatever its size, and a set's epoch ends when that set is used up, so a small
-set repeats while a large one need not be seen whole.
+Each set is read through its own :class:`~trainkit.data.samplers.TrainingSampler` (seeded
+from the run's seed and the set's place): O(1) memory per set, and a small set repeats while
+a large one need not be seen whole.
 """
 
 from __future__ import annotations

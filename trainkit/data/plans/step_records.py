@@ -82,18 +82,16 @@ def steps_records(
 ) -> list[StepRecords]:
     """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 
-    The plan composes each step once (:meth:`GlobalBatchPlan.step_batches`); it does not
-    move, so the plan of a live loader can be asked too. Steps come in order; with grouping a
-    step depends on the ones before (records wait in their buckets), so listing step ``s``
-    composes the steps between ``state`` and ``s``.
+    The plan composes each step once (:meth:`GlobalBatchPlan.step_batches`) and does not move
+    (a live loader's plan can be asked too). With grouping a step depends on the ones before,
+    so listing step ``s`` composes the steps between ``state`` and ``s``.
 
     Args:
         plan: a plan over a trainkit training sampler's global stream (its world size and
             ``SOLVER.ACCUMULATE_STEPS`` are the slots), e.g. ``TrainDataSpec.plan()``.
         num_steps: how many steps to list.
-        state: the loader position to start from (``TrainLoader.state_dict()``, or a rank's
-            ``"data"`` in a checkpoint's run state; default: the plan's own). One taken in the
-            middle of a step starts with that whole step.
+        state: the loader position to start from (``TrainLoader.state_dict()`` or a
+            checkpoint's; default: the plan's own); one inside a step starts with that step.
         first_step: list from this step on (default: the state's step).
 
     Raises:
@@ -130,8 +128,7 @@ class RecordIds:
     Args:
         records: the joined records (indexed by dataset index; read only for the ids shown).
         names: the dataset names, in order.
-        sizes: how many records each adds
-            (:func:`~trainkit.data.catalog.load_catalog_parts`).
+        sizes: how many records each adds (:func:`~trainkit.data.catalog.load_catalog_parts`).
 
     Raises:
         ValueError: If the sizes do not add up to the records' number.

@@ -205,9 +205,8 @@ class MetaFileDataset(Dataset):
     """A map-style dataset over a one-record-per-line file (JSON lines by default).
 
     Record ``i`` is read on demand with two ``pread`` calls (its :class:`LineIndex` entry,
-    then its bytes) from the kernel's page cache, which every process on the machine shares:
-    private memory per process is O(1) in the number of records and however many were read,
-    and any index costs the same, so use it with
+    then its bytes) from the page cache every process on the machine shares: private memory
+    is O(1) in the records, and any index costs the same, so use it with
     :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle.
     :meth:`copy_lines` copies many records' lines at once (how a ``RankDataset`` loads its
     share). Blank lines are skipped; each access parses a fresh record.
@@ -236,17 +235,15 @@ class MetaFileDataset(Dataset):
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
         """
-        self._parse = parse
-        self._index_dir = index_dir
+        self._parse, self._index_dir = parse, index_dir
         self._open(LineIndex(meta_file, index_dir=index_dir))
 
     def _open(self, index: LineIndex) -> None:
         self._index = index
         self._num_records = len(index)
-        # pread, not a mapping: pages of a file that only this process maps count as its
-        # private memory (USS/RSS grow to the file size under random access, though the
-        # kernel may drop them); pread reads the shared page cache and leaves the process's
-        # memory flat. A syscall costs ~1 us, far below parsing a record.
+        # pread, not a mapping: the pages of a file only this process maps count as its own
+        # memory (RSS grows to the file size under random access); pread reads the shared
+        # page cache. A syscall costs ~1 us, far below parsing a record.
         self._index_fd = os.open(index.path, os.O_RDONLY | os.O_CLOEXEC)
         self._meta_fd = os.open(index.meta_file, os.O_RDONLY | os.O_CLOEXEC)
         for fd in (self._index_fd, self._meta_fd):
@@ -319,8 +316,7 @@ class MetaFileDataset(Dataset):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._parse = state["parse"]
-        self._index_dir = state["index_dir"]
+        self._parse, self._index_dir = state["parse"], state["index_dir"]
         if _file_key(state["meta_file"]) != tuple(state["key"]):
             raise RuntimeError(
                 f"{state['meta_file']} changed since this dataset was opened; its records "

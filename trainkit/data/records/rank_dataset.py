@@ -99,19 +99,17 @@ def rank_share(
     ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
     ``seed`` is shared by all ranks.
     """
-    shares = _Shares(
+    return _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
-    )
-    return shares.sorted_share(epoch)
+    ).sorted_share(epoch)
 
 
 class RankDataset(Dataset):
     """A map-style dataset holding only this rank's share of the current (mini-)epoch.
 
     ``dataset[i]`` parses the ``i``-th record of the share, in file order (shuffle with a
-    sampler, or use :class:`RankDataLoader`). On first use the share is copied from the file,
-    a block of records at a time, into one shared-memory segment of raw lines that forked or
-    spawned loader workers map too.
+    sampler, or use :class:`RankDataLoader`). On first use the share's raw lines are copied
+    into one shared-memory segment, which loader workers map too.
     """
 
     def __init__(
@@ -140,9 +138,7 @@ class RankDataset(Dataset):
                 is not positive.
             ValueError: If ``rank`` or ``world_size`` is out of range.
         """
-        self.meta_file = str(meta_file)
-        self.seed = int(seed)
-        self.mini_epochs = int(mini_epochs)
+        self.meta_file, self.seed, self.mini_epochs = str(meta_file), int(seed), int(mini_epochs)
         self.world_size = comm.get_world_size() if world_size is None else int(world_size)
         self.rank = comm.get_rank() if rank is None else int(rank)
         self.records = MetaFileDataset(meta_file, parse=parse, index_dir=index_dir)
@@ -219,10 +215,9 @@ class RankStream(IterableDataset):
     """A :class:`RankDataset`'s shares as one endless stream, shuffled within each share.
 
     Epoch after epoch, it yields this rank's share in an order shuffled by (seed, epoch),
-    each record read on demand through the line index: nothing but the file's shared page
-    cache grows with the data. Worker ``w`` of ``n`` loader workers reads positions
-    ``w, w + n, ...`` of each shuffled share (``shards_across_workers``), and
-    :meth:`iter_from` jumps in O(1), so the train loader resumes it exactly.
+    each record read on demand through the line index (only the shared page cache grows with
+    the data). Worker ``w`` of ``n`` reads positions ``w, w + n, ...`` of each shuffled share
+    (``shards_across_workers``); :meth:`iter_from` jumps in O(1), so a resume is exact.
     """
 
     shards_across_workers = True

@@ -73,8 +73,7 @@ def segment_address(digest: bytes) -> bytes:
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return pid, uid
+    return struct.unpack("3i", creds)[:2]
 
 
 def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
