@@ -8,7 +8,7 @@ its sample context (:class:`~trainkit.data.mapping.record_mapper.RecordMapper`),
 and packs the batch (:class:`PackedCollate`); the loader unpacks the batches, returns them in
 plan order and keeps the position after each (a :mod:`trainkit.data.plans.loader_state`
 state). So the batches are the same for any number of loader workers and, over a trainkit
-sampler, any world size. A stream dataset goes through
+sampler, any world size. A stream dataset (:class:`RankDataLoader`'s too) goes through
 :mod:`trainkit.data.loading.stream_batches` instead.
 
 Packing: torch sends each tensor of a worker's batch through a shared-memory segment of its
@@ -24,25 +24,26 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainkit.config import ConfigError
 from trainkit.data.loading.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.loading.loader_workers import start_iterator
 from trainkit.data.loading.stream_batches import StreamBatches, batches_in_turn
 from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
 from trainkit.data.plans.batch_plan import BatchPlan
 from trainkit.data.plans.loader_state import copy_state, load_state
+from trainkit.data.records.rank_dataset import RankDataset, RankStream
+from trainkit.data.spec import TrainDataSpec
 from trainkit.utils.errors import UsageError, user_message
-
-if TYPE_CHECKING:
-    from trainkit.data.spec import TrainDataSpec
 
 __all__ = [
     "PackedBatch",
     "PackedCollate",
+    "RankDataLoader",
     "TrainLoader",
     "map_leaves",
     "pack_batch",
@@ -133,8 +134,7 @@ class TrainLoader:
 
     def __init__(self, spec: TrainDataSpec) -> None:
         """Load ``spec``'s records in the batches its plan (for a stream: its workers) form."""
-        self.spec = spec
-        self.records, self.seed = spec.records, spec.seed
+        self.spec, self.records, self.seed = spec, spec.records, spec.seed
         self.num_skipped_records = 0
         self._last_items: list[list[int]] = []
         kwargs = worker_kwargs(spec.loader.torch_kwargs(), spec.seed)
@@ -156,9 +156,8 @@ class TrainLoader:
             self._stream, self._batches = source, None
             self._state = source.initial_state(max(1, int(kwargs.get("num_workers", 0))))
             # Workers that outlive an iterator would keep the position they started from.
-            self._loader = DataLoader(
-                source, batch_size=None, **{**kwargs, "persistent_workers": False}
-            )
+            kwargs["persistent_workers"] = False
+            self._loader = DataLoader(source, batch_size=None, **kwargs)
         else:
             self._stream, self._batches = None, _PlannedBatches(plan)
             self._state = plan.state_dict()
@@ -221,14 +220,60 @@ class TrainLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
 
-        ``state`` may have been saved by any version of trainkit; a position in the global
-        stream may have been saved by any rank of any world size (at a step boundary).
+        ``state`` may come from any trainkit version; a global stream position from any rank
+        of any world size (at a step boundary).
 
         Raises:
             ConfigError: If the state was saved by a differently configured loader.
             ValueError: For another rank's per-rank position.
         """
         self._state = load_state(state, self._state)
+
+
+class RankDataLoader(TrainLoader):
+    """The infinite, resumable train loader over a :class:`RankDataset`'s :class:`RankStream`.
+
+    Loading its state, a loader over the same file with the same ``num_workers`` continues
+    with the next batch; a state of another seed, rank, world size or ``mini_epochs`` is
+    refused. ``build_train_loader(cfg)`` builds the same loader for a ``DatasetCatalog`` entry
+    that returns a ``RankDataset``.
+    """
+
+    def __init__(
+        self,
+        dataset: RankDataset,
+        batch_size: int,
+        *,
+        mapper: Callable[[Any], Any] | None = None,
+        start_epoch: int = 0,
+        **loader_kwargs: Any,
+    ) -> None:
+        """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
+
+        Args:
+            dataset, batch_size: this rank's :class:`RankDataset` and its samples per batch.
+            mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
+            start_epoch: the first (mini-)epoch.
+            loader_kwargs: as for :func:`~trainkit.data.build.build_batch_data_loader`.
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        mapper = None if mapper is None else RecordMapper(mapper, name=dataset.meta_file)
+        super().__init__(
+            TrainDataSpec.from_arguments(
+                RankStream(dataset, start_epoch),
+                None,
+                None,
+                mapper=mapper,
+                single_gpu_batch_size=batch_size,
+                seed=dataset.seed,
+                **loader_kwargs,
+            )
+        )
 
 
 # ---- a batch's trip from a worker ----------------------------------------------------------
@@ -327,8 +372,7 @@ class PackedCollate:
     """Collate the samples a loader worker mapped, and pack them for the trip (picklable).
 
     ``(samples, *tags)`` -> ``(batch, *tags)``: the tags (the batch's number, the records
-    skipped) travel beside the batch. :meth:`pack` takes the samples alone (a stream's
-    workers form their batches themselves).
+    skipped) travel beside the batch; :meth:`pack` takes the samples alone (a stream's).
     """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
@@ -352,8 +396,5 @@ def unpack_batch(batch: Any) -> Any:
 
 
 def pack_in_worker(batch: Any) -> Any:
-    """:func:`pack_batch` inside a loader worker; ``batch`` unchanged in the training process.
-
-    Packing costs a copy and only pays when the batch crosses processes.
-    """
+    """:func:`pack_batch` in a loader worker; unchanged in the training process (no trip to pay)."""
     return batch if torch.utils.data.get_worker_info() is None else pack_batch(batch)

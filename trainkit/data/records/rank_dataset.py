@@ -7,7 +7,7 @@ parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank 
 share ``r`` only (:class:`_Shares`): every record is in exactly one share per epoch, and a
 rank holds ``M / (world_size * mini_epochs)`` records. :class:`RankDataset` is the current
 share (map-style) and :class:`RankStream` the shares as an endless stream
-(:class:`~trainkit.data.loading.rank_loader.RankDataLoader` is the train loader over it).
+(:class:`~trainkit.data.loading.loader.RankDataLoader` is the train loader over it).
 """
 
 from __future__ import annotations
