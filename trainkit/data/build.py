@@ -70,15 +70,12 @@ def build_detection_train_loader(
     ``MapDataset`` with its own mapper. The result is :func:`build_batch_data_loader`'s.
 
     Args:
-        dataset, mapper, total_batch_size, num_workers, collate_fn: as in
-            :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
-            record; in this explicit form ``mapper=None`` maps nothing, as in detectron2).
+        dataset, mapper, total_batch_size, aspect_ratio_grouping, num_workers, collate_fn: as
+            in :func:`build_batch_data_loader` (in this explicit form ``mapper=None`` maps
+            nothing, as in detectron2).
         sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
             be ``None`` for an ``IterableDataset``.
-        aspect_ratio_grouping: batch only samples of similar aspect ratio (from the records'
-            ``width`` and ``height``, else from their image headers, read lazily).
-        **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
-            ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
+        **kwargs: :func:`build_batch_data_loader`'s (``seed``, ``drop_last``, ...).
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
@@ -121,7 +118,6 @@ def build_batch_data_loader(
 ) -> TrainLoader:
     """Build this rank's resumable loader of ``total_batch_size / (world size x k)`` samples.
 
-    ``total_batch_size`` is the batch of one optimizer step over all ranks and
     ``k = accumulate_steps`` micro-batches. The loader loads the
     :meth:`TrainDataSpec.from_arguments <trainkit.data.spec.TrainDataSpec.from_arguments>` of
     these arguments (``loader.spec``): a map-style dataset in the batches of a batch plan
@@ -145,14 +141,14 @@ def build_batch_data_loader(
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
         seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
             seed, else 0).
-        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader; a
-            ``RecordMapper`` or any callable), ``accumulate_steps``
-            (``SOLVER.ACCUMULATE_STEPS``), ``aspect_ratio_bins`` (``(1.0,)``: detectron2's
-            tall/wide split), ``aspect_ratios`` (per dataset index, instead of reading the
-            records), ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the
-            ``DataLoader``'s; workers never persist for a stream) and ``dataset_sizes``
-            (printable record ids); further ``torch.utils.data.DataLoader`` arguments (e.g.
-            ``timeout``).
+        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader: a
+            ``RecordMapper`` or any callable, which may return ``None`` or raise to skip a
+            record), ``accumulate_steps`` (``SOLVER.ACCUMULATE_STEPS``),
+            ``aspect_ratio_bins`` (``(1.0,)``: detectron2's tall/wide split),
+            ``aspect_ratios`` (per dataset index, instead of reading the records),
+            ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the ``DataLoader``'s;
+            workers never persist for a stream) and ``dataset_sizes`` (printable record ids);
+            further ``DataLoader`` arguments (e.g. ``timeout``).
 
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and

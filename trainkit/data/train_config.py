@@ -232,20 +232,13 @@ def mixed_sets(
                 "streams, or register the set as records."
             )
         parts.append(part)
+    sizes, batch = [len(part) for part in parts], cfg.SOLVER.IMS_PER_BATCH
     sampler = MixedTrainingSampler(
-        [len(part) for part in parts],
-        cfg.DATASETS.TRAIN_WEIGHTS,
-        seed,
-        names=names,
-        rank=rank,
-        world_size=world_size,
+        sizes, cfg.DATASETS.TRAIN_WEIGHTS, seed, names=names, rank=rank, world_size=world_size
     )
     logger.info(
         "Mixing %s by weights %s (per step of %d records: %s, ...)",
-        names,
-        sampler.weights,
-        cfg.SOLVER.IMS_PER_BATCH,
-        sampler.counts(cfg.SOLVER.IMS_PER_BATCH, 0, [0] * len(parts)),
+        *(names, sampler.weights, batch, sampler.counts(batch, 0, [0] * len(parts))),
     )
     return ConcatDataset(parts), sampler
 

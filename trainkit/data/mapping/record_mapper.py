@@ -124,9 +124,7 @@ class _SampleContext:
 
 
 def sample_context(seed: int, position: int, batch: int | None = None) -> _SampleContext:
-    """Make :func:`sample_rng` / :func:`sample_seed` answer for ``(seed, position)`` inside.
-
-    Use it as ``with sample_context(seed, position):``.
+    """Make :func:`sample_rng` / :func:`sample_seed` answer for ``(seed, position)`` in ``with``.
 
     Args:
         seed: the loader's shared seed (>= 0).
@@ -189,9 +187,9 @@ def batch_rng() -> np.random.Generator:
     """Return a generator that starts alike for every sample of the batch being mapped.
 
     Draws that must be equal across a batch come from it, e.g. one rescale factor per batch
-    (images grouped by aspect ratio then also share their size: no padding). Like
-    :func:`sample_rng` it continues within one mapper call and depends only on the seed and
-    the batch; a sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
+    (grouped images then share their size: no padding). Like :func:`sample_rng` it continues
+    within one mapper call and depends only on the seed and the batch; a sample mapped
+    outside a batch (``MapDataset[i]``) is a batch of its own.
 
     Raises:
         RuntimeError: If called outside a mapper call.

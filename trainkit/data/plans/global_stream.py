@@ -248,7 +248,7 @@ class GlobalStreamSampler(Sampler[int]):
     def global_indices(self, start: int, count: int) -> np.ndarray:
         """Return the int64 indices at global positions ``start .. start + count - 1`` (O(1) jump).
 
-        Whatever this sampler's rank and world size: every rank can compute the whole stream.
+        Whatever this sampler's rank and world size: any rank can compute the whole stream.
         """
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
@@ -290,10 +290,7 @@ class GlobalStreamSampler(Sampler[int]):
             first_round += rounds
 
     def state_dict(self) -> dict[str, Any]:
-        """Return ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
-
-        Plain data: it loads with ``torch.load(weights_only=True)``.
-        """
+        """Return ``{"num_drawn": k, "type": ..., "seed": ..., ...}`` (``weights_only`` data)."""
         return {"num_drawn": self._num_drawn, **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
