@@ -116,8 +116,7 @@ class _Mapped:
             dataset: a map-style dataset (or list) of records, or an ``IterableDataset``.
             map_func: record -> mapped sample, or ``None`` to skip the record (a
                 ``RecordMapper`` is used as it is).
-            max_consecutive_failures: failures in a row before giving up
-                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
             name: dataset name used in messages (default: the dataset's class name).
 
         Raises:
@@ -146,10 +145,9 @@ class MapDataset(_Mapped, Dataset):
 
     A dataset view over a :class:`~trainkit.data.mapping.record_mapper.RecordMapper` (what
     fails, how it is logged and replaced). Given an ``IterableDataset`` the result is an
-    iterable dataset (of a private subclass of ``IterableDataset``, not of this class, as in
-    detectron2) that maps each element and skips those that fail. ``map_func`` on a map-style
-    dataset runs in a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed
-    by the global stream position in the train loader, by ``i`` (seed 0) in a plain
+    iterable dataset (not of this class, as in detectron2) that maps each element and skips
+    those that fail. On a map-style dataset a mapper may call ``trainkit.data.sample_rng()``,
+    keyed by the global stream position in the train loader, by ``i`` (seed 0) in a plain
     ``dataset[i]``; an iterable has no global position, so its mapper cannot.
     """
 

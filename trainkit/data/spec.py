@@ -69,15 +69,9 @@ class LoaderSettings:
         return {**own, **self.dataloader_kwargs}
 
 
-# The trainkit arguments build_batch_data_loader takes in **kwargs, and their defaults (those
-# of LoaderSettings: its own); the other keyword arguments are the DataLoader's.
-_EXTRAS = {
-    "mapper": None,
-    "accumulate_steps": 1,
-    "aspect_ratio_bins": (1.0,),
-    "aspect_ratios": None,
-    "dataset_sizes": None,
-}
+# The fields of TrainDataSpec and LoaderSettings build_batch_data_loader takes in **kwargs
+# (beside mapper, aspect_ratio_bins and aspect_ratios); the other ones are the DataLoader's.
+_SPEC_EXTRAS = ("accumulate_steps", "dataset_sizes")
 _LOADER_EXTRAS = ("prefetch_factor", "persistent_workers", "pin_memory")
 
 
@@ -160,10 +154,12 @@ class TrainDataSpec:
             ``TrainingSampler``'s shared random seed, for a map-style dataset without a
             sampler and without ``seed``.
         """
-        extras = {key: kwargs.pop(key, default) for key, default in _EXTRAS.items()}
+        mapper, bins = kwargs.pop("mapper", None), kwargs.pop("aspect_ratio_bins", (1.0,))
+        ratios = kwargs.pop("aspect_ratios", None)
+        own = {key: kwargs.pop(key) for key in _SPEC_EXTRAS if key in kwargs}
         settings = {key: kwargs.pop(key) for key in _LOADER_EXTRAS if key in kwargs}
         settings.update(collate_fn=collate_fn, drop_last=drop_last, dataloader_kwargs=kwargs)
-        records, mapper = records_and_mapper(dataset, extras["mapper"])
+        records, mapper = records_and_mapper(dataset, mapper)
         if isinstance(records, IterableDataset) and sampler is not None:
             raise ValueError("an IterableDataset yields its own order: pass sampler=None")
         if sampler is None and not isinstance(records, IterableDataset):
@@ -171,7 +167,6 @@ class TrainDataSpec:
         trainkit_sampler = isinstance(sampler, (GlobalStreamSampler, MixedTrainingSampler))
         if seed is None:
             seed = sampler.seed if trainkit_sampler else 0
-        ratios = extras["aspect_ratios"]
         return cls(
             records,
             mapper,
@@ -181,12 +176,11 @@ class TrainDataSpec:
             world_size=sampler.world_size if trainkit_sampler else comm.get_world_size(),
             rank=sampler.rank if trainkit_sampler else comm.get_rank(),
             total_batch_size=total_batch_size,
-            accumulate_steps=extras["accumulate_steps"],
             single_gpu_batch_size=single_gpu_batch_size,
-            aspect_ratio_bins=tuple(extras["aspect_ratio_bins"]) if aspect_ratio_grouping else None,
+            aspect_ratio_bins=tuple(bins) if aspect_ratio_grouping else None,
             aspect_ratios=None if ratios is None else np.asarray(ratios, dtype=np.float64),
             loader=LoaderSettings(num_workers, **settings),
-            dataset_sizes=extras["dataset_sizes"],
+            **own,
         )
 
     @classmethod

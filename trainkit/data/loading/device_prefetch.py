@@ -40,15 +40,14 @@ def copy_batch_to_device(
     * tensors that share one storage and together cover it (an unpacked ``PackedBatch``'s
       views of its per-dtype buffers): the storage, once, rebuilt as the same views;
     * other pinned tensors: each on its own (no host copy);
-    * the rest: packed per dtype into one pinned buffer (the host copy that pinning costs
-      anyway), then one copy per dtype; they arrive contiguous, and two of them that
-      shared memory arrive as separate tensors.
+    * the rest: packed per dtype into one pinned buffer (the host copy pinning costs
+      anyway), then one copy per dtype; they arrive contiguous (and apart, if they shared
+      memory).
 
     Tensors already on ``device``, or that need gradients, are left to ``Tensor.to``.
 
     Args:
-        batch: the batch, on the CPU.
-        device: where its tensors go.
+        batch, device: the batch (on the CPU) and where its tensors go.
         pin_memory: pin what is not pinned; ``False`` only where pinning is impossible (a
             CPU-only machine), to check the grouping.
 
@@ -181,9 +180,9 @@ class CudaBatchCopy:
 class DevicePrefetcher:
     """An iterator over ``iterator``'s batches, moved to the device ``depth`` batches ahead.
 
-    ``next()`` returns the oldest batch drawn (ready for use on the current stream) and then
-    draws the next one and starts its copy, so the copy overlaps with the work queued for
-    the returned batch. The CPU never waits for the device here.
+    ``next()`` returns the oldest batch drawn (ready for use on the current stream), then
+    draws the next one and starts its copy, which overlaps with the work queued for the
+    returned batch. The CPU never waits for the device here.
 
     Args:
         iterator: the loader's iterator.

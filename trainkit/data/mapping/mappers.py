@@ -24,16 +24,14 @@ class ClassificationDatasetMapper:
 
     Records hold ``file_name``, ``height``, ``width``, ``label`` and ``image_id`` (the
     ``shapes`` datasets' format); the output is ``{"image": uint8 tensor [3, H, W] (RGB,
-    augmented), "label", "height", "width" (ints; the sizes of the original image, as in the
-    record), "file_name", "image_id"}``. Training flips horizontally and rescales at random,
-    from ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from
-    ``batch_rng()``, shared by a batch): the result depends only on the loader's seed and
-    the sample's global position. The rescale multiplies the factor that caps the longest
-    side at ``max_size_train``; testing only caps it at ``max_size_test`` (0: no cap). One
-    cap for both lets training see test-sized images, and small inputs keep a CNN on a CPU
-    fast (its work grows with the area). It does not crop, pad or normalise (the model
-    does). An unreadable image is logged with its file name and ``None`` returned, so
-    another record is tried.
+    augmented), "label", "height", "width" (ints: the original image's, as in the record),
+    "file_name", "image_id"}``. Training flips horizontally and rescales at random, from
+    ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from ``batch_rng()``):
+    the result depends only on the loader's seed and the sample's global position. The
+    rescale multiplies the factor that caps the longest side at ``max_size_train``; testing
+    only caps it at ``max_size_test`` (0: no cap), so training sees test-sized images and a
+    CNN on a CPU stays fast. It does not crop, pad or normalise (the model does). An
+    unreadable image is logged and ``None`` returned, so another record is tried.
     """
 
     def __init__(

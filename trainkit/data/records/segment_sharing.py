@@ -191,8 +191,7 @@ def share_segment(segment: SharedSegment) -> SharedSegment:
         logger.warning(
             "Cannot share the records with other processes on this machine (%s: %s); "
             "this process keeps a private copy",
-            type(e).__name__,
-            e,
+            *(type(e).__name__, e),
         )
         return segment
     _LIVE.add(share)
@@ -201,9 +200,7 @@ def share_segment(segment: SharedSegment) -> SharedSegment:
         logger.info(
             "Process %s on this machine holds the same %d records: mapping its copy "
             "(%.2f MiB not duplicated)",
-            share.server_pid,
-            int(result.ends.size),
-            result.nbytes / 2**20,
+            *(share.server_pid, int(result.ends.size), result.nbytes / 2**20),
         )
     return result
 
