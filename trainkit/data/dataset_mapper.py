@@ -48,12 +48,11 @@ class DatasetMapper:
       filled in when missing); the augmented size is ``image.shape[1:]``;
     - ``sem_seg``: long tensor ``[H, W]`` read from ``sem_seg_file_name`` (which is
       removed), transformed with the image;
-    - everything else as it was. ``annotations`` pass through untouched in training (not
-      moved with the image: only detection would need that) and are removed in testing,
-      as detectron2 does.
+    - everything else as it was: ``annotations`` pass through untouched in training (only
+      detection would move them) and are removed in testing, as detectron2 does.
 
     Random augmentations draw from the sample's generator in a loader
-    (:func:`~trainkit.data.mapping.record_mapper.augmentation_rng`), so batches are the same for any
+    (:func:`~trainkit.data.mapping.record_mapper.augmentation_rng`): the same for any
     ``NUM_WORKERS`` and after a resume.
     """
 

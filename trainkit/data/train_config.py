@@ -7,11 +7,9 @@ so a run, its dry run and its replay get the same records, mapper and sampler. E
 is checked before any data is loaded (:func:`check_train_loader_config`); the data seed
 follows one rule (:func:`resolve_data_seed`).
 
-``DATASETS.TRAIN_WEIGHTS`` mixes the ``DATASETS.TRAIN`` sets, each loaded on its own so its
-size is known (:func:`mixed_sets`; each step's share: :mod:`trainkit.data.plans.mixed_plan`).
-Only map-style sets with ``DATALOADER.SAMPLER_TRAIN "TrainingSampler"`` mix: a stream yields
-its own order, and the other samplers reweight records inside one stream, so either is a
-``ConfigError`` with weights rather than a silently different mix.
+``DATASETS.TRAIN_WEIGHTS`` mixes map-style ``DATASETS.TRAIN`` sets with
+``DATALOADER.SAMPLER_TRAIN "TrainingSampler"`` (:func:`mixed_sets`); a stream, or another
+sampler, is a ``ConfigError`` with weights rather than a silently different mix.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Moving the next batch to the device while the current step runs: ``DevicePrefetcher``.
 
-:class:`DevicePrefetcher` wraps a train loader's iterator. Each time it hands out a batch it
-draws the next one and starts its copy to the device, so the copy overlaps with the step
-that uses the batch before it. On CUDA (:class:`CudaBatchCopy`) the copy runs on a side
-stream from pinned memory, one copy per dtype (:func:`copy_batch_to_device`); the consumer's
-stream waits for it on the device, never on the CPU.
-
-The loader's position stays the one of the batches *consumed*, so that a resumed run reads a
-batch drawn ahead again: the prefetcher records the loader's position after each draw
-(:meth:`DevicePrefetcher.state_dict`), and :meth:`DevicePrefetcher.close` puts it back.
+:class:`DevicePrefetcher` draws the next batch as it hands one out and starts its copy
+(on CUDA on a side stream, one copy per dtype: :func:`copy_batch_to_device`), so the copy
+overlaps with the step; its :meth:`~DevicePrefetcher.state_dict` stays the loader's position
+after the batches *consumed*, so a resumed run reads a batch drawn ahead again.
 """
 
 from __future__ import annotations

@@ -360,9 +360,8 @@ class RankBatchPlan(BatchPlan):
         if self._bucket_ids is not None:
             raise TypeError("len() of an aspect-ratio-grouped loader depends on the order")
         num_indices = len(self._sampler)  # type: ignore[arg-type]  # TypeError if unsized
-        if self._drop_last:
-            return num_indices // self._batch_size
-        return -(-num_indices // self._batch_size)
+        full, rest = divmod(num_indices, self._batch_size)
+        return full + (1 if rest and not self._drop_last else 0)
 
 
 def micro_batch_size(

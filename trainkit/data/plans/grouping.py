@@ -124,9 +124,8 @@ def record_aspect_ratio(record: Any, index: int | None = None) -> float:
     ratio = _stated_aspect_ratio(record, index)
     if ratio is not None:
         return ratio
-    file_name = _file_name(record, index)
     try:
-        width, height = image_size_from_header(file_name)
+        width, height = image_size_from_header(_file_name(record, index))
     except OSError as e:
         raise ConfigError(
             f"{_name(record, index)} has no 'width'/'height' and its image cannot be read "

@@ -147,15 +147,12 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     if version == VERSION and kind in _WHAT:
         return state
     if kind == "global" and version == 2:
-        state["source"] = state.pop("stream")
-        state["batch_size"] = state.pop("global_batch_size")
+        state.update(source=state.pop("stream"), batch_size=state.pop("global_batch_size"))
     elif kind == "rank" and version == 1:
         sampler = state.pop("sampler", None)
-        state["source"] = (
-            {k: v for k, v in sampler.items() if k != "num_drawn"} if sampler else None
-        )
-        state["pass_offset"] = state.get("pass_offset", 0)
-        state["num_buckets"] = len(state["buckets"])
+        source = {k: v for k, v in sampler.items() if k != "num_drawn"} if sampler else None
+        state.update(source=source, num_buckets=len(state["buckets"]))
+        state.setdefault("pass_offset", 0)
         state.pop("last_batch", None)
     elif kind == "stream" and version is None:
         num_workers = state["num_workers"]
@@ -236,8 +233,7 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
                 f"x {split[1]})."
             )
         state["split"] = split
-    for key in ("batch_size", "num_buckets", "source"):
-        state[key] = current[key]  # fills what an old state did not record
+    state.update({key: current[key] for key in _IDENTITY})  # what an old state did not record
     if kind == "stream":
         # Checked here, when the position is loaded: in the workers it would fail only after
         # they started (and an iterator that fails there can hold them until a full GC).

@@ -9,15 +9,13 @@ does, so a step's records stay a pure function of (seed, step) on every topology
    remainder with a carry), set 0's first, then set 1's, ... (with grouping, the leading
    set's first, see 2.)
 2. Set ``i``'s records are the next ones of its own stream, in order. With aspect-ratio
-   grouping, each set's records wait in that set's buckets; the set with the largest share
-   in the step leads, and its first bucket to hold its share is the step's bucket. Every
-   other set takes its share from the same bucket, reading ahead until that bucket holds
-   it, but keeping at most :data:`LOOK_AHEAD` x buckets x its share records waiting (its
-   memory bound); past that it takes its own bucket whose ``n_i(s)``-th record came first
-   (one must hold that many). A bucket already holding a set's share (when ``n_i``
-   shrank) gives its first records. The share never bends to grouping; when the sets'
-   aspect ratios differ a step holds one bucket per set, which pads more
-   (``benchmarks/mixing.py`` shows how much).
+   grouping, each set's records wait in its own buckets; the set with the largest share
+   leads, and its first bucket to hold its share is the step's bucket. Every other set
+   takes its share from the same bucket, reading ahead until that bucket holds it, but
+   keeping at most :data:`LOOK_AHEAD` x buckets x its share records waiting; past that it
+   takes its own bucket whose ``n_i(s)``-th record came first. A bucket already holding a
+   set's share gives its first records. The share never bends to grouping; sets of unlike
+   aspect ratios pad more (``benchmarks/mixing.py`` shows how much).
 3. A record's position (which keys its augmentations, ``sample_rng()``) is
    ``p * S + i`` for the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the
    same on every topology.

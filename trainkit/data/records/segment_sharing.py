@@ -120,10 +120,7 @@ def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
 
 
 def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` a process on this machine serves (the same pages).
-
-    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
-    """
+    """Map the segment ``digest`` a local process serves (``None``: none, or a check failed)."""
     try:
         sock, fd = receive_segment(digest, size)
         sock.close()
@@ -173,10 +170,9 @@ ForkingPickler.register(SharedSegment, _reduce_for_processes)
 def share_segment(segment: SharedSegment) -> SharedSegment:
     """Return the machine's copy of ``segment``'s records, serving ``segment`` if first.
 
-    If another process of this user serves a segment with the same digest, that segment is
-    returned (the caller drops its own, freeing it); otherwise ``segment``, served until it is
-    garbage-collected. Never waits beyond one connection attempt (at most ``TIMEOUT_S`` if a
-    holder hangs).
+    That is another process's segment with the same digest (the caller drops its own), else
+    ``segment``, served until it is garbage-collected. Never waits beyond one connection
+    attempt (at most ``TIMEOUT_S`` if a holder hangs).
     """
     if not segment.shared or segment.nbytes < MIN_SHARED_BYTES:
         return segment

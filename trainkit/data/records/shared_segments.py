@@ -1,13 +1,11 @@
 """Read-only record segments in anonymous shared memory that other local processes can attach to.
 
 A *segment* holds serialised records: a 64-byte header (with a BLAKE2b digest of the record
-bytes, ends and counts, computed while they are written), the concatenated record bytes, and
-the int64 end offset of every record. It lives in an **anonymous** memory file
-(``memfd_create``, else an unlinked temporary file in ``/dev/shm``): nothing can leak, as the
-kernel frees the pages with the last descriptor and mapping, also after a crash. The writer
-seals a complete memfd against writes, growth and shrinking, so no process can change the
-bytes under another's feet. Other local processes map the same file through
-:mod:`trainkit.data.records.segment_sharing`.
+bytes, ends and counts), the concatenated record bytes, and the int64 end offset of every
+record. It lives in an **anonymous** memory file (``memfd_create``, else an unlinked file in
+``/dev/shm``): the kernel frees the pages with the last descriptor and mapping, also after a
+crash. A complete memfd is sealed against writes, growth and shrinking. Other local
+processes map the same file through :mod:`trainkit.data.records.segment_sharing`.
 
 Plain ``pickle`` stores the bytes themselves (as for a torch tensor); loading puts them into a
 new memory file. Where no memory file can be created a segment lives in private memory.
