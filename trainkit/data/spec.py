@@ -32,8 +32,7 @@ from trainkit.data.plans.batch_plan import (
 )
 from trainkit.data.plans.global_stream import GlobalStreamSampler
 from trainkit.data.plans.grouping import BucketOf, aspect_ratio_bucket_ids, record_bucket_ids
-from trainkit.data.plans.mixed_plan import MixedBatchPlan
-from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
+from trainkit.data.plans.mixed_sampler import MixedBatchPlan, MixedTrainingSampler
 from trainkit.data.plans.step_records import RecordIds, RecordsNotPlannedError, StepRecords
 from trainkit.data.plans.step_records import steps_records as _steps_records
 from trainkit.data.samplers import TrainingSampler

@@ -16,7 +16,7 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
   ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
   (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
   ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
-  A weighted mix of sets (:class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan`,
+  A weighted mix of sets (:class:`~trainkit.data.plans.mixed_sampler.MixedBatchPlan`,
   ``DATASETS.TRAIN_WEIGHTS``) has ``position`` = records of the steps composed, ``buckets``
   empty, and ``sets``: per set, ``position`` (the next position of its own stream),
   ``taken`` (records it gave to steps), ``records`` (those of the last step composed) and
