@@ -211,8 +211,7 @@ class TrainDataSpec:
             UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
         Collective:
-            ``comm.shared_random_seed()`` on every rank when ``seed`` is None and
-            ``cfg.SEED < 0``.
+            ``comm.shared_random_seed()`` on every rank when ``seed`` is None and ``cfg.SEED < 0``.
         """
         arguments = train_loader_arguments(
             cfg, mapper, dataset=dataset, sampler=sampler, world_size=world_size, rank=rank,

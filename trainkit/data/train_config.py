@@ -266,8 +266,7 @@ def train_loader_arguments(
 
     Returns:
         The keyword arguments of ``build_detection_train_loader``'s explicit form (and of
-        :meth:`~trainkit.data.spec.TrainDataSpec.from_arguments`), ``dataset_sizes`` among
-        them.
+        :meth:`~trainkit.data.spec.TrainDataSpec.from_arguments`), ``dataset_sizes`` among them.
 
     Raises:
         ConfigError: A ``ValueError``: as :func:`check_train_loader_config`, as the catalog,

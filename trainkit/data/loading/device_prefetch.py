@@ -36,8 +36,7 @@ def copy_batch_to_device(
       views of its per-dtype buffers): the storage, once, rebuilt as the same views;
     * other pinned tensors: each on its own (no host copy);
     * the rest: packed per dtype into one pinned buffer (the host copy pinning costs
-      anyway), then one copy per dtype; they arrive contiguous (and apart, if they shared
-      memory).
+      anyway), then one copy per dtype; they arrive contiguous (and apart, if they shared memory).
 
     Tensors already on ``device``, or that need gradients, are left to ``Tensor.to``.
 

@@ -16,8 +16,7 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
    joins its bucket in stream order; the others wait for a later step).
 3. The batch is dealt to ``W x k`` slots (:func:`deal`): micro-batch ``j`` of rank ``r`` is
    slot ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no
-   grouping this is detectron2's rank-strided split (rank ``r`` gets positions
-   ``r, r + W, ...``).
+   grouping this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
 
 Steps 1-2 are :meth:`GlobalBatchPlan.step_batches` (which does not move the plan). So a
 step's records are the same for every ``W`` and ``k``, and the position after a step is valid

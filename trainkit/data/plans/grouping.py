@@ -231,12 +231,10 @@ class LazyBucketIds(BucketOf):
     Nothing is read when it is built. A record's bucket comes from its ``width``/``height``,
     else from its image's header (:func:`record_aspect_ratio`), the first time a plan reaches
     the record; it depends only on the record, so every rank, every ``NUM_WORKERS`` and a
-    resumed run compose the same batches. The cache lives with the plans, in the training
-    process.
+    resumed run compose the same batches. The cache lives with the plans, in the training process.
 
     Memory: one byte per record (bucket + 1; 0: not read yet) in a zero-filled numpy array,
-    whose pages the operating system maps only once written: at most 300 MB for 300 million
-    records.
+    whose pages the operating system maps only once written: at most 300 MB for 300 million records.
 
     Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global
     stream on every rank, so in the first epoch each of the ``W`` ranks reads every record

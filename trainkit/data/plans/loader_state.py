@@ -133,8 +133,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     """Return ``state`` (of any version this trainkit ever wrote) in today's format, as a copy.
 
     Raises:
-        ConfigError: A ``ValueError``: if ``state`` is not a data loader state of a known
-            version.
+        ConfigError: A ``ValueError``: if ``state`` is not a data loader state of a known version.
     """
     if not isinstance(state, dict):
         raise ConfigError(f"a data loader state is a dict, got {type(state).__name__}")

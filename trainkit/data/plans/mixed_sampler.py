@@ -35,8 +35,7 @@ a. Set ``i``'s ``n_i(s)`` records are the next ones of its own stream, set 0's f
    A bucket already holding a set's share gives its first records. The share never bends to
    grouping; sets of unlike aspect ratios pad more (``benchmarks/mixing.py`` shows how much).
 b. A record's position (which keys its augmentations, ``sample_rng()``) is ``p * S + i`` for
-   the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the same on every
-   topology.
+   the ``p``-th record of set ``i``'s stream, ``S`` sets: unique, and the same on every topology.
 
 The position after a step holds each set's (:mod:`trainkit.data.plans.loader_state`), so the
 mix resumes exactly on any world size and ``SOLVER.ACCUMULATE_STEPS`` (at a step boundary).

@@ -43,8 +43,7 @@ class StepRecords:
     Attributes:
         step: the optimizer step (0-based; the iteration of a run whose stream started at 0).
         batch: the step's ``(dataset index, global position)`` pairs, in dealing order.
-        world_size, accumulate_steps: the ``W`` processes and ``k`` micro-batches it is
-            dealt to.
+        world_size, accumulate_steps: the ``W`` processes and ``k`` micro-batches it is dealt to.
     """
 
     step: int

@@ -19,7 +19,6 @@ import logging
 import mmap
 import os
 import struct
-import sys
 import time
 import weakref
 from array import array
@@ -43,7 +42,7 @@ _HEADER_BYTES = _HEADER_INT64 * 8
 _SCAN_CHUNK = 64 << 20  # bytes per vectorised newline scan
 _GATHER_BLOCK = 1 << 14  # records copied per numpy gather (~16 B of temporaries per byte)
 _NEWLINE, _CR = 10, 13
-_TWO_INT64 = struct.Struct("<qq") if sys.byteorder == "little" else struct.Struct(">qq")
+_TWO_INT64 = struct.Struct("=qq")  # native byte order, as the index is written
 
 
 def _file_key(path: str) -> tuple[int, int]:
