@@ -2,11 +2,10 @@
 
 ``build_detection_train_loader`` and ``build_detection_test_loader`` (from
 :mod:`trainkit.data.loading.inference_loader`; detectron2 imports it from here) are
-:func:`~trainkit.config.configurable` with detectron2's signatures; a config gives the train
-loader what :func:`~trainkit.data.train_config.train_loader_arguments` reads. A train loader
-loads the :class:`~trainkit.data.spec.TrainDataSpec` of its arguments, as
-:func:`build_batch_data_loader` does. ``build_train_loader`` / ``build_test_loader`` are the
-same functions.
+:func:`~trainkit.config.configurable` with detectron2's signatures; a config gives the train loader
+what :func:`~trainkit.data.train_config.train_loader_arguments` reads. A train loader loads the
+:class:`~trainkit.data.spec.TrainDataSpec` of its arguments, as :func:`build_batch_data_loader`
+does. ``build_train_loader`` / ``build_test_loader`` are the same functions.
 """
 
 from __future__ import annotations
@@ -119,12 +118,11 @@ def build_batch_data_loader(
     """Build this rank's resumable loader of ``total_batch_size / (world size x k)`` samples.
 
     ``k = accumulate_steps`` micro-batches. The loader loads the
-    :meth:`TrainDataSpec.from_arguments <trainkit.data.spec.TrainDataSpec.from_arguments>` of
-    these arguments (``loader.spec``): a map-style dataset in the batches of a batch plan
-    (over a trainkit training sampler the same records per step for any world size, ``k``
-    and ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers
-    form the batches (:mod:`trainkit.data.loading.stream_batches`; it resumes with the same
-    ``num_workers``).
+    :meth:`TrainDataSpec.from_arguments <trainkit.data.spec.TrainDataSpec.from_arguments>` of these
+    arguments (``loader.spec``): a map-style dataset in the batches of a batch plan (over a trainkit
+    training sampler the same records per step for any world size, ``k`` and ``num_workers``); an
+    ``IterableDataset`` is a stream dataset whose loader workers form the batches
+    (:mod:`trainkit.data.loading.stream_batches`; it resumes with the same ``num_workers``).
 
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records, taken
@@ -141,14 +139,13 @@ def build_batch_data_loader(
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
         seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
             seed, else 0).
-        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader: a
-            ``RecordMapper`` or any callable, which may return ``None`` or raise to skip a
-            record), ``accumulate_steps`` (``SOLVER.ACCUMULATE_STEPS``),
-            ``aspect_ratio_bins`` (``(1.0,)``: detectron2's tall/wide split),
-            ``aspect_ratios`` (per dataset index, instead of reading the records),
-            ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the ``DataLoader``'s;
-            workers never persist for a stream) and ``dataset_sizes`` (printable record ids);
-            further ``DataLoader`` arguments (e.g. ``timeout``).
+        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader: a ``RecordMapper``
+            or any callable, which may return ``None`` or raise to skip a record),
+            ``accumulate_steps`` (``SOLVER.ACCUMULATE_STEPS``), ``aspect_ratio_bins`` (``(1.0,)``:
+            detectron2's tall/wide split), ``aspect_ratios`` (per dataset index, instead of reading
+            the records), ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the
+            ``DataLoader``'s; workers never persist for a stream) and ``dataset_sizes`` (printable
+            record ids); further ``DataLoader`` arguments (e.g. ``timeout``).
 
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and

@@ -1,9 +1,8 @@
 """``DatasetMapper``: the loaders' default mapper (read the image, augment, make tensors).
 
-detectron2's default mapper with its ``@configurable`` signature, for everything but
-detection: a record's ``annotations`` pass through as they are (turning them into
-``Instances`` is detection-only), and the detection arguments are accepted but refuse to be
-switched on.
+detectron2's default mapper with its ``@configurable`` signature, for everything but detection: a
+record's ``annotations`` pass through as they are (turning them into ``Instances`` is
+detection-only), and the detection arguments are accepted but refuse to be switched on.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Reading images for a mapper, checking their size, and the config's default augmentations.
 
 The general part of detectron2's ``detection_utils``: :func:`read_image` (formats, EXIF
-orientation), :func:`convert_PIL_to_numpy`, :func:`convert_image_to_rgb`,
-:func:`check_image_size`, :func:`build_augmentation` and
-:func:`check_metadata_consistency`. Its detection-only functions (instances, boxes,
-keypoints) are not part of trainkit.
+orientation), :func:`convert_PIL_to_numpy`, :func:`convert_image_to_rgb`, :func:`check_image_size`,
+:func:`build_augmentation` and :func:`check_metadata_consistency`. Its detection-only functions
+(instances, boxes, keypoints) are not part of trainkit.
 """
 
 from __future__ import annotations

@@ -137,10 +137,9 @@ class TrainDataSpec:
         detectron2's ``build_detection_train_loader``.
 
         Args:
-            dataset: as for :func:`~trainkit.data.build.build_batch_data_loader`, and so
-                are ``sampler``, ``total_batch_size``, ``aspect_ratio_grouping``,
-                ``num_workers``, ``collate_fn``, ``drop_last``, ``single_gpu_batch_size``
-                and ``seed``.
+            dataset: as for :func:`~trainkit.data.build.build_batch_data_loader`, and so are
+                ``sampler``, ``total_batch_size``, ``aspect_ratio_grouping``, ``num_workers``,
+                ``collate_fn``, ``drop_last``, ``single_gpu_batch_size`` and ``seed``.
             **kwargs: trainkit's ``mapper``, ``accumulate_steps``, ``aspect_ratio_bins``,
                 ``aspect_ratios``, ``prefetch_factor``, ``persistent_workers``,
                 ``pin_memory`` and ``dataset_sizes`` (the attributes of the same names); the

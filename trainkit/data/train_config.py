@@ -58,9 +58,8 @@ TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubse
 def resolve_data_seed(seed: int) -> int:
     """Return the data seed of a run whose config says ``SEED = seed``: the one seed rule.
 
-    A seed >= 0 is the data seed. A negative one asks for a random seed: rank 0 draws it and
-    every rank gets the same (the global stream, ``sample_rng()`` and the workers' seeds are
-    keyed by it).
+    A seed >= 0 is the data seed. A negative one asks for a random seed: rank 0 draws it and every
+    rank gets the same (the global stream, ``sample_rng()`` and the workers' seeds are keyed by it).
 
     Collective:
         ``comm.shared_random_seed()`` on every rank when ``seed < 0``.

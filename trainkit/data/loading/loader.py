@@ -1,15 +1,14 @@
 """``TrainLoader``: the resumable train loader, and how a batch travels back from a worker.
 
 A record's way through a map-style train loader, forward only: a **batch plan**
-(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)``
-pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
-to a loader worker (:class:`_PlannedBatches` is its batch sampler), which maps each record in
-its sample context (:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates
-and packs the batch (:class:`PackedCollate`); the loader unpacks the batches, returns them in
-plan order and keeps the position after each (a :mod:`trainkit.data.plans.loader_state`
-state). So the batches are the same for any number of loader workers and, over a trainkit
-sampler, any world size. A stream dataset (:class:`RankDataLoader`'s too) goes through
-:mod:`trainkit.data.loading.stream_batches` instead.
+(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)`` pairs
+make each batch and the position after it; the torch ``DataLoader`` hands each batch to a loader
+worker (:class:`_PlannedBatches` is its batch sampler), which maps each record in its sample context
+(:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates and packs the batch
+(:class:`PackedCollate`); the loader unpacks the batches, returns them in plan order and keeps the
+position after each (a :mod:`trainkit.data.plans.loader_state` state). So the batches are the same
+for any number of loader workers and, over a trainkit sampler, any world size. A stream dataset
+(:class:`RankDataLoader`'s too) goes through :mod:`trainkit.data.loading.stream_batches` instead.
 
 Packing: torch sends each tensor of a worker's batch through a shared-memory segment of its
 own (~270 µs of CPU per tensor here, more than reading and resizing a small image), and a
@@ -117,11 +116,10 @@ class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
     Loads a :class:`~trainkit.data.spec.TrainDataSpec` (as the module docstring says).
-    :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of
-    the same spec that loads it continues with the next batch, and so does a new ``iter()``
-    (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would yield
-    nothing from there starts the next pass, and ``len()`` is the batches of one pass. Use
-    one iterator at a time.
+    :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of the same
+    spec that loads it continues with the next batch, and so does a new ``iter()`` (unlike a torch
+    ``DataLoader``). Over a finite sampler, an iteration that would yield nothing from there starts
+    the next pass, and ``len()`` is the batches of one pass. Use one iterator at a time.
 
     Attributes:
         spec: the training data it loads (which records each step holds: ``spec.plan()``).

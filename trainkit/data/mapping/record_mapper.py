@@ -208,10 +208,9 @@ def _generator(kind: str) -> np.random.Generator:
 def augmentation_rng() -> np.random.Generator:
     """Return the generator augmentations draw from: :func:`sample_rng` inside a loader.
 
-    Outside a mapper call run by a loader (a predictor, a notebook,
-    ``tools/visualize_data.py``) there is no sample to key on: each call then returns a new
-    generator seeded from numpy's global one, so ``np.random.seed(s)`` beforehand makes the
-    draws reproducible, and nothing raises.
+    Outside a mapper call run by a loader (a predictor, a notebook, ``tools/visualize_data.py``)
+    there is no sample to key on: each call then returns a new generator seeded from numpy's global
+    one, so ``np.random.seed(s)`` beforehand makes the draws reproducible, and nothing raises.
     """
     if _CURRENT.get() is not None:
         return _generator("sample")

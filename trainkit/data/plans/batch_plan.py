@@ -254,12 +254,11 @@ class GlobalBatchPlan(BatchPlan):
 class RankBatchPlan(BatchPlan):
     """Cut this rank's draws from its sampler into batches of ``(index, global position)``.
 
-    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket.
-    Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
-    ``r, r + W, ...``), as every trainkit training sampler is; another sampler is restarted
-    and fast-forwarded by drawing, not jumped. A finite sampler is drawn in passes
-    (:meth:`next_pass_state`) whose positions keep growing, so no two samples share one. A
-    batch's key is its smallest position.
+    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket. Positions
+    assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions ``r, r + W, ...``), as
+    every trainkit training sampler is; another sampler is restarted and fast-forwarded by drawing,
+    not jumped. A finite sampler is drawn in passes (:meth:`next_pass_state`) whose positions keep
+    growing, so no two samples share one. A batch's key is its smallest position.
     """
 
     def __init__(

@@ -1,21 +1,19 @@
 """The global stream: its position arithmetic, its keyed permutation and its samplers.
 
-Every trainkit training sampler reads the *global stream*, what a world-size-1 sampler
-yields. A *global position* indexes it; a *local position* ``k`` is a rank's ``k``-th draw:
-rank ``r`` of ``W`` draws global positions ``r, r + W, r + 2W, ...``
-(:class:`GlobalStreamSampler`, in vectorised blocks). :class:`TrainingSampler` (detectron2's
-name, exported from :mod:`trainkit.data.samplers`) makes each epoch another permutation of
-the dataset. One module, because a batch plan calls all of it for every block of indices.
-The position arithmetic is pure (``rank``, ``world_size`` and worker ids are arguments), so
-it is tested for many world sizes without starting a process.
+Every trainkit training sampler reads the *global stream*, what a world-size-1 sampler yields. A
+*global position* indexes it; a *local position* ``k`` is a rank's ``k``-th draw: rank ``r`` of
+``W`` draws global positions ``r, r + W, r + 2W, ...`` (:class:`GlobalStreamSampler`, in vectorised
+blocks). :class:`TrainingSampler` (detectron2's name, exported from :mod:`trainkit.data.samplers`)
+makes each epoch another permutation of the dataset. One module, because a batch plan calls all of
+it for every block of indices. The position arithmetic is pure (``rank``, ``world_size`` and worker
+ids are arguments), so it is tested for many world sizes without starting a process.
 
-The permutation of ``range(n)`` is computed, never stored: :func:`permute` maps each offset
-through a Feistel network over the smallest power of two >= n (a bijection whatever its
-round function), re-applying it to values outside ``range(n)`` ("cycle walking", fewer than
-two passes on average: the domain is < 2n). So every epoch is an exact permutation, memory
-stays O(block) and any position is reached in O(1). The round function is the splitmix64
-finaliser, on numpy uint64 arrays (which wrap on overflow without warnings, unlike numpy
-scalars: everything here stays an array).
+The permutation of ``range(n)`` is computed, never stored: :func:`permute` maps each offset through
+a Feistel network over the smallest power of two >= n (a bijection whatever its round function),
+re-applying it to values outside ``range(n)`` ("cycle walking", fewer than two passes on average:
+the domain is < 2n). So every epoch is an exact permutation, memory stays O(block) and any position
+is reached in O(1). The round function is the splitmix64 finaliser, on numpy uint64 arrays (which
+wrap on overflow without warnings, unlike numpy scalars: everything here stays an array).
 """
 
 from __future__ import annotations
@@ -95,10 +93,9 @@ def worker_local_positions(
 ) -> np.ndarray:
     """Return the local positions a loader worker owns in rounds ``first_round ...``.
 
-    This rank's local positions are cut into chunks of ``chunk_size`` (>= 1) and chunk ``j``
-    belongs to worker ``j % num_workers``, so the workers together own every local position
-    once; a *round* is one chunk for every worker. Returns ``num_rounds * chunk_size`` sorted
-    int64 local positions.
+    This rank's local positions are cut into chunks of ``chunk_size`` (>= 1) and chunk ``j`` belongs
+    to worker ``j % num_workers``, so the workers together own every local position once; a *round*
+    is one chunk for every worker. Returns ``num_rounds * chunk_size`` sorted int64 local positions.
     """
     check_rank(worker_id, num_workers)
     if chunk_size < 1:
@@ -328,12 +325,11 @@ def checked_size(sampler_name: str, size: Any) -> int:
 class TrainingSampler(GlobalStreamSampler):
     """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
-    Each epoch (``size`` consecutive global positions) is another permutation of
-    ``range(size)``, computed by a keyed bijection instead of stored: O(1) memory in ``size``
-    (4e8 works) and O(1) jumps to any position, so resume and worker sharding cost nothing.
-    The order differs from detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global
-    positions ``r, r + W, ...``, without padding or end: for one exact pass over a dataset
-    use :class:`InferenceSampler`.
+    Each epoch (``size`` consecutive global positions) is another permutation of ``range(size)``,
+    computed by a keyed bijection instead of stored: O(1) memory in ``size`` (4e8 works) and O(1)
+    jumps to any position, so resume and worker sharding cost nothing. The order differs from
+    detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``,
+    without padding or end: for one exact pass over a dataset use :class:`InferenceSampler`.
     """
 
     def __init__(

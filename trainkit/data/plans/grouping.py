@@ -176,10 +176,9 @@ class BucketOf:
 class Buckets:
     """Items waiting for a batch, by bucket: the one implementation of grouping.
 
-    Each item joins its bucket; a bucket that reaches ``batch_size`` is emptied and returned
-    as a batch, so a batch never mixes buckets and follows the order of the items as closely
-    as grouping allows. The waiting items (``waiting``: bucket -> items in arrival order) are
-    the whole state.
+    Each item joins its bucket; a bucket that reaches ``batch_size`` is emptied and returned as a
+    batch, so a batch never mixes buckets and follows the order of the items as closely as grouping
+    allows. The waiting items (``waiting``: bucket -> items in arrival order) are the whole state.
     """
 
     def __init__(self, batch_size: int, waiting: dict[Hashable, list[Any]] | None = None) -> None:

@@ -22,10 +22,9 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
   ``taken`` (records it gave to steps), ``records`` (those of the last step composed) and
   ``buckets``; its ``source`` names every set (``name``, ``size``, ...) and the weights.
 * ``"rank"`` (:class:`~trainkit.data.plans.batch_plan.RankBatchPlan`): this rank's draws from its
-  own sampler; only the same rank of the same world size continues it. ``rank``,
-  ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
-  finite sampler's finished passes: positions go on growing), ``buckets`` (as above) and
-  ``num_batches``.
+  own sampler; only the same rank of the same world size continues it. ``rank``, ``world_size``,
+  ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a finite sampler's finished
+  passes: positions go on growing), ``buckets`` (as above) and ``num_batches``.
 * ``"stream"`` (:mod:`trainkit.data.loading.stream_batches`): what each loader worker read of a
   stream dataset; only as many loader workers (``DATALOADER.NUM_WORKERS``) continue it.
   ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``: per worker,

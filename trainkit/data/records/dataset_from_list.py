@@ -125,8 +125,7 @@ class DatasetFromList(Dataset):
         """Wrap ``lst``.
 
         Args:
-            lst: the records (with the default serialisation, any iterable, consumed one by
-                one).
+            lst: the records (with the default serialisation, any iterable, consumed one by one).
             copy: without serialisation, return a deep copy of a record on each access.
             serialize: ``True`` applies the default serialisation method, ``False`` keeps the
                 list as is, a callable is the method applied to ``lst`` (items are then as

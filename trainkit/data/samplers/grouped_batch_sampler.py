@@ -16,12 +16,11 @@ __all__ = ["GroupedBatchSampler"]
 class GroupedBatchSampler(BatchSampler):
     """Wrap a sampler and yield batches whose indices all belong to one group.
 
-    It groups with :class:`~trainkit.data.plans.grouping.Buckets`, as the train loader does:
-    batches follow the sampler's order as closely as grouping allows, and indices still
-    waiting when the sampler ends join the next pass, as in detectron2. It records no
-    position: for a resumable, grouped train loader use
-    ``build_batch_data_loader(..., aspect_ratio_grouping=True)``. ``len()`` is undefined
-    (it depends on the order).
+    It groups with :class:`~trainkit.data.plans.grouping.Buckets`, as the train loader does: batches
+    follow the sampler's order as closely as grouping allows, and indices still waiting when the
+    sampler ends join the next pass, as in detectron2. It records no position: for a resumable,
+    grouped train loader use ``build_batch_data_loader(..., aspect_ratio_grouping=True)``. ``len()``
+    is undefined (it depends on the order).
     """
 
     def __init__(
