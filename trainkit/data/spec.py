@@ -292,11 +292,7 @@ class TrainDataSpec:
         )
 
     def steps_records(
-        self,
-        num_steps: int,
-        *,
-        state: dict[str, Any] | None = None,
-        first_step: int | None = None,
+        self, num_steps: int, *, state: dict[str, Any] | None = None, first_step: int | None = None
     ) -> list[StepRecords]:
         """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 

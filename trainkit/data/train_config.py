@@ -252,10 +252,8 @@ def train_loader_arguments(
 ) -> dict[str, Any]:
     """Return the train loader's arguments a config gives, checked before any data is loaded.
 
-    The datasets are ``DATASETS.TRAIN``'s from the catalog (a machine keeps one shared copy of
-    the records), mixed by ``DATASETS.TRAIN_WEIGHTS`` if set, unless ``dataset`` is given; a
-    ``RankDataset`` is read as its stream of shares. ``mapper=None`` maps with
-    ``DatasetMapper(cfg, True)`` unless the dataset is a ``MapDataset`` with its own.
+    What ``build_detection_train_loader``'s config form reads (its docstring says how), the
+    ``DATASETS.TRAIN`` sets mixed by ``DATASETS.TRAIN_WEIGHTS`` if set.
 
     Args:
         cfg: the config.

@@ -147,12 +147,10 @@ def build_detection_test_loader(
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are (explicit form;
-            the config form's ``None`` is ``DatasetMapper(cfg, False)``).
+        mapper: record -> sample, or ``None`` to use records as they are (explicit form).
         sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
             ``None`` for an ``IterableDataset``.
-        batch_size: samples per batch on this rank.
-        num_workers: loader worker processes.
+        batch_size, num_workers: samples per batch on this rank, and its loader workers.
         collate_fn: list of samples -> batch (default: the list itself).
 
     Returns:

@@ -20,13 +20,7 @@ from typing import Any
 from trainkit.config import ConfigError
 from trainkit.data.plans.batch_plan import BatchPlan, GlobalBatchPlan, deal
 
-__all__ = [
-    "RecordIds",
-    "RecordsNotPlannedError",
-    "StepRecords",
-    "record_label",
-    "steps_records",
-]
+__all__ = ["RecordIds", "RecordsNotPlannedError", "StepRecords", "record_label", "steps_records"]
 
 # A record's own ids, shown after its dataset and index (the first it has).
 _RECORD_KEYS = ("image_id", "file_name")

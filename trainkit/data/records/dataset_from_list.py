@@ -117,10 +117,7 @@ class DatasetFromList(Dataset):
     """
 
     def __init__(
-        self,
-        lst: Iterable[Any],
-        copy: bool = True,
-        serialize: bool | SerializeMethod = True,
+        self, lst: Iterable[Any], copy: bool = True, serialize: bool | SerializeMethod = True
     ) -> None:
         """Wrap ``lst``.
 
