@@ -168,8 +168,8 @@ class MapDataset(_Mapped, Dataset):
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
         """Map record ``idx`` for the sample at global ``position`` of stream ``seed``.
 
-        ``batch`` keys ``trainkit.data.batch_rng()``. A failed record is replaced, as by
-        :meth:`RecordMapper.map_replacing` (which says what it raises).
+        ``batch`` keys ``batch_rng()``; a failed record is replaced (and what is raised) as by
+        :meth:`RecordMapper.map_replacing`.
         """
         element, _ = self.mapper.map_replacing(
             self.dataset, idx, seed=seed, position=position, batch=batch

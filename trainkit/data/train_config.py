@@ -70,8 +70,8 @@ def resolve_data_seed(seed: int) -> int:
 def resolve_random_seed(cfg: CfgNode) -> CfgNode:
     """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
 
-    The seed rule (:func:`resolve_data_seed`) applied once for the run, so that its loader,
-    its checkpoints and a rebuilt loader share the seed.
+    The seed rule (:func:`resolve_data_seed`) applied once: the run's loaders and checkpoints
+    share the seed.
 
     Collective:
         ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.

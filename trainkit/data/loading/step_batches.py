@@ -94,11 +94,7 @@ class StepBatches:
         self.loader = loader
 
     def close(self) -> None:
-        """Drop the iterator so its loader workers exit now; the loader keeps its position.
-
-        Batches drawn ahead and not consumed are given back: the loader's next iterator
-        starts with them.
-        """
+        """Drop the iterator (its loader workers exit now), giving back the batches drawn ahead."""
         if isinstance(self._iterator, DevicePrefetcher):
             self._iterator.close()
         self._iterator = None
@@ -106,8 +102,7 @@ class StepBatches:
     def position(self) -> dict[str, Any] | None:
         """Return the loader's position after the batches consumed (``None``: it has none).
 
-        Batches drawn ahead and not consumed yet do not count, so a checkpoint resumes with
-        the first of them.
+        Batches drawn ahead do not count: a checkpoint resumes with the first of them.
         """
         if isinstance(self._iterator, DevicePrefetcher):
             return self._iterator.state_dict()
@@ -339,8 +334,7 @@ class DevicePrefetcher:
     def state_dict(self) -> dict[str, Any] | None:
         """Return the loader's position after the batches handed out (``None``: no position).
 
-        A loader built the same way that loads it continues with the first batch drawn
-        ahead: a checkpoint taken now resumes exactly.
+        A loader built the same way that loads it continues with the first batch drawn ahead.
         """
         return copy.deepcopy(self._consumed)
 

@@ -187,13 +187,11 @@ _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call over
 class GlobalStreamSampler(Sampler[int]):
     """Base of the training samplers: an infinite sequence of dataset indices.
 
-    A subclass defines the *global* stream (what a world-size-1 sampler yields) in
-    :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global positions
-    ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws: the whole resumable
-    state, with no per-index state (subclasses that need O(N) memory say so). As in
-    detectron2 every ``iter()`` starts afresh, here from the position given to
-    :meth:`load_state_dict` (0 if none); :meth:`state_dict` describes the iterator advanced
-    most recently, so save states with one iterator at a time.
+    A subclass defines the global stream in :meth:`_indices_at`; this class draws this rank's
+    positions of it in vectorised blocks and counts the draws: the whole resumable state
+    (subclasses that need O(N) memory say so). As in detectron2 every ``iter()`` starts afresh,
+    here from the position :meth:`load_state_dict` gave (0 if none); :meth:`state_dict`
+    describes the iterator advanced most recently: save states with one iterator at a time.
     """
 
     def __init__(
@@ -243,10 +241,7 @@ class GlobalStreamSampler(Sampler[int]):
         return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
 
     def global_indices(self, start: int, count: int) -> np.ndarray:
-        """Return the int64 indices at global positions ``start .. start + count - 1`` (O(1) jump).
-
-        Whatever this sampler's rank and world size: any rank can compute the whole stream.
-        """
+        """Return the int64 indices at global positions ``start`` .. ``start + count - 1``."""
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
     def global_stream_key(self) -> dict[str, Any]:

@@ -43,8 +43,8 @@ _QUARTER_TURNS = frozenset({5, 6, 7, 8})
 def image_size_from_header(file_name: str) -> tuple[int, int]:
     """Return ``(width, height)`` of the image in ``file_name`` after its EXIF orientation.
 
-    Only the header is read, not the pixels. The size is the one a reader that turns images
-    upright by their EXIF orientation (detectron2's ``read_image``) returns.
+    Only the header is read; the size is the one detectron2's ``read_image`` (which turns images
+    upright) returns.
 
     Raises:
         OSError: If the file cannot be opened or is not an image PIL can identify
@@ -200,10 +200,7 @@ class Buckets:
         return cls(batch_size, {i: list(items) for i, items in enumerate(lists)})
 
     def to_lists(self, num_buckets: int) -> list[list[Any]]:
-        """Return new lists of the waiting items of buckets ``0 .. num_buckets - 1``.
-
-        The items themselves are shared, not copied: nothing changes an item once made.
-        """
+        """Return new lists of buckets ``0 .. num_buckets - 1``'s waiting items (items shared)."""
         return [list(self.waiting.get(i, ())) for i in range(num_buckets)]
 
     def add(self, bucket: Hashable, item: Any) -> list[Any] | None:
@@ -246,10 +243,7 @@ class LazyBucketIds(BucketOf):
     def __init__(
         self, records: Any, bins: Sequence[float], known: np.ndarray | None = None
     ) -> None:
-        """Find the buckets of ``records`` (indexable; unmapped) between ``bins`` lazily.
-
-        ``known`` (optional): a bucket + 1 per record, 0 where it is not known yet.
-        """
+        """Find the buckets of ``records`` between ``bins`` lazily (``known``: bucket + 1 or 0)."""
         super().__init__(bins)
         if len(self.bins) > 254:
             raise ConfigError(

@@ -174,10 +174,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_stream_workers(state: dict[str, Any], num_workers: int) -> None:
-    """Raise a ``ConfigError`` unless stream position ``state`` was read by ``num_workers``.
-
-    A stream's batches depend on how many loader workers read it (``DATALOADER.NUM_WORKERS``).
-    """
+    """Raise a ``ConfigError`` unless stream position ``state`` was read by ``num_workers``."""
     if state["num_workers"] != num_workers:
         raise ConfigError(
             f"the stream loader's state was saved with {state['num_workers']} loader workers, "

@@ -112,8 +112,8 @@ class DatasetFromList(Dataset):
     """A map-style dataset over a list of records.
 
     With ``serialize=True`` the records go through the default serialisation method:
-    trainkit's keeps them pickled in shared memory, one copy per machine however many ranks
-    build the same list (see :class:`_SharedSerializedList`).
+    trainkit's keeps them pickled in shared memory, one copy per machine (see
+    :class:`_SharedSerializedList`).
     """
 
     def __init__(
@@ -160,10 +160,7 @@ class DatasetFromList(Dataset):
 
     @property
     def segment_identity(self) -> tuple[int, int] | None:
-        """``(st_dev, st_ino)`` of the shared-memory segment holding the records.
-
-        Equal in every process that maps the same copy; ``None`` without a shared segment.
-        """
+        """``(st_dev, st_ino)`` of the records' shared segment, alike where mapped (or ``None``)."""
         return self._lst.segment_identity if isinstance(self._lst, _SharedSerializedList) else None
 
     def __len__(self) -> int:

@@ -90,11 +90,9 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or
-    :func:`~trainkit.data.records.segment_sharing.attach_segment`. Sent through multiprocessing it
-    travels as its handle (registered by :mod:`trainkit.data.records.segment_sharing`), so the
-    receiver, on this machine while this process holds the segment (a loader worker it
-    spawned), maps the same pages.
+    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or ``segment_sharing``'s
+    ``attach_segment``; sent through multiprocessing (to a loader worker it spawned) it travels
+    as its handle, so the receiver maps the same pages.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:
