@@ -158,10 +158,9 @@ class MixedTrainingSampler:
     """Several training sets, each with its own global stream, mixed by weight per step.
 
     Set ``i`` is the dataset indices ``offsets[i] .. offsets[i] + sizes[i] - 1`` of the
-    concatenated records (``DATASETS.TRAIN`` in order), its stream a
-    :class:`~trainkit.data.samplers.TrainingSampler` of ``sizes[i]`` records.
-    :class:`MixedBatchPlan` takes :meth:`counts` records of
-    each set per optimizer step; it never ends and holds no per-record state.
+    concatenated records (``DATASETS.TRAIN`` in order), its stream a ``TrainingSampler`` of
+    ``sizes[i]`` records. :class:`MixedBatchPlan` takes :meth:`counts` records of each set per
+    optimizer step; it never ends and holds no per-record state.
     """
 
     def __init__(

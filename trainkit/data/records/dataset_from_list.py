@@ -111,9 +111,8 @@ def set_default_dataset_from_list_serialize_method(new: SerializeMethod) -> cont
 class DatasetFromList(Dataset):
     """A map-style dataset over a list of records.
 
-    With ``serialize=True`` the records go through the default serialisation method:
-    trainkit's keeps them pickled in shared memory, one copy per machine (see
-    :class:`_SharedSerializedList`).
+    With ``serialize=True`` the records go through the default serialisation method: trainkit's
+    keeps them pickled in shared memory, one copy per machine (see :class:`_SharedSerializedList`).
     """
 
     def __init__(

@@ -100,10 +100,7 @@ def _scan_line_starts(meta_file: str, size: int, progress: bool) -> Iterator[np.
 def build_line_index(
     meta_file: str | os.PathLike, index_path: str | os.PathLike, *, progress: bool = True
 ) -> None:
-    """Scan ``meta_file`` and atomically write its line index to ``index_path``.
-
-    ``progress`` shows a tqdm progress bar.
-    """
+    """Write ``meta_file``'s line index to ``index_path`` atomically (``progress``: a tqdm bar)."""
     meta_file, index_path = str(meta_file), Path(index_path)
     size, mtime_ns = _file_key(meta_file)
     index_path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,9 +273,7 @@ class MetaFileDataset(Dataset):
         return self._parse(line.rstrip(b"\r\n").decode("utf-8"))
 
     def copy_lines(self, indices: np.ndarray, write: Callable[[np.ndarray], Any]) -> array:
-        """Pass the raw lines of records ``indices`` to ``write``, block by block, in order.
-
-        Lines are gathered with numpy, a block of records at a time, from the page cache.
+        """Pass the raw lines of records ``indices`` to ``write`` in order, gathered block by block.
 
         Args:
             indices: record indices (int64), best sorted: the reads then move forward.
