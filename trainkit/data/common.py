@@ -88,8 +88,7 @@ class AspectRatioGroupedDataset(IterableDataset):
 
     def __init__(self, dataset: Iterable[dict[str, Any]], batch_size: int) -> None:
         """Batch ``dataset``'s dicts (with ``"width"`` and ``"height"``) by ``batch_size``."""
-        self.dataset = dataset
-        self.batch_size = batch_size
+        self.dataset, self.batch_size = dataset, batch_size
         self._buckets = Buckets(batch_size, {0: [], 1: []})
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:

@@ -92,8 +92,7 @@ class DatasetMapper:
         )
         self.is_train = is_train
         self.augmentations = T.AugmentationList(augmentations)
-        self.image_format = image_format
-        self.instance_mask_format = instance_mask_format
+        self.image_format, self.instance_mask_format = image_format, instance_mask_format
         mode = "training" if is_train else "inference"
         logger.info("[DatasetMapper] Augmentations used in %s: %s", mode, self.augmentations)
 

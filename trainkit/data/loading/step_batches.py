@@ -237,8 +237,7 @@ class CudaBatchCopy:
         """Copy to ``device`` (``cuda`` without an index: the current device, now)."""
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.device, self.stream = device, torch.cuda.Stream(device)
 
     def start(self, batch: Any) -> tuple[Any, list[torch.Tensor]]:
         """Queue the batch's copies on the side stream; the CPU does not wait for them."""
@@ -289,8 +288,7 @@ class DevicePrefetcher:
         if depth < 1:
             raise ValueError(f"a DevicePrefetcher draws at least 1 batch ahead, got depth={depth}")
         device = torch.device(device)
-        self._iterator = iterator
-        self._depth = depth
+        self._iterator, self._depth = iterator, depth
         self._copy = batch_copy or (CudaBatchCopy(device) if device.type == "cuda" else _NoCopy())
         self._loader = loader if hasattr(loader, "state_dict") else None
         self._in_flight: collections.deque[tuple[Any, Any]] = collections.deque()

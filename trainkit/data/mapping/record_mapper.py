@@ -290,8 +290,7 @@ class RecordMapper:
         # Held bare and pickled wrapped (__getstate__): it is called for every record, and a
         # wrapper would add a call, in another module, to that path.
         self.map_func = map_func.wrapped if isinstance(map_func, PicklableWrapper) else map_func
-        self.max_consecutive_failures = max_consecutive_failures
-        self.name = name
+        self.max_consecutive_failures, self.name = max_consecutive_failures, name
         self.num_failures = 0  # in this process: each loader worker counts its own
 
     def __getstate__(self) -> dict[str, Any]:

@@ -308,9 +308,7 @@ class MixedBatchPlan(GlobalBatchPlan):
                 for i, count in enumerate(counts):
                     batch += [[index, p] for p, index, _ in itertools.islice(readers[i], count)]
                     positions[i] += count
-            else:
-                # The set with the largest share leads: its first bucket to fill is the
-                # step's bucket, which the other sets fill too where they can.
+            else:  # rule a: the set with the largest share leads
                 leader = counts.index(max(counts))
                 target = None
                 for i in orders[leader]:

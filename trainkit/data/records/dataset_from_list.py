@@ -135,8 +135,7 @@ class DatasetFromList(Dataset):
                 f"DatasetFromList(serialize={serialize!r}): expected True, False or a "
                 f"callable that serialises the list, got {type(serialize).__name__}"
             )
-        self._copy = copy
-        self._serialize = serialize is not False
+        self._copy, self._serialize = copy, serialize is not False
         if not self._serialize:
             self._lst: Any = lst if isinstance(lst, Sequence) else list(lst)
             return

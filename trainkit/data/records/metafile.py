@@ -235,8 +235,7 @@ class MetaFileDataset(Dataset):
         self._open(LineIndex(meta_file, index_dir=index_dir))
 
     def _open(self, index: LineIndex) -> None:
-        self._index = index
-        self._num_records = len(index)
+        self._index, self._num_records = index, len(index)
         # pread, not a mapping: the pages of a file only this process maps count as its own
         # memory (RSS grows to the file size under random access); pread reads the shared
         # page cache. A syscall costs ~1 us, far below parsing a record.

@@ -224,8 +224,7 @@ class RankStream(IterableDataset):
 
     def __init__(self, dataset: RankDataset, start_epoch: int = 0) -> None:
         """Stream ``dataset``'s shares from (mini-)epoch ``start_epoch`` on."""
-        self.dataset = dataset
-        self.start_epoch = int(start_epoch)
+        self.dataset, self.start_epoch = dataset, int(start_epoch)
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this stream must match: the shares' seed and layout."""
