@@ -198,8 +198,7 @@ def records_and_mapper(
     otherwise a ``MapDataset`` (or its iterable twin) gives its records and mapper, and
     anything else is records with no mapper.
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
+    dataset = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
     if mapper is not None:
         return dataset, as_record_mapper(mapper)
     own = getattr(dataset, "mapper", None)

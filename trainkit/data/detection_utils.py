@@ -66,8 +66,7 @@ def convert_PIL_to_numpy(image: Any, format: str | None) -> np.ndarray:  # noqa:
         # PIL has no BGR or YUV mode: read RGB and convert below. An image already in the
         # mode needs no convert(), which would only copy it.
         mode = "RGB" if format in ("BGR", "YUV-BT.601") else format
-        if image.mode != mode:
-            image = image.convert(mode)
+        image = image.convert(mode) if image.mode != mode else image
     if format == "BGR":
         # PIL packs the channels in BGR order itself: a C-contiguous array, where a reversed
         # view of RGB (``[:, :, ::-1]``) would cost a strided copy (~5x the read) in the first
@@ -91,8 +90,7 @@ def convert_image_to_rgb(image: Any, format: str) -> np.ndarray:  # noqa: A002
     """
     from PIL import Image
 
-    if not isinstance(image, np.ndarray):
-        image = image.cpu().numpy()
+    image = image if isinstance(image, np.ndarray) else image.cpu().numpy()
     if format == "BGR":
         image = image[:, :, [2, 1, 0]]
     elif format == "YUV-BT.601":

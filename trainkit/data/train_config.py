@@ -291,8 +291,7 @@ def train_loader_arguments(
     as_stream = getattr(dataset, "as_stream", None)
     if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
         dataset = as_stream()
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
+    dataset = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
     records, own_mapper = records_and_mapper(dataset)
     if mapper is None and own_mapper is None:
         mapper = DatasetMapper(cfg, True)  # detectron2's default: read and augment images

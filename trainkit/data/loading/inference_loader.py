@@ -172,8 +172,7 @@ def build_detection_test_loader(
             dataset = MapDataset(dataset, as_record_mapper(mapper))
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
     records, record_mapper = records_and_mapper(dataset, mapper)
-    if sampler is None:
-        sampler = InferenceSampler(len(records))
+    sampler = InferenceSampler(len(records)) if sampler is None else sampler
     return InferenceLoader(
         records, record_mapper, sampler=sampler, batch_size=batch_size, collate_fn=collate,
         **workers,

@@ -199,8 +199,7 @@ def _movable(leaf: Any) -> bool:
 
 
 def _to_device(tensor: torch.Tensor, device: torch.device, pin_memory: bool) -> torch.Tensor:
-    if pin_memory and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
+    tensor = tensor.pin_memory() if pin_memory and not tensor.is_pinned() else tensor
     return tensor.to(device, non_blocking=True)
 
 

@@ -251,8 +251,7 @@ class LazyBucketIds(BucketOf):
                 "supported for records without 'width'/'height'."
             )
         self.records = records
-        if known is None:
-            known = np.zeros(len(records), dtype=np.uint8)
+        known = np.zeros(len(records), dtype=np.uint8) if known is None else known
         self._known = np.asarray(known, dtype=np.uint8)
 
     def __len__(self) -> int:
