@@ -149,8 +149,7 @@ class TrainDataSpec:
             ValueError: If a stream dataset is given a sampler.
 
         Collective:
-            ``TrainingSampler``'s shared random seed, for a map-style dataset without a
-            sampler and without ``seed``.
+            ``TrainingSampler``'s shared seed, for a map-style dataset without sampler or seed.
         """
         mapper, bins = kwargs.pop("mapper", None), kwargs.pop("aspect_ratio_bins", (1.0,))
         ratios = kwargs.pop("aspect_ratios", None)
@@ -232,8 +231,7 @@ class TrainDataSpec:
         """Records of one batch of this rank's loader.
 
         Raises:
-            ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks
-                and micro-batches.
+            ConfigError: A ``ValueError``: unless the batch splits over ranks and micro-batches.
         """
         return micro_batch_size(
             self.total_batch_size, self.single_gpu_batch_size, self.accumulate_steps,

@@ -70,8 +70,7 @@ def resolve_data_seed(seed: int) -> int:
 def resolve_random_seed(cfg: CfgNode) -> CfgNode:
     """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
 
-    The seed rule (:func:`resolve_data_seed`) applied once: the run's loaders and checkpoints
-    share the seed.
+    The seed rule applied once (:func:`resolve_data_seed`): loaders and checkpoints share it.
 
     Collective:
         ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.

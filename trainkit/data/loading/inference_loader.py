@@ -60,8 +60,7 @@ class InferenceLoader(DataLoader):
     ``inference_on_dataset`` reports). A batch whose records all fail is left out.
 
     Attributes:
-        num_skipped_records: records that failed to map in the current pass (reset by each
-            new iteration).
+        num_skipped_records: records that failed to map in the current pass (each iteration's).
     """
 
     def __init__(

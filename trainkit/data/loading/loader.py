@@ -126,8 +126,8 @@ class TrainLoader:
         records: the unmapped records (or the stream) it reads: ``spec.records``.
         seed: the key of ``sample_rng()`` and of the workers' base seeds: ``spec.seed``; a
             resume continues the same stream only with the same seed.
-        num_skipped_records: records that failed to map (and were replaced or skipped) in
-            the batches returned so far.
+        num_skipped_records: records that failed to map (replaced or skipped) in the batches
+            returned so far.
     """
 
     def __init__(self, spec: TrainDataSpec) -> None:

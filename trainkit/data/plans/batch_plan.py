@@ -18,11 +18,10 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
    slot ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no
    grouping this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
 
-Steps 1-2 are :meth:`GlobalBatchPlan.step_batches` (which does not move the plan). So a
-step's records are the same for every ``W`` and ``k``, and the position after a step is valid
-for any topology; each rank computes the whole global stream (a few microseconds per record).
-:class:`RankBatchPlan` cuts this rank's draws from any other sampler (or batches of a per-rank
-size) into batches.
+Steps 1-2 are :meth:`GlobalBatchPlan.step_batches` (which does not move the plan). So a step's
+records are the same for every ``W`` and ``k``, and the position after a step is valid for any
+topology; each rank computes the whole global stream (a few microseconds per record).
+:class:`RankBatchPlan` batches this rank's draws from any other sampler, or of a per-rank size.
 """
 
 from __future__ import annotations
@@ -271,8 +270,7 @@ class RankBatchPlan(BatchPlan):
     ) -> None:
         """Plan batches of ``batch_size`` of ``sampler``'s (this rank's) indices.
 
-        ``bucket_ids`` as for :class:`GlobalBatchPlan`; ``drop_last``: drop a finite sampler's
-        incomplete last batches.
+        ``bucket_ids`` as for :class:`GlobalBatchPlan`; ``drop_last``: drop incomplete batches.
         """
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
         self._rank = sampler.rank if trainkit_sampler else comm.get_rank()
@@ -350,8 +348,7 @@ class RankBatchPlan(BatchPlan):
         """Return the batches of one pass over a finite, ungrouped sampler.
 
         Raises:
-            TypeError: For an infinite or unsized sampler, or when grouping (the count then
-                depends on the order).
+            TypeError: For an infinite or unsized sampler, or when grouping (order-dependent).
         """
         if isinstance(self._sampler, GlobalStreamSampler):
             return super().batches_per_pass()

@@ -343,8 +343,7 @@ class TrainingSampler(GlobalStreamSampler):
             shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
             seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
                 (a collective: every rank must construct the sampler together).
-            rank, world_size: this rank and the number of ranks (default: ``comm``'s); for
-                tests and custom sharding.
+            rank, world_size: this rank and the rank count (default: ``comm``'s), to test or shard.
 
         Raises:
             TypeError: If ``size`` is not an integer.

@@ -43,8 +43,7 @@ _QUARTER_TURNS = frozenset({5, 6, 7, 8})
 def image_size_from_header(file_name: str) -> tuple[int, int]:
     """Return ``(width, height)`` of the image in ``file_name`` after its EXIF orientation.
 
-    Only the header is read; the size is the one detectron2's ``read_image`` (which turns images
-    upright) returns.
+    Only the header is read; the size is that of detectron2's ``read_image`` (turned upright).
 
     Raises:
         OSError: If the file cannot be opened or is not an image PIL can identify
@@ -142,8 +141,7 @@ def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) ->
     tall from wide images (a square one counts as wide).
 
     Raises:
-        ConfigError: A ``ValueError``: if ``bins`` is empty, not strictly increasing, or not
-            positive.
+        ConfigError: A ``ValueError``: unless ``bins`` is non-empty, strictly increasing and positive.
     """
     edges = np.asarray(list(bins), dtype=np.float64)
     if edges.size == 0 or (edges <= 0).any() or (np.diff(edges) <= 0).any():

@@ -31,9 +31,9 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
   ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count, position]`` of the
   elements waiting, ``count`` numbering the worker's elements).
 
-:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or
-without ``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no
-version) and ``RankDataLoader``'s version-2 wrapper around a stream state.
+:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or without
+``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no version) and
+``RankDataLoader``'s version-2 wrapper around a stream state.
 """
 
 from __future__ import annotations

@@ -72,8 +72,7 @@ def mix_weights(weights: Sequence[float], names: Sequence[str]) -> list[int]:
         names: the datasets (``DATASETS.TRAIN``), named in messages.
 
     Raises:
-        ConfigError: A ``ValueError``: for a wrong number of weights or a weight that is not
-            a positive finite number.
+        ConfigError: A ``ValueError``: for a wrong number of weights, or one not positive finite.
     """
     if len(weights) != len(names):
         raise ConfigError(
