@@ -141,7 +141,7 @@ def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) ->
     tall from wide images (a square one counts as wide).
 
     Raises:
-        ConfigError: A ``ValueError``: unless ``bins`` is non-empty, strictly increasing and positive.
+        ConfigError: A ``ValueError``: for empty, non-positive or not strictly increasing ``bins``.
     """
     edges = np.asarray(list(bins), dtype=np.float64)
     if edges.size == 0 or (edges <= 0).any() or (np.diff(edges) <= 0).any():
