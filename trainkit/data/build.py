@@ -127,8 +127,7 @@ def build_batch_data_loader(
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records, taken
             apart once into its records and its mapper), or an ``IterableDataset``.
-        sampler: this rank's indices (a training sampler or any other); ``None`` only for an
-            ``IterableDataset``.
+        sampler: this rank's indices (any sampler); ``None`` only for an ``IterableDataset``.
         total_batch_size: samples of one optimizer step summed over ranks.
         aspect_ratio_grouping: batch only samples of one bucket of ``width / height``, read
             from each record (its ``width``/``height``, else its image's header) when the
@@ -137,8 +136,7 @@ def build_batch_data_loader(
         collate_fn: list of samples -> batch (default: the list itself).
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
-        seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
-            seed, else 0).
+        seed: key of ``sample_rng()`` and the workers' seeds (default: the sampler's, else 0).
         **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader: a ``RecordMapper``
             or any callable, which may return ``None`` or raise to skip a record),
             ``accumulate_steps`` (``SOLVER.ACCUMULATE_STEPS``), ``aspect_ratio_bins`` (``(1.0,)``:

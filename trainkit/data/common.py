@@ -113,8 +113,7 @@ class _Mapped:
 
         Args:
             dataset: a map-style dataset (or list) of records, or an ``IterableDataset``.
-            map_func: record -> mapped sample, or ``None`` to skip the record (a
-                ``RecordMapper`` is used as it is).
+            map_func: record -> sample, or ``None`` to skip it (a ``RecordMapper`` used as is).
             max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
             name: dataset name used in messages (default: the dataset's class name).
 

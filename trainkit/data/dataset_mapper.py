@@ -127,8 +127,7 @@ class DatasetMapper:
         """Map one record (see the class docstring).
 
         Raises:
-            UsageError: If the record has no ``file_name`` (records of another kind need
-                their own mapper).
+            UsageError: If the record has no ``file_name`` (other records need their own mapper).
             OSError: If an image cannot be read (a loader then tries another record).
             SizeMismatchError: If the image's size differs from the record's.
         """

@@ -83,12 +83,10 @@ class TrainDataSpec:
     sampler each step's records do not depend on the world size, only how a step is dealt.
 
     Attributes:
-        records: the unmapped records, indexed by dataset index (map-style), or the stream
-            (an ``IterableDataset``).
+        records: the unmapped records by dataset index, or the stream (an ``IterableDataset``).
         mapper: record -> sample, applied by the loader (``None``: none).
         sampler: this rank's dataset indices (``None`` for a stream).
-        seed: the data seed: it keys a trainkit sampler's global stream, ``sample_rng()``
-            and the loader workers' base seeds.
+        seed: the data seed, key of the global stream, ``sample_rng()`` and the workers' seeds.
         world_size, rank: the processes each optimizer step's batch is dealt to, and this one.
         total_batch_size: records of one optimizer step over all ranks.
         accumulate_steps: micro-batches per rank and optimizer step.

@@ -86,8 +86,7 @@ def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
     """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
 
     Args:
-        why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
-            and in ``config_origins.yaml``.
+        why: the key's origin (``run time: why``: ``--print-config``, ``config_origins.yaml``).
     """
     out = cfg.clone()
     out.defrost()

@@ -126,8 +126,7 @@ class TrainLoader:
         records: the unmapped records (or the stream) it reads: ``spec.records``.
         seed: the key of ``sample_rng()`` and of the workers' base seeds: ``spec.seed``; a
             resume continues the same stream only with the same seed.
-        num_skipped_records: records that failed to map (replaced or skipped) in the batches
-            returned so far.
+        num_skipped_records: records that failed to map (replaced or skipped) in batches returned.
     """
 
     def __init__(self, spec: TrainDataSpec) -> None:
@@ -233,8 +232,7 @@ class RankDataLoader(TrainLoader):
 
     Loading its state, a loader over the same file with the same ``num_workers`` continues
     with the next batch; a state of another seed, rank, world size or ``mini_epochs`` is
-    refused. ``build_train_loader(cfg)`` builds the same loader for a ``DatasetCatalog`` entry
-    that returns a ``RankDataset``.
+    refused. ``build_train_loader(cfg)`` builds it for a catalog entry giving a ``RankDataset``.
     """
 
     def __init__(

@@ -128,8 +128,7 @@ def copy_batch_to_device(
 
     Args:
         batch, device: the batch (on the CPU) and where its tensors go.
-        pin_memory: pin what is not pinned; ``False`` only where pinning is impossible (a
-            CPU-only machine), to check the grouping.
+        pin_memory: pin what is not pinned (``False`` only to check the grouping on a CPU).
 
     Returns:
         The batch on ``device``, and the device tensors of the copies (one per copy; on

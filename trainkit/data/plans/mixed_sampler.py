@@ -178,8 +178,7 @@ class MixedTrainingSampler:
         Args:
             sizes: records of each set (> 0).
             weights: the sets' weights (``DATASETS.TRAIN_WEIGHTS``; :func:`mix_weights`).
-            seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
-                (a collective).
+            seed: shared by all ranks (``None``: ``comm.shared_random_seed()``, a collective).
             names: the sets' names (default ``set0``, ``set1``, ...): metric names and messages.
             shuffle: permute every epoch of every set.
             rank, world_size: this rank and the number of ranks (default: ``comm``'s).

@@ -94,10 +94,9 @@ def rank_share(
 ) -> np.ndarray:
     """Return the record indices rank ``rank`` holds in (mini-)epoch ``epoch``, sorted.
 
-    Pure: the same arguments give the same share on any process. For a fixed full epoch
-    (``epoch // mini_epochs``), the shares of all ranks and mini-epochs partition
-    ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
-    ``seed`` is shared by all ranks.
+    Pure: the same arguments (``seed`` shared by all ranks) give the same share on any process.
+    For a fixed full epoch (``epoch // mini_epochs``), the shares of all ranks and mini-epochs
+    partition ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
     """
     return _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
