@@ -72,8 +72,7 @@ def build_detection_train_loader(
         dataset, mapper, total_batch_size, aspect_ratio_grouping, num_workers, collate_fn: as
             in :func:`build_batch_data_loader` (in this explicit form ``mapper=None`` maps
             nothing, as in detectron2).
-        sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
-            be ``None`` for an ``IterableDataset``.
+        sampler: default :class:`TrainingSampler` (of ``kwargs["seed"]``); ``None`` for a stream.
         **kwargs: :func:`build_batch_data_loader`'s (``seed``, ``drop_last``, ...).
 
     Raises:

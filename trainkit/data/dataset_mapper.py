@@ -50,9 +50,8 @@ class DatasetMapper:
     - everything else as it was: ``annotations`` pass through untouched in training (only
       detection would move them) and are removed in testing, as detectron2 does.
 
-    Random augmentations draw from the sample's generator in a loader
-    (:func:`~trainkit.data.mapping.record_mapper.augmentation_rng`): the same for any
-    ``NUM_WORKERS`` and after a resume.
+    Random augmentations draw from the sample's generator in a loader (``augmentation_rng``):
+    the same for any ``NUM_WORKERS`` and after a resume.
     """
 
     @configurable

@@ -168,8 +168,8 @@ def build_augmentation(cfg: CfgNode, is_train: bool) -> list[T.Augmentation]:
     Training: ``ResizeShortestEdge(INPUT.MIN_SIZE_TRAIN, INPUT.MAX_SIZE_TRAIN,
     INPUT.MIN_SIZE_TRAIN_SAMPLING)`` then ``RandomFlip`` as ``INPUT.RANDOM_FLIP`` says
     (``"horizontal"``, ``"vertical"`` or ``"none"``). Testing: ``ResizeShortestEdge(
-    INPUT.MIN_SIZE_TEST, INPUT.MAX_SIZE_TEST, "choice")`` (``MIN_SIZE_TEST 0``: no resize).
-    A ``MAX_SIZE_*`` of 0 is no cap.
+    INPUT.MIN_SIZE_TEST, INPUT.MAX_SIZE_TEST, "choice")`` (``MIN_SIZE_TEST 0``: no resize;
+    ``MAX_SIZE_* 0``: no cap).
 
     Raises:
         ConfigError: A ``ValueError`` naming the key out of range.

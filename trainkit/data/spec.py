@@ -130,9 +130,8 @@ class TrainDataSpec:
     ) -> TrainDataSpec:
         """Return the spec of ``build_batch_data_loader``'s arguments (the same signature).
 
-        A ``MapDataset`` is taken apart once into its records and its mapper. Without a
-        sampler a map-style dataset gets ``TrainingSampler(len(records), seed=seed)``, as in
-        detectron2's ``build_detection_train_loader``.
+        A ``MapDataset`` is taken apart once into its records and mapper; without a sampler a
+        map-style dataset gets ``TrainingSampler(len(records), seed=seed)`` (detectron2's).
 
         Args:
             dataset: as for :func:`~trainkit.data.build.build_batch_data_loader`, and so are

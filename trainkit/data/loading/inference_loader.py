@@ -147,8 +147,7 @@ def build_detection_test_loader(
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
         mapper: record -> sample, or ``None`` to use records as they are (explicit form).
-        sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
-            ``None`` for an ``IterableDataset``.
+        sampler: this rank's indices (default :class:`InferenceSampler`); ``None`` for a stream.
         batch_size, num_workers: samples per batch on this rank, and its loader workers.
         collate_fn: list of samples -> batch (default: the list itself).
 

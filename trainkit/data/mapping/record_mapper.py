@@ -172,10 +172,9 @@ def _current() -> _SampleKey:
 def sample_rng() -> np.random.Generator:
     """Return the generator of the sample being mapped, keyed by (seed, global position).
 
-    Calls within one mapper call return the same generator, so successive draws continue
-    one another; every new mapper call (including a retry after a failed record) starts
-    afresh. The generator object is reused (re-seeded) for the next sample of the thread,
-    so do not keep it beyond the mapper call.
+    Calls within one mapper call return the same generator, so successive draws continue one
+    another; every new mapper call (a retry after a failed record too) starts afresh. The object
+    is re-seeded for the thread's next sample: do not keep it beyond the mapper call.
 
     Raises:
         RuntimeError: If called outside a mapper call.

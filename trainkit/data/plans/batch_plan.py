@@ -64,8 +64,7 @@ def split_batch(
 
     Args:
         total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
-        world_size, accumulate_steps: the ranks and the micro-batches per step
-            (``SOLVER.ACCUMULATE_STEPS``) it is split over.
+        world_size, accumulate_steps: the ranks and micro-batches (``SOLVER.ACCUMULATE_STEPS``).
         key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
 
     Raises:

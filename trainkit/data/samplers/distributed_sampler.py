@@ -155,8 +155,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         """Compute per-record repeat factors from category frequencies (LVIS rule).
 
         ``f(c)`` is the fraction of records with an annotation of category ``c``, ``r(c) =
-        max(1, sqrt(repeat_thresh / f(c)))``, and a record's factor the max over its categories
-        (1 without annotations).
+        max(1, sqrt(repeat_thresh / f(c)))``, a record's factor the max of its categories' (or 1).
 
         Args:
             dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
