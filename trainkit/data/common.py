@@ -166,8 +166,7 @@ class MapDataset(_Mapped, Dataset):
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
         """Map record ``idx`` for the sample at global ``position`` of stream ``seed``.
 
-        ``batch`` keys ``batch_rng()``; a failed record is replaced (and what is raised) as by
-        :meth:`RecordMapper.map_replacing`.
+        ``batch`` keys ``batch_rng()``; failures are replaced by :meth:`RecordMapper.map_replacing`.
         """
         element, _ = self.mapper.map_replacing(
             self.dataset, idx, seed=seed, position=position, batch=batch
@@ -194,8 +193,7 @@ def records_and_mapper(
     """Take a dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
 
     A list becomes a :class:`DatasetFromList`. Given ``mapper``, ``dataset`` is the records;
-    otherwise a ``MapDataset`` (or its iterable twin) gives its records and mapper, and
-    anything else is records with no mapper.
+    else a ``MapDataset`` (or its iterable twin) gives its records and mapper, anything else none.
     """
     dataset = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
     if mapper is not None:

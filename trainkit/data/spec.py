@@ -92,8 +92,7 @@ class TrainDataSpec:
         accumulate_steps: micro-batches per rank and optimizer step.
         single_gpu_batch_size: records of one batch of this rank instead (a per-rank plan).
         aspect_ratio_bins: the bucket boundaries of aspect-ratio grouping (``None``: none).
-        aspect_ratios: each dataset index's ``width / height``, if given (otherwise each
-            record's is read when a plan first reaches it).
+        aspect_ratios: each dataset index's ``width / height`` if given (else read as needed).
         loader: how the ``DataLoader`` runs.
         dataset_sizes: each dataset the records join, by name, and how many records it adds,
             in order (printable record ids; ``None``: one dataset, ``"train"``).
@@ -239,9 +238,8 @@ class TrainDataSpec:
     def bucket_ids(self) -> BucketIds | None:
         """Each dataset index's aspect-ratio bucket (``None`` without grouping), found lazily.
 
-        From ``aspect_ratios`` at once, else each record's when a plan first reaches it (the
-        first record's now: a dataset without sizes or images fails here). Kept: every plan
-        of the spec shares what was read.
+        From ``aspect_ratios`` at once, else each when a plan first reaches it (the first record
+        now: a dataset without sizes or images fails here); the spec's plans share what was read.
         """
         if self.aspect_ratio_bins is None or self.is_stream:
             return None

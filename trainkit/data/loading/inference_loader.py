@@ -1,7 +1,6 @@
 """Test loaders: one pass over a test set in which every record counts once.
 
-``build_detection_test_loader`` (exported by :mod:`trainkit.data.build`, detectron2's path)
-builds an :class:`InferenceLoader`.
+``build_detection_test_loader`` (in detectron2's ``data.build``) builds an :class:`InferenceLoader`.
 """
 
 from __future__ import annotations

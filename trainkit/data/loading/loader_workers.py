@@ -22,10 +22,9 @@ __all__ = ["loader_kwargs", "start_iterator", "worker_context_kwargs", "worker_i
 def worker_context_kwargs() -> dict[str, Any]:
     """Return the DataLoader arguments that make loader workers fork where possible.
 
-    Ranks started by ``launch()`` inherit "spawn" as their default start method; spawned
-    workers would re-import torch (over a second each), need picklable mappers, and could not
-    share ``DatasetFromList``'s buffers copy-on-write. Loader workers never touch CUDA, so
-    forking them is safe.
+    Ranks started by ``launch()`` inherit the "spawn" start method; spawned workers would re-import
+    torch (over a second each), need picklable mappers, and could not share ``DatasetFromList``'s
+    buffers copy-on-write. Loader workers never touch CUDA: forking them is safe.
     """
     return {"multiprocessing_context": "fork"} if "fork" in mp.get_all_start_methods() else {}
 

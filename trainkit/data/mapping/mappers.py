@@ -50,17 +50,15 @@ class ClassificationDatasetMapper:
 
         Args:
             cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE(_PER_BATCH)`` and
-                ``INPUT.MAX_SIZE_TRAIN/TEST``; ``None`` uses the arguments (or no
-                augmentation and no cap).
+                ``INPUT.MAX_SIZE_TRAIN/TEST``; ``None``: the arguments (or no augmentation, no cap).
             is_train: augment (training) or only cap the size (testing).
             flip_prob: probability of a horizontal flip.
             scale_range: ``[min, max]`` of the uniform rescale factor.
             max_size_train, max_size_test: longest side of a training image (before the
                 random rescale) and of a test image, in pixels; 0 for no cap.
             scale_per_batch: one rescale factor per batch instead of per image.
-            dataset_names: datasets this mapper will see (e.g. ``cfg.DATASETS.TRAIN``): with
-                ``cfg``, a dataset whose ``MetadataCatalog`` ``thing_classes`` outnumber
-                ``MODEL.NUM_CLASSES`` fails here, not in the middle of training.
+            dataset_names: the datasets it will see (e.g. ``cfg.DATASETS.TRAIN``): with ``cfg``, one
+                with more ``thing_classes`` than ``MODEL.NUM_CLASSES`` fails here, not mid-training.
 
         Raises:
             ConfigError: A ``ValueError``: if a value is out of range, or a dataset has more

@@ -192,8 +192,7 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
         ConfigError: A ``ValueError``: if ``saved`` is another kind of position, belongs to
             another sampler, dataset, batch or set of buckets, or is in the middle of an
             optimizer step and the job's split into processes and micro-batches changed.
-        ValueError: For a per-rank position of another rank or world size (each rank must
-            load the state its own loader saved).
+        ValueError: For another rank's or world size's per-rank position (each rank loads its own).
     """
     state = upgrade(saved)
     kind = current["kind"]

@@ -123,9 +123,8 @@ class DatasetFromList(Dataset):
         Args:
             lst: the records (with the default serialisation, any iterable, consumed one by one).
             copy: without serialisation, return a deep copy of a record on each access.
-            serialize: ``True`` applies the default serialisation method, ``False`` keeps the
-                list as is, a callable is the method applied to ``lst`` (items are then as
-                its result gives them).
+            serialize: ``True``: the default serialisation method; ``False``: the list as is; a
+                callable: the method applied to ``lst`` (items as its result gives them).
 
         Raises:
             TypeError: If ``serialize`` is neither a bool nor callable.

@@ -132,9 +132,8 @@ class RankDataset(Dataset):
 
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
-            ConfigError: A ``ValueError``: if the file has fewer records than
-                ``world_size * mini_epochs`` (some share would be empty) or ``mini_epochs``
-                is not positive.
+            ConfigError: A ``ValueError``: if ``mini_epochs`` is not positive or the file has fewer
+                records than ``world_size * mini_epochs`` (a share would be empty).
             ValueError: If ``rank`` or ``world_size`` is out of range.
         """
         self.meta_file, self.seed, self.mini_epochs = str(meta_file), int(seed), int(mini_epochs)

@@ -111,8 +111,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
     Epoch ``e`` repeats index ``i`` ``floor(r_i)`` times plus once more with probability
     ``frac(r_i)`` (stochastic rounding keyed by ``(seed, e)``), then shuffles that list with
     a keyed bijection. Epochs have different lengths, so jumping to a position walks the
-    epoch lengths from the start (O(N) per epoch passed, done once per resume); memory is
-    O(N) like the factors themselves.
+    epoch lengths from the start (O(N) per epoch passed, once per resume); memory is O(N).
     """
 
     def __init__(
