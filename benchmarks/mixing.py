@@ -23,8 +23,7 @@ from trainkit.data import DatasetCatalog, TrainingSampler, build_train_loader
 from trainkit.data.mapping.mappers import ClassificationDatasetMapper
 from trainkit.data.plans.batch_plan import GlobalBatchPlan
 from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
-from trainkit.data.plans.mixed_plan import MixedBatchPlan
-from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
+from trainkit.data.plans.mixed_sampler import MixedBatchPlan, MixedTrainingSampler
 
 _TARGET = 1.1  # mixed / plain time per composed step
 _WEIGHTS = (10, 5, 1)

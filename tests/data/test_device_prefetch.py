@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trainkit.data import build_batch_data_loader
-from trainkit.data.loading.device_prefetch import DevicePrefetcher, copy_batch_to_device
 from trainkit.data.loading.loader import PackedBatch, pack_batch, unpack_batch
+from trainkit.data.loading.step_batches import DevicePrefetcher, copy_batch_to_device
 from trainkit.data.samplers import TrainingSampler
 
 _CPU = torch.device("cpu")

@@ -3,7 +3,7 @@
 import pytest
 from PIL import Image, ImageFile, ImageOps
 
-from trainkit.data.plans.image_headers import image_size_from_header
+from trainkit.data.plans.grouping import image_size_from_header
 
 
 def _jpeg(path, size, orientation=None):

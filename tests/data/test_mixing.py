@@ -12,8 +12,12 @@ from trainkit.config import ConfigError, get_cfg
 from trainkit.data import DatasetCatalog, ToIterableDataset, build_train_loader
 from trainkit.data.plans.grouping import aspect_ratio_bucket_ids
 from trainkit.data.plans.loader_state import mixed_set_metrics
-from trainkit.data.plans.mixed_plan import MixedBatchPlan
-from trainkit.data.plans.mixed_sampler import MixedTrainingSampler, mix_counts, mix_weights
+from trainkit.data.plans.mixed_sampler import (
+    MixedBatchPlan,
+    MixedTrainingSampler,
+    mix_counts,
+    mix_weights,
+)
 
 SIZES = [40, 25, 7]  # set 2 is small: it repeats many times
 WEIGHTS = [10, 5, 1]

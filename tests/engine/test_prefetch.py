@@ -11,8 +11,7 @@ import torch
 
 from tests.engine.test_default_trainer import RegressionTrainer, _assert_same, _cfg
 from trainkit.config import get_cfg
-from trainkit.data.loading.device_prefetch import DevicePrefetcher
-from trainkit.data.loading.step_batches import StepBatches
+from trainkit.data.loading.step_batches import DevicePrefetcher, StepBatches
 from trainkit.engine import hooks
 from trainkit.engine.step_config import prefetch_device
 from trainkit.utils.env import seed_all_rng

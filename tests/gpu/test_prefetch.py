@@ -13,8 +13,8 @@ import torch
 from tests.engine.test_default_trainer import RegressionModel, RegressionTrainer, _cfg
 from trainkit.config import get_cfg
 from trainkit.data import build_batch_data_loader
-from trainkit.data.loading.device_prefetch import DevicePrefetcher, copy_batch_to_device
 from trainkit.data.loading.loader import pack_batch, unpack_batch
+from trainkit.data.loading.step_batches import DevicePrefetcher, copy_batch_to_device
 from trainkit.data.samplers import TrainingSampler
 from trainkit.engine import hooks
 from trainkit.modeling import build_model

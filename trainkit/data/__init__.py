@@ -15,7 +15,7 @@ from trainkit.data.build import (
 from trainkit.data.catalog import DatasetCatalog, MetadataCatalog
 from trainkit.data.common import DatasetFromList, MapDataset, ToIterableDataset
 from trainkit.data.dataset_mapper import DatasetMapper
-from trainkit.data.loading.rank_loader import RankDataLoader
+from trainkit.data.loading.loader import RankDataLoader
 from trainkit.data.mapping.record_mapper import batch_rng, sample_rng, sample_seed
 from trainkit.data.records.metafile import MetaFileDataset
 from trainkit.data.records.rank_dataset import RankDataset, RankStream

@@ -2,11 +2,10 @@
 
 ``build_detection_train_loader`` and ``build_detection_test_loader`` (from
 :mod:`trainkit.data.loading.inference_loader`; detectron2 imports it from here) are
-:func:`~trainkit.config.configurable` with detectron2's signatures. Given a config, the train
-loader's arguments come from :func:`~trainkit.data.train_config.train_loader_arguments`
-(checked before any data is loaded); either form ends in :func:`build_batch_data_loader`,
-which loads the :class:`~trainkit.data.spec.TrainDataSpec` of its arguments.
-``build_train_loader`` / ``build_test_loader`` are the same functions.
+:func:`~trainkit.config.configurable` with detectron2's signatures; a config gives the train loader
+what :func:`~trainkit.data.train_config.train_loader_arguments` reads. A train loader loads the
+:class:`~trainkit.data.spec.TrainDataSpec` of its arguments, as :func:`build_batch_data_loader`
+does. ``build_train_loader`` / ``build_test_loader`` are the same functions.
 """
 
 from __future__ import annotations
@@ -70,15 +69,11 @@ def build_detection_train_loader(
     ``MapDataset`` with its own mapper. The result is :func:`build_batch_data_loader`'s.
 
     Args:
-        dataset, mapper, total_batch_size, num_workers, collate_fn: as in
-            :func:`build_batch_data_loader` (a mapper may return ``None`` or raise to skip a
-            record; in this explicit form ``mapper=None`` maps nothing, as in detectron2).
-        sampler: default :class:`TrainingSampler` (with ``kwargs["seed"]`` if given); must
-            be ``None`` for an ``IterableDataset``.
-        aspect_ratio_grouping: batch only samples of similar aspect ratio (from the records'
-            ``width`` and ``height``, else from their image headers, read lazily).
-        **kwargs: passed to :func:`build_batch_data_loader` (``seed``, ``prefetch_factor``,
-            ``drop_last``, ``aspect_ratio_bins``, ... and ``DataLoader`` arguments).
+        dataset, mapper, total_batch_size, aspect_ratio_grouping, num_workers, collate_fn: as
+            in :func:`build_batch_data_loader` (in this explicit form ``mapper=None`` maps
+            nothing, as in detectron2).
+        sampler: default :class:`TrainingSampler` (of ``kwargs["seed"]``); ``None`` for a stream.
+        **kwargs: :func:`build_batch_data_loader`'s (``seed``, ``drop_last``, ...).
 
     Raises:
         ConfigError: A ``ValueError``: for an out-of-range ``DATALOADER``/``SOLVER`` setting
@@ -121,20 +116,17 @@ def build_batch_data_loader(
 ) -> TrainLoader:
     """Build this rank's resumable loader of ``total_batch_size / (world size x k)`` samples.
 
-    ``total_batch_size`` is the batch of one optimizer step over all ranks and
     ``k = accumulate_steps`` micro-batches. The loader loads the
-    :meth:`TrainDataSpec.from_arguments <trainkit.data.spec.TrainDataSpec.from_arguments>` of
-    these arguments (``loader.spec``): a map-style dataset in the batches of a batch plan
-    (over a trainkit training sampler the same records per step for any world size, ``k``
-    and ``num_workers``); an ``IterableDataset`` is a stream dataset whose loader workers
-    form the batches (:mod:`trainkit.data.loading.stream_batches`; it resumes with the same
-    ``num_workers``).
+    :meth:`TrainDataSpec.from_arguments <trainkit.data.spec.TrainDataSpec.from_arguments>` of these
+    arguments (``loader.spec``): a map-style dataset in the batches of a batch plan (over a trainkit
+    training sampler the same records per step for any world size, ``k`` and ``num_workers``); an
+    ``IterableDataset`` is a stream dataset whose loader workers form the batches
+    (:mod:`trainkit.data.loading.stream_batches`; it resumes with the same ``num_workers``).
 
     Args:
         dataset: records (list), a map-style dataset (``MapDataset`` for mapped records, taken
             apart once into its records and its mapper), or an ``IterableDataset``.
-        sampler: this rank's indices (a training sampler or any other); ``None`` only for an
-            ``IterableDataset``.
+        sampler: this rank's indices (any sampler); ``None`` only for an ``IterableDataset``.
         total_batch_size: samples of one optimizer step summed over ranks.
         aspect_ratio_grouping: batch only samples of one bucket of ``width / height``, read
             from each record (its ``width``/``height``, else its image's header) when the
@@ -143,16 +135,14 @@ def build_batch_data_loader(
         collate_fn: list of samples -> batch (default: the list itself).
         drop_last: drop incomplete batches at the end of a finite sampler.
         single_gpu_batch_size: per-rank batch size instead of ``total_batch_size``.
-        seed: key of ``sample_rng()`` and of the workers' base seeds (default: the sampler's
-            seed, else 0).
-        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader; a
-            ``RecordMapper`` or any callable), ``accumulate_steps``
-            (``SOLVER.ACCUMULATE_STEPS``), ``aspect_ratio_bins`` (``(1.0,)``: detectron2's
-            tall/wide split), ``aspect_ratios`` (per dataset index, instead of reading the
-            records), ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the
-            ``DataLoader``'s; workers never persist for a stream) and ``dataset_sizes``
-            (printable record ids); further ``torch.utils.data.DataLoader`` arguments (e.g.
-            ``timeout``).
+        seed: key of ``sample_rng()`` and the workers' seeds (default: the sampler's, else 0).
+        **kwargs: trainkit's ``mapper`` (record -> sample, applied by the loader: a ``RecordMapper``
+            or any callable, which may return ``None`` or raise to skip a record),
+            ``accumulate_steps`` (``SOLVER.ACCUMULATE_STEPS``), ``aspect_ratio_bins`` (``(1.0,)``:
+            detectron2's tall/wide split), ``aspect_ratios`` (per dataset index, instead of reading
+            the records), ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (the
+            ``DataLoader``'s; workers never persist for a stream) and ``dataset_sizes`` (printable
+            record ids); further ``DataLoader`` arguments (e.g. ``timeout``).
 
     Raises:
         ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks and

@@ -147,16 +147,11 @@ def _named_datasets(
     min_keypoints: int = 0,
     sizes: dict[str, int] | None = None,
 ) -> Dataset | Iterator[Any]:
-    """The named dataset objects joined, or their filtered records, one at a time.
-
-    ``sizes`` (optional) receives how many records each name adds, as they are read.
-    """
+    """The named datasets joined, or their filtered records one by one (``sizes``: per name)."""
     # The first function tells the kind; what it returned is used, not fetched twice.
     first = _catalog_part(names, names[0])
     if not isinstance(first, Dataset):
         return _iter_dataset_dicts(names, first, filter_empty, min_keypoints, sizes)
-    if sizes is not None and not isinstance(first, IterableDataset):
-        sizes[names[0]] = len(first)  # type: ignore[arg-type]
     parts = [first] + [_catalog_part(names, name, dataset=True) for name in names[1:]]
     iterable = [isinstance(part, IterableDataset) for part in parts]
     if sizes is not None and not any(iterable):

@@ -88,8 +88,7 @@ class AspectRatioGroupedDataset(IterableDataset):
 
     def __init__(self, dataset: Iterable[dict[str, Any]], batch_size: int) -> None:
         """Batch ``dataset``'s dicts (with ``"width"`` and ``"height"``) by ``batch_size``."""
-        self.dataset = dataset
-        self.batch_size = batch_size
+        self.dataset, self.batch_size = dataset, batch_size
         self._buckets = Buckets(batch_size, {0: [], 1: []})
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
@@ -114,10 +113,8 @@ class _Mapped:
 
         Args:
             dataset: a map-style dataset (or list) of records, or an ``IterableDataset``.
-            map_func: record -> mapped sample, or ``None`` to skip the record (a
-                ``RecordMapper`` is used as it is).
-            max_consecutive_failures: failures in a row before giving up
-                (``DATALOADER.MAX_CONSECUTIVE_FAILURES``).
+            map_func: record -> sample, or ``None`` to skip it (a ``RecordMapper`` used as is).
+            max_consecutive_failures: ``DATALOADER.MAX_CONSECUTIVE_FAILURES``.
             name: dataset name used in messages (default: the dataset's class name).
 
         Raises:
@@ -146,10 +143,9 @@ class MapDataset(_Mapped, Dataset):
 
     A dataset view over a :class:`~trainkit.data.mapping.record_mapper.RecordMapper` (what
     fails, how it is logged and replaced). Given an ``IterableDataset`` the result is an
-    iterable dataset (of a private subclass of ``IterableDataset``, not of this class, as in
-    detectron2) that maps each element and skips those that fail. ``map_func`` on a map-style
-    dataset runs in a sample context, so a mapper may call ``trainkit.data.sample_rng()``: keyed
-    by the global stream position in the train loader, by ``i`` (seed 0) in a plain
+    iterable dataset (not of this class, as in detectron2) that maps each element and skips
+    those that fail. On a map-style dataset a mapper may call ``trainkit.data.sample_rng()``,
+    keyed by the global stream position in the train loader, by ``i`` (seed 0) in a plain
     ``dataset[i]``; an iterable has no global position, so its mapper cannot.
     """
 
@@ -170,8 +166,7 @@ class MapDataset(_Mapped, Dataset):
     def map_at(self, idx: int, *, seed: int, position: int, batch: int | None = None) -> Any:
         """Map record ``idx`` for the sample at global ``position`` of stream ``seed``.
 
-        ``batch`` keys ``trainkit.data.batch_rng()``. A failed record is replaced, as by
-        :meth:`RecordMapper.map_replacing` (which says what it raises).
+        ``batch`` keys ``batch_rng()``; failures are replaced by :meth:`RecordMapper.map_replacing`.
         """
         element, _ = self.mapper.map_replacing(
             self.dataset, idx, seed=seed, position=position, batch=batch
@@ -198,11 +193,9 @@ def records_and_mapper(
     """Take a dataset apart, once: ``(unmapped records, their RecordMapper or None)``.
 
     A list becomes a :class:`DatasetFromList`. Given ``mapper``, ``dataset`` is the records;
-    otherwise a ``MapDataset`` (or its iterable twin) gives its records and mapper, and
-    anything else is records with no mapper.
+    else a ``MapDataset`` (or its iterable twin) gives its records and mapper, anything else none.
     """
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
+    dataset = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
     if mapper is not None:
         return dataset, as_record_mapper(mapper)
     own = getattr(dataset, "mapper", None)

@@ -1,9 +1,8 @@
 """``DatasetMapper``: the loaders' default mapper (read the image, augment, make tensors).
 
-detectron2's default mapper with its ``@configurable`` signature, for everything but
-detection: a record's ``annotations`` pass through as they are (turning them into
-``Instances`` is detection-only), and the detection arguments are accepted but refuse to be
-switched on.
+detectron2's default mapper with its ``@configurable`` signature, for everything but detection: a
+record's ``annotations`` pass through as they are (turning them into ``Instances`` is
+detection-only), and the detection arguments are accepted but refuse to be switched on.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DatasetMapper"]
 
 
-def _refuse_detection_arguments(arguments: dict[str, Any]) -> None:
+def _refuse_detection_arguments(**arguments: Any) -> None:
     """Raise for the first of detectron2's instance arguments that is switched on."""
     for name, value in arguments.items():
         if value not in (None, False):
@@ -48,13 +47,11 @@ class DatasetMapper:
       filled in when missing); the augmented size is ``image.shape[1:]``;
     - ``sem_seg``: long tensor ``[H, W]`` read from ``sem_seg_file_name`` (which is
       removed), transformed with the image;
-    - everything else as it was. ``annotations`` pass through untouched in training (not
-      moved with the image: only detection would need that) and are removed in testing,
-      as detectron2 does.
+    - everything else as it was: ``annotations`` pass through untouched in training (only
+      detection would move them) and are removed in testing, as detectron2 does.
 
-    Random augmentations draw from the sample's generator in a loader
-    (:func:`~trainkit.data.mapping.record_mapper.augmentation_rng`), so batches are the same for any
-    ``NUM_WORKERS`` and after a resume.
+    Random augmentations draw from the sample's generator in a loader (``augmentation_rng``):
+    the same for any ``NUM_WORKERS`` and after a resume.
     """
 
     @configurable
@@ -86,18 +83,15 @@ class DatasetMapper:
             UsageError: If a detection argument is switched on.
         """
         _refuse_detection_arguments(
-            {
-                "use_instance_mask": use_instance_mask,
-                "use_keypoint": use_keypoint,
-                "keypoint_hflip_indices": keypoint_hflip_indices,
-                "precomputed_proposal_topk": precomputed_proposal_topk,
-                "recompute_boxes": recompute_boxes,
-            }
+            use_instance_mask=use_instance_mask,
+            use_keypoint=use_keypoint,
+            keypoint_hflip_indices=keypoint_hflip_indices,
+            precomputed_proposal_topk=precomputed_proposal_topk,
+            recompute_boxes=recompute_boxes,
         )
         self.is_train = is_train
         self.augmentations = T.AugmentationList(augmentations)
-        self.image_format = image_format
-        self.instance_mask_format = instance_mask_format
+        self.image_format, self.instance_mask_format = image_format, instance_mask_format
         mode = "training" if is_train else "inference"
         logger.info("[DatasetMapper] Augmentations used in %s: %s", mode, self.augmentations)
 
@@ -132,8 +126,7 @@ class DatasetMapper:
         """Map one record (see the class docstring).
 
         Raises:
-            UsageError: If the record has no ``file_name`` (records of another kind need
-                their own mapper).
+            UsageError: If the record has no ``file_name`` (other records need their own mapper).
             OSError: If an image cannot be read (a loader then tries another record).
             SizeMismatchError: If the image's size differs from the record's.
         """

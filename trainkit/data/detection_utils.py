@@ -1,10 +1,9 @@
 """Reading images for a mapper, checking their size, and the config's default augmentations.
 
 The general part of detectron2's ``detection_utils``: :func:`read_image` (formats, EXIF
-orientation), :func:`convert_PIL_to_numpy`, :func:`convert_image_to_rgb`,
-:func:`check_image_size`, :func:`build_augmentation` and
-:func:`check_metadata_consistency`. Its detection-only functions (instances, boxes,
-keypoints) are not part of trainkit.
+orientation), :func:`convert_PIL_to_numpy`, :func:`convert_image_to_rgb`, :func:`check_image_size`,
+:func:`build_augmentation` and :func:`check_metadata_consistency`. Its detection-only functions
+(instances, boxes, keypoints) are not part of trainkit.
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ def convert_PIL_to_numpy(image: Any, format: str | None) -> np.ndarray:  # noqa:
         # PIL has no BGR or YUV mode: read RGB and convert below. An image already in the
         # mode needs no convert(), which would only copy it.
         mode = "RGB" if format in ("BGR", "YUV-BT.601") else format
-        if image.mode != mode:
-            image = image.convert(mode)
+        image = image.convert(mode) if image.mode != mode else image
     if format == "BGR":
         # PIL packs the channels in BGR order itself: a C-contiguous array, where a reversed
         # view of RGB (``[:, :, ::-1]``) would cost a strided copy (~5x the read) in the first
@@ -92,8 +90,7 @@ def convert_image_to_rgb(image: Any, format: str) -> np.ndarray:  # noqa: A002
     """
     from PIL import Image
 
-    if not isinstance(image, np.ndarray):
-        image = image.cpu().numpy()
+    image = image if isinstance(image, np.ndarray) else image.cpu().numpy()
     if format == "BGR":
         image = image[:, :, [2, 1, 0]]
     elif format == "YUV-BT.601":
@@ -143,9 +140,7 @@ def read_image(file_name: str, format: str | None = None) -> np.ndarray:  # noqa
     # iopath adds nothing for a local file but costs ~20 us an image; URLs go through it.
     opener = PathManager.open if "://" in file_name else open
     with opener(file_name, "rb") as f:
-        image = Image.open(f)
-        image = _apply_exif_orientation(image)
-        return convert_PIL_to_numpy(image, format)
+        return convert_PIL_to_numpy(_apply_exif_orientation(Image.open(f)), format)
 
 
 def check_image_size(dataset_dict: dict[str, Any], image: np.ndarray) -> None:
@@ -173,19 +168,16 @@ def build_augmentation(cfg: CfgNode, is_train: bool) -> list[T.Augmentation]:
     Training: ``ResizeShortestEdge(INPUT.MIN_SIZE_TRAIN, INPUT.MAX_SIZE_TRAIN,
     INPUT.MIN_SIZE_TRAIN_SAMPLING)`` then ``RandomFlip`` as ``INPUT.RANDOM_FLIP`` says
     (``"horizontal"``, ``"vertical"`` or ``"none"``). Testing: ``ResizeShortestEdge(
-    INPUT.MIN_SIZE_TEST, INPUT.MAX_SIZE_TEST, "choice")`` (``MIN_SIZE_TEST 0``: no resize).
-    A ``MAX_SIZE_*`` of 0 is no cap.
+    INPUT.MIN_SIZE_TEST, INPUT.MAX_SIZE_TEST, "choice")`` (``MIN_SIZE_TEST 0``: no resize;
+    ``MAX_SIZE_* 0``: no cap).
 
     Raises:
         ConfigError: A ``ValueError`` naming the key out of range.
     """
     inp = cfg.INPUT
     if is_train:
-        min_size, max_size, style = (
-            inp.MIN_SIZE_TRAIN,
-            inp.MAX_SIZE_TRAIN,
-            inp.MIN_SIZE_TRAIN_SAMPLING,
-        )
+        min_size, max_size = inp.MIN_SIZE_TRAIN, inp.MAX_SIZE_TRAIN
+        style = inp.MIN_SIZE_TRAIN_SAMPLING
         if style not in ("range", "choice"):
             raise ConfigError(
                 f"INPUT.MIN_SIZE_TRAIN_SAMPLING must be 'range' or 'choice', got {style!r}"

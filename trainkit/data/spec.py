@@ -1,18 +1,12 @@
 """The training-data spec: the records, mapper, sampler and plan of a run, assembled once.
 
-A :class:`TrainDataSpec` is what a train loader loads (``TrainLoader(spec)``, which keeps it
-as ``loader.spec``) and all that the dry run, the failing-step capture and the replay need to
-know which records each step holds: they take the spec of the loader that ran, or build one
-the same way without a loader. It is built from a config (:meth:`TrainDataSpec.from_config`,
-through :func:`~trainkit.data.train_config.train_loader_arguments`: the checks, the seed
-rule, the catalog or the mix, the sampler) or from a train loader builder's explicit
-arguments (:meth:`TrainDataSpec.from_arguments`, which detectron2's
-``build_batch_data_loader`` forwards to).
-
-Building one reads no record: the sampler needs only the dataset's length, and a record's
-aspect-ratio bucket is found the first time a plan reaches it
-(:class:`~trainkit.data.plans.grouping.LazyBucketIds`). So listing ``K`` steps of a dataset of
-4e8 records reads the records those steps draw, and those waiting in buckets, only.
+A :class:`TrainDataSpec` is what a train loader loads (``TrainLoader(spec)``, kept as
+``loader.spec``) and what the dry run, the failing-step capture and the replay read each
+step's records from. It is built from a config (:meth:`TrainDataSpec.from_config`) or from a
+train loader builder's explicit arguments (:meth:`TrainDataSpec.from_arguments`). Building
+one reads no record (a record's aspect-ratio bucket is read when a plan first reaches it:
+:class:`~trainkit.data.plans.grouping.LazyBucketIds`), so listing ``K`` steps of 4e8 records
+reads only the records those steps draw and those waiting in buckets.
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ from trainkit.data.plans.batch_plan import (
 )
 from trainkit.data.plans.global_stream import GlobalStreamSampler
 from trainkit.data.plans.grouping import BucketOf, aspect_ratio_bucket_ids, record_bucket_ids
-from trainkit.data.plans.mixed_plan import MixedBatchPlan
-from trainkit.data.plans.mixed_sampler import MixedTrainingSampler
+from trainkit.data.plans.mixed_sampler import MixedBatchPlan, MixedTrainingSampler
 from trainkit.data.plans.step_records import RecordIds, RecordsNotPlannedError, StepRecords
 from trainkit.data.plans.step_records import steps_records as _steps_records
 from trainkit.data.samplers import TrainingSampler
@@ -71,53 +64,35 @@ class LoaderSettings:
 
     def torch_kwargs(self) -> dict[str, Any]:
         """Return the ``DataLoader`` arguments, ``dataloader_kwargs`` winning."""
-        return {
-            "num_workers": self.num_workers,
-            "prefetch_factor": self.prefetch_factor,
-            "persistent_workers": self.persistent_workers,
-            "pin_memory": self.pin_memory,
-            **self.dataloader_kwargs,
-        }
+        own = {key: getattr(self, key) for key in ("num_workers", *_LOADER_EXTRAS)}
+        return {**own, **self.dataloader_kwargs}
 
 
-# The trainkit arguments build_batch_data_loader takes in **kwargs, and their defaults; the
-# other keyword arguments are the DataLoader's.
-_EXTRAS = {
-    "mapper": None,
-    "accumulate_steps": 1,
-    "aspect_ratio_bins": (1.0,),
-    "aspect_ratios": None,
-    "prefetch_factor": 2,
-    "persistent_workers": False,
-    "pin_memory": False,
-    "dataset_sizes": None,
-}
+# The fields of TrainDataSpec and LoaderSettings build_batch_data_loader takes in **kwargs
+# (beside mapper, aspect_ratio_bins and aspect_ratios); the other ones are the DataLoader's.
+_SPEC_EXTRAS = ("accumulate_steps", "dataset_sizes")
+_LOADER_EXTRAS = ("prefetch_factor", "persistent_workers", "pin_memory")
 
 
 @dataclass(frozen=True, eq=False)
 class TrainDataSpec:
     """One rank's training data: what its loader reads, maps, and batches in which order.
 
-    Built once (:meth:`from_config`, :meth:`from_arguments`); it loads, maps and batches
-    nothing itself (``TrainLoader(spec)`` does) and reads no record to be built.
-    ``dataclasses.replace(spec, world_size=64, rank=0)`` is the same data for a job of 64
-    processes: over a trainkit sampler the global stream, and so each step's records, do
-    not depend on the world size; only how a step is dealt does.
+    It loads nothing itself (``TrainLoader(spec)`` does). ``dataclasses.replace(spec,
+    world_size=64, rank=0)`` is the same data for a job of 64 processes: over a trainkit
+    sampler each step's records do not depend on the world size, only how a step is dealt.
 
     Attributes:
-        records: the unmapped records, indexed by dataset index (map-style), or the stream
-            (an ``IterableDataset``).
+        records: the unmapped records by dataset index, or the stream (an ``IterableDataset``).
         mapper: record -> sample, applied by the loader (``None``: none).
         sampler: this rank's dataset indices (``None`` for a stream).
-        seed: the data seed: it keys a trainkit sampler's global stream, ``sample_rng()``
-            and the loader workers' base seeds.
+        seed: the data seed, key of the global stream, ``sample_rng()`` and the workers' seeds.
         world_size, rank: the processes each optimizer step's batch is dealt to, and this one.
         total_batch_size: records of one optimizer step over all ranks.
         accumulate_steps: micro-batches per rank and optimizer step.
         single_gpu_batch_size: records of one batch of this rank instead (a per-rank plan).
         aspect_ratio_bins: the bucket boundaries of aspect-ratio grouping (``None``: none).
-        aspect_ratios: each dataset index's ``width / height``, if given (otherwise each
-            record's is read when a plan first reaches it).
+        aspect_ratios: each dataset index's ``width / height`` if given (else read as needed).
         loader: how the ``DataLoader`` runs.
         dataset_sizes: each dataset the records join, by name, and how many records it adds,
             in order (printable record ids; ``None``: one dataset, ``"train"``).
@@ -154,15 +129,13 @@ class TrainDataSpec:
     ) -> TrainDataSpec:
         """Return the spec of ``build_batch_data_loader``'s arguments (the same signature).
 
-        A ``MapDataset`` is taken apart once into its records and its mapper. Without a
-        sampler a map-style dataset gets ``TrainingSampler(len(records), seed=seed)``, as in
-        detectron2's ``build_detection_train_loader``.
+        A ``MapDataset`` is taken apart once into its records and mapper; without a sampler a
+        map-style dataset gets ``TrainingSampler(len(records), seed=seed)`` (detectron2's).
 
         Args:
-            dataset: as for :func:`~trainkit.data.build.build_batch_data_loader`, and so
-                are ``sampler``, ``total_batch_size``, ``aspect_ratio_grouping``,
-                ``num_workers``, ``collate_fn``, ``drop_last``, ``single_gpu_batch_size``
-                and ``seed``.
+            dataset: as for :func:`~trainkit.data.build.build_batch_data_loader`, and so are
+                ``sampler``, ``total_batch_size``, ``aspect_ratio_grouping``, ``num_workers``,
+                ``collate_fn``, ``drop_last``, ``single_gpu_batch_size`` and ``seed``.
             **kwargs: trainkit's ``mapper``, ``accumulate_steps``, ``aspect_ratio_bins``,
                 ``aspect_ratios``, ``prefetch_factor``, ``persistent_workers``,
                 ``pin_memory`` and ``dataset_sizes`` (the attributes of the same names); the
@@ -172,11 +145,14 @@ class TrainDataSpec:
             ValueError: If a stream dataset is given a sampler.
 
         Collective:
-            ``TrainingSampler``'s shared random seed, for a map-style dataset without a
-            sampler and without ``seed``.
+            ``TrainingSampler``'s shared seed, for a map-style dataset without sampler or seed.
         """
-        extras = {key: kwargs.pop(key, default) for key, default in _EXTRAS.items()}
-        records, mapper = records_and_mapper(dataset, extras["mapper"])
+        mapper, bins = kwargs.pop("mapper", None), kwargs.pop("aspect_ratio_bins", (1.0,))
+        ratios = kwargs.pop("aspect_ratios", None)
+        own = {key: kwargs.pop(key) for key in _SPEC_EXTRAS if key in kwargs}
+        settings = {key: kwargs.pop(key) for key in _LOADER_EXTRAS if key in kwargs}
+        settings.update(collate_fn=collate_fn, drop_last=drop_last, dataloader_kwargs=kwargs)
+        records, mapper = records_and_mapper(dataset, mapper)
         if isinstance(records, IterableDataset) and sampler is not None:
             raise ValueError("an IterableDataset yields its own order: pass sampler=None")
         if sampler is None and not isinstance(records, IterableDataset):
@@ -184,7 +160,6 @@ class TrainDataSpec:
         trainkit_sampler = isinstance(sampler, (GlobalStreamSampler, MixedTrainingSampler))
         if seed is None:
             seed = sampler.seed if trainkit_sampler else 0
-        ratios = extras["aspect_ratios"]
         return cls(
             records,
             mapper,
@@ -194,20 +169,11 @@ class TrainDataSpec:
             world_size=sampler.world_size if trainkit_sampler else comm.get_world_size(),
             rank=sampler.rank if trainkit_sampler else comm.get_rank(),
             total_batch_size=total_batch_size,
-            accumulate_steps=extras["accumulate_steps"],
             single_gpu_batch_size=single_gpu_batch_size,
-            aspect_ratio_bins=tuple(extras["aspect_ratio_bins"]) if aspect_ratio_grouping else None,
+            aspect_ratio_bins=tuple(bins) if aspect_ratio_grouping else None,
             aspect_ratios=None if ratios is None else np.asarray(ratios, dtype=np.float64),
-            loader=LoaderSettings(
-                num_workers,
-                extras["prefetch_factor"],
-                extras["persistent_workers"],
-                extras["pin_memory"],
-                collate_fn,
-                drop_last,
-                kwargs,
-            ),
-            dataset_sizes=extras["dataset_sizes"],
+            loader=LoaderSettings(num_workers, **settings),
+            **own,
         )
 
     @classmethod
@@ -225,8 +191,7 @@ class TrainDataSpec:
         """Return the spec ``build_detection_train_loader(cfg, mapper, ...)`` loads.
 
         The config is read by :func:`~trainkit.data.train_config.train_loader_arguments`
-        (every setting checked before any data is loaded); the data seed is ``seed``, else
-        ``SEED``, else (``SEED < 0``) a random seed shared by all ranks
+        (checked before any data is loaded); the data seed is ``seed``, else the config's
         (:func:`~trainkit.data.train_config.resolve_data_seed`).
 
         Args:
@@ -240,22 +205,17 @@ class TrainDataSpec:
             UnknownNameError: A ``KeyError``: for an unregistered dataset name.
 
         Collective:
-            ``comm.shared_random_seed()`` on every rank when ``seed`` is None and
-            ``cfg.SEED < 0``.
+            ``comm.shared_random_seed()`` on every rank when ``seed`` is None and ``cfg.SEED < 0``.
         """
         arguments = train_loader_arguments(
             cfg, mapper, dataset=dataset, sampler=sampler, world_size=world_size, rank=rank,
             seed=seed,
         )  # fmt: skip
         spec = cls.from_arguments(**arguments)
-        if world_size is None and rank is None:
-            return spec
         # A stream has no sampler to carry them.
-        return dataclasses.replace(
-            spec,
-            world_size=spec.world_size if world_size is None else world_size,
-            rank=spec.rank if rank is None else rank,
-        )
+        world_size = spec.world_size if world_size is None else world_size
+        rank = spec.rank if rank is None else rank
+        return dataclasses.replace(spec, world_size=world_size, rank=rank)
 
     @property
     def is_stream(self) -> bool:
@@ -267,8 +227,7 @@ class TrainDataSpec:
         """Records of one batch of this rank's loader.
 
         Raises:
-            ConfigError: A ``ValueError``: if the batch does not split evenly over the ranks
-                and micro-batches.
+            ConfigError: A ``ValueError``: unless the batch splits over ranks and micro-batches.
         """
         return micro_batch_size(
             self.total_batch_size, self.single_gpu_batch_size, self.accumulate_steps,
@@ -279,9 +238,8 @@ class TrainDataSpec:
     def bucket_ids(self) -> BucketIds | None:
         """Each dataset index's aspect-ratio bucket (``None`` without grouping), found lazily.
 
-        Of given ``aspect_ratios`` all at once; otherwise each record's the first time a plan
-        reaches it (only the first record is read now: a dataset without sizes or images
-        fails here). Kept by the spec, so every plan it makes shares what was read.
+        From ``aspect_ratios`` at once, else each when a plan first reaches it (the first record
+        now: a dataset without sizes or images fails here); the spec's plans share what was read.
         """
         if self.aspect_ratio_bins is None or self.is_stream:
             return None
@@ -297,10 +255,8 @@ class TrainDataSpec:
     def plan(self) -> BatchPlan | None:
         """Return a new batch plan of this rank's loader, at its start (``None`` for a stream).
 
-        Over a trainkit training sampler, the global stream's plan dealing each step to
-        ``world_size x accumulate_steps`` slots (a ``MixedBatchPlan`` for a mix of sets),
-        unless batches have a per-rank size; over any other sampler, this rank's own
-        (``RankBatchPlan``).
+        Over a trainkit training sampler the global stream's (a ``MixedBatchPlan`` for a mix
+        of sets), unless batches have a per-rank size; else this rank's (``RankBatchPlan``).
 
         Raises:
             ConfigError: A ``ValueError``: if the batch does not split evenly, or a mix of
@@ -329,17 +285,12 @@ class TrainDataSpec:
         )
 
     def steps_records(
-        self,
-        num_steps: int,
-        *,
-        state: dict[str, Any] | None = None,
-        first_step: int | None = None,
+        self, num_steps: int, *, state: dict[str, Any] | None = None, first_step: int | None = None
     ) -> list[StepRecords]:
         """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 
-        As :func:`~trainkit.data.plans.step_records.steps_records` with this spec's plan (dealt to
-        ``world_size x accumulate_steps``): from loader position ``state`` (default: the
-        start), from step ``first_step`` on.
+        As :func:`~trainkit.data.plans.step_records.steps_records` with this spec's plan: from
+        loader position ``state`` (default: the start), from step ``first_step`` on.
 
         Raises:
             RecordsNotPlannedError: A ``ConfigError``: for a stream or a per-rank plan,

@@ -1,20 +1,15 @@
 """What a train loader reads from a config: its checks, the seed rule, the sampler, the sets.
 
 :func:`train_loader_arguments` is the one reading of a config into a train loader's
-arguments: ``build_detection_train_loader(cfg)`` (its ``from_config``) and
-:meth:`TrainDataSpec.from_config <trainkit.data.spec.TrainDataSpec.from_config>` both take
-them, so a run, its dry run and its replay get the same records, mapper and sampler. Every
-setting is checked before any data is loaded (:func:`check_train_loader_config`), and the
-data seed follows one rule (:func:`resolve_data_seed`).
+arguments, which ``build_detection_train_loader(cfg)`` and
+:meth:`TrainDataSpec.from_config <trainkit.data.spec.TrainDataSpec.from_config>` both take,
+so a run, its dry run and its replay get the same records, mapper and sampler. Every setting
+is checked before any data is loaded (:func:`check_train_loader_config`); the data seed
+follows one rule (:func:`resolve_data_seed`).
 
-``DATASETS.TRAIN_WEIGHTS`` mixes the ``DATASETS.TRAIN`` sets (each step's exact share of
-every set: :mod:`trainkit.data.plans.mixed_sampler`, :mod:`trainkit.data.plans.mixed_plan`):
-each set is loaded on its own, so its size is known (:func:`mixed_sets`). Supported: map-style sets
-(record lists, ``MetaFileDataset``, any sized ``Dataset``) with
-``DATALOADER.SAMPLER_TRAIN "TrainingSampler"``. A stream dataset (an ``IterableDataset``, a
-``RankDataset``) yields its own order, so no step can be given its share of it; the
-repeat-factor and random-subset samplers reweight records inside one stream. Either is a
-``ConfigError`` with weights, not a silently different mix.
+``DATASETS.TRAIN_WEIGHTS`` mixes map-style ``DATASETS.TRAIN`` sets with
+``DATALOADER.SAMPLER_TRAIN "TrainingSampler"`` (:func:`mixed_sets`); a stream, or another
+sampler, is a ``ConfigError`` with weights rather than a silently different mix.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ TRAIN_SAMPLERS = ("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubse
 def resolve_data_seed(seed: int) -> int:
     """Return the data seed of a run whose config says ``SEED = seed``: the one seed rule.
 
-    A seed >= 0 is the data seed. A negative one asks for a random seed: rank 0 draws it and
-    every rank gets the same (the global stream, ``sample_rng()`` and the workers' seeds are
-    keyed by it).
+    A seed >= 0 is the data seed. A negative one asks for a random seed: rank 0 draws it and every
+    rank gets the same (the global stream, ``sample_rng()`` and the workers' seeds are keyed by it).
 
     Collective:
         ``comm.shared_random_seed()`` on every rank when ``seed < 0``.
@@ -76,8 +70,7 @@ def resolve_data_seed(seed: int) -> int:
 def resolve_random_seed(cfg: CfgNode) -> CfgNode:
     """Return ``cfg`` with ``SEED < 0`` replaced by a seed drawn once and shared by all ranks.
 
-    The seed rule (:func:`resolve_data_seed`) applied once for the run, so that its loader,
-    its checkpoints and a rebuilt loader share the seed.
+    The seed rule applied once (:func:`resolve_data_seed`): loaders and checkpoints share it.
 
     Collective:
         ``shared_random_seed`` on every rank when ``cfg.SEED < 0``.
@@ -93,8 +86,7 @@ def with_seed(cfg: CfgNode, seed: int, why: str) -> CfgNode:
     """Return a frozen copy of ``cfg`` with ``SEED`` set to ``seed``.
 
     Args:
-        why: recorded as the key's origin (``run time: why``), shown by ``--print-config``
-            and in ``config_origins.yaml``.
+        why: the key's origin (``run time: why``: ``--print-config``, ``config_origins.yaml``).
     """
     out = cfg.clone()
     out.defrost()
@@ -176,12 +168,9 @@ def build_train_sampler(
     logger.info("Using training sampler %s with seed %d", name, seed)
     size, shard = len(records), {"rank": rank, "world_size": world_size}
     if name == "RandomSubsetTrainingSampler":
+        ratio = cfg.DATALOADER.RANDOM_SUBSET_RATIO
         return RandomSubsetTrainingSampler(
-            size,
-            cfg.DATALOADER.RANDOM_SUBSET_RATIO,
-            seed_shuffle=seed,
-            seed_subset=seed,
-            **shard,
+            size, ratio, seed_shuffle=seed, seed_subset=seed, **shard
         )
     if name == "RepeatFactorTrainingSampler":
         factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
@@ -238,20 +227,13 @@ def mixed_sets(
                 "streams, or register the set as records."
             )
         parts.append(part)
+    sizes, batch = [len(part) for part in parts], cfg.SOLVER.IMS_PER_BATCH
     sampler = MixedTrainingSampler(
-        [len(part) for part in parts],
-        cfg.DATASETS.TRAIN_WEIGHTS,
-        seed,
-        names=names,
-        rank=rank,
-        world_size=world_size,
+        sizes, cfg.DATASETS.TRAIN_WEIGHTS, seed, names=names, rank=rank, world_size=world_size
     )
     logger.info(
         "Mixing %s by weights %s (per step of %d records: %s, ...)",
-        names,
-        sampler.weights,
-        cfg.SOLVER.IMS_PER_BATCH,
-        sampler.counts(cfg.SOLVER.IMS_PER_BATCH, 0, [0] * len(parts)),
+        *(names, sampler.weights, batch, sampler.counts(batch, 0, [0] * len(parts))),
     )
     return ConcatDataset(parts), sampler
 
@@ -268,10 +250,8 @@ def train_loader_arguments(
 ) -> dict[str, Any]:
     """Return the train loader's arguments a config gives, checked before any data is loaded.
 
-    The datasets are ``DATASETS.TRAIN``'s from the catalog (a machine keeps one shared copy of
-    the records), mixed by ``DATASETS.TRAIN_WEIGHTS`` if set, unless ``dataset`` is given; a
-    ``RankDataset`` is read as its stream of shares. ``mapper=None`` maps with
-    ``DatasetMapper(cfg, True)`` unless the dataset is a ``MapDataset`` with its own.
+    What ``build_detection_train_loader``'s config form reads (its docstring says how), the
+    ``DATASETS.TRAIN`` sets mixed by ``DATASETS.TRAIN_WEIGHTS`` if set.
 
     Args:
         cfg: the config.
@@ -281,8 +261,7 @@ def train_loader_arguments(
 
     Returns:
         The keyword arguments of ``build_detection_train_loader``'s explicit form (and of
-        :meth:`~trainkit.data.spec.TrainDataSpec.from_arguments`), ``dataset_sizes`` among
-        them.
+        :meth:`~trainkit.data.spec.TrainDataSpec.from_arguments`), ``dataset_sizes`` among them.
 
     Raises:
         ConfigError: A ``ValueError``: as :func:`check_train_loader_config`, as the catalog,
@@ -310,8 +289,7 @@ def train_loader_arguments(
     as_stream = getattr(dataset, "as_stream", None)
     if callable(as_stream):  # a RankDataset: this rank's shares, epoch after epoch
         dataset = as_stream()
-    if isinstance(dataset, list):
-        dataset = DatasetFromList(dataset, copy=False)
+    dataset = DatasetFromList(dataset, copy=False) if isinstance(dataset, list) else dataset
     records, own_mapper = records_and_mapper(dataset)
     if mapper is None and own_mapper is None:
         mapper = DatasetMapper(cfg, True)  # detectron2's default: read and augment images

@@ -7,11 +7,10 @@ Layout under the datasets root (:func:`get_datasets_root`)::
       val/manifest.json    val/000000.png ...
       .train.lock .val.lock
 
-A split directory is complete exactly when it holds ``manifest.json``: generation writes
-into a temporary sibling directory, writes the manifest (with every record) last, and only
-then renames the directory into place, so an interrupted run never leaves a split that
-looks complete. A file lock serialises generation between processes (e.g. the ranks of a
-job): one generates, the others wait and then read its manifest.
+A split directory is complete exactly when it holds ``manifest.json``: generation writes a temporary
+sibling directory, the manifest (with every record) last, then renames it into place, so an
+interrupted run never leaves a split that looks complete. A file lock serialises generation between
+processes (the ranks of a job): one generates, the others wait and then read its manifest.
 """
 
 from __future__ import annotations
@@ -61,10 +60,9 @@ _CHUNK_SIZE = 100
 def get_datasets_root() -> str:
     """Return the directory holding built-in datasets.
 
-    ``$TRAINKIT_DATASETS`` if set; otherwise ``datasets/`` of the source checkout when
-    trainkit is installed editable (or run from the checkout); otherwise
-    ``~/.trainkit/datasets``. It is resolved on every call, so setting the variable after
-    import takes effect.
+    ``$TRAINKIT_DATASETS`` if set; otherwise ``datasets/`` of the source checkout when trainkit is
+    installed editable (or run from the checkout); otherwise ``~/.trainkit/datasets``. It is
+    resolved on every call, so setting the variable after import takes effect.
     """
     from_env = os.environ.get(DATASETS_ENV_VAR)
     if from_env:
@@ -183,10 +181,9 @@ def _generate_split(
         raise
     if stale is not None:
         shutil.rmtree(stale, ignore_errors=True)
-    seconds = time.monotonic() - started
     logger.info(
         "Generated %d shapes/%s images in %s (%.1f s).",
-        *(len(records), header["split"], split_dir, seconds),
+        *(len(records), header["split"], split_dir, time.monotonic() - started),
     )
     return records
 

@@ -1,7 +1,6 @@
 """Test loaders: one pass over a test set in which every record counts once.
 
-``build_detection_test_loader`` (exported by :mod:`trainkit.data.build`, detectron2's path)
-builds an :class:`InferenceLoader`.
+``build_detection_test_loader`` (in detectron2's ``data.build``) builds an :class:`InferenceLoader`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ class _SkippingRecords(Dataset):
         return len(self.records)
 
     def __getitems__(self, indices: list[int]) -> tuple[list[Any], int, int]:
-        elements, skipped = [], 0
+        elements = []
         for index in indices:
             record = self.records[index]
             if self.mapper is None:
@@ -46,11 +45,9 @@ class _SkippingRecords(Dataset):
             # written for training may call sample_rng().
             with sample_context(0, int(index)):
                 element = self.mapper.map_or_skip(record, f"record {index}")
-            if element is None:
-                skipped += 1
-            else:
+            if element is not None:
                 elements.append(element)
-        return elements, skipped, len(elements)
+        return elements, len(indices) - len(elements), len(elements)
 
 
 class InferenceLoader(DataLoader):
@@ -62,8 +59,7 @@ class InferenceLoader(DataLoader):
     ``inference_on_dataset`` reports). A batch whose records all fail is left out.
 
     Attributes:
-        num_skipped_records: records that failed to map in the current pass (reset by each
-            new iteration).
+        num_skipped_records: records that failed to map in the current pass (each iteration's).
     """
 
     def __init__(
@@ -149,12 +145,9 @@ def build_detection_test_loader(
 
     Args:
         dataset: records (list), a map-style dataset, or an ``IterableDataset``.
-        mapper: record -> sample, or ``None`` to use records as they are (explicit form;
-            the config form's ``None`` is ``DatasetMapper(cfg, False)``).
-        sampler: yields this rank's indices; default :class:`InferenceSampler`. Must be
-            ``None`` for an ``IterableDataset``.
-        batch_size: samples per batch on this rank.
-        num_workers: loader worker processes.
+        mapper: record -> sample, or ``None`` to use records as they are (explicit form).
+        sampler: this rank's indices (default :class:`InferenceSampler`); ``None`` for a stream.
+        batch_size, num_workers: samples per batch on this rank, and its loader workers.
         collate_fn: list of samples -> batch (default: the list itself).
 
     Returns:
@@ -176,8 +169,7 @@ def build_detection_test_loader(
             dataset = MapDataset(dataset, as_record_mapper(mapper))
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **workers)
     records, record_mapper = records_and_mapper(dataset, mapper)
-    if sampler is None:
-        sampler = InferenceSampler(len(records))
+    sampler = InferenceSampler(len(records)) if sampler is None else sampler
     return InferenceLoader(
         records, record_mapper, sampler=sampler, batch_size=batch_size, collate_fn=collate,
         **workers,

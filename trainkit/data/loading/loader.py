@@ -1,27 +1,21 @@
 """``TrainLoader``: the resumable train loader, and how a batch travels back from a worker.
 
 A record's way through a map-style train loader, forward only: a **batch plan**
-(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)``
-pairs make each batch and the position after it; the torch ``DataLoader`` hands each batch
-to a loader worker (:class:`_PlannedBatches` is its batch sampler), which reads and maps
-each record in its sample context
-(:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates the batch and packs it
-(:class:`PackedCollate`); the loader unpacks the batches, returns them in plan order and
-keeps the position after each. So the batches are the same for any number of loader workers
-and, over a trainkit sampler, for any world size. A stream dataset (``IterableDataset``)
-goes through :mod:`trainkit.data.loading.stream_batches` instead. Either position is a
-:mod:`trainkit.data.plans.loader_state` state.
+(:mod:`trainkit.data.plans.batch_plan`) decides in this process which ``(index, position)`` pairs
+make each batch and the position after it; the torch ``DataLoader`` hands each batch to a loader
+worker (:class:`_PlannedBatches` is its batch sampler), which maps each record in its sample context
+(:class:`~trainkit.data.mapping.record_mapper.RecordMapper`), collates and packs the batch
+(:class:`PackedCollate`); the loader unpacks the batches, returns them in plan order and keeps the
+position after each (a :mod:`trainkit.data.plans.loader_state` state). So the batches are the same
+for any number of loader workers and, over a trainkit sampler, any world size. A stream dataset
+(:class:`RankDataLoader`'s too) goes through :mod:`trainkit.data.loading.stream_batches` instead.
 
 Packing: torch sends each tensor of a worker's batch through a shared-memory segment of its
-own (with Linux's default ``file_descriptor`` strategy a new segment, a descriptor passed
-over a socket and an ``mmap``: ~270 µs of CPU per tensor on this project's machine, more
-than reading and resizing a small image), and a detectron2-style batch holds a tensor per
-record. So a worker copies the batch's tensors into one buffer per dtype
-(:func:`pack_batch`: one ``torch.cat``, a few µs) and the training process rebuilds each as
-a view of it, same values, shapes, dtypes and structure. Only plain contiguous CPU tensors
-without gradients that own their whole storage, in lists, tuples and dicts, are packed;
-anything else travels the usual way. The packing lives here, with the loader, because both
-run on every step: a batch's way is one module in the training process and one in a worker.
+own (~270 µs of CPU per tensor here, more than reading and resizing a small image), and a
+detectron2-style batch holds a tensor per record. So a worker copies the batch's plain CPU
+tensors into one buffer per dtype (:func:`pack_batch`, a few µs) and the training process
+rebuilds each as a view of it. It lives here, with the loader, so that a batch's way is one
+module in the training process and one in a worker.
 """
 
 from __future__ import annotations
@@ -29,25 +23,26 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainkit.config import ConfigError
 from trainkit.data.loading.loader_workers import loader_kwargs as worker_kwargs
 from trainkit.data.loading.loader_workers import start_iterator
 from trainkit.data.loading.stream_batches import StreamBatches, batches_in_turn
 from trainkit.data.mapping.record_mapper import RecordMapper, sample_context
 from trainkit.data.plans.batch_plan import BatchPlan
 from trainkit.data.plans.loader_state import copy_state, load_state
+from trainkit.data.records.rank_dataset import RankDataset, RankStream
+from trainkit.data.spec import TrainDataSpec
 from trainkit.utils.errors import UsageError, user_message
-
-if TYPE_CHECKING:
-    from trainkit.data.spec import TrainDataSpec
 
 __all__ = [
     "PackedBatch",
     "PackedCollate",
+    "RankDataLoader",
     "TrainLoader",
     "map_leaves",
     "pack_batch",
@@ -120,27 +115,23 @@ class _MappedRecords(Dataset):
 class TrainLoader:
     """An infinite (or sampler-bounded) iterable of batches with an exact, resumable position.
 
-    Loads a :class:`~trainkit.data.spec.TrainDataSpec` (the path is in the module
-    docstring); :func:`~trainkit.data.build.build_batch_data_loader` builds one.
-    :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of
-    the same spec that loads it continues with the next batch, and so does a new ``iter()``
-    (unlike a torch ``DataLoader``). Over a finite sampler, an iteration that would yield
-    nothing from there starts the next pass, and ``len()`` is the number of batches of one
-    pass. Use one iterator at a time.
+    Loads a :class:`~trainkit.data.spec.TrainDataSpec` (as the module docstring says).
+    :meth:`state_dict` describes the batches *returned*, not those prefetched: a loader of the same
+    spec that loads it continues with the next batch, and so does a new ``iter()`` (unlike a torch
+    ``DataLoader``). Over a finite sampler, an iteration that would yield nothing from there starts
+    the next pass, and ``len()`` is the batches of one pass. Use one iterator at a time.
 
     Attributes:
         spec: the training data it loads (which records each step holds: ``spec.plan()``).
         records: the unmapped records (or the stream) it reads: ``spec.records``.
         seed: the key of ``sample_rng()`` and of the workers' base seeds: ``spec.seed``; a
             resume continues the same stream only with the same seed.
-        num_skipped_records: records that failed to map (and were replaced or skipped) in
-            the batches returned so far.
+        num_skipped_records: records that failed to map (replaced or skipped) in batches returned.
     """
 
     def __init__(self, spec: TrainDataSpec) -> None:
         """Load ``spec``'s records in the batches its plan (for a stream: its workers) form."""
-        self.spec = spec
-        self.records, self.seed = spec.records, spec.seed
+        self.spec, self.records, self.seed = spec, spec.records, spec.seed
         self.num_skipped_records = 0
         self._last_items: list[list[int]] = []
         kwargs = worker_kwargs(spec.loader.torch_kwargs(), spec.seed)
@@ -162,9 +153,8 @@ class TrainLoader:
             self._stream, self._batches = source, None
             self._state = source.initial_state(max(1, int(kwargs.get("num_workers", 0))))
             # Workers that outlive an iterator would keep the position they started from.
-            self._loader = DataLoader(
-                source, batch_size=None, **{**kwargs, "persistent_workers": False}
-            )
+            kwargs["persistent_workers"] = False
+            self._loader = DataLoader(source, batch_size=None, **kwargs)
         else:
             self._stream, self._batches = None, _PlannedBatches(plan)
             self._state = plan.state_dict()
@@ -212,10 +202,7 @@ class TrainLoader:
 
     @property
     def last_batch_indices(self) -> list[int]:
-        """Dataset indices the batch plan chose for the batch just returned (map-style).
-
-        Replacements of records that failed to map are not shown.
-        """
+        """Dataset indices the plan chose for the batch just returned (not replacements)."""
         return [index for index, _ in self._last_items]
 
     @property
@@ -224,23 +211,65 @@ class TrainLoader:
         return [position for _, position in self._last_items]
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last returned batch (a ``loader_state`` position).
-
-        Plain data: it loads with ``torch.load(weights_only=True)``.
-        """
+        """Return the position after the last returned batch (plain ``loader_state`` data)."""
         return copy_state(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
 
-        ``state`` may have been saved by any version of trainkit; a position in the global
-        stream may have been saved by any rank of any world size (at a step boundary).
+        ``state`` may come from any trainkit version; a global stream position from any rank
+        of any world size (at a step boundary).
 
         Raises:
             ConfigError: If the state was saved by a differently configured loader.
             ValueError: For another rank's per-rank position.
         """
         self._state = load_state(state, self._state)
+
+
+class RankDataLoader(TrainLoader):
+    """The infinite, resumable train loader over a :class:`RankDataset`'s :class:`RankStream`.
+
+    Loading its state, a loader over the same file with the same ``num_workers`` continues
+    with the next batch; a state of another seed, rank, world size or ``mini_epochs`` is
+    refused. ``build_train_loader(cfg)`` builds it for a catalog entry giving a ``RankDataset``.
+    """
+
+    def __init__(
+        self,
+        dataset: RankDataset,
+        batch_size: int,
+        *,
+        mapper: Callable[[Any], Any] | None = None,
+        start_epoch: int = 0,
+        **loader_kwargs: Any,
+    ) -> None:
+        """Load batches of ``batch_size`` samples of ``dataset`` from ``start_epoch`` on.
+
+        Args:
+            dataset, batch_size: this rank's :class:`RankDataset` and its samples per batch.
+            mapper: record -> sample (may use ``trainkit.data.sample_rng()``).
+            start_epoch: the first (mini-)epoch.
+            loader_kwargs: as for :func:`~trainkit.data.build.build_batch_data_loader`.
+
+        Raises:
+            ConfigError: A ``ValueError``: if ``batch_size`` is not positive.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch size per rank must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        mapper = None if mapper is None else RecordMapper(mapper, name=dataset.meta_file)
+        super().__init__(
+            TrainDataSpec.from_arguments(
+                RankStream(dataset, start_epoch),
+                None,
+                None,
+                mapper=mapper,
+                single_gpu_batch_size=batch_size,
+                seed=dataset.seed,
+                **loader_kwargs,
+            )
+        )
 
 
 # ---- a batch's trip from a worker ----------------------------------------------------------
@@ -302,8 +331,9 @@ def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
 def pack_batch(batch: Any) -> Any:
     """Return the collated ``batch`` as a :class:`PackedBatch` (one buffer per dtype).
 
-    ``batch`` itself is returned when fewer than two tensors could be packed (nothing to
-    gain), or when two of them share memory (packing would separate them).
+    Packed are contiguous CPU tensors without gradients that own their storage, in lists,
+    tuples and dicts; ``batch`` itself is returned when fewer than two tensors could be packed
+    (nothing to gain), or when two of them share memory (packing would separate them).
     """
     leaves: list[torch.Tensor] = []
     map_leaves(lambda leaf: leaves.append(leaf) if _packable(leaf) else None, batch)
@@ -338,8 +368,7 @@ class PackedCollate:
     """Collate the samples a loader worker mapped, and pack them for the trip (picklable).
 
     ``(samples, *tags)`` -> ``(batch, *tags)``: the tags (the batch's number, the records
-    skipped) travel beside the batch. :meth:`pack` takes the samples alone (a stream's
-    workers form their batches themselves).
+    skipped) travel beside the batch; :meth:`pack` takes the samples alone (a stream's).
     """
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
@@ -363,8 +392,5 @@ def unpack_batch(batch: Any) -> Any:
 
 
 def pack_in_worker(batch: Any) -> Any:
-    """:func:`pack_batch` inside a loader worker; ``batch`` unchanged in the training process.
-
-    Packing costs a copy and only pays when the batch crosses processes.
-    """
+    """:func:`pack_batch` in a loader worker; unchanged in the training process (no trip to pay)."""
     return batch if torch.utils.data.get_worker_info() is None else pack_batch(batch)

@@ -1,10 +1,7 @@
 """How a loader's workers start: forked, seeded, and with the training process's heap frozen.
 
-:func:`loader_kwargs` gives every trainkit loader its workers: forked where possible
-(:func:`worker_context_kwargs`), seeded from torch's per-worker seed
-(:func:`worker_init_reset_seed`), started with the training process's objects frozen
-(:func:`start_iterator`). How a batch travels back from a worker (packed in one buffer per
-dtype) is :mod:`trainkit.data.loading.loader`'s.
+:func:`loader_kwargs` gives every trainkit loader its workers' arguments, :func:`start_iterator`
+starts them. How a batch travels back from a worker is :mod:`trainkit.data.loading.loader`'s.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ __all__ = ["loader_kwargs", "start_iterator", "worker_context_kwargs", "worker_i
 def worker_context_kwargs() -> dict[str, Any]:
     """Return the DataLoader arguments that make loader workers fork where possible.
 
-    Ranks started by ``launch()`` inherit "spawn" as their default start method; spawned
-    workers would re-import torch (over a second each), need picklable mappers, and could not
-    share ``DatasetFromList``'s buffers copy-on-write. Loader workers never touch CUDA, so
-    forking them is safe.
+    Ranks started by ``launch()`` inherit the "spawn" start method; spawned workers would re-import
+    torch (over a second each), need picklable mappers, and could not share ``DatasetFromList``'s
+    buffers copy-on-write. Loader workers never touch CUDA: forking them is safe.
     """
     return {"multiprocessing_context": "fork"} if "fork" in mp.get_all_start_methods() else {}
 

@@ -3,15 +3,13 @@
 Of ``n`` loader workers (``n = 1`` without), worker ``w`` reads elements ``w, w + n, ...``
 of the stream (a stream with ``shards_across_workers = True`` gives each worker its own
 share), forms whole batches of them (grouped by the raw element's ``width``/``height`` in
-:class:`~trainkit.data.plans.grouping.Buckets`), maps a batch at once (one ``batch_rng()`` key per
-batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``: unique, and the
-stream position itself when the loader shards) and collates it. The loader returns the
-workers' batches in turn (:func:`batches_in_turn`), so unlike the map-style path the batches
-depend on ``NUM_WORKERS``. A worker's position is its count of elements read plus those
-waiting in its buckets, so a stream that can be read again (from the start, or
-``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``; a stream's
-``position_key()`` (``RankStream``) names what its positions mean, and a saved position is
-checked against it.
+:class:`~trainkit.data.plans.grouping.Buckets`), maps a batch at once (one ``batch_rng()``
+key per batch; its ``c``-th element's ``sample_rng()`` position is ``c * n + w``) and
+collates it. The loader returns the workers' batches in turn (:func:`batches_in_turn`), so
+unlike the map-style path the batches depend on ``NUM_WORKERS``. A worker's position is its
+count of elements read plus those waiting in its buckets, so a stream that can be read again
+(from the start, or ``iter_from(position)``) resumes exactly with the same ``NUM_WORKERS``,
+checked against its ``position_key()`` (``RankStream``) where it has one.
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ class StreamBatches(IterableDataset):
 
     ``stream`` yields raw elements; ``mapper`` (``None``: none) maps one, ``bucket_of`` gives
     its aspect-ratio bucket (``None``: no grouping), ``collate_fn`` turns the mapped elements
-    into a batch (the loader's packs it for the trip) and ``seed`` keys ``sample_rng()`` /
-    ``batch_rng()``. With ``drop_last``,
-    what waits in a worker's buckets when a finite stream ends is dropped (else each bucket
-    is one last, smaller batch). ``start`` is the loader's position (``None``: the start).
+    into a batch (the loader's packs it) and ``seed`` keys ``sample_rng()`` / ``batch_rng()``.
+    With ``drop_last``, what waits in a worker's buckets when a finite stream ends is dropped
+    (else each bucket is one last batch). ``start``: the loader's position (``None``: start).
     """
 
     def __init__(

@@ -24,16 +24,14 @@ class ClassificationDatasetMapper:
 
     Records hold ``file_name``, ``height``, ``width``, ``label`` and ``image_id`` (the
     ``shapes`` datasets' format); the output is ``{"image": uint8 tensor [3, H, W] (RGB,
-    augmented), "label", "height", "width" (ints; the sizes of the original image, as in the
-    record), "file_name", "image_id"}``. Training flips horizontally and rescales at random,
-    from ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from
-    ``batch_rng()``, shared by a batch): the result depends only on the loader's seed and
-    the sample's global position. The rescale multiplies the factor that caps the longest
-    side at ``max_size_train``; testing only caps it at ``max_size_test`` (0: no cap). One
-    cap for both lets training see test-sized images, and small inputs keep a CNN on a CPU
-    fast (its work grows with the area). It does not crop, pad or normalise (the model
-    does). An unreadable image is logged with its file name and ``None`` returned, so
-    another record is tried.
+    augmented), "label", "height", "width" (ints: the original image's, as in the record),
+    "file_name", "image_id"}``. Training flips horizontally and rescales at random, from
+    ``trainkit.data.sample_rng()`` (with ``scale_per_batch`` the rescale from ``batch_rng()``):
+    the result depends only on the loader's seed and the sample's global position. The
+    rescale multiplies the factor that caps the longest side at ``max_size_train``; testing
+    only caps it at ``max_size_test`` (0: no cap), so training sees test-sized images and a
+    CNN on a CPU stays fast. It does not crop, pad or normalise (the model does). An
+    unreadable image is logged and ``None`` returned, so another record is tried.
     """
 
     def __init__(
@@ -52,17 +50,15 @@ class ClassificationDatasetMapper:
 
         Args:
             cfg: reads ``INPUT.RANDOM_FLIP_PROB``, ``INPUT.RANDOM_SCALE(_PER_BATCH)`` and
-                ``INPUT.MAX_SIZE_TRAIN/TEST``; ``None`` uses the arguments (or no
-                augmentation and no cap).
+                ``INPUT.MAX_SIZE_TRAIN/TEST``; ``None``: the arguments (or no augmentation, no cap).
             is_train: augment (training) or only cap the size (testing).
             flip_prob: probability of a horizontal flip.
             scale_range: ``[min, max]`` of the uniform rescale factor.
             max_size_train, max_size_test: longest side of a training image (before the
                 random rescale) and of a test image, in pixels; 0 for no cap.
             scale_per_batch: one rescale factor per batch instead of per image.
-            dataset_names: datasets this mapper will see (e.g. ``cfg.DATASETS.TRAIN``): with
-                ``cfg``, a dataset whose ``MetadataCatalog`` ``thing_classes`` outnumber
-                ``MODEL.NUM_CLASSES`` fails here, not in the middle of training.
+            dataset_names: the datasets it will see (e.g. ``cfg.DATASETS.TRAIN``): with ``cfg``, one
+                with more ``thing_classes`` than ``MODEL.NUM_CLASSES`` fails here, not mid-training.
 
         Raises:
             ConfigError: A ``ValueError``: if a value is out of range, or a dataset has more
@@ -153,8 +149,7 @@ class ClassificationDatasetMapper:
         return (
             f"ClassificationDatasetMapper(is_train={self.is_train}, flip_prob={self.flip_prob}, "
             f"scale_range={list(self.scale_range)}, scale_per_batch={self.scale_per_batch}, "
-            f"max_size_train={self.max_size_train}, "
-            f"max_size_test={self.max_size_test})"
+            f"max_size_train={self.max_size_train}, max_size_test={self.max_size_test})"
         )
 
 

@@ -1,22 +1,16 @@
 """Mapping one record: its sample context (per-sample randomness) and what happens when it fails.
 
 The loaders map every record inside :func:`sample_context`, keyed by (seed, global stream
-position) of its sample, where a mapper calls :func:`sample_rng` / :func:`sample_seed`: the
-key is the sample's place in the global stream, not the loader worker or process that maps
-it, so augmentation is the same for any ``NUM_WORKERS`` and after a resume. :func:`batch_rng`
-is keyed by the sample's batch, for draws all its samples share (one scale per batch).
-:class:`RecordMapper` is the one place a record is mapped; the loader builders hand the
-user's mapper to the loader as one (``MapDataset`` is a dataset view over one).
+position) of its sample, not by the worker or process that maps it, so what a mapper draws
+from :func:`sample_rng` / :func:`sample_seed` is the same for any ``NUM_WORKERS`` and after a
+resume; :func:`batch_rng` is keyed by the sample's batch (one scale per batch).
+:class:`RecordMapper` is the one place a record is mapped (``MapDataset`` is a dataset view
+over one). Entering a sample's context also seeds ``np.random`` and ``random`` from the same
+key, so a project's own augmentations that draw from them are exactly resumable too; nothing
+is restored on exit (a deterministic state either way).
 
-Entering a sample's context also seeds numpy's and Python's global generators
-(``np.random.*``, ``random.*``) from the same key, so a project's own augmentations that
-draw from them are exactly resumable and independent of ``NUM_WORKERS`` too. Nothing is
-restored on exit: the generators are left as the last sample's draws made them (with
-``NUM_WORKERS 0`` in the training process itself), a deterministic state either way.
-
-Augmentations (:mod:`trainkit.data.transforms`) draw from :func:`augmentation_rng`: the
-sample's generator inside a loader, a fallback seeded from numpy's global generator outside
-one (a predictor, a notebook), so ``np.random.seed(s)`` makes those draws reproducible.
+Augmentations (:mod:`trainkit.data.transforms`) draw from :func:`augmentation_rng` (the
+sample's generator in a loader, else one seeded from ``np.random``).
 """
 
 from __future__ import annotations
@@ -60,14 +54,11 @@ _GLOBAL_PERSONALIZATION = b"trainkit-global"
 class _SampleKey:
     seed: int
     position: int
-    # Inside another sample's context (a mapper mapping more records): gets its own
-    # generator, so that the outer sample's draws are not disturbed.
+    # Inside another sample's context (a mapper mapping more records): its own generator,
+    # so the outer sample's draws are not disturbed.
     nested: bool = False
-    # Identifies the sample's batch (the loader uses its smallest global position); None
-    # outside a batch, where a sample is a batch of its own.
-    batch: int | None = None
-    # "sample" / "batch" -> the generator of this mapper call.
-    generators: dict[str, np.random.Generator] = field(default_factory=dict)
+    batch: int | None = None  # the sample's batch key (None: a batch of its own)
+    generators: dict[str, np.random.Generator] = field(default_factory=dict)  # by kind
 
     def digest(self, batch: bool = False) -> bytes:
         """32 bytes of random material that depend only on (seed, position or batch)."""
@@ -111,8 +102,7 @@ _CURRENT: contextvars.ContextVar[_SampleKey | None] = contextvars.ContextVar(
 
 
 class _SampleContext:
-    """What :func:`sample_context` returns: a class rather than a ``contextlib`` generator,
-    which costs a few microseconds more on every record a loader maps."""
+    """:func:`sample_context`'s: a class, as a ``contextlib`` generator costs µs per record."""
 
     __slots__ = ("_key", "_token")
 
@@ -134,9 +124,7 @@ class _SampleContext:
 
 
 def sample_context(seed: int, position: int, batch: int | None = None) -> _SampleContext:
-    """Make :func:`sample_rng` / :func:`sample_seed` answer for ``(seed, position)`` inside.
-
-    Use it as ``with sample_context(seed, position):``.
+    """Make :func:`sample_rng` / :func:`sample_seed` answer for ``(seed, position)`` in ``with``.
 
     Args:
         seed: the loader's shared seed (>= 0).
@@ -184,10 +172,9 @@ def _current() -> _SampleKey:
 def sample_rng() -> np.random.Generator:
     """Return the generator of the sample being mapped, keyed by (seed, global position).
 
-    Calls within one mapper call return the same generator, so successive draws continue
-    one another; every new mapper call (including a retry after a failed record) starts
-    afresh. The generator object is reused (re-seeded) for the next sample of the thread,
-    so do not keep it beyond the mapper call.
+    Calls within one mapper call return the same generator, so successive draws continue one
+    another; every new mapper call (a retry after a failed record too) starts afresh. The object
+    is re-seeded for the thread's next sample: do not keep it beyond the mapper call.
 
     Raises:
         RuntimeError: If called outside a mapper call.
@@ -199,9 +186,9 @@ def batch_rng() -> np.random.Generator:
     """Return a generator that starts alike for every sample of the batch being mapped.
 
     Draws that must be equal across a batch come from it, e.g. one rescale factor per batch
-    (images grouped by aspect ratio then also share their size: no padding). Like
-    :func:`sample_rng` it continues within one mapper call and depends only on the seed and
-    the batch; a sample mapped outside a batch (``MapDataset[i]``) is a batch of its own.
+    (grouped images then share their size: no padding). Like :func:`sample_rng` it continues
+    within one mapper call and depends only on the seed and the batch; a sample mapped
+    outside a batch (``MapDataset[i]``) is a batch of its own.
 
     Raises:
         RuntimeError: If called outside a mapper call.
@@ -220,10 +207,9 @@ def _generator(kind: str) -> np.random.Generator:
 def augmentation_rng() -> np.random.Generator:
     """Return the generator augmentations draw from: :func:`sample_rng` inside a loader.
 
-    Outside a mapper call run by a loader (a predictor, a notebook,
-    ``tools/visualize_data.py``) there is no sample to key on: each call then returns a new
-    generator seeded from numpy's global one, so ``np.random.seed(s)`` beforehand makes the
-    draws reproducible, and nothing raises.
+    Outside a mapper call run by a loader (a predictor, a notebook, ``tools/visualize_data.py``)
+    there is no sample to key on: each call then returns a new generator seeded from numpy's global
+    one, so ``np.random.seed(s)`` beforehand makes the draws reproducible, and nothing raises.
     """
     if _CURRENT.get() is not None:
         return _generator("sample")
@@ -303,8 +289,7 @@ class RecordMapper:
         # Held bare and pickled wrapped (__getstate__): it is called for every record, and a
         # wrapper would add a call, in another module, to that path.
         self.map_func = map_func.wrapped if isinstance(map_func, PicklableWrapper) else map_func
-        self.max_consecutive_failures = max_consecutive_failures
-        self.name = name
+        self.max_consecutive_failures, self.name = max_consecutive_failures, name
         self.num_failures = 0  # in this process: each loader worker counts its own
 
     def __getstate__(self) -> dict[str, Any]:
@@ -326,13 +311,10 @@ class RecordMapper:
     def map_replacing(
         self, records: Any, index: int, *, seed: int, position: int, batch: int | None = None
     ) -> tuple[Any, int]:
-        """Map ``records[index]`` for the sample at ``position``; replace it if it fails.
+        """Map ``records[index]`` (unmapped) in the sample's context; replace it if it fails.
 
         The replacement is ``records[j]`` for ``j`` drawn from (seed, position, attempt): the
         same whichever worker maps it, and after a resume.
-
-        ``records`` is a map-style dataset of unmapped records; ``seed``, ``position`` and
-        ``batch`` are the sample's context (:func:`sample_context`).
 
         Returns:
             ``(element, number of records that failed before it)``.
@@ -342,7 +324,6 @@ class RecordMapper:
             UsageError: As soon as reading or mapping a record raises one.
         """
         record: Any = None
-        reason = ""
         error: BaseException | None = None
         for attempt in range(self.max_consecutive_failures):
             with sample_context(seed, position, batch):

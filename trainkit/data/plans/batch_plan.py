@@ -16,16 +16,12 @@ and does not depend on the number of processes ``W`` or on ``k = SOLVER.ACCUMULA
    joins its bucket in stream order; the others wait for a later step).
 3. The batch is dealt to ``W x k`` slots (:func:`deal`): micro-batch ``j`` of rank ``r`` is
    slot ``q = j*W + r`` and takes elements ``q, q + W*k, ...``. With ``k = 1`` and no
-   grouping this is detectron2's rank-strided split (rank ``r`` gets positions
-   ``r, r + W, ...``).
+   grouping this is detectron2's rank-strided split (rank ``r`` gets positions ``r, r + W, ...``).
 
-Steps 1-2 are :meth:`GlobalBatchPlan.step_batches`, which composes the whole batches without
-moving the plan (:mod:`trainkit.data.plans.step_records` lists every rank's records with it).
-
-So a step's records and the order of steps are the same for every ``W`` and ``k``, and the
-position after a step is valid for any topology. Each rank computes the whole global stream
-(``W`` times the per-rank work, a few microseconds per record). :class:`RankBatchPlan` cuts
-this rank's draws from any other sampler (or batches of a per-rank size) into batches.
+Steps 1-2 are :meth:`GlobalBatchPlan.step_batches` (which does not move the plan). So a step's
+records are the same for every ``W`` and ``k``, and the position after a step is valid for any
+topology; each rank computes the whole global stream (a few microseconds per record).
+:class:`RankBatchPlan` batches this rank's draws from any other sampler, or of a per-rank size.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def split_batch(
 
     Args:
         total: records of one optimizer step over all ranks (``SOLVER.IMS_PER_BATCH``).
-        world_size, accumulate_steps: the ranks and the micro-batches per step
-            (``SOLVER.ACCUMULATE_STEPS``) it is split over.
+        world_size, accumulate_steps: the ranks and micro-batches (``SOLVER.ACCUMULATE_STEPS``).
         key: what ``total`` is called in messages (default ``SOLVER.IMS_PER_BATCH``).
 
     Raises:
@@ -123,10 +118,8 @@ class BatchPlan:
     ) -> Iterator[tuple[int, int, int]]:
         """``(position, index, bucket)`` of ``read(start, count)``, in growing blocks.
 
-        The record ``n`` of what ``read`` reads (``n >= start``) has the position
-        ``n * stride + offset``: a mix's set ``i`` of ``S`` interleaves its positions with
-        ``stride=S, offset=i``. One flat triple per record, because this loop is what
-        composing a step costs.
+        Record ``n`` read has the position ``n * stride + offset`` (set ``i`` of a mix of ``S``
+        interleaves with ``stride=S, offset=i``). Flat triples: this loop is what a step costs.
         """
         block = _FIRST_BLOCK
         while True:
@@ -188,10 +181,8 @@ class GlobalBatchPlan(BatchPlan):
     ) -> None:
         """Plan ``global_batch_size`` records per optimizer step from ``sampler``'s global stream.
 
-        ``bucket_ids`` (aspect-ratio grouping, or None) holds each dataset index's bucket
-        (a :class:`~trainkit.data.plans.grouping.LazyBucketIds` finds them as the stream reaches
-        each record: the same on every rank).
-        Raises a ``ConfigError`` if the batch does not split evenly (:func:`split_batch`).
+        ``bucket_ids``: each dataset index's aspect-ratio bucket (None: no grouping). Raises a
+        ``ConfigError`` if the batch does not split evenly (:func:`split_batch`).
         """
         split_batch(global_batch_size, world_size, accumulate_steps)
         state = new_state(
@@ -233,18 +224,13 @@ class GlobalBatchPlan(BatchPlan):
     def _compose(
         self, state: dict[str, Any]
     ) -> Iterator[tuple[int, list[list[int]], dict[str, Any]]]:
-        num_buckets = len(state["buckets"])
+        num_buckets, step = len(state["buckets"]), state["steps"]
         buckets = Buckets.from_lists(self._batch_size, state["buckets"])
-        step = state["steps"]
-        records = self._read(self._sampler.global_indices, state["position"])
-        for position, index, bucket in records:
+        for position, index, bucket in self._read(self._sampler.global_indices, state["position"]):
             batch = buckets.add(bucket, [index, position])
             if batch is not None:
-                yield (
-                    step,
-                    batch,
-                    {"position": position + 1, "buckets": buckets.to_lists(num_buckets)},
-                )
+                after = {"position": position + 1, "buckets": buckets.to_lists(num_buckets)}
+                yield step, batch, after
                 step += 1
 
     def __iter__(self) -> Iterator[tuple[list[list[int]], int, dict[str, Any]]]:
@@ -266,12 +252,11 @@ class GlobalBatchPlan(BatchPlan):
 class RankBatchPlan(BatchPlan):
     """Cut this rank's draws from its sampler into batches of ``(index, global position)``.
 
-    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket.
-    Positions assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions
-    ``r, r + W, ...``), as every trainkit training sampler is; another sampler is restarted
-    and fast-forwarded by drawing, not jumped. A finite sampler is drawn in passes
-    (:meth:`next_pass_state`) whose positions keep growing, so no two samples share one. A
-    batch's key is its smallest position.
+    A batch is the next ``batch_size`` draws, or with ``bucket_ids`` the next full bucket. Positions
+    assume a rank-strided sampler (rank ``r`` of ``W`` draws global positions ``r, r + W, ...``), as
+    every trainkit training sampler is; another sampler is restarted and fast-forwarded by drawing,
+    not jumped. A finite sampler is drawn in passes (:meth:`next_pass_state`) whose positions keep
+    growing, so no two samples share one. A batch's key is its smallest position.
     """
 
     def __init__(
@@ -282,10 +267,9 @@ class RankBatchPlan(BatchPlan):
         bucket_ids: BucketIds | None = None,
         drop_last: bool = True,
     ) -> None:
-        """Plan batches of ``batch_size`` of ``sampler``'s indices (this rank's).
+        """Plan batches of ``batch_size`` of ``sampler``'s (this rank's) indices.
 
-        ``bucket_ids`` as for :class:`GlobalBatchPlan`; ``drop_last`` drops the incomplete
-        batches at the end of a finite sampler.
+        ``bucket_ids`` as for :class:`GlobalBatchPlan`; ``drop_last``: drop incomplete batches.
         """
         trainkit_sampler = isinstance(sampler, GlobalStreamSampler)
         self._rank = sampler.rank if trainkit_sampler else comm.get_rank()
@@ -363,17 +347,15 @@ class RankBatchPlan(BatchPlan):
         """Return the batches of one pass over a finite, ungrouped sampler.
 
         Raises:
-            TypeError: For an infinite or unsized sampler, or when grouping (the count then
-                depends on the order).
+            TypeError: For an infinite or unsized sampler, or when grouping (order-dependent).
         """
         if isinstance(self._sampler, GlobalStreamSampler):
             return super().batches_per_pass()
         if self._bucket_ids is not None:
             raise TypeError("len() of an aspect-ratio-grouped loader depends on the order")
         num_indices = len(self._sampler)  # type: ignore[arg-type]  # TypeError if unsized
-        if self._drop_last:
-            return num_indices // self._batch_size
-        return -(-num_indices // self._batch_size)
+        full, rest = divmod(num_indices, self._batch_size)
+        return full + (1 if rest and not self._drop_last else 0)
 
 
 def micro_batch_size(

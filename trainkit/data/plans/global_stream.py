@@ -1,24 +1,19 @@
 """The global stream: its position arithmetic, its keyed permutation and its samplers.
 
-Every trainkit training sampler reads the *global stream*, what a world-size-1 sampler
-yields: :class:`GlobalStreamSampler` takes rank ``r`` of ``W`` through global positions
-``r, r + W, r + 2W, ...`` in vectorised blocks, and :class:`TrainingSampler` (detectron2's
-name, exported from :mod:`trainkit.data.samplers`) makes each epoch another permutation of
-the dataset. One module, because a batch plan calls all of it for every block of indices.
+Every trainkit training sampler reads the *global stream*, what a world-size-1 sampler yields. A
+*global position* indexes it; a *local position* ``k`` is a rank's ``k``-th draw: rank ``r`` of
+``W`` draws global positions ``r, r + W, r + 2W, ...`` (:class:`GlobalStreamSampler`, in vectorised
+blocks). :class:`TrainingSampler` (detectron2's name, exported from :mod:`trainkit.data.samplers`)
+makes each epoch another permutation of the dataset. One module, because a batch plan calls all of
+it for every block of indices. The position arithmetic is pure (``rank``, ``world_size`` and worker
+ids are arguments), so it is tested for many world sizes without starting a process.
 
-Positions are pure arithmetic: nothing here reads the process group, ``rank`` /
-``world_size`` (or a worker id) are arguments, so the arithmetic is tested for many world
-sizes without starting a process. A *global position* indexes the global stream; a *local
-position* ``k`` is a rank's ``k``-th draw: rank ``r`` of ``W`` draws global positions
-``r, r + W, r + 2W, ...``.
-
-The permutation of ``range(n)`` is computed, never stored: :func:`permute` maps each offset
-through a Feistel network over the smallest power of two >= n (a bijection whatever its
-round function), re-applying it to values outside ``range(n)`` ("cycle walking", fewer than
-two passes on average: the domain is < 2n). So every epoch is an exact permutation, memory
-stays O(block) and any position is reached in O(1). The round function is the splitmix64
-finaliser, on numpy uint64 arrays (which wrap on overflow without warnings, unlike numpy
-scalars: everything here stays an array).
+The permutation of ``range(n)`` is computed, never stored: :func:`permute` maps each offset through
+a Feistel network over the smallest power of two >= n (a bijection whatever its round function),
+re-applying it to values outside ``range(n)`` ("cycle walking", fewer than two passes on average:
+the domain is < 2n). So every epoch is an exact permutation, memory stays O(block) and any position
+is reached in O(1). The round function is the splitmix64 finaliser, on numpy uint64 arrays (which
+wrap on overflow without warnings, unlike numpy scalars: everything here stays an array).
 """
 
 from __future__ import annotations
@@ -98,10 +93,9 @@ def worker_local_positions(
 ) -> np.ndarray:
     """Return the local positions a loader worker owns in rounds ``first_round ...``.
 
-    This rank's local positions are cut into chunks of ``chunk_size`` (>= 1) and chunk ``j``
-    belongs to worker ``j % num_workers``, so the workers together own every local position
-    once; a *round* is one chunk for every worker. Returns ``num_rounds * chunk_size`` sorted
-    int64 local positions.
+    This rank's local positions are cut into chunks of ``chunk_size`` (>= 1) and chunk ``j`` belongs
+    to worker ``j % num_workers``, so the workers together own every local position once; a *round*
+    is one chunk for every worker. Returns ``num_rounds * chunk_size`` sorted int64 local positions.
     """
     check_rank(worker_id, num_workers)
     if chunk_size < 1:
@@ -193,13 +187,11 @@ _MAX_BLOCK = 1 << 16  # large steady-state blocks amortise numpy's per-call over
 class GlobalStreamSampler(Sampler[int]):
     """Base of the training samplers: an infinite sequence of dataset indices.
 
-    A subclass defines the *global* stream (what a world-size-1 sampler yields) in
-    :meth:`_indices_at`; this class takes rank ``r`` of ``W`` through global positions
-    ``r, r + W, r + 2W, ...`` in vectorised blocks and counts the draws: the whole resumable
-    state, with no per-index state (subclasses that need O(N) memory say so). As in
-    detectron2 every ``iter()`` starts afresh, here from the position given to
-    :meth:`load_state_dict` (0 if none); :meth:`state_dict` describes the iterator advanced
-    most recently, so save states with one iterator at a time.
+    A subclass defines the global stream in :meth:`_indices_at`; this class draws this rank's
+    positions of it in vectorised blocks and counts the draws: the whole resumable state
+    (subclasses that need O(N) memory say so). As in detectron2 every ``iter()`` starts afresh,
+    here from the position :meth:`load_state_dict` gave (0 if none); :meth:`state_dict`
+    describes the iterator advanced most recently: save states with one iterator at a time.
     """
 
     def __init__(
@@ -249,17 +241,12 @@ class GlobalStreamSampler(Sampler[int]):
         return {"type": type(self).__name__, "seed": self._seed, "world_size": self._world_size}
 
     def global_indices(self, start: int, count: int) -> np.ndarray:
-        """Return the int64 indices at global positions ``start .. start + count - 1`` (O(1) jump).
-
-        Whatever this sampler's rank and world size: every rank can compute the whole stream.
-        """
+        """Return the int64 indices at global positions ``start`` .. ``start + count - 1``."""
         return self._indices_at(np.arange(start, start + count, dtype=np.int64))
 
     def global_stream_key(self) -> dict[str, Any]:
         """Plain-data identity of the global stream (independent of rank and world size)."""
-        key = self._identity()
-        key.pop("world_size", None)
-        return key
+        return {key: value for key, value in self._identity().items() if key != "world_size"}
 
     def indices_at_local(self, local_positions: np.ndarray) -> np.ndarray:
         """Return the int64 indices this rank yields at sorted local positions (O(1) jump)."""
@@ -285,8 +272,7 @@ class GlobalStreamSampler(Sampler[int]):
         """Yield only a loader worker's chunks of this rank's draws, from :attr:`start_position`.
 
         Chunks of ``chunk_size`` local positions are dealt round-robin to the workers
-        (:func:`~trainkit.data.plans.positions.worker_local_positions`); each worker computes
-        its own share instead of drawing and discarding the others'.
+        (:func:`worker_local_positions`): each computes its share, discarding none.
         """
         rounds = max(1, _MAX_BLOCK // (chunk_size * num_workers))
         first_round = 0
@@ -296,10 +282,7 @@ class GlobalStreamSampler(Sampler[int]):
             first_round += rounds
 
     def state_dict(self) -> dict[str, Any]:
-        """Return ``{"num_drawn": k, "type": ..., "seed": ..., "world_size": ...}``.
-
-        Plain data: it loads with ``torch.load(weights_only=True)``.
-        """
+        """Return ``{"num_drawn": k, "type": ..., "seed": ..., ...}`` (``weights_only`` data)."""
         return {"num_drawn": self._num_drawn, **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -337,12 +320,11 @@ def checked_size(sampler_name: str, size: Any) -> int:
 class TrainingSampler(GlobalStreamSampler):
     """Yield an infinite sequence of indices of a dataset of ``size`` records.
 
-    Each epoch (``size`` consecutive global positions) is another permutation of
-    ``range(size)``, computed by a keyed bijection instead of stored: O(1) memory in ``size``
-    (4e8 works) and O(1) jumps to any position, so resume and worker sharding cost nothing.
-    The order differs from detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global
-    positions ``r, r + W, ...``, without padding or end: for one exact pass over a dataset
-    use :class:`InferenceSampler`.
+    Each epoch (``size`` consecutive global positions) is another permutation of ``range(size)``,
+    computed by a keyed bijection instead of stored: O(1) memory in ``size`` (4e8 works) and O(1)
+    jumps to any position, so resume and worker sharding cost nothing. The order differs from
+    detectron2's ``torch.randperm``. Rank ``r`` of ``W`` yields global positions ``r, r + W, ...``,
+    without padding or end: for one exact pass over a dataset use :class:`InferenceSampler`.
     """
 
     def __init__(
@@ -361,8 +343,7 @@ class TrainingSampler(GlobalStreamSampler):
             shuffle: permute every epoch; ``False`` yields ``0, 1, ..., size - 1`` repeatedly.
             seed: shared by all ranks; ``None`` draws one with ``comm.shared_random_seed()``
                 (a collective: every rank must construct the sampler together).
-            rank, world_size: this rank and the number of ranks (default: ``comm``'s); for
-                tests and custom sharding.
+            rank, world_size: this rank and the rank count (default: ``comm``'s), to test or shard.
 
         Raises:
             TypeError: If ``size`` is not an integer.

@@ -1,16 +1,16 @@
 """Aspect-ratio grouping: each record's bucket, and the one implementation of grouping.
 
 The batch plans, the loader workers of a stream dataset, ``AspectRatioGroupedDataset`` and
-``GroupedBatchSampler`` all form their batches with :class:`Buckets`; bucket ids come from
-the records' ``width`` and ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``, each read when a
-plan first reaches the record (:class:`LazyBucketIds`), so no loader reads every record to
-start. A record without them (every record of ``load_sem_seg``) is measured by its image's
-header.
+``GroupedBatchSampler`` all form their batches with :class:`Buckets`. A record's bucket comes
+from its ``width`` / ``height`` and ``DATALOADER.ASPECT_RATIO_BINS``, read when a plan first
+reaches it (:class:`LazyBucketIds`); a record without them (``load_sem_seg``'s) is measured by
+its image's header (:func:`image_size_from_header`: a file open and a few hundred bytes).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
@@ -18,18 +18,57 @@ from typing import Any
 import numpy as np
 
 from trainkit.config import ConfigError
-from trainkit.data.plans.image_headers import image_size_from_header
+from trainkit.utils.file_io import PathManager
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BucketOf",
     "Buckets",
     "LazyBucketIds",
     "aspect_ratio_bucket_ids",
+    "image_size_from_header",
     "record_aspect_ratio",
     "record_bucket_ids",
 ]
 
 _TURN_OFF = "or set DATALOADER.ASPECT_RATIO_GROUPING False"
+
+_EXIF_ORIENTATION = 0x0112
+# EXIF orientations 5-8 turn the image by 90 degrees (transposed or not) when it is read
+# upright, so its width and height swap; 1-4 only mirror or turn it by 180 degrees.
+_QUARTER_TURNS = frozenset({5, 6, 7, 8})
+
+
+def image_size_from_header(file_name: str) -> tuple[int, int]:
+    """Return ``(width, height)`` of the image in ``file_name`` after its EXIF orientation.
+
+    Only the header is read; the size is that of detectron2's ``read_image`` (turned upright).
+
+    Raises:
+        OSError: If the file cannot be opened or is not an image PIL can identify
+            (``PIL.UnidentifiedImageError`` is an ``OSError``).
+    """
+    from PIL import Image  # imported here: `import trainkit.data` does not load PIL
+
+    with PathManager.open(file_name, "rb") as f, Image.open(f) as image:
+        width, height = image.size
+        orientation = _exif_orientation(image, file_name)
+    return (height, width) if orientation in _QUARTER_TURNS else (width, height)
+
+
+def _exif_orientation(image: object, file_name: str) -> int | None:
+    """The EXIF orientation tag of an opened image, or None; never decodes the pixels."""
+    info = getattr(image, "info", {})
+    # Pillow's PNG getexif() decodes the whole image to look for an eXIf chunk after the
+    # pixels; one before them is already in `info`, and cameras put EXIF in JPEGs anyway.
+    if getattr(image, "format", None) == "PNG" and "exif" not in info:
+        return None
+    try:
+        return image.getexif().get(_EXIF_ORIENTATION)  # type: ignore[attr-defined]
+    except Exception:  # a malformed EXIF block: the image is read as stored, as read_image does
+        logger.debug("Unreadable EXIF in %s; using the stored orientation", file_name)
+        return None
 
 
 def _stated_aspect_ratio(record: Any, index: int | None) -> float | None:
@@ -84,9 +123,8 @@ def record_aspect_ratio(record: Any, index: int | None = None) -> float:
     ratio = _stated_aspect_ratio(record, index)
     if ratio is not None:
         return ratio
-    file_name = _file_name(record, index)
     try:
-        width, height = image_size_from_header(file_name)
+        width, height = image_size_from_header(_file_name(record, index))
     except OSError as e:
         raise ConfigError(
             f"{_name(record, index)} has no 'width'/'height' and its image cannot be read "
@@ -103,8 +141,7 @@ def aspect_ratio_bucket_ids(aspect_ratios: np.ndarray, bins: Sequence[float]) ->
     tall from wide images (a square one counts as wide).
 
     Raises:
-        ConfigError: A ``ValueError``: if ``bins`` is empty, not strictly increasing, or not
-            positive.
+        ConfigError: A ``ValueError``: for empty, non-positive or not strictly increasing ``bins``.
     """
     edges = np.asarray(list(bins), dtype=np.float64)
     if edges.size == 0 or (edges <= 0).any() or (np.diff(edges) <= 0).any():
@@ -137,10 +174,9 @@ class BucketOf:
 class Buckets:
     """Items waiting for a batch, by bucket: the one implementation of grouping.
 
-    Each item joins its bucket; a bucket that reaches ``batch_size`` is emptied and returned
-    as a batch, so a batch never mixes buckets and follows the order of the items as closely
-    as grouping allows. The waiting items (``waiting``: bucket -> items in arrival order) are
-    the whole state.
+    Each item joins its bucket; a bucket that reaches ``batch_size`` is emptied and returned as a
+    batch, so a batch never mixes buckets and follows the order of the items as closely as grouping
+    allows. The waiting items (``waiting``: bucket -> items in arrival order) are the whole state.
     """
 
     def __init__(self, batch_size: int, waiting: dict[Hashable, list[Any]] | None = None) -> None:
@@ -162,10 +198,7 @@ class Buckets:
         return cls(batch_size, {i: list(items) for i, items in enumerate(lists)})
 
     def to_lists(self, num_buckets: int) -> list[list[Any]]:
-        """Return new lists of the waiting items of buckets ``0 .. num_buckets - 1``.
-
-        The items themselves are shared, not copied: nothing changes an item once made.
-        """
+        """Return new lists of buckets ``0 .. num_buckets - 1``'s waiting items (items shared)."""
         return [list(self.waiting.get(i, ())) for i in range(num_buckets)]
 
     def add(self, bucket: Hashable, item: Any) -> list[Any] | None:
@@ -186,48 +219,37 @@ class Buckets:
                 yield batch
 
 
-class LazyBucketIds:
+class LazyBucketIds(BucketOf):
     """Each dataset index's aspect-ratio bucket, found when a batch plan first asks, then kept.
 
     Nothing is read when it is built. A record's bucket comes from its ``width``/``height``,
     else from its image's header (:func:`record_aspect_ratio`), the first time a plan reaches
-    the record; the answer depends only on the record, so every rank, every ``NUM_WORKERS``
-    and a resumed run compose the same batches. The plans run in the training process, which
-    is where this cache lives (loader workers never see it).
+    the record; it depends only on the record, so every rank, every ``NUM_WORKERS`` and a
+    resumed run compose the same batches. The cache lives with the plans, in the training process.
 
     Memory: one byte per record (bucket + 1; 0: not read yet) in a zero-filled numpy array,
-    whose pages the operating system maps only once written, so 300 million records cost at
-    most 300 MB, not a Python object per record.
+    whose pages the operating system maps only once written: at most 300 MB for 300 million records.
 
-    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global stream
-    on every rank, so in the first epoch each of the ``W`` ranks reads every record once (a
-    few microseconds for one with a size; for one without, the header: ``W`` headers per
-    image it decodes itself); later epochs read none. That is
-    accepted rather than shared: a header read is about 0.1 ms (a file open and a parse of
-    its first bytes; after the first rank of a machine, from the page cache), once per
-    record and process for the whole run, while sharing the reads would put a collective, or
-    a segment one rank writes and the others wait for, in the planning of every step.
+    Cost: a :class:`~trainkit.data.plans.batch_plan.GlobalBatchPlan` runs the whole global
+    stream on every rank, so in the first epoch each of the ``W`` ranks reads every record
+    once (a few microseconds; a header, about 0.1 ms, for one without a size); later epochs
+    read none. Accepted rather than shared: sharing the reads would put a collective, or a
+    segment one rank writes and the others wait for, in the planning of every step.
     ``benchmarks/data.py`` measures the read and the first epoch's throughput.
     """
 
     def __init__(
         self, records: Any, bins: Sequence[float], known: np.ndarray | None = None
     ) -> None:
-        """Find the buckets of ``records`` (indexable; unmapped) between ``bins`` lazily.
-
-        ``known`` (optional): a bucket + 1 per record, 0 where it is not known yet.
-        """
-        aspect_ratio_bucket_ids(np.ones(1), bins)  # validates the bins
-        self.bins = [float(b) for b in bins]
+        """Find the buckets of ``records`` between ``bins`` lazily (``known``: bucket + 1 or 0)."""
+        super().__init__(bins)
         if len(self.bins) > 254:
             raise ConfigError(
                 f"DATALOADER.ASPECT_RATIO_BINS has {len(self.bins)} boundaries; at most 254 are "
                 "supported for records without 'width'/'height'."
             )
         self.records = records
-        self.num_buckets = len(self.bins) + 1
-        if known is None:
-            known = np.zeros(len(records), dtype=np.uint8)
+        known = np.zeros(len(records), dtype=np.uint8) if known is None else known
         self._known = np.asarray(known, dtype=np.uint8)
 
     def __len__(self) -> int:

@@ -16,25 +16,24 @@ must match: ``source`` (the sampler's identity: type, seed, dataset size, ...; a
   ``buckets`` (per bucket, the ``[index, global position]`` pairs waiting), ``steps``
   (optimizer steps whose micro-batches this rank returned), ``micro`` (micro-batches of step
   ``steps`` returned), ``split`` (``[world size, ACCUMULATE_STEPS]`` of the job that wrote it).
-  A weighted mix of sets (:class:`~trainkit.data.plans.mixed_plan.MixedBatchPlan`,
+  A weighted mix of sets (:class:`~trainkit.data.plans.mixed_sampler.MixedBatchPlan`,
   ``DATASETS.TRAIN_WEIGHTS``) has ``position`` = records of the steps composed, ``buckets``
   empty, and ``sets``: per set, ``position`` (the next position of its own stream),
   ``taken`` (records it gave to steps), ``records`` (those of the last step composed) and
   ``buckets``; its ``source`` names every set (``name``, ``size``, ...) and the weights.
 * ``"rank"`` (:class:`~trainkit.data.plans.batch_plan.RankBatchPlan`): this rank's draws from its
-  own sampler; only the same rank of the same world size continues it. ``rank``,
-  ``world_size``, ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a
-  finite sampler's finished passes: positions go on growing), ``buckets`` (as above) and
-  ``num_batches``.
+  own sampler; only the same rank of the same world size continues it. ``rank``, ``world_size``,
+  ``num_drawn`` (draws of the current pass), ``pass_offset`` (draws of a finite sampler's finished
+  passes: positions go on growing), ``buckets`` (as above) and ``num_batches``.
 * ``"stream"`` (:mod:`trainkit.data.loading.stream_batches`): what each loader worker read of a
   stream dataset; only as many loader workers (``DATALOADER.NUM_WORKERS``) continue it.
   ``num_workers``, ``next_worker`` (whose batch comes next) and ``workers``: per worker,
   ``read`` (the elements it read) and ``buckets`` (per bucket, ``[count, position]`` of the
   elements waiting, ``count`` numbering the worker's elements).
 
-:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or
-without ``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no
-version) and ``RankDataLoader``'s version-2 wrapper around a stream state.
+:func:`upgrade` reads every older format a checkpoint can hold: version 1 (per rank; with or without
+``kind``, ``pass_offset`` and ``last_batch``), version 2 (global), stream states (no version) and
+``RankDataLoader``'s version-2 wrapper around a stream state.
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     """Return ``state`` (of any version this trainkit ever wrote) in today's format, as a copy.
 
     Raises:
-        ConfigError: A ``ValueError``: if ``state`` is not a data loader state of a known
-            version.
+        ConfigError: A ``ValueError``: if ``state`` is not a data loader state of a known version.
     """
     if not isinstance(state, dict):
         raise ConfigError(f"a data loader state is a dict, got {type(state).__name__}")
@@ -147,15 +145,12 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     if version == VERSION and kind in _WHAT:
         return state
     if kind == "global" and version == 2:
-        state["source"] = state.pop("stream")
-        state["batch_size"] = state.pop("global_batch_size")
+        state.update(source=state.pop("stream"), batch_size=state.pop("global_batch_size"))
     elif kind == "rank" and version == 1:
         sampler = state.pop("sampler", None)
-        state["source"] = (
-            {k: v for k, v in sampler.items() if k != "num_drawn"} if sampler else None
-        )
-        state["pass_offset"] = state.get("pass_offset", 0)
-        state["num_buckets"] = len(state["buckets"])
+        source = {k: v for k, v in sampler.items() if k != "num_drawn"} if sampler else None
+        state.update(source=source, num_buckets=len(state["buckets"]))
+        state.setdefault("pass_offset", 0)
         state.pop("last_batch", None)
     elif kind == "stream" and version is None:
         num_workers = state["num_workers"]
@@ -179,10 +174,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_stream_workers(state: dict[str, Any], num_workers: int) -> None:
-    """Raise a ``ConfigError`` unless stream position ``state`` was read by ``num_workers``.
-
-    A stream's batches depend on how many loader workers read it (``DATALOADER.NUM_WORKERS``).
-    """
+    """Raise a ``ConfigError`` unless stream position ``state`` was read by ``num_workers``."""
     if state["num_workers"] != num_workers:
         raise ConfigError(
             f"the stream loader's state was saved with {state['num_workers']} loader workers, "
@@ -200,8 +192,7 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
         ConfigError: A ``ValueError``: if ``saved`` is another kind of position, belongs to
             another sampler, dataset, batch or set of buckets, or is in the middle of an
             optimizer step and the job's split into processes and micro-batches changed.
-        ValueError: For a per-rank position of another rank or world size (each rank must
-            load the state its own loader saved).
+        ValueError: For another rank's or world size's per-rank position (each rank loads its own).
     """
     state = upgrade(saved)
     kind = current["kind"]
@@ -236,8 +227,7 @@ def load_state(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
                 f"x {split[1]})."
             )
         state["split"] = split
-    for key in ("batch_size", "num_buckets", "source"):
-        state[key] = current[key]  # fills what an old state did not record
+    state.update({key: current[key] for key in _IDENTITY})  # what an old state did not record
     if kind == "stream":
         # Checked here, when the position is loaded: in the workers it would fail only after
         # they started (and an iterator that fails there can hold them until a full GC).

@@ -1,17 +1,12 @@
 """The records of each optimizer step, for every rank and micro-batch, without a loader.
 
-Every optimizer step's records are a pure function of the data seed and the step
-(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job reads
-in any step: :func:`steps_records` lets a plan (a train loader's, or one a
-:class:`~trainkit.data.spec.TrainDataSpec` makes for any world size) compose each step's
-whole batch once and deals it to the ``W x k`` (rank, micro-batch) slots with the loader's
-own rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
-costs what one rank's loader pays for it. :class:`RecordIds` turns a dataset index into a
-printable id: the ``DATASETS.TRAIN`` name it came from, its index there, and its
-``image_id`` or ``file_name`` (:func:`record_label`).
-
-It starts from any loader position of the plan (a fresh run's, or one a checkpoint's run
-state holds), so the steps after a resume can be listed too.
+A step's records are a pure function of the data seed and the step
+(:mod:`trainkit.data.plans.batch_plan`), so one process can list what every rank of any job
+reads in any step, from any loader position (a resume's too): :func:`steps_records` has a
+plan compose each step's batch once and deals it to the ``W x k`` slots with the loader's
+rule (:func:`~trainkit.data.plans.batch_plan.deal`), so listing a step for thousands of ranks
+costs what one rank's loader pays. :class:`RecordIds` turns a dataset index into a printable
+id (dataset name, index there, ``image_id`` or ``file_name``).
 """
 
 from __future__ import annotations
@@ -25,13 +20,7 @@ from typing import Any
 from trainkit.config import ConfigError
 from trainkit.data.plans.batch_plan import BatchPlan, GlobalBatchPlan, deal
 
-__all__ = [
-    "RecordIds",
-    "RecordsNotPlannedError",
-    "StepRecords",
-    "record_label",
-    "steps_records",
-]
+__all__ = ["RecordIds", "RecordsNotPlannedError", "StepRecords", "record_label", "steps_records"]
 
 # A record's own ids, shown after its dataset and index (the first it has).
 _RECORD_KEYS = ("image_id", "file_name")
@@ -48,8 +37,7 @@ class StepRecords:
     Attributes:
         step: the optimizer step (0-based; the iteration of a run whose stream started at 0).
         batch: the step's ``(dataset index, global position)`` pairs, in dealing order.
-        world_size, accumulate_steps: the ``W`` processes and ``k`` micro-batches it is
-            dealt to.
+        world_size, accumulate_steps: the ``W`` processes and ``k`` micro-batches it is dealt to.
     """
 
     step: int
@@ -87,18 +75,16 @@ def steps_records(
 ) -> list[StepRecords]:
     """Return the records of ``num_steps`` optimizer steps, for every rank and micro-batch.
 
-    The plan composes each step once (:meth:`GlobalBatchPlan.step_batches`); it does not
-    move, so the plan of a live loader can be asked too. Steps come in order; with grouping a
-    step depends on the ones before (records wait in their buckets), so listing step ``s``
-    composes the steps between ``state`` and ``s``.
+    The plan composes each step once (:meth:`GlobalBatchPlan.step_batches`) and does not move
+    (a live loader's plan can be asked too). With grouping a step depends on the ones before,
+    so listing step ``s`` composes the steps between ``state`` and ``s``.
 
     Args:
         plan: a plan over a trainkit training sampler's global stream (its world size and
             ``SOLVER.ACCUMULATE_STEPS`` are the slots), e.g. ``TrainDataSpec.plan()``.
         num_steps: how many steps to list.
-        state: the loader position to start from (``TrainLoader.state_dict()``, or a rank's
-            ``"data"`` in a checkpoint's run state; default: the plan's own). One taken in the
-            middle of a step starts with that whole step.
+        state: the loader position to start from (``TrainLoader.state_dict()`` or a
+            checkpoint's; default: the plan's own); one inside a step starts with that step.
         first_step: list from this step on (default: the state's step).
 
     Raises:
@@ -135,8 +121,7 @@ class RecordIds:
     Args:
         records: the joined records (indexed by dataset index; read only for the ids shown).
         names: the dataset names, in order.
-        sizes: how many records each adds
-            (:func:`~trainkit.data.catalog.load_catalog_parts`).
+        sizes: how many records each adds (:func:`~trainkit.data.catalog.load_catalog_parts`).
 
     Raises:
         ValueError: If the sizes do not add up to the records' number.
@@ -152,9 +137,7 @@ class RecordIds:
         self._starts = list(itertools.accumulate(sizes, initial=0))
 
     def info(self, index: int) -> dict[str, Any]:
-        """Return ``{"dataset", "index"}`` of dataset index ``index``, plus the record's ids.
-
-        The record's ``image_id`` and ``file_name`` are added when it has them.
+        """Return ``{"dataset", "index"}`` of ``index`` and its record's ``image_id``/``file_name``.
 
         Raises:
             IndexError: If ``index`` is not a dataset index.

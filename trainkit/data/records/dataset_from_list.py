@@ -6,6 +6,7 @@ The default, :class:`_SharedSerializedList`, keeps one copy of the records per m
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
 import logging
 import pickle
@@ -30,12 +31,11 @@ class _SharedSerializedList:
     """trainkit's default serialisation method: a read-only list of pickled records.
 
     The records lie in one sealed, anonymous shared-memory segment
-    (:mod:`~trainkit.data.records.shared_segments`). Forked loader workers share its pages and never
-    write to them (reading a list of millions of Python objects bumps their reference counts
-    and so copies every page into every worker: "copy-on-read"); spawned workers and the
-    machine's other builders of the same records map the same pages
-    (:mod:`~trainkit.data.records.segment_sharing`, no collective). Each item is a fresh unpickled
-    record, safe to modify.
+    (:mod:`~trainkit.data.records.shared_segments`) whose pages forked loader workers share
+    and never write to (a list of Python objects would be copied into every worker as its
+    reference counts change); spawned workers and the machine's other builders of the same
+    records map the same pages (:mod:`~trainkit.data.records.segment_sharing`). Each item is
+    a fresh unpickled record, safe to modify.
     """
 
     def __init__(self, lst: Iterable[Any]) -> None:
@@ -76,23 +76,12 @@ class _SharedSerializedList:
 _default_method: SerializeMethod = _SharedSerializedList
 
 
-class _RestoreDefaultMethod:
-    """Returned by the setter: as a context manager, restores the previous default on exit."""
-
-    def __init__(self, previous: SerializeMethod) -> None:
-        self._previous = previous
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        global _default_method
-        _default_method = self._previous
+def _use_method(method: SerializeMethod) -> None:
+    global _default_method
+    _default_method = method
 
 
-def set_default_dataset_from_list_serialize_method(
-    new: SerializeMethod,
-) -> _RestoreDefaultMethod:
+def set_default_dataset_from_list_serialize_method(new: SerializeMethod) -> contextlib.ExitStack:
     """Make ``new`` what ``DatasetFromList(lst, serialize=True)`` applies to ``lst``.
 
     As a context manager (as in detectron2) it changes the default inside the ``with`` block
@@ -108,39 +97,34 @@ def set_default_dataset_from_list_serialize_method(
     Raises:
         TypeError: If ``new`` is not callable.
     """
-    global _default_method
     if not callable(new):
         raise TypeError(
             f"set_default_dataset_from_list_serialize_method needs a callable that takes the "
             f"list of records, got {new!r} ({type(new).__name__})"
         )
-    previous, _default_method = _default_method, new
-    return _RestoreDefaultMethod(previous)
+    restore = contextlib.ExitStack()
+    restore.callback(_use_method, _default_method)
+    _use_method(new)
+    return restore
 
 
 class DatasetFromList(Dataset):
     """A map-style dataset over a list of records.
 
-    With ``serialize=True`` the records go through the default serialisation method:
-    trainkit's keeps them pickled in shared memory, one copy per machine however many ranks
-    build the same list (see :class:`_SharedSerializedList`).
+    With ``serialize=True`` the records go through the default serialisation method: trainkit's
+    keeps them pickled in shared memory, one copy per machine (see :class:`_SharedSerializedList`).
     """
 
     def __init__(
-        self,
-        lst: Iterable[Any],
-        copy: bool = True,
-        serialize: bool | SerializeMethod = True,
+        self, lst: Iterable[Any], copy: bool = True, serialize: bool | SerializeMethod = True
     ) -> None:
         """Wrap ``lst``.
 
         Args:
-            lst: the records (with the default serialisation, any iterable, consumed one by
-                one).
+            lst: the records (with the default serialisation, any iterable, consumed one by one).
             copy: without serialisation, return a deep copy of a record on each access.
-            serialize: ``True`` applies the default serialisation method, ``False`` keeps the
-                list as is, a callable is the method applied to ``lst`` (items are then as
-                its result gives them).
+            serialize: ``True``: the default serialisation method; ``False``: the list as is; a
+                callable: the method applied to ``lst`` (items as its result gives them).
 
         Raises:
             TypeError: If ``serialize`` is neither a bool nor callable.
@@ -150,8 +134,7 @@ class DatasetFromList(Dataset):
                 f"DatasetFromList(serialize={serialize!r}): expected True, False or a "
                 f"callable that serialises the list, got {type(serialize).__name__}"
             )
-        self._copy = copy
-        self._serialize = serialize is not False
+        self._copy, self._serialize = copy, serialize is not False
         if not self._serialize:
             self._lst: Any = lst if isinstance(lst, Sequence) else list(lst)
             return
@@ -166,20 +149,15 @@ class DatasetFromList(Dataset):
     ) -> DatasetFromList:
         """Build the machine's one serialised copy from the records ``load_fn`` returns.
 
-        Kept for code written for earlier trainkit versions, where only local rank 0 called
-        ``load_fn``: now every rank calls it (it may return any iterable) and the constructor,
-        given ``copy``, shares one copy per machine by content
-        (:mod:`trainkit.data.records.segment_sharing`; a custom default serialisation method is
-        applied by every rank instead).
+        Kept for earlier trainkit code, where only local rank 0 called ``load_fn``: now every
+        rank calls it (it may return any iterable) and the constructor shares one copy per
+        machine by content (:mod:`trainkit.data.records.segment_sharing`).
         """
         return cls(load_fn(), copy=copy)
 
     @property
     def segment_identity(self) -> tuple[int, int] | None:
-        """``(st_dev, st_ino)`` of the shared-memory segment holding the records.
-
-        Equal in every process that maps the same copy; ``None`` without a shared segment.
-        """
+        """``(st_dev, st_ino)`` of the records' shared segment, alike where mapped (or ``None``)."""
         return self._lst.segment_identity if isinstance(self._lst, _SharedSerializedList) else None
 
     def __len__(self) -> int:

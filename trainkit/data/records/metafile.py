@@ -19,7 +19,6 @@ import logging
 import mmap
 import os
 import struct
-import sys
 import time
 import weakref
 from array import array
@@ -43,7 +42,7 @@ _HEADER_BYTES = _HEADER_INT64 * 8
 _SCAN_CHUNK = 64 << 20  # bytes per vectorised newline scan
 _GATHER_BLOCK = 1 << 14  # records copied per numpy gather (~16 B of temporaries per byte)
 _NEWLINE, _CR = 10, 13
-_TWO_INT64 = struct.Struct("<qq") if sys.byteorder == "little" else struct.Struct(">qq")
+_TWO_INT64 = struct.Struct("=qq")  # native byte order, as the index is written
 
 
 def _file_key(path: str) -> tuple[int, int]:
@@ -101,10 +100,7 @@ def _scan_line_starts(meta_file: str, size: int, progress: bool) -> Iterator[np.
 def build_line_index(
     meta_file: str | os.PathLike, index_path: str | os.PathLike, *, progress: bool = True
 ) -> None:
-    """Scan ``meta_file`` and atomically write its line index to ``index_path``.
-
-    ``progress`` shows a tqdm progress bar.
-    """
+    """Write ``meta_file``'s line index to ``index_path`` atomically (``progress``: a tqdm bar)."""
     meta_file, index_path = str(meta_file), Path(index_path)
     size, mtime_ns = _file_key(meta_file)
     index_path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,9 +201,8 @@ class MetaFileDataset(Dataset):
     """A map-style dataset over a one-record-per-line file (JSON lines by default).
 
     Record ``i`` is read on demand with two ``pread`` calls (its :class:`LineIndex` entry,
-    then its bytes) from the kernel's page cache, which every process on the machine shares:
-    private memory per process is O(1) in the number of records and however many were read,
-    and any index costs the same, so use it with
+    then its bytes) from the page cache every process on the machine shares: private memory
+    is O(1) in the records, and any index costs the same, so use it with
     :class:`~trainkit.data.samplers.TrainingSampler` for a true global shuffle.
     :meth:`copy_lines` copies many records' lines at once (how a ``RankDataset`` loads its
     share). Blank lines are skipped; each access parses a fresh record.
@@ -236,17 +231,14 @@ class MetaFileDataset(Dataset):
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
         """
-        self._parse = parse
-        self._index_dir = index_dir
+        self._parse, self._index_dir = parse, index_dir
         self._open(LineIndex(meta_file, index_dir=index_dir))
 
     def _open(self, index: LineIndex) -> None:
-        self._index = index
-        self._num_records = len(index)
-        # pread, not a mapping: pages of a file that only this process maps count as its
-        # private memory (USS/RSS grow to the file size under random access, though the
-        # kernel may drop them); pread reads the shared page cache and leaves the process's
-        # memory flat. A syscall costs ~1 us, far below parsing a record.
+        self._index, self._num_records = index, len(index)
+        # pread, not a mapping: the pages of a file only this process maps count as its own
+        # memory (RSS grows to the file size under random access); pread reads the shared
+        # page cache. A syscall costs ~1 us, far below parsing a record.
         self._index_fd = os.open(index.path, os.O_RDONLY | os.O_CLOEXEC)
         self._meta_fd = os.open(index.meta_file, os.O_RDONLY | os.O_CLOEXEC)
         for fd in (self._index_fd, self._meta_fd):
@@ -280,9 +272,7 @@ class MetaFileDataset(Dataset):
         return self._parse(line.rstrip(b"\r\n").decode("utf-8"))
 
     def copy_lines(self, indices: np.ndarray, write: Callable[[np.ndarray], Any]) -> array:
-        """Pass the raw lines of records ``indices`` to ``write``, block by block, in order.
-
-        Lines are gathered with numpy, a block of records at a time, from the page cache.
+        """Pass the raw lines of records ``indices`` to ``write`` in order, gathered block by block.
 
         Args:
             indices: record indices (int64), best sorted: the reads then move forward.
@@ -319,8 +309,7 @@ class MetaFileDataset(Dataset):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._parse = state["parse"]
-        self._index_dir = state["index_dir"]
+        self._parse, self._index_dir = state["parse"], state["index_dir"]
         if _file_key(state["meta_file"]) != tuple(state["key"]):
             raise RuntimeError(
                 f"{state['meta_file']} changed since this dataset was opened; its records "

@@ -7,7 +7,7 @@ parts, part ``e % mini_epochs`` into ``world_size`` contiguous shares, and rank 
 share ``r`` only (:class:`_Shares`): every record is in exactly one share per epoch, and a
 rank holds ``M / (world_size * mini_epochs)`` records. :class:`RankDataset` is the current
 share (map-style) and :class:`RankStream` the shares as an endless stream
-(:class:`~trainkit.data.loading.rank_loader.RankDataLoader` is the train loader over it).
+(:class:`~trainkit.data.loading.loader.RankDataLoader` is the train loader over it).
 """
 
 from __future__ import annotations
@@ -94,24 +94,21 @@ def rank_share(
 ) -> np.ndarray:
     """Return the record indices rank ``rank`` holds in (mini-)epoch ``epoch``, sorted.
 
-    Pure: the same arguments give the same share on any process. For a fixed full epoch
-    (``epoch // mini_epochs``), the shares of all ranks and mini-epochs partition
-    ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
-    ``seed`` is shared by all ranks.
+    Pure: the same arguments (``seed`` shared by all ranks) give the same share on any process.
+    For a fixed full epoch (``epoch // mini_epochs``), the shares of all ranks and mini-epochs
+    partition ``range(num_records)``, and their sizes differ by at most one within a mini-epoch.
     """
-    shares = _Shares(
+    return _Shares(
         num_records, seed=seed, mini_epochs=mini_epochs, rank=rank, world_size=world_size
-    )
-    return shares.sorted_share(epoch)
+    ).sorted_share(epoch)
 
 
 class RankDataset(Dataset):
     """A map-style dataset holding only this rank's share of the current (mini-)epoch.
 
     ``dataset[i]`` parses the ``i``-th record of the share, in file order (shuffle with a
-    sampler, or use :class:`RankDataLoader`). On first use the share is copied from the file,
-    a block of records at a time, into one shared-memory segment of raw lines that forked or
-    spawned loader workers map too.
+    sampler, or use :class:`RankDataLoader`). On first use the share's raw lines are copied
+    into one shared-memory segment, which loader workers map too.
     """
 
     def __init__(
@@ -135,14 +132,11 @@ class RankDataset(Dataset):
 
         Raises:
             MissingFileError: A ``FileNotFoundError``: if ``meta_file`` does not exist.
-            ConfigError: A ``ValueError``: if the file has fewer records than
-                ``world_size * mini_epochs`` (some share would be empty) or ``mini_epochs``
-                is not positive.
+            ConfigError: A ``ValueError``: if ``mini_epochs`` is not positive or the file has fewer
+                records than ``world_size * mini_epochs`` (a share would be empty).
             ValueError: If ``rank`` or ``world_size`` is out of range.
         """
-        self.meta_file = str(meta_file)
-        self.seed = int(seed)
-        self.mini_epochs = int(mini_epochs)
+        self.meta_file, self.seed, self.mini_epochs = str(meta_file), int(seed), int(mini_epochs)
         self.world_size = comm.get_world_size() if world_size is None else int(world_size)
         self.rank = comm.get_rank() if rank is None else int(rank)
         self.records = MetaFileDataset(meta_file, parse=parse, index_dir=index_dir)
@@ -219,18 +213,16 @@ class RankStream(IterableDataset):
     """A :class:`RankDataset`'s shares as one endless stream, shuffled within each share.
 
     Epoch after epoch, it yields this rank's share in an order shuffled by (seed, epoch),
-    each record read on demand through the line index: nothing but the file's shared page
-    cache grows with the data. Worker ``w`` of ``n`` loader workers reads positions
-    ``w, w + n, ...`` of each shuffled share (``shards_across_workers``), and
-    :meth:`iter_from` jumps in O(1), so the train loader resumes it exactly.
+    each record read on demand through the line index (only the shared page cache grows with
+    the data). Worker ``w`` of ``n`` reads positions ``w, w + n, ...`` of each shuffled share
+    (``shards_across_workers``); :meth:`iter_from` jumps in O(1), so a resume is exact.
     """
 
     shards_across_workers = True
 
     def __init__(self, dataset: RankDataset, start_epoch: int = 0) -> None:
         """Stream ``dataset``'s shares from (mini-)epoch ``start_epoch`` on."""
-        self.dataset = dataset
-        self.start_epoch = int(start_epoch)
+        self.dataset, self.start_epoch = dataset, int(start_epoch)
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this stream must match: the shares' seed and layout."""

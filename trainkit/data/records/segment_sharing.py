@@ -1,39 +1,33 @@
 """One copy of identical record segments per machine, found by content, with no collective.
 
-This is trainkit's one mechanism for one copy of the records per machine. It uses no
-collective and no process group, so it works under any launcher (``launch()``, torchrun,
-SLURM, processes started by hand) and no rank ever waits for another. Every process that
-builds a record segment (``DatasetFromList(lst)`` on each rank, as detectron2 code does, and
-the catalog path) serialises it into its own sealed memfd, hashing it on the way
+trainkit's one mechanism for one copy of the records per machine: no collective and no process
+group, so it works under any launcher and no rank waits for another. Every process that builds
+a record segment (``DatasetFromList(lst)`` on each rank, and the catalog path) serialises it
+into its own sealed memfd, hashing it on the way
 (:class:`~trainkit.data.records.shared_segments.SegmentWriter`); :func:`share_segment` then
 meets the machine's other holders of the same records at a Linux *abstract* unix socket::
 
     \\0trainkit-records/<uid>/<blake2b digest, hex>
 
-* The first process to ``bind`` it serves: a daemon thread sends the memfd itself over the
-  socket (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it
-  receives (same user, sealed, the size and digest of the segment it built), maps it and
-  drops its own copy. Of two that finish together, the loser of the race for ``bind``
-  connects.
-* Different records have different names, so no process is given another list's records;
-  abstract names vanish with their last socket, so a crash leaves nothing behind.
+* The first process to ``bind`` it serves: a daemon thread sends the memfd over the socket
+  (``SCM_RIGHTS``; no ``/proc`` access needed). A later one connects, checks what it receives
+  (same user, sealed, the size and digest of its own segment), maps it and drops its own copy.
+* Different records have different names; abstract names vanish with their last socket, so
+  a crash leaves nothing behind.
 * Holders keep their connection open to *watch* the server: when it exits or drops the
-  dataset, they race to ``bind`` and the winner serves its mapping (the same file), so a
-  later builder of the same records still finds the copy.
-* Forked loader workers inherit the mapping (an at-fork handler closes the inherited
-  sockets: only the parent serves); spawned ones attach through the pickled handle
+  dataset, they race to ``bind`` and the winner serves its mapping (the same file).
+* Forked loader workers inherit the mapping (an at-fork handler closes the inherited sockets:
+  only the parent serves); spawned ones attach through the pickled handle
   (:func:`attach_segment`) or, where that fails, by digest.
-* Without memfd sealing or abstract unix sockets (another OS, a sandbox), or when a
-  connection times out, a process keeps its private copy and logs one line. Segments under
-  :data:`MIN_SHARED_BYTES` are not shared: the saving would not pay for a thread and sockets.
+* Without memfd sealing or abstract unix sockets, or when a connection times out, a process
+  keeps its private copy and logs one line. Segments under :data:`MIN_SHARED_BYTES` are not
+  shared: the saving would not pay for a thread and sockets.
 
-Costs: every rank that needs the records loads and serialises them itself (the catalog
-function's CPU time and file reads once per rank, not per machine); ranks that build at the
-same time briefly hold one copy each (on top of the callers' lists), freed as each attaches,
-so the steady state is one copy per machine for any number of ranks and loader workers. Each
-shared segment keeps a daemon thread and a few sockets per process. Same-user processes are
-trusted (they could read this process's memory anyway); other users can neither be served
-nor serve (``SO_PEERCRED``). Tests stop every share of a process with :func:`stop_all`.
+Costs: every rank loads and serialises the records itself (the catalog function's CPU time
+and reads once per rank); ranks that build at the same time briefly hold one copy each, freed
+as each attaches. Each shared segment keeps a daemon thread and a few sockets per process.
+Same-user processes are trusted (they could read this process's memory anyway); other users
+can neither be served nor serve (``SO_PEERCRED``). Tests stop every share with :func:`stop_all`.
 """
 
 from __future__ import annotations
@@ -79,8 +73,7 @@ def segment_address(digest: bytes) -> bytes:
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     """Return ``(pid, uid)`` of the process at the other end of a unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return pid, uid
+    return struct.unpack("3i", creds)[:2]
 
 
 def receive_segment(digest: bytes, size: int) -> tuple[socket.socket, int]:
@@ -127,10 +120,7 @@ def map_received(fd: int, digest: bytes, size: int) -> SharedSegment:
 
 
 def fetch_segment(digest: bytes, size: int) -> SharedSegment | None:
-    """Map the segment with ``digest`` a process on this machine serves (the same pages).
-
-    ``None`` if nobody serves it or the answer failed a check (logged at debug level).
-    """
+    """Map the segment ``digest`` a local process serves (``None``: none, or a check failed)."""
     try:
         sock, fd = receive_segment(digest, size)
         sock.close()
@@ -180,10 +170,9 @@ ForkingPickler.register(SharedSegment, _reduce_for_processes)
 def share_segment(segment: SharedSegment) -> SharedSegment:
     """Return the machine's copy of ``segment``'s records, serving ``segment`` if first.
 
-    If another process of this user serves a segment with the same digest, that segment is
-    returned (the caller drops its own, freeing it); otherwise ``segment``, served until it is
-    garbage-collected. Never waits beyond one connection attempt (at most ``TIMEOUT_S`` if a
-    holder hangs).
+    That is another process's segment with the same digest (the caller drops its own), else
+    ``segment``, served until it is garbage-collected. Never waits beyond one connection
+    attempt (at most ``TIMEOUT_S`` if a holder hangs).
     """
     if not segment.shared or segment.nbytes < MIN_SHARED_BYTES:
         return segment
@@ -198,8 +187,7 @@ def share_segment(segment: SharedSegment) -> SharedSegment:
         logger.warning(
             "Cannot share the records with other processes on this machine (%s: %s); "
             "this process keeps a private copy",
-            type(e).__name__,
-            e,
+            *(type(e).__name__, e),
         )
         return segment
     _LIVE.add(share)
@@ -208,9 +196,7 @@ def share_segment(segment: SharedSegment) -> SharedSegment:
         logger.info(
             "Process %s on this machine holds the same %d records: mapping its copy "
             "(%.2f MiB not duplicated)",
-            share.server_pid,
-            int(result.ends.size),
-            result.nbytes / 2**20,
+            *(share.server_pid, int(result.ends.size), result.nbytes / 2**20),
         )
     return result
 

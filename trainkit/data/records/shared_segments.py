@@ -1,19 +1,14 @@
 """Read-only record segments in anonymous shared memory that other local processes can attach to.
 
 A *segment* holds serialised records: a 64-byte header (with a BLAKE2b digest of the record
-bytes, ends and counts, computed while they are written), the concatenated record bytes, and
-the int64 end offset of every record. It lives in an **anonymous** memory file
-(``memfd_create``, or an unlinked temporary file in ``/dev/shm`` where memfd is missing),
-which has no name in the file system, so nothing can leak: the kernel frees the pages with
-the last descriptor and mapping, also when every process holding it crashes or is killed.
-The writer seals a memfd against writes, growth and shrinking once it is complete, so no
-process can change the bytes under another one's feet. How other processes of the machine
-map the same file is :mod:`trainkit.data.records.segment_sharing`'s.
+bytes, ends and counts), the concatenated record bytes, and the int64 end offset of every
+record. It lives in an **anonymous** memory file (``memfd_create``, else an unlinked file in
+``/dev/shm``): the kernel frees the pages with the last descriptor and mapping, also after a
+crash. A complete memfd is sealed against writes, growth and shrinking. Other local
+processes map the same file through :mod:`trainkit.data.records.segment_sharing`.
 
-Plain ``pickle`` (a file, ``copy.deepcopy``) stores the bytes themselves, as for a torch
-tensor, so the pickle outlives this process; loading puts them into a new memory file. Where
-no memory file can be created a segment lives in private memory and says so; sending it
-copies its bytes, as for a numpy array.
+Plain ``pickle`` stores the bytes themselves (as for a torch tensor); loading puts them into a
+new memory file. Where no memory file can be created a segment lives in private memory.
 """
 
 from __future__ import annotations
@@ -95,11 +90,9 @@ def is_sealed(fd: int) -> bool:
 class SharedSegment:
     """A complete, read-only segment: ``data`` (uint8) and ``ends`` (int64) numpy views.
 
-    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or
-    :func:`~trainkit.data.records.segment_sharing.attach_segment`. Sent through multiprocessing it
-    travels as its handle (registered by :mod:`trainkit.data.records.segment_sharing`), so the
-    receiver, on this machine while this process holds the segment (a loader worker it
-    spawned), maps the same pages.
+    Made by :class:`SegmentWriter`, :func:`segment_from_fd` or ``segment_sharing``'s
+    ``attach_segment``; sent through multiprocessing (to a loader worker it spawned) it travels
+    as its handle, so the receiver maps the same pages.
     """
 
     def __init__(self, fd: int | None, buffer: Any) -> None:

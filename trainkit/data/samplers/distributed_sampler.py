@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -111,8 +111,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
     Epoch ``e`` repeats index ``i`` ``floor(r_i)`` times plus once more with probability
     ``frac(r_i)`` (stochastic rounding keyed by ``(seed, e)``), then shuffles that list with
     a keyed bijection. Epochs have different lengths, so jumping to a position walks the
-    epoch lengths from the start (O(N) per epoch passed, done once per resume); memory is
-    O(N) like the factors themselves.
+    epoch lengths from the start (O(N) per epoch passed, once per resume); memory is O(N).
     """
 
     def __init__(
@@ -134,12 +133,9 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         Raises:
             ValueError: If a factor is negative or every record would be repeated 0 times.
         """
-        factors = np.asarray(
-            repeat_factors.cpu().numpy()
-            if isinstance(repeat_factors, torch.Tensor)
-            else repeat_factors,
-            dtype=np.float64,
-        )
+        if isinstance(repeat_factors, torch.Tensor):
+            repeat_factors = repeat_factors.cpu().numpy()
+        factors = np.asarray(repeat_factors, dtype=np.float64)
         if factors.ndim != 1 or factors.size == 0 or (factors < 0).any() or factors.sum() <= 0:
             raise ValueError(
                 "repeat_factors must be a non-empty 1-d list of factors >= 0, not all 0"
@@ -158,8 +154,7 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         """Compute per-record repeat factors from category frequencies (LVIS rule).
 
         ``f(c)`` is the fraction of records with an annotation of category ``c``, ``r(c) =
-        max(1, sqrt(repeat_thresh / f(c)))``, and a record's factor the max over its categories
-        (1 without annotations).
+        max(1, sqrt(repeat_thresh / f(c)))``, a record's factor the max of its categories' (or 1).
 
         Args:
             dataset_dicts: records with ``"annotations"``, each holding ``"category_id"``.
@@ -170,22 +165,12 @@ class RepeatFactorTrainingSampler(GlobalStreamSampler):
         Returns:
             float32 tensor of one factor per record.
         """
-        category_freq: dict[Any, int] = defaultdict(int)
-        for record in dataset_dicts:
-            for cat_id in {ann["category_id"] for ann in record.get("annotations", [])}:
-                category_freq[cat_id] += 1
+        annotations = [record.get("annotations", []) for record in dataset_dicts]
+        freq = Counter(c for anns in annotations for c in {a["category_id"] for a in anns})
         num_records = max(1, len(dataset_dicts))
-        category_rep = {}
-        for cat, count in category_freq.items():
-            ratio = repeat_thresh / (count / num_records)
-            category_rep[cat] = max(1.0, math.sqrt(ratio) if sqrt else ratio)
-        factors = [
-            max(
-                (category_rep[ann["category_id"]] for ann in record.get("annotations", [])),
-                default=1.0,
-            )
-            for record in dataset_dicts
-        ]
+        ratios = {cat: repeat_thresh / (count / num_records) for cat, count in freq.items()}
+        rep = {cat: max(1.0, math.sqrt(ratio) if sqrt else ratio) for cat, ratio in ratios.items()}
+        factors = [max((rep[a["category_id"]] for a in anns), default=1.0) for anns in annotations]
         return torch.tensor(factors, dtype=torch.float32)
 
     def _identity(self) -> dict[str, Any]:

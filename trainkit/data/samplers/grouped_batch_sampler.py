@@ -16,12 +16,11 @@ __all__ = ["GroupedBatchSampler"]
 class GroupedBatchSampler(BatchSampler):
     """Wrap a sampler and yield batches whose indices all belong to one group.
 
-    It groups with :class:`~trainkit.data.plans.grouping.Buckets`, as the train loader does:
-    batches follow the sampler's order as closely as grouping allows, and indices still
-    waiting when the sampler ends join the next pass, as in detectron2. It records no
-    position: for a resumable, grouped train loader use
-    ``build_batch_data_loader(..., aspect_ratio_grouping=True)``. ``len()`` is undefined
-    (it depends on the order).
+    It groups with :class:`~trainkit.data.plans.grouping.Buckets`, as the train loader does: batches
+    follow the sampler's order as closely as grouping allows, and indices still waiting when the
+    sampler ends join the next pass, as in detectron2. It records no position: for a resumable,
+    grouped train loader use ``build_batch_data_loader(..., aspect_ratio_grouping=True)``. ``len()``
+    is undefined (it depends on the order).
     """
 
     def __init__(
@@ -43,10 +42,8 @@ class GroupedBatchSampler(BatchSampler):
             raise ValueError(f"group_ids must be one-dimensional, got shape {group_ids.shape}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        self.sampler = sampler
-        self.group_ids = group_ids
-        self.batch_size = batch_size
-        self.drop_last = False
+        self.sampler, self.group_ids = sampler, group_ids
+        self.batch_size, self.drop_last = batch_size, False
         self._buckets = Buckets(batch_size, {group: [] for group in np.unique(group_ids).tolist()})
         self.buffer_per_group: dict[Any, list[int]] = self._buckets.waiting
 
