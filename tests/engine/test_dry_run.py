@@ -323,6 +323,16 @@ def test_a_lazyconfig_is_listed_from_its_loaders_arguments_without_building_it(c
     assert "Recipe (a LazyConfig is not rescaled to the world size: as written):" in text
 
 
+def test_a_lazyconfigs_loader_spec_keeps_its_dataloader_arguments_and_nothing_else():
+    from trainkit.config.run_config import run_config
+    from trainkit.data.build import train_data_spec
+
+    spec = train_data_spec(run_config(_lazy_cfg(timeout=30)), world_size=2, rank=1, seed=5)
+    # The builder's ``**kwargs`` are unpacked, not passed on as an argument named "kwargs".
+    assert dict(spec.loader.dataloader_kwargs) == {"timeout": 30}
+    assert (spec.world_size, spec.rank, spec.loader.num_workers) == (2, 1, 0)
+
+
 def test_a_lazyconfig_without_a_data_seed_is_not_listed():
     from trainkit.engine.dry_run import dry_run
 

@@ -201,5 +201,6 @@ def train_data_spec(run: RunConfig, *, world_size: int, rank: int, seed: int) ->
     arguments = {k: instantiate(v) for k, v in node.items() if k != "_target_"}
     bound = inspect.signature(target).bind(**{**arguments, "seed": seed})
     bound.apply_defaults()
-    spec = TrainDataSpec.from_arguments(**{**bound.arguments, **bound.arguments.pop("kwargs", {})})
+    extra = bound.arguments.pop("kwargs", {})  # popped first: it is not a loader argument
+    spec = TrainDataSpec.from_arguments(**bound.arguments, **extra)
     return dataclasses.replace(spec, world_size=world_size, rank=rank)
