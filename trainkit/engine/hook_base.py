@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -146,20 +145,6 @@ def hook_state_key(hook: HookBase) -> str:
 _STEP_PHASES = ("before_step", "after_backward", "after_step")
 
 
-def _hook_methods(hook: HookBase) -> dict[str, Callable[[], None]]:
-    """The per-step methods ``hook`` has of its own: overridden, or set on the instance."""
-    methods = {
-        "before_step": (hook.before_step, HookBase.before_step),
-        "after_backward": (hook.after_backward, HookBase.after_backward),
-        "after_step": (hook.after_step, HookBase.after_step),
-    }
-    return {
-        phase: method
-        for phase, (method, default) in methods.items()
-        if not (isinstance(method, types.MethodType) and method.__func__ is default)
-    }
-
-
 def _note_hook(error: BaseException, hook: HookBase, method: str, iteration: int) -> None:
     error.add_note(f"(raised in hook {type(hook).__name__}.{method} at iteration {iteration})")
 
@@ -199,8 +184,11 @@ class HookDispatch:
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
         self.callbacks = {phase: [] for phase in _STEP_PHASES}
         for hook in self.hooks:
-            for phase, method in _hook_methods(hook).items():
-                self.callbacks[phase].append((hook, method))
+            for phase in _STEP_PHASES:
+                # Its own method: overridden, or set on the instance.
+                method = getattr(hook, phase)
+                if getattr(method, "__func__", None) is not getattr(HookBase, phase):
+                    self.callbacks[phase].append((hook, method))
 
     def run(self, phase: str, iteration: int) -> None:
         """Call the hooks acting in ``phase``; what one raises gets a note naming it."""
