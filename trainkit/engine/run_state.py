@@ -14,11 +14,7 @@ from trainkit.launcher import record_run_id
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
 
-__all__ = [
-    "RunState",
-    "continued_position",
-    "upgrade_run_state",
-]
+__all__ = ["RunState", "continued_position", "upgrade_run_state"]
 
 logger = logging.getLogger(__name__)
 

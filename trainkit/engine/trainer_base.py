@@ -9,13 +9,7 @@ from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from trainkit.engine.events import StepEvents
-from trainkit.engine.hook_base import (
-    HookBase,
-    HookDispatch,
-    blamed_on,
-    hook_state_key,
-    keeps_state,
-)
+from trainkit.engine.hook_base import HookBase, HookDispatch, blamed_on, hook_state_key, keeps_state
 from trainkit.utils.errors import UsageError
 from trainkit.utils.events import EventStorage
 
@@ -272,10 +266,8 @@ class TrainerBase:
     def flush_pending_checks(self, *, collective: bool = True) -> None:
         """Raise now for a step whose check was deferred (nothing here); call before saving.
 
-        ``collective``: every rank calls it at this step (see the step trainer's).
-
-        Step trainers that check losses on the device override it
-        (:meth:`SimpleTrainer.flush_pending_checks`).
+        ``collective``: every rank calls it at this step (see the step trainer's). Step trainers
+        that check losses on the device override it (:meth:`SimpleTrainer.flush_pending_checks`).
         """
 
     def loader_state_dict(self) -> dict[str, Any] | None:
