@@ -81,11 +81,11 @@ class _Extras:
 class DefaultTrainer(TrainerBase):
     """A trainer with detectron2's default behaviour, built entirely from a config.
 
-    It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler,
-    DDP wrapper, step trainer (:mod:`~trainkit.engine.step_config`), checkpointer, stall
-    watchdog and hooks once, and hands its own collaborators the parts they use.
-    Checkpoints hold everything needed to continue bit for bit
-    (:class:`~trainkit.engine.run_state.RunState`).
+    It builds the model, optimizer, train loader (rank-sharded, resumable), LR scheduler, DDP
+    wrapper, step trainer (:mod:`~trainkit.engine.step_config`), checkpointer, stall watchdog
+    and hooks once, and hands its own collaborators the parts they use. Checkpoints hold
+    everything needed to continue bit for bit (:class:`~trainkit.engine.run_state.RunState`).
+    Hooks read the attributes :class:`TrainerBase` lists.
 
     Where to plug in:
 
@@ -102,16 +102,13 @@ class DefaultTrainer(TrainerBase):
     ``TrainerBase.__init__``, then set ``_trainer``, ``scheduler``, ``checkpointer``,
     ``start_iter``, ``max_iter`` and ``cfg``); trainkit's parts then take their defaults
     (no stall watchdog, no EMA, a run state of those parts) and a missing one is named.
-
-    Hooks read the attributes :class:`TrainerBase` lists. ``model_ema`` is the
-    :class:`~trainkit.engine.hooks.ModelEMA` hook (``None`` unless ``MODEL_EMA.ENABLED``).
     """
 
+    cfg: CfgNode = _Required()  # type: ignore[assignment]
+    """The run's config (frozen, scaled to the world size)."""
     checkpointer: Checkpointer = _Required()  # type: ignore[assignment]
     scheduler: Any = _Required()
-    _cfg: CfgNode | None = None
     _step: SimpleTrainer | None = None
-    _extras: _Extras | None = None
     _seed_was_random = False
     _last_eval_results: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
 
@@ -149,16 +146,15 @@ class DefaultTrainer(TrainerBase):
         # job's store, where rank 0 compares every rank's (see trainkit.launcher.job).
         store = connect_job_store() if cfg.WATCHDOG_TIMEOUT_S > 0 else None
         device = next((p.device for p in model.parameters()), None)
-        self._extras = self._default_extras(
+        self._parts = self._default_extras(
             watchdog=ProgressWatchdog(cfg.WATCHDOG_TIMEOUT_S, comm.get_rank(), store=store),
             model_ema=hooks.ModelEMA(model, cfg.MODEL_EMA.DECAY) if cfg.MODEL_EMA.ENABLED else None,
             # Slow ranks named (STRAGGLER.*): it times the phases the step announces.
             stragglers=build_straggler_detector(cfg, device),
         )
         self.checkpointer.add_checkpointable("trainer", self.run_state)
-        # The watchdog is the job's, not one of the default hooks a subclass rearranges:
-        # registered first (it runs before the timer), it leaves build_hooks' list in
-        # detectron2's positions.
+        # The watchdog is the job's, not one of the default hooks a subclass rearranges: registered
+        # first (it runs before the timer), it leaves build_hooks' list in detectron2's positions.
         self.register_hooks([self.watchdog, *self.build_hooks()])
 
     def _default_extras(self, **parts: Any) -> _Extras:
@@ -185,11 +181,9 @@ class DefaultTrainer(TrainerBase):
         self.events.subscribe(*[x for x in used if x is not None])
         return extras
 
-    @property
+    @functools.cached_property
     def _parts(self) -> _Extras:
-        if self._extras is None:
-            self._extras = self._default_extras()
-        return self._extras
+        return self._default_extras()
 
     @property
     def watchdog(self) -> ProgressWatchdog:
@@ -203,24 +197,13 @@ class DefaultTrainer(TrainerBase):
 
     @property
     def model_ema(self) -> hooks.ModelEMA | None:
-        """The ``ModelEMA`` hook (``MODEL_EMA.ENABLED``), else ``None``."""
+        """The :class:`~trainkit.engine.hooks.ModelEMA` hook (``MODEL_EMA.ENABLED``) or ``None``."""
         return self._parts.model_ema
 
     @property
     def stragglers(self) -> StragglerDetector | None:
         """The slow-rank clock (``STRAGGLER.ENABLED`` with several processes), else ``None``."""
         return self._parts.stragglers
-
-    @property
-    def cfg(self) -> CfgNode:
-        """The run's config (frozen, scaled to the world size)."""
-        if self._cfg is None:
-            raise _not_set(self, "cfg")
-        return self._cfg
-
-    @cfg.setter
-    def cfg(self, cfg: CfgNode) -> None:
-        self._cfg = cfg
 
     @property
     def _trainer(self) -> SimpleTrainer:
@@ -233,8 +216,8 @@ class DefaultTrainer(TrainerBase):
     def _trainer(self, step: SimpleTrainer) -> None:
         # Adopt-or-refuse once the config is known (a subclass that skips __init__ may assign
         # the step before cfg, as detectron2 projects do: it keeps the step as it built it).
-        if self._cfg is not None:
-            adopt_config_wiring(self._cfg, step)
+        if "cfg" in vars(self):
+            adopt_config_wiring(self.cfg, step)
         step.bind_to(self)
         self._step = step
 
@@ -387,13 +370,12 @@ class DefaultTrainer(TrainerBase):
     def train(self) -> dict[str, Any]:  # type: ignore[override]  # detectron2's signature
         """Train from ``start_iter`` to ``SOLVER.MAX_ITER``, then return the last eval results.
 
-        The results are :meth:`test`'s (validation losses go to the writers only); rank 0
-        checks them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. A step that
-        fails (an exception, a non-finite loss, out of memory) is captured in
-        ``OUTPUT_DIR/failed_steps/iter_<N>/`` first
+        The results are :meth:`test`'s (validation losses go to the writers only); rank 0 checks
+        them against ``TEST.EXPECTED_RESULTS``, as detectron2 does. A step that fails (an exception,
+        a non-finite loss, out of memory) is captured in ``OUTPUT_DIR/failed_steps/iter_<N>/`` first
         (:class:`~trainkit.engine.failed_steps.FailedStepCapture`). After a stop
-        (:meth:`TrainerBase.request_stop`) ``model_final.pth`` records it: resuming that run
-        does not train (:class:`~trainkit.engine.hooks.PeriodicCheckpointer`).
+        (:meth:`TrainerBase.request_stop`) ``model_final.pth`` records it: resuming that run does
+        not train (:class:`~trainkit.engine.hooks.PeriodicCheckpointer`).
 
         Raises:
             RuntimeError: If a result is missing or outside its expected range.
