@@ -2,10 +2,8 @@
 
 ``SimpleTrainer.accumulate`` runs a step's micro-batches and asks a :class:`GradientCombiner`
 how: each micro-batch's weight (its share of the step's samples), the context its forward
-and backward run in, and what follows the last backward. The default one sums the weighted
-gradients on this process and, under DistributedDataParallel, lets DDP all-reduce only the
-last micro-batch (``no_sync`` before). The failing-step replay emulates several ranks in one
-process with :class:`EmulatedRanks`; sharded models plug in here too.
+and backward run in, and what follows the last backward. The failing-step replay emulates
+several ranks in one process with :class:`EmulatedRanks`; sharded models plug in here too.
 """
 
 from __future__ import annotations
@@ -120,8 +118,8 @@ def create_ddp_model(
 class GradientCombiner:
     """Sum a step's weighted micro-batch gradients here; DDP all-reduces only the last one.
 
-    Subclasses change how the gradients of the micro-batches combine (emulated ranks,
-    sharded models) by overriding the three methods below.
+    Subclasses change how the gradients of the micro-batches combine (emulated ranks, sharded
+    models) by overriding its methods.
     """
 
     def weights(self, batches: Sequence[Any]) -> list[float] | None:
@@ -133,8 +131,8 @@ class GradientCombiner:
     ) -> contextlib.AbstractContextManager[Any]:
         """Return the context micro-batch ``index`` of ``count`` runs its forward and backward in.
 
-        DDP all-reduces on every backward unless told not to: only the last micro-batch of a
-        step needs the reduced gradients.
+        DDP all-reduces on every backward unless told not to (``no_sync``): only the last
+        micro-batch of a step needs the reduced gradients.
         """
         if index < count - 1 and isinstance(model, DistributedDataParallel):
             return model.no_sync()
@@ -148,13 +146,13 @@ class GradientCombiner:
         """Run after the last micro-batch's backward (nothing here: the gradients are in place)."""
 
 
+@dataclass
 class _Rank:
     """What one emulated rank keeps to itself: RNG states, buffers, its gradients."""
 
-    def __init__(self, rng: dict[str, Any] | None) -> None:
-        self.rng = rng  # None: the process's own generators
-        self.buffers: dict[str, torch.Tensor] | None = None  # None: the model's current
-        self.grads: list[torch.Tensor | None] = []
+    rng: dict[str, Any] | None  # None: the process's own generators
+    buffers: dict[str, torch.Tensor] | None = None  # None: the model's current
+    grads: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def copy_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -172,12 +170,11 @@ def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
 class EmulatedRanks(GradientCombiner):
     """The step's micro-batches as ``W`` ranks' in one process, combined as DDP does.
 
-    Micro-batch ``q`` belongs to rank ``q % W``; it runs with that rank's RNG states and
-    buffers, and its gradient adds to that rank's own. After the last, the ranks'
-    gradients are averaged as DDP averages them (each times ``1/W``, summed in rank order:
-    bit-exact for two ranks, whose sum is the same in either order; with more, Gloo's and
-    NCCL's summation order may differ in the last bit) and the model keeps rank 0's
-    buffers, the ones a checkpoint saves.
+    Micro-batch ``q`` belongs to rank ``q % W``; it runs with that rank's RNG states and buffers,
+    and its gradient adds to that rank's own. After the last, the ranks' gradients are averaged as
+    DDP averages them (each times ``1/W``, summed in rank order: bit-exact for two ranks, whose sum
+    is the same in either order; with more, Gloo's and NCCL's summation order may differ in the last
+    bit) and the model keeps rank 0's buffers, the ones a checkpoint saves.
 
     Args:
         model: the model (wrapped or not).
@@ -236,13 +233,11 @@ class EmulatedRanks(GradientCombiner):
             return list(self.ranks[0].grads)
         scale, out = 1.0 / len(self.ranks), []
         for grads in zip(*(rank.grads for rank in self.ranks)):
-            present = [g for g in grads if g is not None]
-            if not present:
+            present = next((g for g in grads if g is not None), None)
+            if present is None:
                 out.append(None)
                 continue
             # A rank without a gradient for it contributes zeros (as DDP's bucket would).
-            total = (grads[0] if grads[0] is not None else torch.zeros_like(present[0])) * scale
-            for g in grads[1:]:
-                total = total + (g if g is not None else torch.zeros_like(present[0])) * scale
-            out.append(total)
+            terms = [(torch.zeros_like(present) if g is None else g) * scale for g in grads]
+            out.append(sum(terms[1:], terms[0]))  # in rank order
         return out
