@@ -120,21 +120,17 @@ class RunState:
         loop.load_state_dict(state)
         world_size, rank, ranks = comm.get_world_size(), comm.get_rank(), state.get("ranks")
         data = continued_position(state, world_size, rank)
-        loader = loop.data_loader
-        if data is not None and isinstance(loader, ResumableLoader):
-            loader.load_state_dict(data)
+        if data is not None and isinstance(loop.data_loader, ResumableLoader):
+            loop.data_loader.load_state_dict(data)
         if ranks is not None and state.get("world_size") == world_size:
             set_rng_state(ranks[rank]["rng"])
             return
-        if data is not None:
-            afresh = (
-                "the data stream continues where it stopped, the per-rank random streams "
-                "(dropout, anything outside sample_rng/batch_rng) start afresh."
-            )
-        else:
-            afresh = (
-                "the data order and random streams start afresh, so this resume is not bit-exact."
-            )
+        afresh = (
+            "the data stream continues where it stopped, the per-rank random streams "
+            "(dropout, anything outside sample_rng/batch_rng) start afresh."
+            if data is not None
+            else "the data order and random streams start afresh, so this resume is not bit-exact."
+        )
         logger.warning(
             "The checkpoint was written by %s processes, this job has %d: %s",
             state.get("world_size"),
@@ -148,9 +144,8 @@ def continued_position(
 ) -> dict[str, Any] | None:
     """Return the loader position rank ``rank`` of a job of ``world_size`` continues from.
 
-    The rank's own position on the checkpoint's world size; on another, rank 0's if it is a
-    position in the global stream (any world size continues it); else None (the data order
-    starts afresh).
+    The rank's own position on the checkpoint's world size; on another, rank 0's if it is a position
+    in the global stream (any world size continues it); else None (the data order starts afresh).
 
     Args:
         state: the checkpoint's ``"trainer"`` entry in today's layout (:func:`upgrade_run_state`).
