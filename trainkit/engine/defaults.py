@@ -240,12 +240,9 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
 
 def _print_config_and_exit(run: RunConfig, args: argparse.Namespace) -> None:
     # The world size the job would have: the process group's, torchrun's, or the flags'.
-    if comm.get_world_size() > 1:
-        world_size = comm.get_world_size()
-    elif "WORLD_SIZE" in os.environ:
-        world_size = int(os.environ["WORLD_SIZE"])
-    else:
-        world_size = int(args.num_gpus) * int(args.num_machines)
+    world_size = comm.get_world_size()
+    if world_size == 1:
+        world_size = int(os.environ.get("WORLD_SIZE", int(args.num_gpus) * int(args.num_machines)))
     scaled = run.scaled(world_size)
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
