@@ -65,8 +65,7 @@ class AMPTrainer(SimpleTrainer):
             model: the model, already on its device (which picks the autocast device).
             grad_scaler: the loss scaler; by default a new one with float16, none otherwise.
             precision: the autocast dtype; ``None``: :func:`default_precision`.
-            log_grad_scaler: record the loss scale as ``[metric]grad_scaler`` whenever
-                metrics are recorded.
+            log_grad_scaler: record the loss scale as ``[metric]grad_scaler`` with the metrics.
         """
         super().__init__(
             model,

@@ -136,8 +136,7 @@ class DefaultTrainer(TrainerBase):
             cfg.OUTPUT_DIR,
             allow_shape_mismatch=cfg.MODEL.WEIGHTS_ALLOW_SHAPE_MISMATCH,
             async_save=cfg.SOLVER.CHECKPOINT_ASYNC,
-            # Training waits only for this part of a save (the host copy when writing in
-            # the background): the 'checkpoint' phase.
+            # The 'checkpoint' phase: the part of a save training waits for (async: the host copy).
             blocking_context=functools.partial(self.events.during, "checkpoint"),
         )
         self.start_iter = 0
@@ -464,8 +463,7 @@ class DefaultTrainer(TrainerBase):
             evaluators: one per test dataset; ``None`` builds them with :meth:`build_evaluator`.
 
         Returns:
-            ``{dataset_name: results}``, or the results themselves for a single dataset
-            (rank 0; other ranks may get empty dicts).
+            ``{dataset_name: results}`` (one dataset: its results) on rank 0; others may get ``{}``.
 
         Raises:
             ValueError: If the number of evaluators differs from the number of test sets.

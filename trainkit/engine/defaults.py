@@ -163,9 +163,8 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     Rank 0 logs to the console and ``OUTPUT_DIR/log.txt``; rank N to ``log.txt.rankN``. ``cfg`` is
     rescaled in place to the world size (:func:`~trainkit.config.scaling.auto_scale_config`); then
     rank 0 writes ``OUTPUT_DIR/config.yaml`` (the config the run uses), ``config_origins.yaml``
-    (each key set by a file, the command line or code, and where its value came from) and
-    ``env.txt``, and logs the detectron2-only keys a file or the command line set that
-    trainkit's code does not read.
+    (each key a file, the command line or code set, and where its value came from) and ``env.txt``,
+    and logs the detectron2-only keys a file or the command line set that trainkit never reads.
 
     With ``args.print_config`` (``--print-config``) it prints those keys instead, scaled to
     the job's world size, and exits with status 0 (``launch`` starts no process for it).
@@ -175,8 +174,7 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
     A LazyConfig (an omegaconf ``DictConfig``, as detectron2 accepts) is set up the same way
     (:mod:`~trainkit.config.run_config`) from ``train.output_dir``, ``train.seed``,
     ``train.cudnn_benchmark`` and ``train.init_checkpoint``: ``config.yaml`` is written with
-    ``LazyConfig.save``, every value is listed with its origin, nothing is rescaled, and the
-    config stays mutable.
+    ``LazyConfig.save``, every value listed with its origin, nothing rescaled; it stays mutable.
 
     Args:
         cfg: the full config: a ``CfgNode`` or a LazyConfig.
@@ -189,8 +187,7 @@ def default_setup(cfg: Any, args: argparse.Namespace | None = None) -> Any:
         OutputDirError: If the output directory cannot be created or written.
         UsageError: If the weights name no file, or ``--eval-only`` has no weights.
         ScalingError: If the config cannot be scaled to the world size.
-        SystemExit: With status 0, after printing, with ``args.print_config``; after a dry
-            run, 0, or 2 if the job would be refused.
+        SystemExit: 0 after printing (``args.print_config``) or a dry run, 2 if it refuses the job.
     """
     run, flags = run_config(cfg), command_line(args)
     if flags.print_config:

@@ -118,8 +118,7 @@ def create_ddp_model(
 class GradientCombiner:
     """Sum a step's weighted micro-batch gradients here; DDP all-reduces only the last one.
 
-    Subclasses change how the gradients of the micro-batches combine (emulated ranks, sharded
-    models) by overriding its methods.
+    Subclasses (emulated ranks, sharded models) override its methods to combine them otherwise.
     """
 
     def weights(self, batches: Sequence[Any]) -> list[float] | None:

@@ -71,8 +71,7 @@ class DefaultPredictor:
                 turned into ``INPUT.FORMAT``'s order before the model sees it.
 
         Returns:
-            The model's output for this image (``model([inputs])[0]``; logits for the
-            built-in ``ImageClassifier``).
+            The model's output, ``model([inputs])[0]`` (the built-in ``ImageClassifier``: logits).
         """
         with torch.no_grad():
             if self.input_format == "RGB":

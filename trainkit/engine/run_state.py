@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 class RunState:
     """Save and restore the run state of one training loop.
 
-    The loop's checkpointer holds it under ``"trainer"``, so a checkpoint's ``"trainer"``
-    entry is :meth:`state_dict`::
+    The loop's checkpointer saves :meth:`state_dict` as a checkpoint's ``"trainer"`` entry::
 
         iteration, hooks, stop_reason   the loop's state (TrainerBase.state_dict): the last
                                         finished iteration, each stateful hook's state by name
@@ -160,9 +159,8 @@ def continued_position(
 def upgrade_run_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Return the checkpoint's ``"trainer"`` entry in today's layout.
 
-    trainkit 0.1 kept the ranks' states in a ``"rank_states"`` entry and named the seed
-    ``"data_seed"``; a plain detectron2-style trainer's may have neither (then seed, world
-    size and ranks are ``None``).
+    trainkit 0.1 kept the ranks' states in ``"rank_states"`` and named the seed ``"data_seed"``;
+    a plain detectron2-style trainer's may have neither (then seed, world size, ranks are ``None``).
 
     Args:
         checkpoint: what ``Checkpointer.resume_or_load(..., checkpointables=[])`` returned.

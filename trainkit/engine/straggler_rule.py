@@ -104,8 +104,7 @@ class StragglerRule:
             figures: each rank's seconds per phase in this period (index = rank).
 
         Returns:
-            The ranks slow for ``periods`` periods in a row, by decreasing ratio; empty with
-            fewer than two ranks.
+            The ranks slow ``periods`` periods in a row, by decreasing ratio (none under two ranks).
         """
         if len(figures) != len(self._slow_in_a_row):  # the first period, or a new world size
             self._slow_in_a_row = [0] * len(figures)

@@ -35,8 +35,7 @@ class PhaseClock:
     """Add up the seconds spent in each phase between two :meth:`take` calls.
 
     Args:
-        device: the training device; CUDA events time phases on a ``cuda`` device,
-            ``time.perf_counter`` anywhere else.
+        device: the training device: CUDA events time a ``cuda`` one, ``time.perf_counter`` others.
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:

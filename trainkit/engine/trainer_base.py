@@ -97,8 +97,7 @@ class TrainerBase:
         replacing those of a step bound before.
 
         Raises:
-            ValueError: If hooks were registered on this trainer itself: they would never
-                run, since the loop's hooks replace them.
+            ValueError: If this trainer has hooks of its own: the loop's would replace them.
         """
         if self._dispatch.hooks and self._dispatch is not loop._dispatch:
             names = [type(h).__name__ for h in self._dispatch.hooks]
@@ -127,8 +126,7 @@ class TrainerBase:
         """Add hooks; they run by :attr:`HookBase.priority`, then in registration order.
 
         Args:
-            hooks: hooks to add; ``None`` entries are skipped so callers can write
-                ``[A(), B() if cond else None]``.
+            hooks: ``None`` entries are skipped: callers may write ``[A(), B() if cond else None]``.
 
         Raises:
             TypeError: If an entry is not a :class:`HookBase`.
@@ -154,19 +152,17 @@ class TrainerBase:
     def train(self, start_iter: int, max_iter: int) -> None:
         """Run iterations ``start_iter .. max_iter - 1``, calling the hooks around each.
 
-        A hook may end the loop early (:meth:`request_stop`). A trainer whose state comes
-        from a stopped run (:meth:`load_state_dict`) does not train: it logs why and returns.
-        The loop announces phase ``hooks`` on :attr:`events` after each step; what a hook
-        raises carries a note naming the hook, what the step raised is kept as the step's
-        failure (``DefaultTrainer`` captures it).
+        A hook may end the loop early (:meth:`request_stop`). A trainer whose state comes from a
+        stopped run (:meth:`load_state_dict`) does not train: it logs why and returns. The loop
+        announces phase ``hooks`` on :attr:`events` after each step; a hook's exception carries a
+        note naming it, the step's is kept as its failure (``DefaultTrainer`` captures it).
 
         Args:
             start_iter: the first iteration to run (``last finished + 1`` on resume).
             max_iter: one past the last iteration to run.
 
         Raises:
-            Exception: Whatever a step or hook raised, after it was logged and every hook's
-                ``after_train`` ran.
+            Exception: What a step or hook raised, once logged and every hook's ``after_train`` ran.
         """
         if self._progress.stop_reason is not None:
             logger.warning(
@@ -176,17 +172,15 @@ class TrainerBase:
                 self.iter,
                 self._progress.stop_reason,
             )
-            # The writers were opened when the hooks were built; close them so trackers end
-            # their runs. The storage is empty and placed at max_iter, where the console
-            # printer stays silent: nothing is written.
+            # The writers were opened with the hooks; close them so trackers end their runs. An
+            # empty storage at max_iter, where the console printer is silent: nothing is written.
             with EventStorage(max_iter) as self.storage:
                 self._dispatch.final_write()
             return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
-        progress = self._progress
-        progress.step_error = None
+        self._progress.step_error = None
         # Again here, in case code edited the hook list (or a hook's priority) in between.
         self._dispatch.add([])
         if self._dispatch.hooks:
@@ -199,7 +193,7 @@ class TrainerBase:
                     try:
                         self.run_step()
                     except BaseException as e:  # an after_backward hook's is the hook's
-                        progress.step_error = None if e is self._dispatch.hook_error else e
+                        self._progress.step_error = None if e is self._dispatch.hook_error else e
                         raise
                     self.events.phase("hooks")
                     self.after_step()
@@ -214,8 +208,7 @@ class TrainerBase:
                     logger.error("Training stopped: %s", e)
                 else:
                     logger.exception("Exception during training:")
-                # Each hook's failure is logged inside after_train; the original error is
-                # the one worth raising.
+                # after_train logs each hook's failure; the original error is the one to raise.
                 with contextlib.suppress(Exception):
                     self.after_train()
                 raise
@@ -347,10 +340,10 @@ class TrainerBase:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the iteration, the stop request and every registered hook's saved state.
 
-        A stopped run stays stopped (:meth:`train` does not train). A saved state without a
-        hook, or a stateful hook without a state, is logged and ignored. A bound trainer
-        ignores all of it (its loop restores it).
+        A stopped run stays so (:meth:`train` does not train). A saved state without a hook, or a
+        stateful hook without a state, is logged and ignored. A bound trainer leaves it to its loop.
         """
+
         if self._is_bound:
             return
         self.iter = state["iteration"]
