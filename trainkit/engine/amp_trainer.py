@@ -185,7 +185,6 @@ def _found_inf(
     values = grad_scaler_found_inf(scaler, optimizer) if scaler.is_enabled() else None
     if not values:
         return None
-    found = values[0]
-    for value in values[1:]:  # several devices (model parallel): each one's flag, summed
-        found = found + value.to(found.device, non_blocking=True)
+    # Several devices (model parallel): each one's flag, summed on the first's.
+    found = sum((value.to(values[0].device, non_blocking=True) for value in values[1:]), values[0])
     return (found > 0).reshape(())

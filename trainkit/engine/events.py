@@ -107,10 +107,8 @@ class StepEvents:
     def phase(self, name: str) -> None:
         """Announce that this rank starts phase ``name``."""
         self.current_phase = name
-        if self._on_phase:
-            iteration = self._progress.iter
-            for listener in self._on_phase:
-                listener(name, iteration)
+        for listener in self._on_phase:
+            listener(name, self._progress.iter)
 
     @contextlib.contextmanager
     def during(self, name: str) -> Iterator[None]:
