@@ -272,11 +272,10 @@ class DefaultTrainer(TrainerBase):
     def build_hooks(self) -> list[HookBase | None]:
         """Return the default hooks in their canonical order (each edge's reason below).
 
-        The list keeps detectron2's positions, which projects index: ``[0]`` the
-        ``IterationTimer``, ``[1]`` the ``LRScheduler`` (``hooks[1] = MyLRHook()``), ``[2]``
-        ``PreciseBN`` or ``None``, and ``[-1]`` the ``PeriodicWriter`` on the main process, so
-        ``hooks.insert(-1, hook)`` puts a hook before the writer. trainkit's own hooks come
-        between. A ``None`` entry is skipped when registering.
+        The list keeps detectron2's positions, which projects index: ``[0]`` the ``IterationTimer``,
+        ``[1]`` the ``LRScheduler`` (``hooks[1] = MyLRHook()``), ``[2]`` ``PreciseBN`` or ``None``,
+        ``[-1]`` the ``PeriodicWriter`` on the main process (``hooks.insert(-1, hook)`` puts a hook
+        before the writer); trainkit's own come between. Registering skips ``None`` entries.
         """
         cfg = self.cfg
         has_bn = any(isinstance(m, BATCH_NORM_TYPES) for m in self.model.modules())

@@ -37,10 +37,9 @@ class RunState:
     and ``PreemptionHandler`` do). ``DefaultTrainer.resume_or_load`` shows a resume's order.
 
     Args:
-        loop: the loop whose state it saves (a ``DefaultTrainer``, or a plain
-            ``SimpleTrainer`` as in ``tools/lazyconfig_train_net.py``); held weakly, as hooks
-            hold theirs. Its ``state_dict``, ``iter``, ``loader_state_dict()``,
-            ``data_loader`` and ``events`` are used.
+        loop: the loop whose state it saves (a ``DefaultTrainer``, or a plain ``SimpleTrainer`` as
+            in ``tools/lazyconfig_train_net.py``), held weakly as hooks hold theirs; it uses its
+            ``state_dict``, ``iter``, ``loader_state_dict()``, ``data_loader`` and ``events``.
         output_dir: where the run's checkpoints go.
         seed: the data seed (default: the seed of the loop's ``TrainLoader``); set
             :attr:`seed` when the loader is rebuilt for another one.

@@ -3,15 +3,14 @@
 Pure arithmetic on plain numbers (no process group), tested with injected timings;
 :class:`~trainkit.engine.stragglers.StragglerDetector` feeds it the ranks' figures.
 
-A rank's **own work** is the sum of its times in :data:`OWN_WORK_PHASES` (every phase of a
-step but the waits in collectives, where the fast ranks wait for the slow one, so total step
-times are equal on every rank and name nobody). A rank is slow in a period when its own work
-is at least ``1 + margin`` times the median of the *other* ranks' own work; it is named once
-it has been slow for ``periods`` writer periods in a row (a period that is fine starts the
-count again). Against the median of the others, a rank 1.5x slower than its peers has a ratio
-of 1.5 for any world size (with two ranks, the median of both would be their mean and the
-slow rank only 1.2x it). The phase named is the own-work phase by which the rank exceeds the
-others' median of that phase by the most seconds.
+A rank's **own work** is the sum of its times in :data:`OWN_WORK_PHASES` (every phase of a step but
+the waits in collectives, where the fast ranks wait for the slow one, so total step times are equal
+on every rank and name nobody). A rank is slow in a period when its own work is at least
+``1 + margin`` times the median of the *other* ranks' own work; it is named once it has been slow
+for ``periods`` writer periods in a row (a period that is fine starts the count again). Against the
+median of the others, a rank 1.5x slower than its peers has a ratio of 1.5 for any world size (with
+two ranks, the median of both would be their mean and the slow rank only 1.2x it). The phase named
+is the own-work phase by which the rank exceeds the others' median of that phase most.
 """
 
 from __future__ import annotations
