@@ -328,10 +328,9 @@ class DefaultTrainer(TrainerBase):
     def resume_or_load(self, resume: bool = True) -> None:
         """Continue from the last checkpoint in OUTPUT_DIR, or load MODEL.WEIGHTS.
 
-        With ``resume`` and a checkpoint, everything is restored and training continues with
-        the iteration after the saved one; otherwise only ``MODEL.WEIGHTS`` (if any) is loaded
-        and training starts at 0. A restart of the job that wrote the checkpoints
-        (:mod:`trainkit.launcher.restarts`) always resumes.
+        With ``resume`` and a checkpoint, everything is restored and training continues after
+        the saved iteration; else only ``MODEL.WEIGHTS`` (if any) is loaded and training starts
+        at 0. A restart of their job (:mod:`trainkit.launcher.restarts`) always resumes.
         """
         newest = self.checkpointer.get_checkpoint_file()
         resume = resumes_by_itself(self.cfg.OUTPUT_DIR, newest) or resume

@@ -111,8 +111,7 @@ class RunState:
         the loader continues the global stream if its saved position is a global one.
 
         Args:
-            state: the checkpoint's ``"trainer"`` entry in today's layout
-                (:func:`upgrade_run_state` converts older ones).
+            state: a checkpoint's ``"trainer"`` entry in today's layout (:func:`upgrade_run_state`).
         """
         loop = self._loop
         loop.load_state_dict(state)

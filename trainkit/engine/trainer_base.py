@@ -92,9 +92,8 @@ class TrainerBase:
     def bind_to(self, loop: TrainerBase) -> None:
         """Run as ``loop``'s step: share its position, storage and hooks from now on.
 
-        ``DefaultTrainer`` binds its step trainer when it is set; the loop saves the shared
-        state (see :meth:`state_dict`). The step's event listeners move to the loop's events,
-        replacing those of a step bound before.
+        ``DefaultTrainer`` binds its step trainer when set; the loop saves the shared state
+        (:meth:`state_dict`). Its event listeners join the loop's, replacing an earlier step's.
 
         Raises:
             ValueError: If this trainer has hooks of its own: the loop's would replace them.
