@@ -382,9 +382,8 @@ class DefaultTrainer(TrainerBase):
         try:
             super().train(self.start_iter, self.max_iter)
         except BaseException as e:
-            # Only what the step raised (or a non-finite loss a hook's check found), written
-            # by the rank that finds it, before the launcher hears of it; a hook's error is
-            # its own (its note names it).
+            # Captured: the step's error (or a non-finite loss a hook's check found), by the rank
+            # that finds it, before the launcher hears of it; not a hook's (its note names it).
             if e is self.step_error or isinstance(e, NonFiniteLossError):
                 capture.capture(e, self.iter, self._trainer.last_result.batches, self.data_loader)
             raise
