@@ -28,6 +28,7 @@ from trainkit.checkpoint import unwrap_model
 from trainkit.config import CfgNode, get_cfg
 from trainkit.engine.failed_steps import (
     ReplayError,
+    failing_iteration,
     load_trainer_class,
     read_step_file,
 )
@@ -159,9 +160,7 @@ def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def _non_finite(values: dict[str, Any]) -> list[str]:
     """The names of the values (floats, or tensors of any shape) that are not all finite."""
-    return [
-        name for name, v in values.items() if not bool(torch.isfinite(torch.as_tensor(v)).all())
-    ]
+    return [name for name, v in values.items() if not torch.isfinite(torch.as_tensor(v)).all()]
 
 
 class _Probe(HookBase):
@@ -240,6 +239,9 @@ def replay_failed_step(
     step = read_step_file(folder)
     if trainer_class is None:
         trainer_class = load_trainer_class(step["trainer"])
+    if checkpoint is None and step["last_checkpoint"]:
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
+        checkpoint = os.path.join(run_dir, step["last_checkpoint"])
     threads = torch.get_num_threads()
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -247,9 +249,6 @@ def replay_failed_step(
             if not cfg.MODEL.DEVICE.startswith("cuda") and step.get("num_threads"):
                 # CPU kernels may sum in another order with another number of threads.
                 torch.set_num_threads(int(step["num_threads"]))
-            run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
-            if checkpoint is None and step["last_checkpoint"]:
-                checkpoint = os.path.join(run_dir, step["last_checkpoint"])
             return _replay(cfg, step, trainer_class, checkpoint or "", log)
     finally:
         torch.set_num_threads(threads)
@@ -282,7 +281,7 @@ def _replay(
         # The loop itself, not DefaultTrainer.train: nothing is captured or evaluated.
         TrainerBase.train(trainer, start, cfg.SOLVER.MAX_ITER)
     except Exception as e:
-        failed_at = e.iteration if isinstance(e, NonFiniteLossError) else trainer.iter
+        failed_at = failing_iteration(e, trainer.iter)
         if failed_at < iteration:
             raise ReplayError(
                 f"the replay's step {failed_at} (before the failing step {iteration}) failed "
@@ -331,7 +330,6 @@ def _diagnose(
 ) -> None:
     """Fill ``report`` from the failing step the trainer just ran (or went through)."""
     world_size, result = len(ranks.ranks), trainer._trainer.last_result
-    batches = result.batches
     for q, losses in enumerate(result.losses):
         report.losses[(q % world_size, q // world_size)] = values = _floats(losses)
         if _non_finite(values):
@@ -352,7 +350,7 @@ def _diagnose(
     ids = trainer.data_loader.spec.record_ids()
     indices = {(s["rank"], s["micro_batch"]): s["indices"] for s in step.get("records") or []}
     for slot in report.bad_slots:
-        batch = batches[slot[1] * world_size + slot[0]] if batches else None
+        batch = result.batches[slot[1] * world_size + slot[0]] if result.batches else None
         if isinstance(batch, list):  # a list of records can be split
             names = [ids(i) for i in indices.get(slot, [])]
             _find_bad_records(trainer._trainer, ranks, report, slot, batch, names)

@@ -31,14 +31,13 @@ _METRICS_SYNC = "metrics are gathered once per gather_metric_period, never waiti
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
-    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar
-    tensor, recorded as ``total_loss``); their sum is back-propagated. ``AMPTrainer`` and
-    users override the seams of the one :meth:`run_step`: ``forward_context``,
-    ``compute_losses`` (one micro-batch), ``backward``, ``after_backward`` (the hooks, once
-    per step), ``_write_metrics`` (detectron2's) and ``optimizer_step``. :meth:`accumulate`
-    is the one way micro-batches run (the failing-step replay runs it too); a step of another
-    shape (several optimizers, GANs) overrides ``run_step`` or starts from
-    ``tools/plain_train_net.py``.
+    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar tensor,
+    recorded as ``total_loss``); their sum is back-propagated. ``AMPTrainer`` and users override the
+    seams of the one :meth:`run_step`: ``forward_context``, ``compute_losses`` (one micro-batch),
+    ``backward``, ``after_backward`` (the hooks, once per step), ``_write_metrics`` (detectron2's)
+    and ``optimizer_step``. :meth:`accumulate` is the one way micro-batches run (the failing-step
+    replay runs it too); a step of another shape (several optimizers, GANs) overrides ``run_step``
+    or starts from ``tools/plain_train_net.py``.
 
     * **Accumulation**: with ``accumulate_steps=k`` a step draws k micro-batches and sums
       their gradients, each loss weighted by its share of the step's samples: the update of
