@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -96,7 +95,7 @@ class DeferredLossCheck:
         Collective:
             ``all_gather`` over all ranks when ``collective`` and there are several.
         """
-        found: tuple[int, list[float]] | None = None
+        found = None  # raise_non_finite's arguments: first bad step, names, values, noticed at
         if self._num_pending:
             assert self._first_bad_iter is not None and self._bad_values is not None
             host = torch.cat([self._first_bad_iter.double().reshape(1), self._bad_values.double()])
@@ -104,15 +103,12 @@ class DeferredLossCheck:
             if first_bad == _ALL_FINITE:
                 self._num_pending = 0
             else:  # the state is kept: a later check raises the same error again
-                found = (int(first_bad), values)
-        names, noticed_at = self._names, self._last_iter
+                found = (int(first_bad), self._names, values, self._last_iter)
         if collective and comm.get_world_size() > 1:
-            per_rank = comm.all_gather((found, names, noticed_at))
-            bad = [(f, n, at) for f, n, at in per_rank if f is not None]
-            if bad:
-                found, names, noticed_at = min(bad, key=lambda entry: entry[0][0])
+            bad = [entry for entry in comm.all_gather(found) if entry is not None]
+            found = min(bad, key=lambda entry: entry[0], default=None)
         if found is not None:
-            raise_non_finite(found[0], names, found[1], noticed_at)
+            raise_non_finite(*found)
 
 
 class LossCheck(StepListener):
@@ -201,7 +197,7 @@ class MetricsWriter(StepListener):
             raise
         if not buffered:
             return
-        figures: Any = functools.partial(events.collect_figures, iteration)
+        figures = functools.partial(events.collect_figures, iteration)
         per_rank = gather_and_file(buffered, storage, share=figures)
         if per_rank and per_rank[0] is not None:
             events.compare_figures(per_rank, storage)
