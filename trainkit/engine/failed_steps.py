@@ -78,8 +78,7 @@ def failed_step_dir(output_dir: str, iteration: int) -> str:
 def failing_iteration(error: BaseException, current_iter: int) -> int:
     """Return the step that failed: a non-finite loss's first bad step, else ``current_iter``.
 
-    With deferred checks a non-finite loss is noticed some steps after the first bad one,
-    which the error names.
+    Deferred checks notice a non-finite loss after its first bad step, which the error names.
     """
     return error.iteration if isinstance(error, NonFiniteLossError) else current_iter
 

@@ -109,14 +109,12 @@ def gather_and_file(
 ) -> list[Any]:
     """Synchronise buffered metrics and put the rank average into ``storage``.
 
-    ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this
-    rank's own.
+    ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this rank's.
 
     Args:
         buffered: this rank's entries, oldest first.
         storage: where to file the averages.
-        always_check: check for NaN/inf even values this rank checked already (one
-            process, CPU losses).
+        always_check: check for NaN/inf even values this rank checked (one process, CPU losses).
         share: called once the device values are on the host (so after the device reached
             this point); what it returns travels with the metrics to every rank.
 
@@ -124,8 +122,7 @@ def gather_and_file(
         What ``share`` returned on each rank (index = rank); ``None`` entries without it.
 
     Raises:
-        FloatingPointError: On every rank, after filing the steps before it, if a value is
-            infinite or NaN.
+        FloatingPointError: On every rank, after filing the steps before, if a value is not finite.
 
     Collective:
         ``all_gather`` over all ranks, at the same iterations. Every rank sees every value,
