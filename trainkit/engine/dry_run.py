@@ -212,15 +212,14 @@ def _resume_state(
 
 def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> str:
     """Return the text ``--dry-run`` prints for :func:`dry_run`'s ``report``."""
-    world_size = report["world_size"]
     heading = (
         "Recipe (the keys auto-scaling may change, for this job):"
         if report.get("rescaled", True)
         else "Recipe (a LazyConfig is not rescaled to the world size: as written):"
     )
     lines = [
-        f"Dry run of a job of {world_size} processes ({num_gpus} per machine x {num_machines} "
-        "machine(s)): nothing is trained and no process is started.",
+        f"Dry run of a job of {report['world_size']} processes ({num_gpus} per machine x "
+        f"{num_machines} machine(s)): nothing is trained and no process is started.",
         "",
         heading,
     ]
@@ -241,8 +240,7 @@ def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> 
         lines.append("Accepted: auto_scale_workers and the train loader's checks pass.")
     else:
         lines.append("Accepted: the train loader's arguments pass its checks.")
-    if report["resume"] is not None:
-        resume = report["resume"]
+    if (resume := report["resume"]) is not None:
         lines.append(
             f"Resume: {resume['checkpoint']}: training continues at iteration "
             f"{resume['iteration']}; the global stream at optimizer step {resume['step']}."
