@@ -94,10 +94,9 @@ def write_metrics(
     Collective:
         ``all_gather`` over all ranks; every rank must call it for the same iterations.
     """
-    total = sum_losses(loss_dict).detach().float().item()
     names = metric_names(tuple(loss_dict), prefix)
-    entry = (cur_iter, names, host_values(loss_dict, names, total), data_time)
-    gather_and_file([entry], get_event_storage(), always_check=True)
+    values = [loss_dict[name].detach() for name in names[:-1]] + [sum_losses(loss_dict).detach()]
+    gather_and_file([(cur_iter, names, values, data_time)], get_event_storage(), always_check=True)
 
 
 def gather_and_file(
