@@ -67,11 +67,10 @@ def dry_run(
         ``rescaled`` is false; ``origins``: where the changed ones came from); ``refused`` the
         one-line scaling errors that would stop it (as ``auto_scale_workers`` and a resume's recipe
         check raise them); ``resume`` ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one
-        ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each listed
-        step (for a stream, rank 0's batches, each with the loader ``"worker"`` that formed it);
-        ``datasets`` (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name: count}}``
-        per listed step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``, the mix's
-        exact shares).
+        ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each step (for
+        a stream, rank 0's batches, each with the loader ``"worker"`` that formed it); ``datasets``
+        (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name: count}}`` per listed
+        step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares).
 
     Raises:
         ConfigError: For any other config error, as the real job raises it (the loader's

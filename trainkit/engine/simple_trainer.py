@@ -46,10 +46,9 @@ class SimpleTrainer(TrainerBase):
     * **Batches** come from :attr:`batches` (:class:`~trainkit.data.loading.step_batches.
       StepBatches`): copied to a device ahead of their step (``DefaultTrainer``: on CUDA);
       its position is the one after the batches consumed, which checkpoints save.
-    * **Events**: the step announces its phases on the loop's :attr:`events` (``data``,
-      ``forward/backward``, ``collective``: DDP's wait and a period end's metric sync,
-      ``optimizer``) and its losses, which its listeners check and keep
-      (:mod:`~trainkit.engine.period_metrics`).
+    * **Events**: it announces its phases on :attr:`events` (``data``, ``forward/backward``,
+      ``collective``: DDP's wait and a period end's metric sync, ``optimizer``) and its losses,
+      which its listeners check and keep (:mod:`~trainkit.engine.period_metrics`).
     * **Metrics** follow detectron2's ``gather_metric_period``: the steps that end a period
       are gathered over ranks then; with ``record_every_step`` (``DefaultTrainer``) every
       step's losses are kept and gathered at each period end and the last iteration.
