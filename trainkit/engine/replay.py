@@ -114,17 +114,13 @@ class ReplayReport:
             out.append(f"  rank {rank} micro-batch {micro} raised {error}")
         out += self._record_lines()
         if self.non_finite_weights:
-            out.append(
-                f"  non-finite weights before step {self.iteration} in "
-                f"{len(self.non_finite_weights)} tensor(s): {_first(self.non_finite_weights)}"
-            )
+            weights = _listed(self.non_finite_weights, "tensor(s)")
+            out.append(f"  non-finite weights before step {self.iteration} in {weights}")
         norms = ", ".join(f"{k}: {v:.6g}" for k, v in self.grad_norms.items())
         out.append(f"  gradient norms (averaged over ranks as DDP does: 'all'): {norms}")
         if self.non_finite_grads:
-            out.append(
-                f"  non-finite gradients in {len(self.non_finite_grads)} parameter(s): "
-                f"{_first(self.non_finite_grads)}"
-            )
+            grads = _listed(self.non_finite_grads, "parameter(s)")
+            out.append(f"  non-finite gradients in {grads}")
         return out
 
     def _record_lines(self) -> list[str]:
@@ -149,9 +145,10 @@ class ReplayReport:
         return [summary, *lines[:_SHOWN], *more]
 
 
-def _first(names: list[str]) -> str:
+def _listed(names: list[str], what: str) -> str:
     more = len(names) - _SHOWN
-    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    listed = ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return f"{len(names)} {what}: {listed}"
 
 
 def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
