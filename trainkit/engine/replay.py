@@ -100,12 +100,10 @@ class ReplayReport:
     def lines(self) -> list[str]:
         """Return the report as lines of text (what ``tools/replay_step.py`` prints)."""
         start = f"from {os.path.basename(self.checkpoint)}" if self.checkpoint else "from scratch"
-        steps = f"Replayed steps {self.replayed.start}..{self.replayed.stop - 1} "
-        out = [
-            (steps if self.replayed else "Started ") + start,
-            f"Step {self.iteration}: "
-            + ("the failure is reproduced" if self.reproduced else "did NOT fail in the replay"),
-        ]
+        first, last = self.replayed.start, self.replayed.stop - 1
+        steps = f"Replayed steps {first}..{last}" if self.replayed else "Started"
+        verdict = "the failure is reproduced" if self.reproduced else "did NOT fail in the replay"
+        out = [f"{steps} {start}", f"Step {self.iteration}: {verdict}"]
         for (rank, micro), losses in sorted(self.losses.items()):
             bad = " <- not finite" if (rank, micro) in self.bad_slots else ""
             terms = ", ".join(f"{k}={v:.6g}" for k, v in losses.items())
