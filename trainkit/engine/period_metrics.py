@@ -35,6 +35,7 @@ __all__ = ["DeferredLossCheck", "LossCheck", "MetricsWriter"]
 
 _ALL_FINITE = -1  # the first bad step's value while every step so far was finite
 _Losses = Mapping[str, Tensor]  # a step's loss terms by name
+_metric_names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
 
 class DeferredLossCheck:
@@ -123,13 +124,12 @@ class LossCheck(StepListener):
     def __init__(self, deferred: bool | None = None) -> None:
         self.deferred = deferred
         self._pending = DeferredLossCheck()
-        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(tuple(losses), prefix)
+        names = _metric_names(tuple(losses), prefix)
         deferred = not total.is_cpu if self.deferred is None else self.deferred
         if deferred:
             values = [losses[name].detach() for name in names[:-1]] + [total.detach()]
@@ -172,13 +172,12 @@ class MetricsWriter(StepListener):
         self.check = check
         self.every_step = every_step
         self._buffer: list[MetricEntry] = []
-        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(tuple(losses), prefix)
+        names = _metric_names(tuple(losses), prefix)
         # Detached tensors, read at the period end with one copy (a CPU step reads nothing).
         values = [losses[n].detach() for n in names[:-1]] + [total.detach()]
         if not self.every_step:
