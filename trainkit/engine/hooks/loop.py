@@ -284,8 +284,7 @@ class SkippedRecordsCounter(HookBase):
         trainer = self.trainer
         if not is_time(trainer, self._period):
             return
-        loader = trainer.data_loader  # type: ignore[attr-defined]
-        if isinstance(loader, TrainLoader):
+        if isinstance(loader := trainer.data_loader, TrainLoader):  # type: ignore[attr-defined]
             skipped = loader.num_skipped_records
             trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
         # The position after the batches the step consumed (the loader may have drawn ahead).
