@@ -301,6 +301,5 @@ def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
         json_file = args.dry_run_json
         if json_file:
             with atomic_write(json_file, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+                f.write(json.dumps(report, indent=1) + "\n")
     raise SystemExit(2 if report["refused"] else 0)

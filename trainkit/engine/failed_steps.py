@@ -170,8 +170,7 @@ def _shapes(value: Any) -> Any:
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
     with atomic_write(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(json.dumps(data, indent=1) + "\n")
 
 
 class FailedStepCapture:
