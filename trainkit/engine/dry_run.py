@@ -10,20 +10,21 @@ LazyConfig's ``dataloader.train`` arguments, without building the loader) and it
 plan; with ``--resume`` the newest checkpoint's run state (read, never loaded into a model)
 and the recipe check of a resume on another world size.
 
-A map-style dataset's steps are listed for every rank and micro-batch; only the records they
-draw are read (and, with aspect-ratio grouping, those the plan passes that wait in buckets),
-so a metadata file of 4e8 records with its line index built lists in seconds. A stream
-dataset has no plan: its loader workers form the batches, so the dry run lists what this
-process's loader with the configured ``NUM_WORKERS`` yields, batch by batch, with the worker
-each batch came from.
+A map-style dataset's steps are listed for every rank and micro-batch; only the records they draw
+are read (and, with aspect-ratio grouping, those the plan passes that wait in buckets), so a
+metadata file of 4e8 records with its line index built lists in seconds. A stream dataset has no
+plan: its loader workers form the batches, so the dry run lists what this process's loader with the
+configured ``NUM_WORKERS`` yields, batch by batch, with the worker each batch came from.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
+from collections import Counter
 from typing import Any
 
 import torch
@@ -54,25 +55,22 @@ def dry_run(
     """Return what a job of ``world_size`` processes would do with ``cfg``, as plain data.
 
     Args:
-        cfg: the config as the script built it (a yacs config, not yet scaled, or a
-            LazyConfig).
+        cfg: the config as the script built it (a yacs config, not yet scaled, or a LazyConfig).
         world_size: the job's processes (``--num-gpus`` x ``--num-machines``).
         resume: continue from the newest checkpoint in the output directory (``--resume``).
         num_steps: the optimizer steps whose records are listed.
 
     Returns:
-        ``{"world_size", "recipe", "rescaled", "origins", "micro_batch_size",
-        "accumulate_steps", "refused", "notes", "resume", "steps", "datasets"}``: ``recipe``
-        maps each key auto-scaling may change (``SCALED_KEYS``) to its value for this job (a
-        LazyConfig's, as written: ``rescaled`` is false; ``origins``: where the changed ones
-        came from); ``refused`` the one-line scaling errors that would stop it (as
-        ``auto_scale_workers`` and a resume's recipe check raise them); ``resume``
-        ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one ``{"step", "rank",
-        "micro_batch", "record_ids"}`` per rank and micro-batch of each listed step (for a
-        stream, rank 0's batches, each with the loader ``"worker"`` that formed it);
-        ``datasets`` (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name:
-        count}}`` per listed step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``,
-        the mix's exact shares).
+        ``{"world_size", "recipe", "rescaled", "origins", "micro_batch_size", "accumulate_steps",
+        "refused", "notes", "resume", "steps", "datasets"}``: ``recipe`` maps each key auto-scaling
+        may change (``SCALED_KEYS``) to its value for this job (a LazyConfig's, as written:
+        ``rescaled`` is false; ``origins``: where the changed ones came from); ``refused`` the
+        one-line scaling errors that would stop it (as ``auto_scale_workers`` and a resume's recipe
+        check raise them); ``resume`` ``{"checkpoint", "iteration", "step"}`` or None; ``steps`` one
+        ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each step (for
+        a stream, rank 0's batches, each with the loader ``"worker"`` that formed it); ``datasets``
+        (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name: count}}`` per listed
+        step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares).
 
     Raises:
         ConfigError: For any other config error, as the real job raises it (the loader's
@@ -132,22 +130,14 @@ def _plan_steps(
     if report["resume"] is not None and listed:
         report["resume"]["step"] = listed[0].step
     ids = spec.record_ids()
-    if len(ids.names) > 1:  # how many records of each set every step holds (a mix's shares)
-        for step in listed:
-            per_dataset = dict.fromkeys(ids.names, 0)
-            for index, _ in step.batch:
-                per_dataset[ids.dataset(index)] += 1
-            report["datasets"].append({"step": step.step, "records": per_dataset})
     for step in listed:
+        if len(ids.names) > 1:  # how many records of each set the step holds (a mix's shares)
+            counts = Counter(ids.dataset(index) for index, _ in step.batch)
+            per_dataset = {name: counts[name] for name in ids.names}
+            report["datasets"].append({"step": step.step, "records": per_dataset})
         for rank, micro_batch, pairs in step.slots():
-            report["steps"].append(
-                {
-                    "step": step.step,
-                    "rank": rank,
-                    "micro_batch": micro_batch,
-                    "record_ids": [ids(index) for index, _ in pairs],
-                }
-            )
+            slot = {"step": step.step, "rank": rank, "micro_batch": micro_batch}
+            report["steps"].append({**slot, "record_ids": [ids(index) for index, _ in pairs]})
 
 
 def _stream_batches(
@@ -172,15 +162,8 @@ def _stream_batches(
                 batch = next(batches, None)
                 if batch is None:  # a finite stream ended
                     return
-                report["steps"].append(
-                    {
-                        "step": step,
-                        "rank": 0,
-                        "micro_batch": micro_batch,
-                        "worker": worker,
-                        "record_ids": [_element_id(element) for element in batch],
-                    }
-                )
+                slot = {"step": step, "rank": 0, "micro_batch": micro_batch, "worker": worker}
+                report["steps"].append({**slot, "record_ids": [_element_id(e) for e in batch]})
     finally:
         del batches  # its loader workers stop
 
@@ -208,11 +191,8 @@ def _resume_state(
     checkpoint = read_checkpoint_file(newest, trust_pickle=False, keep_mapped=True)
     state = upgrade_run_state(checkpoint)
     last = state.get("iteration", checkpoint.get("iteration"))
-    report["resume"] = {
-        "checkpoint": newest,
-        "iteration": None if last is None else last + 1,
-        "step": None,
-    }
+    first = None if last is None else last + 1
+    report["resume"] = {"checkpoint": newest, "iteration": first, "step": None}
     run.check_resume(state["world_size"], world_size)
     if last is not None and run.max_iter is not None and last + 1 >= run.max_iter:
         report["notes"].append(
@@ -231,15 +211,14 @@ def _resume_state(
 
 def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> str:
     """Return the text ``--dry-run`` prints for :func:`dry_run`'s ``report``."""
-    world_size = report["world_size"]
     heading = (
         "Recipe (the keys auto-scaling may change, for this job):"
         if report.get("rescaled", True)
         else "Recipe (a LazyConfig is not rescaled to the world size: as written):"
     )
     lines = [
-        f"Dry run of a job of {world_size} processes ({num_gpus} per machine x {num_machines} "
-        "machine(s)): nothing is trained and no process is started.",
+        f"Dry run of a job of {report['world_size']} processes ({num_gpus} per machine x "
+        f"{num_machines} machine(s)): nothing is trained and no process is started.",
         "",
         heading,
     ]
@@ -260,8 +239,7 @@ def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> 
         lines.append("Accepted: auto_scale_workers and the train loader's checks pass.")
     else:
         lines.append("Accepted: the train loader's arguments pass its checks.")
-    if report["resume"] is not None:
-        resume = report["resume"]
+    if (resume := report["resume"]) is not None:
         lines.append(
             f"Resume: {resume['checkpoint']}: training continues at iteration "
             f"{resume['iteration']}; the global stream at optimizer step {resume['step']}."
@@ -275,28 +253,24 @@ def _format_steps(steps: list[dict[str, Any]], datasets: list[dict[str, Any]]) -
     if not steps:
         return []
     lines = ["", "Records of the first steps (step, rank, micro-batch: record ids):"]
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for entry in steps:
-        by_step.setdefault(entry["step"], []).append(entry)
     per_dataset = {entry["step"]: entry["records"] for entry in datasets}
-    for step, slots in by_step.items():
+    for step, slots in itertools.groupby(steps, key=lambda entry: entry["step"]):
         counts = per_dataset.get(step)
         shares = "" if counts is None else ": " + ", ".join(f"{n} {c}" for n, c in counts.items())
         lines.append(f"  step {step}{shares}")
-        shown = slots if len(slots) <= _SHOWN_SLOTS else slots[: _SHOWN_SLOTS - 1] + slots[-1:]
-        for i, slot in enumerate(shown):
-            if i == len(shown) - 1 and len(shown) < len(slots):
-                lines.append(
-                    f"    ... {len(slots) - len(shown)} more (--dry-run-json FILE lists them)"
-                )
+        shown = []
+        for slot in slots:
             ids = slot["record_ids"]
             text = ", ".join(ids[:_SHOWN_RECORDS])
             if len(ids) > _SHOWN_RECORDS:
                 text += f", ... ({len(ids)} records)"
             worker = f" (loader worker {slot['worker']})" if "worker" in slot else ""
-            lines.append(
-                f"    rank {slot['rank']}, micro-batch {slot['micro_batch']}{worker}: {text}"
-            )
+            where = f"rank {slot['rank']}, micro-batch {slot['micro_batch']}{worker}"
+            shown.append(f"    {where}: {text}")
+        if len(shown) > _SHOWN_SLOTS:  # the first ones and the last
+            more = len(shown) - _SHOWN_SLOTS
+            shown[_SHOWN_SLOTS - 1 : -1] = [f"    ... {more} more (--dry-run-json FILE lists them)"]
+        lines += shown
     return lines
 
 
@@ -327,6 +301,5 @@ def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
         json_file = args.dry_run_json
         if json_file:
             with atomic_write(json_file, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+                f.write(json.dumps(report, indent=1) + "\n")
     raise SystemExit(2 if report["refused"] else 0)

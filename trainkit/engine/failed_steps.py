@@ -1,22 +1,22 @@
 """The failing step's folder: what a rank writes to ``OUTPUT_DIR/failed_steps/iter_<N>/``.
 
-When a step raises, a loss is non-finite or the device runs out of memory, the rank that finds
-it writes, every file atomically (``docs/troubleshooting.md`` has the table): ``step.json``
-(the step, 0-based as in ``metrics.json``; the data seed, world size, micro-batches, newest
-checkpoint's name, trainer class, CPU threads, and every rank's and micro-batch's records,
-listed from the loader that ran, ``loader.spec.steps_records``: a pure function of the seed
-and the step, so any rank writes them all, also when the others are stuck in a collective),
-``config.yaml`` (its data seed resolved), and its own ``rank<R>.json`` (the error, a non-finite
-loss's terms, its micro-batches' shapes, the host), ``rank<R>_rng.pt`` and, on a CUDA
-out-of-memory error with ``DEBUG.CUDA_MEMORY_HISTORY``, ``rank<R>_memory_snapshot.pickle``.
-The other ranks add their ``rank<R>`` files when they fail too. ``tools/replay_step.py``
-rebuilds the step from the folder (:mod:`trainkit.engine.replay`); this module also reads the
-folder back for it. Writing the folder never replaces the run's error: a failure to write is
-logged and the run fails as it would.
+When a step raises, a loss is non-finite or the device runs out of memory, the rank that finds it
+writes, every file atomically (``docs/troubleshooting.md`` has the table): ``step.json`` (the step,
+0-based as in ``metrics.json``; the data seed, world size, micro-batches, newest checkpoint's name,
+trainer class, CPU threads, and every rank's and micro-batch's records, listed from the loader that
+ran, ``loader.spec.steps_records``: a pure function of the seed and the step, so any rank writes
+them all, also when the others are stuck in a collective), ``config.yaml`` (its data seed resolved),
+and its own ``rank<R>.json`` (the error, a non-finite loss's terms, its micro-batches' shapes, the
+host), ``rank<R>_rng.pt`` and, on a CUDA out-of-memory error with ``DEBUG.CUDA_MEMORY_HISTORY``,
+``rank<R>_memory_snapshot.pickle``. The other ranks add their ``rank<R>`` files when they fail too.
+``tools/replay_step.py`` rebuilds the step from the folder (:mod:`trainkit.engine.replay`); this
+module also reads the folder back for it. Writing the folder never replaces the run's error: a
+failure to write is logged and the run fails as it would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -78,12 +78,9 @@ def failed_step_dir(output_dir: str, iteration: int) -> str:
 def failing_iteration(error: BaseException, current_iter: int) -> int:
     """Return the step that failed: a non-finite loss's first bad step, else ``current_iter``.
 
-    With deferred checks a non-finite loss is noticed some steps after the first bad one,
-    which the error names.
+    Deferred checks notice a non-finite loss after its first bad step, which the error names.
     """
-    if isinstance(error, NonFiniteLossError):
-        return error.iteration
-    return current_iter
+    return error.iteration if isinstance(error, NonFiniteLossError) else current_iter
 
 
 def trainer_spec(trainer_class: type) -> str:
@@ -93,14 +90,11 @@ def trainer_spec(trainer_class: type) -> str:
     a class defined in a script (``tools/train_net.py``'s ``Trainer``, also when another
     script imports it as a top-level module), which the replay imports from its file.
     """
-    module = trainer_class.__module__
-    try:
-        path: str | None = inspect.getfile(trainer_class)
-    except TypeError:  # a class of no file (built in)
-        path = None
-    if path and (module in ("__main__", "__mp_main__") or "." not in module):
-        return f"{os.path.abspath(path)}:{trainer_class.__qualname__}"
-    return f"{module}:{trainer_class.__qualname__}"
+    module, name = trainer_class.__module__, trainer_class.__qualname__
+    if module in ("__main__", "__mp_main__") or "." not in module:
+        with contextlib.suppress(TypeError):  # a class of no file (built in)
+            return f"{os.path.abspath(inspect.getfile(trainer_class))}:{name}"
+    return f"{module}:{name}"
 
 
 def load_trainer_class(spec: str) -> type:
@@ -163,14 +157,6 @@ def _is_captured(error: BaseException) -> bool:
     return not (torch.distributed.is_available() and isinstance(error, torch.distributed.DistError))
 
 
-def _error_info(error: BaseException) -> dict[str, Any]:
-    return {
-        "type": type(error).__name__,
-        "message": str(error),
-        "exit_code": exit_code_of(error) or 1,
-    }
-
-
 def _shapes(value: Any) -> Any:
     """The shapes (and dtypes) of the tensors in a batch, in the batch's structure."""
     if isinstance(value, torch.Tensor):
@@ -184,8 +170,7 @@ def _shapes(value: Any) -> Any:
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
     with atomic_write(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(json.dumps(data, indent=1) + "\n")
 
 
 class FailedStepCapture:
@@ -280,7 +265,11 @@ class FailedStepCapture:
             "pid": os.getpid(),
             "iteration": iteration,
             "noticed_at": current_iter,
-            "error": _error_info(error),
+            "error": {
+                "type": type(error).__name__,
+                "message": str(error),
+                "exit_code": exit_code_of(error) or 1,
+            },
             "loss_terms": error.losses if isinstance(error, NonFiniteLossError) else None,
             "batch_shapes": _shapes(batches) if batches else None,
             "rng_file": f"rank{rank}_rng.pt",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +35,7 @@ __all__ = ["DeferredLossCheck", "LossCheck", "MetricsWriter"]
 
 _ALL_FINITE = -1  # the first bad step's value while every step so far was finite
 _Losses = Mapping[str, Tensor]  # a step's loss terms by name
+_metric_names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
 
 class DeferredLossCheck:
@@ -96,7 +96,7 @@ class DeferredLossCheck:
         Collective:
             ``all_gather`` over all ranks when ``collective`` and there are several.
         """
-        found: tuple[int, list[float]] | None = None
+        found = None  # raise_non_finite's arguments: first bad step, names, values, noticed at
         if self._num_pending:
             assert self._first_bad_iter is not None and self._bad_values is not None
             host = torch.cat([self._first_bad_iter.double().reshape(1), self._bad_values.double()])
@@ -104,15 +104,12 @@ class DeferredLossCheck:
             if first_bad == _ALL_FINITE:
                 self._num_pending = 0
             else:  # the state is kept: a later check raises the same error again
-                found = (int(first_bad), values)
-        names, noticed_at = self._names, self._last_iter
+                found = (int(first_bad), self._names, values, self._last_iter)
         if collective and comm.get_world_size() > 1:
-            per_rank = comm.all_gather((found, names, noticed_at))
-            bad = [(f, n, at) for f, n, at in per_rank if f is not None]
-            if bad:
-                found, names, noticed_at = min(bad, key=lambda entry: entry[0][0])
+            bad = [entry for entry in comm.all_gather(found) if entry is not None]
+            found = min(bad, key=lambda entry: entry[0], default=None)
         if found is not None:
-            raise_non_finite(found[0], names, found[1], noticed_at)
+            raise_non_finite(*found)
 
 
 class LossCheck(StepListener):
@@ -127,13 +124,12 @@ class LossCheck(StepListener):
     def __init__(self, deferred: bool | None = None) -> None:
         self.deferred = deferred
         self._pending = DeferredLossCheck()
-        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(tuple(losses), prefix)
+        names = _metric_names(tuple(losses), prefix)
         deferred = not total.is_cpu if self.deferred is None else self.deferred
         if deferred:
             values = [losses[name].detach() for name in names[:-1]] + [total.detach()]
@@ -176,13 +172,12 @@ class MetricsWriter(StepListener):
         self.check = check
         self.every_step = every_step
         self._buffer: list[MetricEntry] = []
-        self._names = functools.lru_cache(maxsize=1)(metric_names)  # loss names rarely change
 
     @override
     def on_losses(
         self, iteration: int, losses: _Losses, total: Tensor, data_time: float, prefix: str
     ) -> None:
-        names = self._names(tuple(losses), prefix)
+        names = _metric_names(tuple(losses), prefix)
         # Detached tensors, read at the period end with one copy (a CPU step reads nothing).
         values = [losses[n].detach() for n in names[:-1]] + [total.detach()]
         if not self.every_step:
@@ -201,7 +196,7 @@ class MetricsWriter(StepListener):
             raise
         if not buffered:
             return
-        figures: Any = functools.partial(events.collect_figures, iteration)
+        figures = functools.partial(events.collect_figures, iteration)
         per_rank = gather_and_file(buffered, storage, share=figures)
         if per_rank and per_rank[0] is not None:
             events.compare_figures(per_rank, storage)

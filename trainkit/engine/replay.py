@@ -28,6 +28,7 @@ from trainkit.checkpoint import unwrap_model
 from trainkit.config import CfgNode, get_cfg
 from trainkit.engine.failed_steps import (
     ReplayError,
+    failing_iteration,
     load_trainer_class,
     read_step_file,
 )
@@ -99,12 +100,10 @@ class ReplayReport:
     def lines(self) -> list[str]:
         """Return the report as lines of text (what ``tools/replay_step.py`` prints)."""
         start = f"from {os.path.basename(self.checkpoint)}" if self.checkpoint else "from scratch"
-        steps = f"Replayed steps {self.replayed.start}..{self.replayed.stop - 1} "
-        out = [
-            (steps if self.replayed else "Started ") + start,
-            f"Step {self.iteration}: "
-            + ("the failure is reproduced" if self.reproduced else "did NOT fail in the replay"),
-        ]
+        first, last = self.replayed.start, self.replayed.stop - 1
+        steps = f"Replayed steps {first}..{last}" if self.replayed else "Started"
+        verdict = "the failure is reproduced" if self.reproduced else "did NOT fail in the replay"
+        out = [f"{steps} {start}", f"Step {self.iteration}: {verdict}"]
         for (rank, micro), losses in sorted(self.losses.items()):
             bad = " <- not finite" if (rank, micro) in self.bad_slots else ""
             terms = ", ".join(f"{k}={v:.6g}" for k, v in losses.items())
@@ -113,17 +112,13 @@ class ReplayReport:
             out.append(f"  rank {rank} micro-batch {micro} raised {error}")
         out += self._record_lines()
         if self.non_finite_weights:
-            out.append(
-                f"  non-finite weights before step {self.iteration} in "
-                f"{len(self.non_finite_weights)} tensor(s): {_first(self.non_finite_weights)}"
-            )
+            weights = _listed(self.non_finite_weights, "tensor(s)")
+            out.append(f"  non-finite weights before step {self.iteration} in {weights}")
         norms = ", ".join(f"{k}: {v:.6g}" for k, v in self.grad_norms.items())
         out.append(f"  gradient norms (averaged over ranks as DDP does: 'all'): {norms}")
         if self.non_finite_grads:
-            out.append(
-                f"  non-finite gradients in {len(self.non_finite_grads)} parameter(s): "
-                f"{_first(self.non_finite_grads)}"
-            )
+            grads = _listed(self.non_finite_grads, "parameter(s)")
+            out.append(f"  non-finite gradients in {grads}")
         return out
 
     def _record_lines(self) -> list[str]:
@@ -148,9 +143,10 @@ class ReplayReport:
         return [summary, *lines[:_SHOWN], *more]
 
 
-def _first(names: list[str]) -> str:
+def _listed(names: list[str], what: str) -> str:
     more = len(names) - _SHOWN
-    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    listed = ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return f"{len(names)} {what}: {listed}"
 
 
 def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -159,9 +155,7 @@ def _floats(losses: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def _non_finite(values: dict[str, Any]) -> list[str]:
     """The names of the values (floats, or tensors of any shape) that are not all finite."""
-    return [
-        name for name, v in values.items() if not bool(torch.isfinite(torch.as_tensor(v)).all())
-    ]
+    return [name for name, v in values.items() if not torch.isfinite(torch.as_tensor(v)).all()]
 
 
 class _Probe(HookBase):
@@ -240,6 +234,9 @@ def replay_failed_step(
     step = read_step_file(folder)
     if trainer_class is None:
         trainer_class = load_trainer_class(step["trainer"])
+    if checkpoint is None and step["last_checkpoint"]:
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
+        checkpoint = os.path.join(run_dir, step["last_checkpoint"])
     threads = torch.get_num_threads()
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -247,9 +244,6 @@ def replay_failed_step(
             if not cfg.MODEL.DEVICE.startswith("cuda") and step.get("num_threads"):
                 # CPU kernels may sum in another order with another number of threads.
                 torch.set_num_threads(int(step["num_threads"]))
-            run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
-            if checkpoint is None and step["last_checkpoint"]:
-                checkpoint = os.path.join(run_dir, step["last_checkpoint"])
             return _replay(cfg, step, trainer_class, checkpoint or "", log)
     finally:
         torch.set_num_threads(threads)
@@ -282,7 +276,7 @@ def _replay(
         # The loop itself, not DefaultTrainer.train: nothing is captured or evaluated.
         TrainerBase.train(trainer, start, cfg.SOLVER.MAX_ITER)
     except Exception as e:
-        failed_at = e.iteration if isinstance(e, NonFiniteLossError) else trainer.iter
+        failed_at = failing_iteration(e, trainer.iter)
         if failed_at < iteration:
             raise ReplayError(
                 f"the replay's step {failed_at} (before the failing step {iteration}) failed "
@@ -331,7 +325,6 @@ def _diagnose(
 ) -> None:
     """Fill ``report`` from the failing step the trainer just ran (or went through)."""
     world_size, result = len(ranks.ranks), trainer._trainer.last_result
-    batches = result.batches
     for q, losses in enumerate(result.losses):
         report.losses[(q % world_size, q // world_size)] = values = _floats(losses)
         if _non_finite(values):
@@ -352,7 +345,7 @@ def _diagnose(
     ids = trainer.data_loader.spec.record_ids()
     indices = {(s["rank"], s["micro_batch"]): s["indices"] for s in step.get("records") or []}
     for slot in report.bad_slots:
-        batch = batches[slot[1] * world_size + slot[0]] if batches else None
+        batch = result.batches[slot[1] * world_size + slot[0]] if result.batches else None
         if isinstance(batch, list):  # a list of records can be split
             names = [ids(i) for i in indices.get(slot, [])]
             _find_bad_records(trainer._trainer, ranks, report, slot, batch, names)

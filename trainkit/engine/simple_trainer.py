@@ -31,14 +31,13 @@ _METRICS_SYNC = "metrics are gathered once per gather_metric_period, never waiti
 class SimpleTrainer(TrainerBase):
     """One optimizer step per iteration: batches, forward, backward, hooks, metrics, update.
 
-    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar
-    tensor, recorded as ``total_loss``); their sum is back-propagated. ``AMPTrainer`` and
-    users override the seams of the one :meth:`run_step`: ``forward_context``,
-    ``compute_losses`` (one micro-batch), ``backward``, ``after_backward`` (the hooks, once
-    per step), ``_write_metrics`` (detectron2's) and ``optimizer_step``. :meth:`accumulate`
-    is the one way micro-batches run (the failing-step replay runs it too); a step of another
-    shape (several optimizers, GANs) overrides ``run_step`` or starts from
-    ``tools/plain_train_net.py``.
+    The model, in training mode, returns a dict of scalar losses for a batch (or one scalar tensor,
+    recorded as ``total_loss``); their sum is back-propagated. ``AMPTrainer`` and users override the
+    seams of the one :meth:`run_step`: ``forward_context``, ``compute_losses`` (one micro-batch),
+    ``backward``, ``after_backward`` (the hooks, once per step), ``_write_metrics`` (detectron2's)
+    and ``optimizer_step``. :meth:`accumulate` is the one way micro-batches run (the failing-step
+    replay runs it too); a step of another shape (several optimizers, GANs) overrides ``run_step``
+    or starts from ``tools/plain_train_net.py``.
 
     * **Accumulation**: with ``accumulate_steps=k`` a step draws k micro-batches and sums
       their gradients, each loss weighted by its share of the step's samples: the update of
@@ -47,10 +46,9 @@ class SimpleTrainer(TrainerBase):
     * **Batches** come from :attr:`batches` (:class:`~trainkit.data.loading.step_batches.
       StepBatches`): copied to a device ahead of their step (``DefaultTrainer``: on CUDA);
       its position is the one after the batches consumed, which checkpoints save.
-    * **Events**: the step announces its phases on the loop's :attr:`events` (``data``,
-      ``forward/backward``, ``collective``: DDP's wait and a period end's metric sync,
-      ``optimizer``) and its losses, which its listeners check and keep
-      (:mod:`~trainkit.engine.period_metrics`).
+    * **Events**: it announces its phases on :attr:`events` (``data``, ``forward/backward``,
+      ``collective``: DDP's wait and a period end's metric sync, ``optimizer``) and its losses,
+      which its listeners check and keep (:mod:`~trainkit.engine.period_metrics`).
     * **Metrics** follow detectron2's ``gather_metric_period``: the steps that end a period
       are gathered over ranks then; with ``record_every_step`` (``DefaultTrainer``) every
       step's losses are kept and gathered at each period end and the last iteration.

@@ -94,10 +94,9 @@ def write_metrics(
     Collective:
         ``all_gather`` over all ranks; every rank must call it for the same iterations.
     """
-    total = sum_losses(loss_dict).detach().float().item()
     names = metric_names(tuple(loss_dict), prefix)
-    entry = (cur_iter, names, host_values(loss_dict, names, total), data_time)
-    gather_and_file([entry], get_event_storage(), always_check=True)
+    values = [loss_dict[name].detach() for name in names[:-1]] + [sum_losses(loss_dict).detach()]
+    gather_and_file([(cur_iter, names, values, data_time)], get_event_storage(), always_check=True)
 
 
 def gather_and_file(
@@ -109,14 +108,12 @@ def gather_and_file(
 ) -> list[Any]:
     """Synchronise buffered metrics and put the rank average into ``storage``.
 
-    ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this
-    rank's own.
+    ``data_time`` is the slowest rank's (the step waited for it), ``rank_data_time`` this rank's.
 
     Args:
         buffered: this rank's entries, oldest first.
         storage: where to file the averages.
-        always_check: check for NaN/inf even values this rank checked already (one
-            process, CPU losses).
+        always_check: check for NaN/inf even values this rank checked (one process, CPU losses).
         share: called once the device values are on the host (so after the device reached
             this point); what it returns travels with the metrics to every rank.
 
@@ -124,8 +121,7 @@ def gather_and_file(
         What ``share`` returned on each rank (index = rank); ``None`` entries without it.
 
     Raises:
-        FloatingPointError: On every rank, after filing the steps before it, if a value is
-            infinite or NaN.
+        FloatingPointError: On every rank, after filing the steps before, if a value is not finite.
 
     Collective:
         ``all_gather`` over all ranks, at the same iterations. Every rank sees every value,

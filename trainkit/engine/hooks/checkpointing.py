@@ -160,10 +160,9 @@ class BestCheckpointer(HookBase):
         return self.rule.best_iter
 
     def _check(self, may_stop: bool) -> None:
-        # At each evaluation (a save follows only where the metric improved): the best
-        # checkpoint never holds a non-finite step's update. Agreed by every rank only with
-        # patience (the hook is collective then); else, as detectron2 registers it anywhere,
-        # each rank checks its own losses.
+        # At each evaluation (a save follows only an improvement): the best checkpoint never holds a
+        # non-finite step's update. Agreed by every rank only with patience (the hook is collective
+        # then); else, as detectron2 registers it anywhere, each rank checks its own losses.
         rule, previous, metric = self.rule, self.rule.best_metric, self._val_metric
         shared = rule.patience is not None
         self.trainer.flush_pending_checks(collective=shared)

@@ -110,10 +110,5 @@ class DeviceWaitCounter(HookBase, StepListener):
             whose = "the model's (its forward or backward pass), not the trainer's"
             if who == "trainer":
                 whose = "the trainer's (its step or a hook), not the model's"
-            logger.warning(
-                "Iteration %d waited for the device at %s:%d: %s",
-                self.trainer.iter,
-                filename,
-                lineno,
-                whose,
-            )
+            where, iteration = f"{filename}:{lineno}", self.trainer.iter
+            logger.warning("Iteration %d waited for the device at %s: %s", iteration, where, whose)

@@ -110,10 +110,9 @@ class ModelEMA(HookBase):
 def _update_average(averaged: AveragedModel, model: nn.Module, multi_avg_fn: Any) -> None:
     """Do ``averaged.update_parameters(model)`` without waiting for the device.
 
-    torch's ``update_parameters`` copies its update count (a CPU tensor) to the device at
-    every call, a blocking copy; the EMA rule does not use the count, so it is left on the
-    CPU. The tensors are grouped by device and dtype as torch groups them, so the update is
-    the same, bit for bit.
+    torch's ``update_parameters`` copies its update count (a CPU tensor) to the device at every
+    call, a blocking copy; the EMA rule does not use the count, so it is left on the CPU. The
+    tensors are grouped by device and dtype as torch groups them: the same update, bit for bit.
     """
     averaged_tensors = itertools.chain(averaged.module.parameters(), averaged.module.buffers())
     model_tensors = itertools.chain(model.parameters(), model.buffers())

@@ -145,13 +145,12 @@ class PreciseBN(HookBase):
         try:
             with torch.no_grad():
                 for batch_index in range(self._num_iter):
-                    try:
-                        batch = next(self._data_iter)
-                    except StopIteration:
+                    batch = next(self._data_iter, None)
+                    if batch is None:
                         raise RuntimeError(
                             f"PreciseBN's data loader ran out after {batch_index} of "
                             f"{self._num_iter} batches; give it an infinite loader."
-                        ) from None
+                        )
                     self._model(batch)
         finally:
             for bn, momentum in zip(self._bn_layers, momenta):

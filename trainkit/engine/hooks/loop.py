@@ -198,7 +198,6 @@ class LRScheduler(HookBase):
         self._multiplier: torch.optim.lr_scheduler.LRScheduler | None = None  # of a ParamScheduler
         # Loaded before the ParamScheduler is wrapped (resume precedes train()): for before_train.
         self._pending_state: dict[str, Any] | None = None
-        self._main_param_group: dict[str, Any] = {}
         self._best_param_group_id = 0
         self._stepped_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
@@ -237,7 +236,6 @@ class LRScheduler(HookBase):
         # Kept resolved under detectron2's attribute names: subclasses read them.
         self._optimizer = optimizer
         self._best_param_group_id = self.get_best_param_group_id(optimizer)
-        self._main_param_group = optimizer.param_groups[self._best_param_group_id]
 
     @staticmethod
     def get_best_param_group_id(optimizer: torch.optim.Optimizer) -> int:
@@ -249,7 +247,8 @@ class LRScheduler(HookBase):
     def after_step(self) -> None:
         if self._stepped_scheduler is None:  # a caller that skipped before_train
             self.before_train()
-        self.trainer.storage.put_scalar("lr", self._main_param_group["lr"], smoothing_hint=False)
+        lr = self._optimizer.param_groups[self._best_param_group_id]["lr"]  # type: ignore[union-attr]
+        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
         self._stepped_scheduler.step()  # type: ignore[union-attr]
 
     @override
@@ -285,8 +284,7 @@ class SkippedRecordsCounter(HookBase):
         trainer = self.trainer
         if not is_time(trainer, self._period):
             return
-        loader = trainer.data_loader  # type: ignore[attr-defined]
-        if isinstance(loader, TrainLoader):
+        if isinstance(loader := trainer.data_loader, TrainLoader):  # type: ignore[attr-defined]
             skipped = loader.num_skipped_records
             trainer.storage.put_scalar("data/skipped_records", skipped, smoothing_hint=False)
         # The position after the batches the step consumed (the loader may have drawn ahead).
