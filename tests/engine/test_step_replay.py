@@ -82,6 +82,9 @@ def test_the_replay_refuses_a_folder_it_cannot_use(tmp_path):
     poison_record_of(cfg, 9)
     train(cfg)
     folder = tmp_path / "failed_steps" / "iter_9"
+    # Its trainer may save (a final checkpoint when the step does not fail): not over the run's.
+    with pytest.raises(ReplayError, match="is the failed run's OUTPUT_DIR"):
+        replay_failed_step(str(folder), output_dir=str(tmp_path / "." / ""))
     with pytest.raises(ReplayError, match="not found; give one with --checkpoint"):
         replay_failed_step(str(folder), checkpoint=str(tmp_path / "model_0000099.pth"))
     # A checkpoint from after the step cannot be the start.

@@ -38,7 +38,7 @@ from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.launcher.protocol import NON_FINITE_EXIT_CODE, exit_code_of
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state
-from trainkit.utils.errors import UsageError
+from trainkit.utils.errors import UsageError, add_note
 from trainkit.utils.file_io import atomic_write
 from trainkit.utils.torch_private import dump_cuda_memory_snapshot, record_cuda_memory_history
 
@@ -245,7 +245,7 @@ class FailedStepCapture:
             f"one process with: python tools/replay_step.py {folder}"
         )
         logger.error("%s", message)
-        error.add_note(message)
+        add_note(error, message)
         return folder
 
     # ---- what this rank has ---------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from trainkit.checkpoint import find_unsafe_value
+from trainkit.utils.errors import add_note
 from trainkit.utils.events import EventStorage
 from trainkit.utils.periodic import is_last_iter, is_period_end
 
@@ -146,7 +147,7 @@ _STEP_PHASES = ("before_step", "after_backward", "after_step")
 
 
 def _note_hook(error: BaseException, hook: HookBase, method: str, iteration: int) -> None:
-    error.add_note(f"(raised in hook {type(hook).__name__}.{method} at iteration {iteration})")
+    add_note(error, f"(raised in hook {type(hook).__name__}.{method} at iteration {iteration})")
 
 
 @contextlib.contextmanager

@@ -221,7 +221,8 @@ def replay_failed_step(
         trainer_class: the ``DefaultTrainer`` (sub)class to build the run with (default:
             the run's, recorded in the folder).
         checkpoint: start from this checkpoint instead of the newest one the run had.
-        output_dir: where the replay's trainer may write (default: a temporary folder).
+        output_dir: where the replay's trainer may write (default: a temporary folder); not
+            the run's own ``OUTPUT_DIR``.
         log: where progress lines go.
 
     Returns:
@@ -234,8 +235,13 @@ def replay_failed_step(
     step = read_step_file(folder)
     if trainer_class is None:
         trainer_class = load_trainer_class(step["trainer"])
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
+    if output_dir and os.path.realpath(output_dir) == os.path.realpath(run_dir):
+        raise ReplayError(
+            f"{output_dir} is the failed run's OUTPUT_DIR: the replay's trainer would write over "
+            "its checkpoints; give another folder (or none: a temporary one)."
+        )
     if checkpoint is None and step["last_checkpoint"]:
-        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
         checkpoint = os.path.join(run_dir, step["last_checkpoint"])
     threads = torch.get_num_threads()
     try:

@@ -20,12 +20,25 @@ __all__ = [
     "MissingFileError",
     "UnknownNameError",
     "UsageError",
+    "add_note",
     "install_usage_error_handler",
     "user_message",
 ]
 
 USAGE_EXIT_CODE = 2
 """Exit status of a run stopped by a user error (argparse's convention); never retried."""
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Add ``note`` to ``error``'s notes, printed under its message (``BaseException.add_note``).
+
+    Python 3.9 and 3.10 have no ``add_note``: the note goes into ``__notes__`` as 3.11 keeps it,
+    where the launcher's and the usage-error handler's reports read it.
+    """
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*vars(error).get("__notes__", ()), note]
 
 
 class UsageError(Exception):
