@@ -96,13 +96,13 @@ class StepEvents:
 
     def _reindex(self) -> None:
         # Only what a listener overrides is called: most listeners hear one kind of event.
-        def heard(name: str) -> list[Any]:  # the listeners' bound methods `name`
-            base = getattr(StepListener, name)
-            return [getattr(x, name) for x in self.listeners if getattr(type(x), name) is not base]
-
-        self._on_phase, self._on_losses = heard("on_phase"), heard("on_losses")
-        self._on_period_end = heard("on_period_end")
-        self._riders = [method.__self__ for method in heard("period_figures")]
+        own = [(x, type(x)) for x in self.listeners]
+        self._on_phase = [x.on_phase for x, t in own if t.on_phase is not StepListener.on_phase]
+        self._on_losses = [x.on_losses for x, t in own if t.on_losses is not StepListener.on_losses]
+        self._on_period_end = [
+            x.on_period_end for x, t in own if t.on_period_end is not StepListener.on_period_end
+        ]
+        self._riders = [x for x, t in own if t.period_figures is not StepListener.period_figures]
 
     def phase(self, name: str) -> None:
         """Announce that this rank starts phase ``name``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -185,10 +186,14 @@ class HookDispatch:
         self.hooks = sorted(self.hooks + hooks, key=lambda h: int(h.priority))
         self.callbacks = {phase: [] for phase in _STEP_PHASES}
         for hook in self.hooks:
-            for phase in _STEP_PHASES:
+            methods = {  # by name, without probing the hook for attributes
+                "before_step": (hook.before_step, HookBase.before_step),
+                "after_backward": (hook.after_backward, HookBase.after_backward),
+                "after_step": (hook.after_step, HookBase.after_step),
+            }
+            for phase, (method, default) in methods.items():
                 # Its own method: overridden, or set on the instance.
-                method = getattr(hook, phase)
-                if getattr(method, "__func__", None) is not getattr(HookBase, phase):
+                if not (isinstance(method, types.MethodType) and method.__func__ is default):
                     self.callbacks[phase].append((hook, method))
 
     def run(self, phase: str, iteration: int) -> None:

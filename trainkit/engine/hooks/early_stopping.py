@@ -99,8 +99,13 @@ class ImprovementRule:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the progress (plain numbers); ``{}`` before the first evaluation."""
-        keys = ("best_metric", "best_iter", "evals_without_improvement")
-        return {} if self.best_metric is None else {key: getattr(self, key) for key in keys}
+        if self.best_metric is None:
+            return {}
+        return {
+            "best_metric": self.best_metric,
+            "best_iter": self.best_iter,
+            "evals_without_improvement": self.evals_without_improvement,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a state without the count)."""
