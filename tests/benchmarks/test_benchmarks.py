@@ -141,7 +141,7 @@ def test_data_at_scale_json(quick_run):
 
 def test_train_json(quick_run):
     train = quick_run[1]["train"]
-    assert sorted(train) == ["accum", "clf", "ddp", "ema", "mlp"]
+    assert sorted(train) == ["accum", "clf", "ddp", "default", "ema", "mlp"]
     for case in train.values():
         assert case["trainkit_s"] > 0 and case["plain_s"] > 0
         assert case["ratio"] == pytest.approx(case["trainkit_s"] / case["plain_s"])
