@@ -63,3 +63,30 @@ def test_a_step_with_another_precision_than_the_config_is_refused():
 def test_without_amp_the_precision_is_not_used():
     step = build_step_trainer(_cfg(enabled=False, precision="float16"), *_parts())
     assert type(step) is SimpleTrainer
+
+
+class _GradsSeenInForward(nn.Module):
+    """A linear model that notes whether its weight held a gradient when forward ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.grad_in_forward = []
+
+    def forward(self, batch):
+        self.grad_in_forward.append(self.linear.weight.grad is not None)
+        return self.linear(batch).pow(2).mean()
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_the_configured_step_clears_gradients_before_the_forward_pass(amp):
+    # The previous step's gradients are freed before the activations are allocated.
+    model = _GradsSeenInForward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = build_step_trainer(_cfg(enabled=amp), model, [torch.ones(2, 4)] * 3, optimizer)
+    step.train(0, 3)
+    assert model.grad_in_forward == [False, False, False]
+    # SimpleTrainer's own default stays detectron2's: cleared after the forward pass.
+    model.grad_in_forward.clear()
+    SimpleTrainer(model, [torch.ones(2, 4)] * 2, optimizer).train(0, 2)
+    assert model.grad_in_forward == [True, True]

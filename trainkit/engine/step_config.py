@@ -37,14 +37,26 @@ def build_step_trainer(
     """Return the step trainer ``cfg`` describes (``SOLVER.AMP.*``, ``ACCUMULATE_STEPS``).
 
     It is wired when assigned to ``DefaultTrainer._trainer`` (:func:`adopt_config_wiring`).
+    It clears gradients before the forward pass (detectron2's ``SimpleTrainer`` default is
+    after): the previous step's gradients are freed before the activations are allocated,
+    so the peak memory holds one fewer copy of them, and freeing them is cheaper there.
 
     Raises:
         ConfigError: If ``SOLVER.AMP.PRECISION`` is not one of its values.
     """
     precision, steps = amp_precision(cfg), cfg.SOLVER.ACCUMULATE_STEPS  # checked without AMP too
     if not cfg.SOLVER.AMP.ENABLED:
-        return SimpleTrainer(model, data_loader, optimizer, accumulate_steps=steps)
-    return AMPTrainer(model, data_loader, optimizer, precision=precision, accumulate_steps=steps)
+        return SimpleTrainer(
+            model, data_loader, optimizer, accumulate_steps=steps, zero_grad_before_forward=True
+        )
+    return AMPTrainer(
+        model,
+        data_loader,
+        optimizer,
+        precision=precision,
+        accumulate_steps=steps,
+        zero_grad_before_forward=True,
+    )
 
 
 def amp_precision(cfg: CfgNode) -> torch.dtype | None:
