@@ -37,26 +37,17 @@ def build_step_trainer(
     """Return the step trainer ``cfg`` describes (``SOLVER.AMP.*``, ``ACCUMULATE_STEPS``).
 
     It is wired when assigned to ``DefaultTrainer._trainer`` (:func:`adopt_config_wiring`).
-    It clears gradients before the forward pass (detectron2's ``SimpleTrainer`` default is
-    after): the previous step's gradients are freed before the activations are allocated,
-    so the peak memory holds one fewer copy of them, and freeing them is cheaper there.
 
     Raises:
         ConfigError: If ``SOLVER.AMP.PRECISION`` is not one of its values.
     """
-    precision, steps = amp_precision(cfg), cfg.SOLVER.ACCUMULATE_STEPS  # checked without AMP too
+    precision = amp_precision(cfg)  # checked without AMP too
+    # Cleared before the forward pass: the previous step's gradients are freed before the
+    # activations are allocated (detectron2's SimpleTrainer clears them after it).
+    kwargs = {"accumulate_steps": cfg.SOLVER.ACCUMULATE_STEPS, "zero_grad_before_forward": True}
     if not cfg.SOLVER.AMP.ENABLED:
-        return SimpleTrainer(
-            model, data_loader, optimizer, accumulate_steps=steps, zero_grad_before_forward=True
-        )
-    return AMPTrainer(
-        model,
-        data_loader,
-        optimizer,
-        precision=precision,
-        accumulate_steps=steps,
-        zero_grad_before_forward=True,
-    )
+        return SimpleTrainer(model, data_loader, optimizer, **kwargs)
+    return AMPTrainer(model, data_loader, optimizer, precision=precision, **kwargs)
 
 
 def amp_precision(cfg: CfgNode) -> torch.dtype | None:
