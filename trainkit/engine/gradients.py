@@ -3,7 +3,10 @@
 ``SimpleTrainer.accumulate`` runs a step's micro-batches and asks a :class:`GradientCombiner`
 how: each micro-batch's weight (its share of the step's samples), the context its forward
 and backward run in, and what follows the last backward. The failing-step replay emulates
-several ranks in one process with :class:`EmulatedRanks`; sharded models plug in here too.
+several ranks in one process with :class:`EmulatedRanks`. A sharded model
+(:func:`trainkit.modeling.sharding.shard_model`) reduce-scatters every micro-batch's
+gradients into its shards, so no process holds a full gradient; with hybrid sharding only
+the all-reduce across replicas waits for the last micro-batch.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from trainkit.checkpoint import unwrap_model
+from trainkit.modeling import is_sharded
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
 
@@ -116,9 +120,11 @@ def create_ddp_model(
 
 
 class GradientCombiner:
-    """Sum a step's weighted micro-batch gradients here; DDP all-reduces only the last one.
+    """Sum a step's weighted micro-batch gradients; all-reduce only the last one's.
 
-    Subclasses (emulated ranks, sharded models) override its methods to combine them otherwise.
+    DDP's ``no_sync`` holds back the all-reduce of the others, as does a hybrid-sharded
+    model's across its replicas (each micro-batch is still reduce-scattered). Subclasses
+    (emulated ranks) override its methods to combine them otherwise.
     """
 
     def weights(self, batches: Sequence[Any]) -> list[float] | None:
@@ -135,6 +141,8 @@ class GradientCombiner:
         """
         if index < count - 1 and isinstance(model, DistributedDataParallel):
             return model.no_sync()
+        if is_sharded(model):  # a no-op unless hybrid: the replicas' all-reduce
+            model.set_requires_all_reduce(index == count - 1)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def waits_in_backward(self, model: nn.Module) -> bool:

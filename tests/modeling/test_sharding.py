@@ -1,0 +1,174 @@
+"""A model sharded with FSDP2 block by block: its blocks, mesh, activation checkpointing, and
+training on real Gloo processes against the same steps unsharded."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.dist import run_on_ranks
+from trainkit.config import ConfigError
+from trainkit.engine import SimpleTrainer
+from trainkit.modeling.sharding import (
+    checkpoint_activations,
+    hybrid_mesh_shape,
+    is_sharded,
+    model_blocks,
+    shard_model,
+)
+
+
+class Blocks(nn.Module):
+    """A stem, a ModuleList of blocks and a head, with dropout (RNG in the recomputation)."""
+
+    block_modules = ("stem", "layers")
+
+    def __init__(self, width=8, depth=3, dropout=0.1):
+        super().__init__()
+        self.stem = nn.Linear(4, width)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        h = self.stem(x)
+        for layer in self.layers:
+            h = h + layer(h)
+        return {"loss": nn.functional.mse_loss(self.head(h).squeeze(1), y)}
+
+
+class Undeclared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.act = nn.ReLU()  # no parameters: not a block
+        self.b = nn.Linear(2, 1)
+
+
+def test_declared_blocks_expand_module_lists_and_undeclared_ones_are_the_children():
+    model = Blocks()
+    assert model_blocks(model) == [model.stem, *model.layers]
+    plain = Undeclared()
+    assert model_blocks(plain) == [plain.a, plain.b]
+
+
+def test_a_block_name_that_is_not_a_submodule_is_named():
+    class Wrong(Blocks):
+        block_modules = ("stem", "blocks")
+
+    with pytest.raises(ValueError, match=r"Wrong.block_modules names 'blocks'"):
+        model_blocks(Wrong())
+
+
+@pytest.mark.parametrize(
+    ("shard_size", "world", "local", "shape"),
+    [(0, 2, 2, (2,)), (2, 2, 2, (2,)), (2, 4, 4, (2, 2)), (2, 4, 2, (2, 2)), (4, 8, 4, (2, 4))],
+)
+def test_the_mesh_is_flat_or_hybrid(shard_size, world, local, shape):
+    assert hybrid_mesh_shape(shard_size, world, local) == shape
+
+
+@pytest.mark.parametrize(("shard_size", "local"), [(1, 4), (3, 4), (-2, 4), (8, 4), (2, 1)])
+def test_a_shard_size_that_does_not_divide_is_one_line_naming_the_key(shard_size, local):
+    with pytest.raises(ConfigError, match=r"MODEL.FSDP.SHARD_SIZE.*or 4 \(the world size") as e:
+        hybrid_mesh_shape(shard_size, 4, local)
+    assert "\n" not in str(e.value) and f"got {shard_size}" in str(e.value)
+
+
+def _batch(seed=0, n=8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g), torch.randn(n, generator=g)
+
+
+def test_activation_checkpointing_keeps_the_losses_gradients_and_state_dict_keys():
+    torch.manual_seed(0)
+    model = Blocks()
+    recomputed = copy.deepcopy(model)
+    checkpoint_activations(model_blocks(recomputed))
+    assert list(recomputed.state_dict()) == list(model.state_dict())
+    batch = _batch()
+    torch.manual_seed(1)
+    model(batch)["loss"].backward()
+    torch.manual_seed(1)
+    recomputed(batch)["loss"].backward()  # dropout: the recomputation draws the same masks
+    for p, q in zip(model.parameters(), recomputed.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+
+
+def _train_sharded(shard_size, accumulate, steps, checkpointing):
+    # Every rank trains a copy of the same model on its share of each step's records; the
+    # reference trains one unsharded copy on all of them, so the weights must agree.
+    import torch.distributed as dist
+
+    from trainkit.utils import comm
+
+    rank, world = comm.get_rank(), comm.get_world_size()
+    torch.manual_seed(0)
+    model = Blocks(dropout=0.0)  # the ranks' batches and the reference's draw differently
+    reference = copy.deepcopy(model)
+    sharded = shard_model(model, shard_size=shard_size, activation_checkpointing=checkpointing)
+    assert is_sharded(sharded) and not is_sharded(reference)
+    n = 4 * world * accumulate
+    batches = [_batch(seed=s, n=n) for s in range(steps)]
+    per_rank = [
+        (x[rank::world][j::accumulate], y[rank::world][j::accumulate])
+        for x, y in batches
+        for j in range(accumulate)
+    ]
+    optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
+    SimpleTrainer(sharded, per_rank, optimizer, accumulate_steps=accumulate).train(0, steps)
+    # No process ever held a full gradient: each is this rank's shard of dimension 0.
+    shard_rows = [p.grad.to_local().shape[0] for p in sharded.parameters() if p.ndim == 2]
+    full_rows = [p.shape[0] for p in reference.parameters() if p.ndim == 2]
+    mesh_shard = world if shard_size in (0, world) else shard_size
+    assert all(s <= -(-f // mesh_shard) for s, f in zip(shard_rows, full_rows))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        ref_opt.zero_grad()
+        reference((x, y))["loss"].backward()
+        ref_opt.step()
+    full = {name: p.full_tensor() for name, p in sharded.named_parameters()}
+    dist.barrier()
+    return {name: (full[name] - p).abs().max().item() for name, p in reference.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    ("world", "shard_size", "accumulate", "checkpointing"),
+    [(2, 0, 1, False), (2, 0, 2, True), (4, 2, 2, False)],
+    ids=["full-2", "full-2-accumulate-checkpointed", "hybrid-2x2-accumulate"],
+)
+def test_sharded_training_matches_the_unsharded_steps(world, shard_size, accumulate, checkpointing):
+    results = run_on_ranks(
+        _train_sharded, world, args=(shard_size, accumulate, 3, checkpointing), timeout_s=120
+    )
+    for errors in results:
+        assert max(errors.values()) < 1e-5, errors
+
+
+def test_one_process_without_a_process_group_still_shards():
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from tests.modeling.test_sharding import Blocks\n"
+        "from trainkit.modeling.sharding import is_sharded, shard_model\n"
+        "model = shard_model(Blocks())\n"
+        "assert dist.is_initialized() and dist.get_world_size() == 1 and is_sharded(model)\n"
+        "model((torch.ones(2, 4), torch.ones(2)))['loss'].backward()\n"
+        "print('ok')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=root,
+    )
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
