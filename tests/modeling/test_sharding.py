@@ -11,12 +11,13 @@ import torch
 from torch import nn
 
 from tests.dist import run_on_ranks
+from trainkit.checkpoint import is_sharded
 from trainkit.config import ConfigError
 from trainkit.engine import SimpleTrainer
+from trainkit.engine.gradients import ShardedGradients
 from trainkit.modeling.sharding import (
     checkpoint_activations,
     hybrid_mesh_shape,
-    is_sharded,
     model_blocks,
     shard_model,
 )
@@ -123,7 +124,9 @@ def _train_sharded(shard_size, accumulate, steps, checkpointing):
         for j in range(accumulate)
     ]
     optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
-    SimpleTrainer(sharded, per_rank, optimizer, accumulate_steps=accumulate).train(0, steps)
+    step = SimpleTrainer(sharded, per_rank, optimizer, accumulate_steps=accumulate)
+    assert isinstance(step.gradient_combiner, ShardedGradients)
+    step.train(0, steps)
     # No process ever held a full gradient: each is this rank's shard of dimension 0.
     shard_rows = [p.grad.to_local().shape[0] for p in sharded.parameters() if p.ndim == 2]
     full_rows = [p.shape[0] for p in reference.parameters() if p.ndim == 2]
@@ -156,7 +159,8 @@ def test_one_process_without_a_process_group_still_shards():
     code = (
         "import torch, torch.distributed as dist\n"
         "from tests.modeling.test_sharding import Blocks\n"
-        "from trainkit.modeling.sharding import is_sharded, shard_model\n"
+        "from trainkit.checkpoint import is_sharded\n"
+        "from trainkit.modeling import shard_model\n"
         "model = shard_model(Blocks())\n"
         "assert dist.is_initialized() and dist.get_world_size() == 1 and is_sharded(model)\n"
         "model((torch.ones(2, 4), torch.ones(2)))['loss'].backward()\n"
@@ -172,3 +176,11 @@ def test_one_process_without_a_process_group_still_shards():
         cwd=root,
     )
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_built_in_classifier_declares_its_stages():
+    from trainkit.config import get_cfg
+    from trainkit.modeling import build_model
+
+    model = build_model(get_cfg())
+    assert model_blocks(model) == list(model.stages)

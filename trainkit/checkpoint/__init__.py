@@ -12,6 +12,7 @@ from trainkit.checkpoint.checkpointer import Checkpointable, Checkpointer
 from trainkit.checkpoint.model_state import (
     ShapeMismatchError,
     find_shape_mismatches,
+    is_sharded,
     shape_changing_state_keys,
     shape_mismatch_message,
     unwrap_model,
@@ -34,6 +35,7 @@ __all__ = [
     "UntrustedCheckpointError",
     "find_shape_mismatches",
     "find_unsafe_value",
+    "is_sharded",
     "read_checkpoint_file",
     "shape_changing_state_keys",
     "shape_mismatch_message",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -21,6 +22,7 @@ __all__ = [
     "ShapeMismatchError",
     "describe_incompatible",
     "find_shape_mismatches",
+    "is_sharded",
     "matched_model_state",
     "missing_keys_without_aliases",
     "shape_changing_state_keys",
@@ -53,6 +55,14 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = original
         else:
             return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` was sharded by FSDP2's ``fully_shard`` (its root is an ``FSDPModule``)."""
+    # No import of FSDP (~0.5 s) for a run that never shards: then no model can be one.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    module_type = getattr(fsdp, "FSDPModule", None)  # torch >= 2.6
+    return module_type is not None and isinstance(model, module_type)
 
 
 class ShapeMismatchError(CheckpointError):

@@ -5,7 +5,12 @@ from trainkit.engine.amp_trainer import AMPTrainer
 from trainkit.engine.default_trainer import DefaultTrainer
 from trainkit.engine.defaults import DefaultPredictor, default_argument_parser, default_setup
 from trainkit.engine.events import StepEvents, StepListener
-from trainkit.engine.gradients import GradientCombiner, StepResult, create_ddp_model
+from trainkit.engine.gradients import (
+    GradientCombiner,
+    ShardedGradients,
+    StepResult,
+    create_ddp_model,
+)
 from trainkit.engine.hook_base import HookBase, HookPriority
 
 # detectron2's engine package star-imports its hooks, so `from detectron2.engine import
@@ -36,6 +41,7 @@ __all__ = [
     "DefaultTrainer",
     "EvalHook",
     "GradientCombiner",
+    "ShardedGradients",
     "HookBase",
     "HookPriority",
     "IterationTimer",

@@ -3,10 +3,8 @@
 ``SimpleTrainer.accumulate`` runs a step's micro-batches and asks a :class:`GradientCombiner`
 how: each micro-batch's weight (its share of the step's samples), the context its forward
 and backward run in, and what follows the last backward. The failing-step replay emulates
-several ranks in one process with :class:`EmulatedRanks`. A sharded model
-(:func:`trainkit.modeling.sharding.shard_model`) reduce-scatters every micro-batch's
-gradients into its shards, so no process holds a full gradient; with hybrid sharding only
-the all-reduce across replicas waits for the last micro-batch.
+several ranks in one process with :class:`EmulatedRanks`; a model sharded by
+:func:`trainkit.modeling.shard_model` combines them with :class:`ShardedGradients`.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from trainkit.checkpoint import unwrap_model
-from trainkit.modeling import is_sharded
+from trainkit.checkpoint import is_sharded, unwrap_model
 from trainkit.utils import comm
 from trainkit.utils.env import get_rng_state, set_rng_state
 
@@ -30,8 +27,10 @@ __all__ = [
     "EmulatedRanks",
     "create_ddp_model",
     "GradientCombiner",
+    "ShardedGradients",
     "StepResult",
     "add_weighted",
+    "combiner_for",
     "copy_buffers",
     "gradient_norm",
     "load_buffers",
@@ -120,11 +119,10 @@ def create_ddp_model(
 
 
 class GradientCombiner:
-    """Sum a step's weighted micro-batch gradients; all-reduce only the last one's.
+    """Sum a step's weighted micro-batch gradients here; DDP all-reduces only the last one.
 
-    DDP's ``no_sync`` holds back the all-reduce of the others, as does a hybrid-sharded
-    model's across its replicas (each micro-batch is still reduce-scattered). Subclasses
-    (emulated ranks) override its methods to combine them otherwise.
+    Subclasses (sharded models, emulated ranks) override its methods to combine them otherwise;
+    :func:`combiner_for` picks a model's.
     """
 
     def weights(self, batches: Sequence[Any]) -> list[float] | None:
@@ -141,8 +139,6 @@ class GradientCombiner:
         """
         if index < count - 1 and isinstance(model, DistributedDataParallel):
             return model.no_sync()
-        if is_sharded(model):  # a no-op unless hybrid: the replicas' all-reduce
-            model.set_requires_all_reduce(index == count - 1)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def waits_in_backward(self, model: nn.Module) -> bool:
@@ -151,6 +147,26 @@ class GradientCombiner:
 
     def finish(self) -> None:
         """Run after the last micro-batch's backward (nothing here: the gradients are in place)."""
+
+
+class ShardedGradients(GradientCombiner):
+    """A sharded model's micro-batches: each one's gradients reduce-scattered into the shards.
+
+    No process holds a full gradient. With hybrid sharding the all-reduce across replicas
+    waits for the last micro-batch, as DDP's does.
+    """
+
+    @override
+    def micro_batch(
+        self, model: nn.Module, index: int, count: int
+    ) -> contextlib.AbstractContextManager[Any]:
+        model.set_requires_all_reduce(index == count - 1)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+
+def combiner_for(model: nn.Module) -> GradientCombiner:
+    """Return the gradient combiner of a step training ``model`` (sharded or not)."""
+    return ShardedGradients() if is_sharded(model) else GradientCombiner()
 
 
 @dataclass

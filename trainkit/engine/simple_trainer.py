@@ -14,7 +14,7 @@ from torch import nn
 from typing_extensions import override
 
 from trainkit.data.loading.step_batches import StepBatches
-from trainkit.engine.gradients import GradientCombiner, StepResult, add_weighted
+from trainkit.engine.gradients import StepResult, add_weighted, combiner_for
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
 from trainkit.engine.step_metrics import checked_losses, sum_losses, write_metrics
 from trainkit.engine.trainer_base import TrainerBase
@@ -105,7 +105,7 @@ class SimpleTrainer(TrainerBase):
         self.gather_metric_period = gather_metric_period
         self.zero_grad_before_forward = zero_grad_before_forward
         self.accumulate_steps = accumulate_steps
-        self.gradient_combiner = GradientCombiner()
+        self.gradient_combiner = combiner_for(model)
         self._loss_check = LossCheck(deferred_checks)
         self._metrics = MetricsWriter(self._loss_check, every_step=record_every_step)
         self.events.bind_step([self._loss_check, self._metrics])

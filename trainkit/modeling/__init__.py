@@ -5,7 +5,7 @@ Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
 ``SEM_SEG_HEADS_REGISTRY``, ``build_sem_seg_head``, ``sem_seg_postprocess``), the compile
 seam (``compile_model``, ``call_compiled``, ``compile_stats``), the padding rule of
 compiled models (``ShapePlan``) and the sharding seam (``shard_model``, ``model_blocks``,
-``checkpoint_activations``, ``is_sharded``).
+``checkpoint_activations``).
 
 The detection names detectron2 exports here (its detectors, ROI heads, proposal generators,
 anchor generators, test-time augmentation, mmdetection wrappers, ``detector_postprocess``)
@@ -50,12 +50,7 @@ from trainkit.modeling.meta_arch.semantic_seg import (
 )
 from trainkit.modeling.postprocessing import detector_postprocess, sem_seg_postprocess
 from trainkit.modeling.shape_plan import ShapePlan
-from trainkit.modeling.sharding import (
-    checkpoint_activations,
-    is_sharded,
-    model_blocks,
-    shard_model,
-)
+from trainkit.modeling.sharding import checkpoint_activations, model_blocks, shard_model
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -115,7 +110,6 @@ __all__ = [
     "compile_model",
     "compile_stats",
     "checkpoint_activations",
-    "is_sharded",
     "model_blocks",
     "shard_model",
 ]

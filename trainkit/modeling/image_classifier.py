@@ -116,6 +116,9 @@ class ImageClassifier(nn.Module):
 
     # The compile seam: the tensor-in, tensor-out methods compile_model compiles.
     compiled_methods = ("train_network", "eval_network")
+    # The sharding seam: each stage is a block (trainkit.modeling.sharding); the head goes
+    # with the root.
+    block_modules = ("stages",)
 
     @configurable
     def __init__(

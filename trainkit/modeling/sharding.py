@@ -17,7 +17,6 @@ activations in the backward pass instead of keeping them, with or without shardi
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,6 @@ from trainkit.utils.env import TORCH_VERSION
 __all__ = [
     "checkpoint_activations",
     "hybrid_mesh_shape",
-    "is_sharded",
     "model_blocks",
     "shard_model",
 ]
@@ -95,14 +93,6 @@ def hybrid_mesh_shape(shard_size: int, world_size: int, local_size: int) -> tupl
         f"process) or a divisor > 1 of the {local_size} processes per machine (hybrid "
         f"sharding), got {shard_size}."
     )
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` was sharded by ``fully_shard`` (its root is an ``FSDPModule``)."""
-    # Cheap per micro-batch, and no import of FSDP (~0.5 s) for a run that never shards.
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    module_type = getattr(fsdp, "FSDPModule", None)  # torch >= 2.6
-    return module_type is not None and isinstance(model, module_type)
 
 
 def shard_model(
