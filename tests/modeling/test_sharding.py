@@ -184,3 +184,57 @@ def test_the_built_in_classifier_declares_its_stages():
 
     model = build_model(get_cfg())
     assert model_blocks(model) == list(model.stages)
+
+
+def _train_clipped(clip_type):
+    # SOLVER.CLIP_GRADIENTS through build_optimizer: torch's clipping reads the DTensor
+    # gradients' norms over every shard, so the sharded steps equal the unsharded ones.
+    from trainkit.config import get_cfg
+    from trainkit.solver import build_optimizer
+    from trainkit.utils import comm
+
+    cfg = get_cfg()
+    cfg.SOLVER.BASE_LR, cfg.SOLVER.MOMENTUM, cfg.SOLVER.WEIGHT_DECAY = 0.5, 0.9, 0.0
+    cfg.SOLVER.CLIP_GRADIENTS.ENABLED = True
+    cfg.SOLVER.CLIP_GRADIENTS.CLIP_TYPE = clip_type
+    cfg.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 0.05  # small: every step is clipped
+    rank, world = comm.get_rank(), comm.get_world_size()
+    torch.manual_seed(0)
+    reference = Blocks(dropout=0.0)
+    sharded = shard_model(copy.deepcopy(reference))
+    batches = [_batch(seed=s, n=8) for s in range(3)]
+    per_rank = [(x[rank::world], y[rank::world]) for x, y in batches]
+    SimpleTrainer(sharded, per_rank, build_optimizer(cfg, sharded)).train(0, 3)
+    ref_opt = build_optimizer(cfg, reference)
+    for batch in batches:
+        ref_opt.zero_grad()
+        reference(batch)["loss"].backward()
+        ref_opt.step()
+    full = {name: p.full_tensor() for name, p in sharded.named_parameters()}
+    return max((full[name] - p).abs().max().item() for name, p in reference.named_parameters())
+
+
+@pytest.mark.parametrize("clip_type", ["full_model", "norm"])
+def test_gradient_clipping_of_a_sharded_model_matches_the_unsharded_steps(clip_type):
+    for error in run_on_ranks(_train_clipped, 2, args=(clip_type,), timeout_s=120):
+        assert error < 1e-5
+
+
+def _mixed_precision_dtypes():
+    # param_dtype: the blocks compute in bfloat16 without autocast; the sharded parameters,
+    # their gradients and the optimizer stay float32.
+    seen = []
+    torch.manual_seed(0)
+    model = Blocks(dropout=0.0)
+    model.layers[0][0].register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    sharded = shard_model(model, param_dtype=torch.bfloat16)
+    optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1)
+    SimpleTrainer(sharded, [_batch(n=4)] * 2, optimizer).train(0, 2)
+    params = {p.dtype for p in sharded.parameters()} | {p.grad.dtype for p in sharded.parameters()}
+    return seen, params
+
+
+def test_mixed_precision_computes_in_the_param_dtype_and_keeps_float32_shards():
+    for seen, dtypes in run_on_ranks(_mixed_precision_dtypes, 2, timeout_s=120):
+        assert seen == [torch.bfloat16, torch.bfloat16]
+        assert dtypes == {torch.float32}
