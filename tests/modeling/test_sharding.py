@@ -238,3 +238,31 @@ def test_mixed_precision_computes_in_the_param_dtype_and_keeps_float32_shards():
     for seen, dtypes in run_on_ranks(_mixed_precision_dtypes, 2, timeout_s=120):
         assert seen == [torch.bfloat16, torch.bfloat16]
         assert dtypes == {torch.float32}
+
+
+def _evaluate_unevenly():
+    # Rank r evaluates r + 1 batches: with the parameters gathered once, no forward pass
+    # waits for another rank, and each output is the unsharded model's.
+    from trainkit.modeling.sharding import gathered_parameters
+    from trainkit.utils import comm
+
+    rank = comm.get_rank()
+    torch.manual_seed(0)
+    reference = Blocks(dropout=0.0)
+    sharded = shard_model(copy.deepcopy(reference))
+    sharded.train()
+    SimpleTrainer(sharded, [_batch(n=4)], torch.optim.SGD(sharded.parameters(), lr=0.0)).train(0, 1)
+    errors = []
+    with torch.no_grad(), gathered_parameters(sharded):
+        for s in range(rank + 1):
+            batch = _batch(seed=10 + s, n=4)
+            errors.append((sharded(batch)["loss"] - reference(batch)["loss"]).abs().item())
+    # Training goes on after the evaluation (parameters resharded, collectives in step).
+    SimpleTrainer(sharded, [_batch(n=4)], torch.optim.SGD(sharded.parameters(), lr=0.0)).train(0, 1)
+    return errors
+
+
+def test_evaluation_with_gathered_parameters_lets_ranks_run_different_batch_counts():
+    results = run_on_ranks(_evaluate_unevenly, 3, timeout_s=120)
+    assert [len(errors) for errors in results] == [1, 2, 3]
+    assert max(max(errors) for errors in results) < 1e-6

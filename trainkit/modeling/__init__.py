@@ -5,7 +5,7 @@ Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
 ``SEM_SEG_HEADS_REGISTRY``, ``build_sem_seg_head``, ``sem_seg_postprocess``), the compile
 seam (``compile_model``, ``call_compiled``, ``compile_stats``), the padding rule of
 compiled models (``ShapePlan``) and the sharding seam (``shard_model``, ``model_blocks``,
-``checkpoint_activations``).
+``checkpoint_activations``, ``gathered_parameters``).
 
 The detection names detectron2 exports here (its detectors, ROI heads, proposal generators,
 anchor generators, test-time augmentation, mmdetection wrappers, ``detector_postprocess``)
@@ -50,7 +50,12 @@ from trainkit.modeling.meta_arch.semantic_seg import (
 )
 from trainkit.modeling.postprocessing import detector_postprocess, sem_seg_postprocess
 from trainkit.modeling.shape_plan import ShapePlan
-from trainkit.modeling.sharding import checkpoint_activations, model_blocks, shard_model
+from trainkit.modeling.sharding import (
+    checkpoint_activations,
+    gathered_parameters,
+    model_blocks,
+    shard_model,
+)
 from trainkit.utils.detection_only import detection_only
 
 __all__ = [
@@ -110,6 +115,7 @@ __all__ = [
     "compile_model",
     "compile_stats",
     "checkpoint_activations",
+    "gathered_parameters",
     "model_blocks",
     "shard_model",
 ]

@@ -12,12 +12,15 @@ them (hybrid sharding, on a 2-D device mesh ``("replicate", "shard")``).
 
 Activation checkpointing (:func:`checkpoint_activations`) recomputes each block's
 activations in the backward pass instead of keeping them, with or without sharding.
+Evaluation gathers the parameters once (:func:`gathered_parameters`), so ranks may then run
+different numbers of batches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +34,7 @@ from trainkit.utils.env import TORCH_VERSION
 
 __all__ = [
     "checkpoint_activations",
+    "gathered_parameters",
     "hybrid_mesh_shape",
     "model_blocks",
     "shard_model",
@@ -113,7 +117,8 @@ def shard_model(
         model: the model, on the CPU or its device.
         shard_size: processes per shard group (see the module docstring).
         reshard_after_forward: free a block's gathered parameters after its forward pass
-            (gathered again in backward; ``False`` keeps them, more memory, less traffic).
+            (gathered again in backward; ``False`` keeps them, more memory, less traffic);
+            the root's are kept.
         param_dtype: the dtype parameters are gathered in for compute (mixed precision);
             gradients are reduced in float32.
         activation_checkpointing: recompute each block's activations in the backward pass.
@@ -149,5 +154,39 @@ def shard_model(
         checkpoint_activations(blocks)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    # Not the root: backward starts with it, so freeing its parameters after the forward
+    # pass would only gather them again at once.
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     return model
+
+
+@contextlib.contextmanager
+def gathered_parameters(
+    model: nn.Module, *, reshard_after_forward: bool = True
+) -> Iterator[nn.Module]:
+    """Hold a sharded model's full parameters on every process for the body (evaluation).
+
+    Gathered once on entry, with no collective in the forward passes inside, so each rank
+    may run its own number of batches; freed on exit. Use it for forward passes only (no
+    backward). A model that is not sharded is yielded as it is.
+
+    Args:
+        model: the model :func:`shard_model` sharded.
+        reshard_after_forward: what the blocks were sharded with, restored on exit.
+
+    Collective:
+        On entry and on exit (every rank enters together).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in sharded:
+        module.unshard()
+        module.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield model
+    finally:
+        for module in sharded:
+            module.reshard()
+            if module is not model:  # the root keeps its parameters after forward (shard_model)
+                module.set_reshard_after_forward(reshard_after_forward, recurse=False)
