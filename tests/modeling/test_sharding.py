@@ -266,3 +266,65 @@ def test_evaluation_with_gathered_parameters_lets_ranks_run_different_batch_coun
     results = run_on_ranks(_evaluate_unevenly, 3, timeout_s=120)
     assert [len(errors) for errors in results] == [1, 2, 3]
     assert max(max(errors) for errors in results) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("group", "optimizer", "expected"),
+    [
+        # Linear(10, 3): weight (3, 10) and bias (3,), float32; split over 2: 2 rows each.
+        (None, "sgd", {"parameters": 132, "gradients": 132, "optimizer": 132}),
+        (2, "sgd", {"parameters": 88, "gradients": 88, "optimizer": 88}),
+        # AdamW: two moments per element and a float32 step count per parameter.
+        (2, "adamw", {"parameters": 88, "gradients": 88, "optimizer": 2 * 88 + 2 * 4}),
+        (None, "plain-sgd", {"parameters": 132, "gradients": 132, "optimizer": 0}),
+    ],
+)
+def test_state_bytes_count_padded_shards_and_the_optimizer_after_a_step(group, optimizer, expected):
+    from trainkit.modeling.sharding import state_bytes_per_process
+
+    build = {
+        "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+        "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),
+        "plain-sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+    }[optimizer]
+    model = nn.Linear(10, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert state_bytes_per_process(model, build, shard_group_size=group) == expected
+    for k, v in model.state_dict().items():  # the model itself is left alone
+        assert torch.equal(v, before[k]) and v.device.type == "cpu"
+
+
+def _bytes_held_after_a_step():
+    # What a sharded process really holds after its first optimizer step: the distinct
+    # storages of its parameter shards, their gradients and the SGD momentum, each once.
+    from trainkit.modeling.sharding import state_bytes_per_process
+
+    torch.manual_seed(0)
+    model = Blocks(width=6, dropout=0.0)  # head weight (1, 6): one shard is all padding
+    counted = state_bytes_per_process(
+        model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+        shard_group_size=2,
+    )
+    sharded = shard_model(model)
+    optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
+    SimpleTrainer(sharded, [_batch(n=4)], optimizer).train(0, 1)
+
+    def held(tensors):
+        storages = {t.to_local().untyped_storage() for t in tensors}
+        return sum(s.nbytes() for s in {s.data_ptr(): s for s in storages}.values())
+
+    params = list(sharded.parameters())
+    measured = {
+        "parameters": held(params),
+        "gradients": held(p.grad for p in params),
+        "optimizer": held(optimizer.state[p]["momentum_buffer"] for p in params),
+    }
+    return counted, measured
+
+
+def test_state_bytes_are_the_largest_that_two_sharded_processes_hold():
+    results = run_on_ranks(_bytes_held_after_a_step, 2, timeout_s=120)
+    counted = results[0][0]
+    for key in counted:  # exact: the padded shards as FSDP allocates them
+        assert counted[key] == max(measured[key] for _, measured in results), results

@@ -19,8 +19,10 @@ different numbers of batches.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -38,6 +40,7 @@ __all__ = [
     "hybrid_mesh_shape",
     "model_blocks",
     "shard_model",
+    "state_bytes_per_process",
 ]
 
 # fully_shard left torch.distributed._composable.fsdp for torch.distributed.fsdp in 2.6.
@@ -190,3 +193,45 @@ def gathered_parameters(
             module.reshard()
             if module is not model:  # the root keeps its parameters after forward (shard_model)
                 module.set_reshard_after_forward(reshard_after_forward, recurse=False)
+
+
+def state_bytes_per_process(
+    model: nn.Module,
+    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    *,
+    shard_group_size: int | None,
+) -> dict[str, int]:
+    """Return the bytes one process holds of ``model``'s parameters, gradients and optimizer state.
+
+    Nothing is allocated: a copy of ``model`` on the meta device gets each parameter's shard
+    shape (FSDP splits dimension 0 into ``shard_group_size`` equal parts, the last padded, so
+    every process holds the largest), the optimizer is built on it and stepped once, and its
+    state is counted as the optimizer holds it then (scalars such as Adam's ``step`` too).
+
+    Args:
+        model: the model (any device; it is not changed).
+        build_optimizer: builds the run's optimizer for a model (e.g. the configured one).
+        shard_group_size: processes a parameter is split over; ``None`` for DDP (whole).
+
+    Returns:
+        ``{"parameters": B, "gradients": B, "optimizer": B}``, integers in bytes.
+    """
+    shaped = copy.deepcopy(model).to("meta")
+    for param in shaped.parameters():
+        shape = tuple(param.shape)
+        if shard_group_size is not None and shape:
+            shape = (math.ceil(shape[0] / shard_group_size), *shape[1:])
+        param.data = torch.empty(shape, dtype=param.dtype, device="meta")
+        param.grad = torch.empty_like(param) if param.requires_grad else None
+    optimizer = build_optimizer(shaped)
+    optimizer.step()
+    trained = [p for p in shaped.parameters() if p.requires_grad]
+
+    def nbytes(tensors: Iterable[Any]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+    return {
+        "parameters": nbytes(shaped.parameters()),
+        "gradients": nbytes(p.grad for p in trained),
+        "optimizer": nbytes(v for state in optimizer.state.values() for v in state.values()),
+    }
