@@ -5,7 +5,7 @@ Also detectron2's general modelling seams (``Backbone``, ``BACKBONE_REGISTRY``,
 ``SEM_SEG_HEADS_REGISTRY``, ``build_sem_seg_head``, ``sem_seg_postprocess``), the compile
 seam (``compile_model``, ``call_compiled``, ``compile_stats``), the padding rule of
 compiled models (``ShapePlan``) and the sharding seam (``shard_model``, ``model_blocks``,
-``checkpoint_activations``, ``gathered_parameters``).
+``checkpoint_activations``, ``gathered_parameters``, ``state_bytes_per_process``).
 
 The detection names detectron2 exports here (its detectors, ROI heads, proposal generators,
 anchor generators, test-time augmentation, mmdetection wrappers, ``detector_postprocess``)
@@ -55,6 +55,7 @@ from trainkit.modeling.sharding import (
     gathered_parameters,
     model_blocks,
     shard_model,
+    state_bytes_per_process,
 )
 from trainkit.utils.detection_only import detection_only
 
@@ -118,6 +119,7 @@ __all__ = [
     "gathered_parameters",
     "model_blocks",
     "shard_model",
+    "state_bytes_per_process",
 ]
 
 # modeling.anchor_generator
