@@ -328,3 +328,32 @@ def test_state_bytes_are_the_largest_that_two_sharded_processes_hold():
     counted = results[0][0]
     for key in counted:  # exact: the padded shards as FSDP allocates them
         assert counted[key] == max(measured[key] for _, measured in results), results
+
+
+def _amp_step_on_a_sharded_model(precision):
+    # AMPTrainer on a sharded model: no autocast (FSDP casts the gathered parameters to the
+    # param_dtype), float16 keeps its GradScaler; the shards and gradients stay float32.
+    from trainkit.engine import AMPTrainer
+
+    torch.manual_seed(0)
+    model = Blocks(dropout=0.0)
+    seen = []
+    model.layers[0][0].register_forward_hook(
+        lambda m, args, out: seen.append((out.dtype, torch.is_autocast_enabled("cpu")))
+    )
+    sharded = shard_model(model, param_dtype=precision)
+    optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1)
+    step = AMPTrainer(sharded, [_batch(n=4)] * 3, optimizer, precision=precision)
+    step.train(0, 3)
+    grads_finite = all(torch.isfinite(p.grad.full_tensor()).all() for p in sharded.parameters())
+    return seen, step.grad_scaler is not None, grads_finite, {p.dtype for p in sharded.parameters()}
+
+
+@pytest.mark.parametrize("precision", [torch.bfloat16, torch.float16])
+def test_amp_on_a_sharded_model_casts_through_fsdp_without_autocast(precision):
+    for seen, has_scaler, finite, dtypes in run_on_ranks(
+        _amp_step_on_a_sharded_model, 2, args=(precision,), timeout_s=120
+    ):
+        assert seen == [(precision, False)] * 3
+        assert has_scaler is (precision == torch.float16) and finite
+        assert dtypes == {torch.float32}

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from trainkit.checkpoint import is_sharded
 from trainkit.engine.simple_trainer import SimpleTrainer
 from trainkit.utils.torch_private import grad_scaler_found_inf, steps_with_scaler_state
 
@@ -28,8 +29,10 @@ class AMPTrainer(SimpleTrainer):
     """:class:`SimpleTrainer` with automatic mixed precision.
 
     The forward pass runs under ``torch.autocast`` in ``precision``: by default float16 on CUDA and
-    bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss scaling). float16,
-    on any device, scales the loss with a ``GradScaler`` (a new one unless given), and then:
+    bfloat16 on the CPU (bfloat16 has float32's exponent range and needs no loss scaling); a
+    model sharded by :func:`~trainkit.modeling.shard_model` runs without autocast, computing
+    in the ``param_dtype`` it was sharded with. float16, on any device, scales the loss with a
+    ``GradScaler`` (a new one unless given), and then:
 
     * gradients are unscaled before ``after_backward`` hooks run, so a hook that clips, logs or
       checks gradients sees their true values (so does config clipping, in the optimizer step);
@@ -79,6 +82,7 @@ class AMPTrainer(SimpleTrainer):
             deferred_checks=deferred_checks,
         )
         param = next(model.parameters(), None)
+        self._sharded = is_sharded(model)
         self.autocast_device = param.device.type if param is not None else "cpu"
         self.precision = precision = precision or default_precision(self.autocast_device)
         if grad_scaler is None and precision == torch.float16:
@@ -104,6 +108,8 @@ class AMPTrainer(SimpleTrainer):
 
     @override
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        if self._sharded:  # FSDP casts the gathered parameters (shard_model's param_dtype)
+            return contextlib.nullcontext()
         return torch.autocast(device_type=self.autocast_device, dtype=self.precision)
 
     @override
