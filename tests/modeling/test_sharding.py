@@ -357,3 +357,24 @@ def test_amp_on_a_sharded_model_casts_through_fsdp_without_autocast(precision):
         assert seen == [(precision, False)] * 3
         assert has_scaler is (precision == torch.float16) and finite
         assert dtypes == {torch.float32}
+
+
+def _optimizer_built_before_sharding():
+    from trainkit.modeling.sharding import check_optimizer_of_sharded_model
+    from trainkit.utils.errors import UsageError
+
+    model = Blocks()
+    early = torch.optim.SGD(model.parameters(), lr=0.1)
+    sharded = shard_model(model)
+    check_optimizer_of_sharded_model(torch.optim.SGD(sharded.parameters(), lr=0.1), sharded)
+    try:
+        check_optimizer_of_sharded_model(early, sharded)
+    except UsageError as e:
+        return str(e)
+    return None
+
+
+def test_an_optimizer_built_before_sharding_is_refused_in_one_line():
+    for message in run_on_ranks(_optimizer_built_before_sharding, 2, timeout_s=120):
+        assert message is not None and "\n" not in message
+        assert message.startswith("The optimizer holds 10 parameters that are not the sharded")

@@ -51,6 +51,7 @@ from trainkit.modeling.meta_arch.semantic_seg import (
 from trainkit.modeling.postprocessing import detector_postprocess, sem_seg_postprocess
 from trainkit.modeling.shape_plan import ShapePlan
 from trainkit.modeling.sharding import (
+    check_optimizer_of_sharded_model,
     checkpoint_activations,
     gathered_parameters,
     model_blocks,
@@ -115,6 +116,7 @@ __all__ = [
     "call_compiled",
     "compile_model",
     "compile_stats",
+    "check_optimizer_of_sharded_model",
     "checkpoint_activations",
     "gathered_parameters",
     "model_blocks",

@@ -33,8 +33,10 @@ from torch.utils.checkpoint import checkpoint
 from trainkit.config import ConfigError
 from trainkit.utils import comm
 from trainkit.utils.env import TORCH_VERSION
+from trainkit.utils.errors import UsageError
 
 __all__ = [
+    "check_optimizer_of_sharded_model",
     "checkpoint_activations",
     "gathered_parameters",
     "hybrid_mesh_shape",
@@ -161,6 +163,25 @@ def shard_model(
     # pass would only gather them again at once.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     return model
+
+
+def check_optimizer_of_sharded_model(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """Refuse an optimizer that holds parameters the sharded ``model`` no longer has.
+
+    ``fully_shard`` replaces a model's parameters: an optimizer built before it would step
+    the old ones and train nothing, silently.
+
+    Raises:
+        UsageError: Saying how many parameters are not the model's and what to do.
+    """
+    own = {id(p) for p in model.parameters()}
+    stale = sum(id(p) not in own for group in optimizer.param_groups for p in group["params"])
+    if stale:
+        raise UsageError(
+            f"The optimizer holds {stale} parameters that are not the sharded model's: it was "
+            "built before shard_model replaced them; build it after sharding (DefaultTrainer "
+            "calls build_optimizer with the sharded model)."
+        )
 
 
 @contextlib.contextmanager
