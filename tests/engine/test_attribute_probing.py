@@ -30,6 +30,14 @@ def _probes(tree: ast.AST, source: str) -> list[tuple[int, str]]:
                 and func.value.func.id == "vars"
             ):
                 found.append((node.lineno, ast.get_source_segment(source, node)))
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.ops[0], (ast.In, ast.NotIn))
+            and isinstance(node.comparators[0], ast.Call)
+            and isinstance(node.comparators[0].func, ast.Name)
+            and node.comparators[0].func.id == "vars"
+        ):  # "name" in vars(obj): a probe for an attribute set or not
+            found.append((node.lineno, ast.get_source_segment(source, node)))
         elif isinstance(node, ast.ExceptHandler) and node.type is not None:
             names = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
             if any(isinstance(n, ast.Name) and n.id == "AttributeError" for n in names):
@@ -56,12 +64,14 @@ def test_the_engine_probes_at_most_ten_attributes_and_none_of_its_parts():
                and any(part in text.split(",")[0] for part in PARTS)]
         for path, found in probes.items()
     }  # fmt: skip
+    in_vars = {path: [t for _, t in found if " in vars(" in t] for path, found in probes.items()}
+    assert not any(in_vars.values()), in_vars
     assert not any(on_parts.values()), on_parts
 
 
 def test_the_counter_finds_each_kind_of_probe():
     source = (
         "getattr(trainer, 'model', None)\nhasattr(loader, 'x')\nvars(step).get('y')\n"
-        "try:\n    pass\nexcept (KeyError, AttributeError):\n    pass\n"
+        "try:\n    pass\nexcept (KeyError, AttributeError):\n    pass\n'cfg' in vars(self)\n"
     )
-    assert [line for line, _ in _probes(ast.parse(source), source)] == [1, 2, 3, 6]
+    assert [line for line, _ in _probes(ast.parse(source), source)] == [1, 2, 3, 6, 8]

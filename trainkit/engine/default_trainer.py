@@ -104,10 +104,9 @@ class DefaultTrainer(TrainerBase):
     (no stall watchdog, no EMA, a run state of those parts) and a missing one is named.
     """
 
-    cfg: CfgNode = _Required()  # type: ignore[assignment]
-    """The run's config (frozen, scaled to the world size)."""
     checkpointer: Checkpointer = _Required()  # type: ignore[assignment]
     scheduler: Any = _Required()
+    _cfg: CfgNode | None = None  # set through cfg (a subclass may set the step before it)
     _step: SimpleTrainer | None = None
     _seed_was_random = False
     _last_eval_results: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
@@ -205,6 +204,17 @@ class DefaultTrainer(TrainerBase):
         return self._parts.stragglers
 
     @property
+    def cfg(self) -> CfgNode:
+        """The run's config (frozen, scaled to the world size)."""
+        if self._cfg is None:
+            raise _not_set(self, "cfg")
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: CfgNode) -> None:
+        self._cfg = cfg
+
+    @property
     def _trainer(self) -> SimpleTrainer:
         """The step trainer (detectron2's name); one assigned takes on the config's wiring."""
         if self._step is None:
@@ -215,8 +225,8 @@ class DefaultTrainer(TrainerBase):
     def _trainer(self, step: SimpleTrainer) -> None:
         # Adopt-or-refuse once the config is known (a subclass that skips __init__ may assign
         # the step before cfg, as detectron2 projects do: it keeps the step as it built it).
-        if "cfg" in vars(self):
-            adopt_config_wiring(self.cfg, step)
+        if self._cfg is not None:
+            adopt_config_wiring(self._cfg, step)
         step.bind_to(self)
         self._step = step
 

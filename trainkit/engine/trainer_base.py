@@ -342,7 +342,6 @@ class TrainerBase:
         A stopped run stays so (:meth:`train` does not train). A saved state without a hook, or a
         stateful hook without a state, is logged and ignored. A bound trainer leaves it to its loop.
         """
-
         if self._is_bound:
             return
         self.iter = state["iteration"]

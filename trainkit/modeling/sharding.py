@@ -91,16 +91,16 @@ def hybrid_mesh_shape(shard_size: int, world_size: int, local_size: int) -> tupl
 
     Raises:
         ConfigError: If ``shard_size`` is 1, negative, or neither 0, the world size nor a
-            divisor of the processes per machine.
+            divisor of the processes per machine (the message names the allowed values).
     """
     if shard_size in (0, world_size):
         return (world_size,)
     if shard_size > 1 and local_size % shard_size == 0 and world_size % shard_size == 0:
         return (world_size // shard_size, shard_size)
     raise ConfigError(
-        f"MODEL.FSDP.SHARD_SIZE must be 0 or {world_size} (the world size: shard over every "
-        f"process) or a divisor > 1 of the {local_size} processes per machine (hybrid "
-        f"sharding), got {shard_size}."
+        f"shard_size must be 0 or {world_size} (shard over every process) or a divisor > 1 "
+        f"of the {local_size} processes per machine (hybrid sharding), got {shard_size}; use "
+        "one of those."
     )
 
 
@@ -137,8 +137,8 @@ def shard_model(
     if TORCH_VERSION < MIN_TORCH_VERSION:
         found = ".".join(map(str, TORCH_VERSION))
         raise ConfigError(
-            f"MODEL.FSDP.ENABLED needs torch >= 2.6 (fully_shard), found {found}; upgrade "
-            "torch or set MODEL.FSDP.ENABLED False."
+            f"Sharding a model needs torch >= 2.6 (fully_shard), found {found}; upgrade torch "
+            "or train it unsharded."
         )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
