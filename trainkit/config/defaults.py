@@ -81,6 +81,25 @@ _C.MODEL.COMPILE.BACKEND = "inductor"
 # environment variable TORCHINDUCTOR_CACHE_DIR set by the user wins.
 _C.MODEL.COMPILE.CACHE_DIR = ""
 
+# Sharding the model over the processes with FSDP2 (torch.distributed.fsdp.fully_shard)
+# instead of replicating it with DDP: each process holds a 1/N share of the parameters,
+# gradients and optimizer state (see docs/distributed.md). Checkpoints are then directories
+# written by torch.distributed.checkpoint, each process writing its shards.
+_C.MODEL.FSDP = CN()
+# Shard the model (also with one process, where it only changes the checkpoint format).
+_C.MODEL.FSDP.ENABLED = False
+# Processes per shard group: 0 (or the world size) shards over every process; a divisor N > 1
+# of the processes per machine shards inside groups of N and replicates across them (hybrid
+# sharding on a 2-D device mesh: less traffic between machines, more memory per process).
+_C.MODEL.FSDP.SHARD_SIZE = 0
+# Free each block's gathered parameters after its forward pass and gather them again for
+# the backward pass (less memory); False keeps them (more memory, one gather less per step).
+_C.MODEL.FSDP.RESHARD_AFTER_FORWARD = True
+# Recompute each block's activations in the backward pass instead of keeping them (less
+# memory, about a third more compute); the blocks are the model's block_modules. With or
+# without FSDP.
+_C.MODEL.ACTIVATION_CHECKPOINTING = False
+
 # ---- Input (the built-in mapper) --------------------------------------------------------
 _C.INPUT = CN()
 # Probability of a horizontal flip of a training image; 0 disables it.

@@ -16,6 +16,9 @@ train = dict(
     amp=dict(enabled=False),
     # Arguments of create_ddp_model (DistributedDataParallel) with several processes.
     ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
+    # Shard the model with FSDP2 instead of DDP (MODEL.FSDP.* in a yacs config); ddp is then
+    # not used.
+    fsdp=dict(enabled=False, shard_size=0, reshard_after_forward=True),
     # Arguments of hooks.PeriodicCheckpointer: save every `period` iterations, keep the last
     # `max_to_keep` periodic checkpoints.
     checkpointer=dict(period=5000, max_to_keep=100),
