@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.checkpoint import Checkpointer
+from trainkit.checkpoint import Checkpointer, is_sharded
 from trainkit.config import CfgNode
 from trainkit.config.scaling import auto_scale_config, check_same_recipe
 from trainkit.data import build_test_loader, build_train_loader
@@ -26,7 +26,7 @@ from trainkit.engine.hooks.preemption import PreemptionHandler
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
 from trainkit.engine.run_state import RunState, upgrade_run_state
 from trainkit.engine.simple_trainer import SimpleTrainer
-from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
+from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer, prepare_model
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
 from trainkit.engine.trainer_base import TrainerBase
@@ -124,10 +124,12 @@ class DefaultTrainer(TrainerBase):
         cfg = self.auto_scale_workers(cfg, comm.get_world_size())
         self._seed_was_random = cfg.SEED < 0
         self.cfg = cfg = resolve_random_seed(cfg)
-        model = self.build_model(cfg)
+        model = prepare_model(cfg, self.build_model(cfg))
+        # After sharding: fully_shard replaces the parameters the optimizer must hold.
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
-        model = create_ddp_model(model, broadcast_buffers=False)
+        if not is_sharded(model):
+            model = create_ddp_model(model, broadcast_buffers=False)
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(

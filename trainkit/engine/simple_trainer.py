@@ -14,10 +14,11 @@ from torch import nn
 from typing_extensions import override
 
 from trainkit.data.loading.step_batches import StepBatches
-from trainkit.engine.gradients import StepResult, add_weighted, combiner_for
+from trainkit.engine.gradients import ShardedGradients, StepResult, add_weighted, combiner_for
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
 from trainkit.engine.step_metrics import checked_losses, sum_losses, write_metrics
 from trainkit.engine.trainer_base import TrainerBase
+from trainkit.modeling.sharding import check_optimizer_of_sharded_model
 from trainkit.utils.periodic import is_last_iter, is_period_end
 from trainkit.utils.torch_private import queue_backward_callback
 
@@ -106,6 +107,8 @@ class SimpleTrainer(TrainerBase):
         self.zero_grad_before_forward = zero_grad_before_forward
         self.accumulate_steps = accumulate_steps
         self.gradient_combiner = combiner_for(model)
+        if isinstance(self.gradient_combiner, ShardedGradients):
+            check_optimizer_of_sharded_model(optimizer, model)
         self._loss_check = LossCheck(deferred_checks)
         self._metrics = MetricsWriter(self._loss_check, every_step=record_every_step)
         self.events.bind_step([self._loss_check, self._metrics])

@@ -57,7 +57,9 @@ def build_model(cfg: CfgNode) -> nn.Module:
         cfg: the config.
 
     Returns:
-        The model, in training mode, on ``cfg.MODEL.DEVICE``; with ``MODEL.CHANNELS_LAST``
+        The model, in training mode, on ``cfg.MODEL.DEVICE`` (with ``MODEL.FSDP.ENABLED`` on
+        the CPU and not compiled, for :func:`~trainkit.modeling.shard_from_config`); with
+        ``MODEL.CHANNELS_LAST``
         its 4-D weights in channels-last memory (:func:`to_channels_last`);
         with ``MODEL.COMPILE.ENABLED``
         its ``compiled_methods`` compiled (:func:`trainkit.modeling.compile.compile_model`).
@@ -80,11 +82,15 @@ def build_model(cfg: CfgNode) -> nn.Module:
             f"META_ARCH_REGISTRY entry {meta_arch!r} built a {type(model).__name__}, "
             "not a torch.nn.Module"
         )
-    model.to(device)
+    if not cfg.MODEL.FSDP.ENABLED:
+        # Sharded, it stays on the CPU: shard_from_config moves only each process's shards
+        # to the device, so a model larger than one device can be built.
+        model.to(device)
     if cfg.MODEL.CHANNELS_LAST:
         to_channels_last(model)
     logger.info("Model:\n%s", model)
-    if cfg.MODEL.COMPILE.ENABLED:
+    if cfg.MODEL.COMPILE.ENABLED and not cfg.MODEL.FSDP.ENABLED:
+        # Sharded, each block is compiled before it is wrapped (shard_from_config).
         # The network part only (the compile seam); DDP, if any, wraps the model afterwards.
         compile_from_config(model, cfg)
     return model
