@@ -250,8 +250,14 @@ class DefaultTrainer(TrainerBase):
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
     def build_model(cls, cfg: CfgNode) -> nn.Module:
-        """Build the model; override to change it. Delegates to ``modeling.build_model``."""
-        return build_model(cfg)
+        """Build the model; override to change it. Delegates to ``modeling.build_model``.
+
+        With ``MODEL.FSDP.ENABLED`` the model is sharded (also for ``--eval-only``), and
+        ``MODEL.ACTIVATION_CHECKPOINTING`` applied
+        (:func:`~trainkit.engine.step_config.prepare_model`); a model an override returns
+        is prepared when the trainer is built.
+        """
+        return prepare_model(cfg, build_model(cfg))
 
     @classmethod
     def build_optimizer(cls, cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:

@@ -13,6 +13,11 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from trainkit.checkpoint import (
+    check_parameter_names,
+    optimizer_parameter_names,
+    shard_optimizer_state,
+)
 from trainkit.data.loading.step_batches import StepBatches
 from trainkit.engine.gradients import ShardedGradients, StepResult, add_weighted, combiner_for
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
@@ -290,12 +295,20 @@ class SimpleTrainer(TrainerBase):
         self._loss_check.check(collective=False)
         state = super().state_dict()
         state["optimizer"] = self.optimizer.state_dict()
+        # Which parameter each of the optimizer state's indices is: a resume under another
+        # optimizer layout is caught, and tools/convert_checkpoint.py maps states by name.
+        state["parameter_names"] = optimizer_parameter_names(self.optimizer, self.model)
         return state
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+            check_parameter_names(state.get("parameter_names"), self.optimizer, self.model)
+            optimizer_state = state["optimizer"]
+            if isinstance(self.gradient_combiner, ShardedGradients):
+                # From a file or an unsharded run: whole tensors; this rank keeps its shards.
+                optimizer_state = shard_optimizer_state(self.optimizer, optimizer_state)
+            self.optimizer.load_state_dict(optimizer_state)
         else:
             logger.warning("The trainer state holds no optimizer state; the optimizer starts fresh")

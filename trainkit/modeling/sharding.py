@@ -80,10 +80,13 @@ def checkpoint_activations(blocks: list[nn.Module]) -> None:
 
     The block's ``forward`` is wrapped on the instance, so parameter names and the state
     dict stay those of the model; torch's non-reentrant checkpoint keeps the RNG state, so
-    dropout draws the same masks when recomputed.
+    dropout draws the same masks when recomputed. A block already recomputed is left as it is.
     """
     for block in blocks:
-        block.forward = functools.partial(_recomputed, block.forward)  # type: ignore[method-assign]
+        forward = block.forward
+        if isinstance(forward, functools.partial) and forward.func is _recomputed:
+            continue  # already recomputed: a model built and prepared twice
+        block.forward = functools.partial(_recomputed, forward)  # type: ignore[method-assign]
 
 
 def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
