@@ -86,19 +86,30 @@ def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def hybrid_mesh_shape(shard_size: int, world_size: int, local_size: int) -> tuple[int, ...]:
+def hybrid_mesh_shape(
+    shard_size: int, world_size: int, local_size: int, *, key: str = "shard_size"
+) -> tuple[int, ...]:
     """Return the device mesh's shape: ``(world,)``, or ``(replicas, shard_size)`` for hybrid.
+
+    Its last dimension is the number of processes each parameter is split over.
+
+    Args:
+        shard_size: processes per shard group (see the module docstring).
+        world_size: the job's processes.
+        local_size: the processes per machine.
+        key: what the error calls ``shard_size`` (a config key, as ``MODEL.FSDP.SHARD_SIZE``).
 
     Raises:
         ConfigError: If ``shard_size`` is 1, negative, or neither 0, the world size nor a
-            divisor of the processes per machine (the message names the allowed values).
+            divisor of the processes per machine (the message names ``key`` and the allowed
+            values).
     """
     if shard_size in (0, world_size):
         return (world_size,)
     if shard_size > 1 and local_size % shard_size == 0 and world_size % shard_size == 0:
         return (world_size // shard_size, shard_size)
     raise ConfigError(
-        f"shard_size must be 0 or {world_size} (shard over every process) or a divisor > 1 "
+        f"{key} must be 0 or {world_size} (shard over every process) or a divisor > 1 "
         f"of the {local_size} processes per machine (hybrid sharding), got {shard_size}; use "
         "one of those."
     )
