@@ -94,23 +94,29 @@ def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def hybrid_mesh_shape(
-    shard_size: int, world_size: int, local_size: int, *, name: str = "shard_size"
+    shard_size: int, world_size: int, local_size: int, *, key: str = "shard_size"
 ) -> tuple[int, ...]:
     """Return the device mesh's shape: ``(world,)``, or ``(replicas, shard_size)`` for hybrid.
 
+    Its last dimension is the number of processes each parameter is split over.
+
     Args:
-        name: what the error calls ``shard_size`` (a config key).
+        shard_size: processes per shard group (see the module docstring).
+        world_size: the job's processes.
+        local_size: the processes per machine.
+        key: what the error calls ``shard_size`` (a config key, as ``MODEL.FSDP.SHARD_SIZE``).
 
     Raises:
         ConfigError: If ``shard_size`` is 1, negative, or neither 0, the world size nor a
-            divisor of the processes per machine (the message names the allowed values).
+            divisor of the processes per machine (the message names ``key`` and the allowed
+            values).
     """
     if shard_size in (0, world_size):
         return (world_size,)
     if shard_size > 1 and local_size % shard_size == 0 and world_size % shard_size == 0:
         return (world_size // shard_size, shard_size)
     raise ConfigError(
-        f"{name} must be 0 or {world_size} (shard over all {world_size} processes) or a "
+        f"{key} must be 0 or {world_size} (shard over all {world_size} processes) or a "
         f"divisor > 1 of the {local_size} processes per machine (hybrid sharding), got "
         f"{shard_size}; use one of those."
     )
@@ -171,7 +177,7 @@ def shard_model(
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = comm.get_world_size()
     local = comm.get_local_size() if world > 1 else 1
-    shape = hybrid_mesh_shape(shard_size, world, local, name=shard_size_name)
+    shape = hybrid_mesh_shape(shard_size, world, local, key=shard_size_name)
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     policy = MixedPrecisionPolicy(
