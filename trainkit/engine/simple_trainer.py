@@ -20,6 +20,7 @@ from trainkit.checkpoint import (
 )
 from trainkit.data.loading.step_batches import StepBatches
 from trainkit.engine.gradients import ShardedGradients, StepResult, add_weighted, combiner_for
+from trainkit.engine.hooks.checkpointing import check_saves_on_every_rank
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
 from trainkit.engine.step_metrics import checked_losses, sum_losses, write_metrics
 from trainkit.engine.trainer_base import TrainerBase
@@ -287,6 +288,10 @@ class SimpleTrainer(TrainerBase):
             self.flush_pending_checks()
         finally:
             super().after_train()
+
+    @override
+    def _check_before_train(self) -> None:
+        check_saves_on_every_rank(self._hooks, self.model)
 
     @override
     def state_dict(self) -> dict[str, Any]:

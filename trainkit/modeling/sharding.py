@@ -23,6 +23,7 @@ import copy
 import functools
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -49,6 +50,8 @@ __all__ = [
     "state_bytes_per_process",
 ]
 
+# Set on a model while gathered_parameters holds its parameters (so a nested one does nothing).
+_GATHERED = "_trainkit_gathered"
 # fully_shard left torch.distributed._composable.fsdp for torch.distributed.fsdp in 2.6.
 MIN_TORCH_VERSION = (2, 6)
 
@@ -262,7 +265,8 @@ def gathered_parameters(
 
     Gathered once on entry, with no collective in the forward passes inside, so each rank
     may run its own number of batches; freed on exit. Use it for forward passes only (no
-    backward). A model that is not sharded is yielded as it is.
+    backward). A model that is not sharded, or is gathered already (nested), is yielded as
+    it is.
 
     Args:
         model: the model :func:`shard_model` sharded.
@@ -271,15 +275,26 @@ def gathered_parameters(
     Collective:
         On entry and on exit (every rank enters together).
     """
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing can be sharded: no import
+        yield model
+        return
     from torch.distributed.fsdp import FSDPModule
 
+    if getattr(model, _GATHERED, False):  # nested (an evaluation inside one): gathered already
+        yield model
+        return
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not sharded:
+        yield model
+        return
+    setattr(model, _GATHERED, True)
     for module in sharded:
         module.unshard()
         module.set_reshard_after_forward(False, recurse=False)
     try:
         yield model
     finally:
+        setattr(model, _GATHERED, False)
         for module in sharded:
             module.reshard()
             if module is not model:  # the root keeps its parameters after forward (shard_model)
