@@ -1,0 +1,195 @@
+"""DefaultTrainer with MODEL.FSDP.ENABLED: what composes with a sharded model, on Gloo processes.
+
+The regression task of ``test_default_trainer`` (a model of two Linear blocks, an MSE
+evaluator that returns results on rank 0 only) is trained sharded: evaluation and validation
+losses with unequal test batches per rank, the EMA of the shards, the best checkpoint saved by
+every rank, a rank-0-only checkpointing hook refused, a save killed inside DCP's storage
+writer, each block compiled, and a sharded directory evaluated on one process.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tests.dist import run_on_ranks
+from tests.engine.test_default_trainer import RegressionTrainer, _cfg
+from trainkit.checkpoint import Checkpointer, is_sharded
+from trainkit.config import ConfigError
+from trainkit.data import build_batch_data_loader
+from trainkit.data.common import DatasetFromList, MapDataset
+from trainkit.data.samplers import InferenceSampler
+from trainkit.engine import hooks
+from trainkit.utils import comm
+from trainkit.utils.env import seed_all_rng
+from trainkit.utils.errors import UsageError
+
+pytestmark = pytest.mark.distributed
+
+
+class _UnevenTestTrainer(RegressionTrainer):
+    @classmethod
+    def build_test_loader(cls, cfg, dataset_name):
+        # 25 records, 8 a batch: rank 0 of 3 runs 2 batches (9 records), ranks 1 and 2 one.
+        records = [{"x": [0.1 * i] * 4, "y": float(i)} for i in range(25)]
+        data = MapDataset(
+            DatasetFromList(records),
+            lambda r: {"x": torch.tensor(r["x"]), "y": torch.tensor(r["y"])},
+        )
+        return build_batch_data_loader(data, InferenceSampler(len(records)), 8, drop_last=False)
+
+
+def _sharded_cfg(output_dir, **opts):
+    cfg = _cfg(output_dir, max_iter=opts.pop("max_iter", 6), workers=0)
+    cfg.MODEL.FSDP.ENABLED = True
+    cfg.SOLVER.CHECKPOINT_PERIOD = 3
+    cfg.TEST.EVAL_PERIOD = 3
+    for key, value in opts.items():
+        node = cfg
+        *path, leaf = key.split("__")
+        for name in path:
+            node = getattr(node, name)
+        setattr(node, leaf, value)
+    return cfg
+
+
+def _evaluate_unequal_batches(output_dir):
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _sharded_cfg(output_dir, TEST__VAL_LOSS=True, SOLVER__IMS_PER_BATCH=12)
+    trainer = _UnevenTestTrainer(cfg)
+    trainer.train()
+    return trainer.storage.latest().get("validation/loss_mse"), trainer._last_eval_results
+
+
+def test_evaluation_and_validation_losses_run_unequal_batches_on_three_processes(tmp_path):
+    results = run_on_ranks(_evaluate_unequal_batches, 3, args=(str(tmp_path),), timeout_s=240)
+    (val_loss, _), evaluated = results[0], results[0][1]
+    assert val_loss is not None and val_loss[0] > 0
+    assert evaluated["regression"]["mse"] > 0
+
+
+def _train_with_best(output_dir, rank0_only_hook):
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _sharded_cfg(output_dir, SOLVER__CHECKPOINT_ASYNC=True, MODEL_EMA__ENABLED=True)
+    trainer = RegressionTrainer(cfg)
+    # The evaluator returns its MSE on rank 0 only: rank 0's decision must reach rank 1.
+    best = hooks.BestCheckpointer(3, trainer.checkpointer, "regression/mse", mode="min")
+    if rank0_only_hook and comm.is_main_process():  # detectron2's build_hooks way
+        trainer.register_hooks([hooks.PeriodicCheckpointer(trainer.checkpointer, 2)])
+    trainer.register_hooks([best])
+    try:
+        trainer.train()
+    except UsageError as e:
+        return str(e)
+    ema = {k: v.full_tensor() for k, v in trainer.model_ema._get_averaged().tensors.items()}
+    return sorted(os.listdir(output_dir)), ema
+
+
+def _train_ddp_ema(output_dir):
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _cfg(output_dir, max_iter=6, workers=0)
+    cfg.MODEL_EMA.ENABLED, cfg.SOLVER.CHECKPOINT_PERIOD, cfg.TEST.EVAL_PERIOD = True, 3, 3
+    trainer = RegressionTrainer(cfg)
+    trainer.train()
+    return dict(trainer.model_ema.ema_model.state_dict())
+
+
+@pytest.mark.slow
+def test_best_checkpoint_async_saves_and_the_shards_ema_on_two_processes(tmp_path):
+    files, ema = run_on_ranks(
+        _train_with_best, 2, args=(str(tmp_path / "fsdp"), False), timeout_s=240
+    )[0]
+    assert {"model_best", "model_0000002", "model_0000005", "model_final"} <= set(files)
+    assert not [name for name in files if name.startswith(".")]
+    assert os.path.isfile(tmp_path / "fsdp" / "model_best" / ".metadata")
+    reference = run_on_ranks(_train_ddp_ema, 2, args=(str(tmp_path / "ddp"),), timeout_s=240)[0]
+    for name, value in reference.items():
+        if name in ema:
+            torch.testing.assert_close(ema[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpointing_hook_on_rank_0_only_is_refused_before_training(tmp_path):
+    messages = run_on_ranks(_train_with_best, 2, args=(str(tmp_path), True), timeout_s=240)
+    for message in messages:  # every rank stops, in one line naming the hook
+        assert isinstance(message, str) and "\n" not in message
+        assert message.startswith("PeriodicCheckpointer is registered on rank(s) [0] only")
+
+
+def test_ema_for_evaluation_is_refused_at_start_with_fsdp(tmp_path):
+    cfg = _sharded_cfg(str(tmp_path), MODEL_EMA__ENABLED=True, MODEL_EMA__USE_FOR_EVAL=True)
+    with pytest.raises(ConfigError, match="MODEL_EMA.USE_FOR_EVAL cannot be used with MODEL.FSDP"):
+        RegressionTrainer(cfg)
+
+
+def _killed_mid_save(output_dir):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write_data = FileSystemWriter.write_data
+
+    def dies_at_the_second_save(self, plan, planner):
+        if "model_0000005" in str(self.path):
+            os._exit(3)  # as a kill would, inside the storage writer
+        return write_data(self, plan, planner)
+
+    FileSystemWriter.write_data = dies_at_the_second_save
+    seed_all_rng(7 + comm.get_rank())
+    RegressionTrainer(_sharded_cfg(output_dir, TEST__EVAL_PERIOD=0)).train()
+
+
+def _resume(output_dir, resume):
+    seed_all_rng(7 + comm.get_rank())
+    trainer = RegressionTrainer(_sharded_cfg(output_dir, TEST__EVAL_PERIOD=0))
+    trainer.resume_or_load(resume=resume)
+    start = trainer.start_iter
+    trainer.train()
+    return start, {k: v.full_tensor() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_a_save_killed_in_the_storage_writer_resumes_from_the_previous_checkpoint(tmp_path):
+    out = str(tmp_path / "killed")
+    with pytest.raises(Exception):  # noqa: B017 - the processes died: whatever the launcher says
+        run_on_ranks(_killed_mid_save, 2, args=(out,), timeout_s=120)
+    with open(os.path.join(out, "last_checkpoint")) as f:
+        assert f.read() == "model_0000002"
+    assert not os.path.exists(os.path.join(out, "model_0000005"))
+    start, resumed = run_on_ranks(_resume, 2, args=(out, True), timeout_s=240)[0]
+    assert start == 3
+    _, straight = run_on_ranks(_resume, 2, args=(str(tmp_path / "straight"), False), timeout_s=240)[
+        0
+    ]
+    for name, value in straight.items():
+        assert torch.equal(value, resumed[name]), name
+
+
+def test_each_block_is_compiled_before_sharding_on_one_process(tmp_path):
+    cfg = _sharded_cfg(str(tmp_path), max_iter=2, MODEL__COMPILE__ENABLED=True)
+    cfg.MODEL.COMPILE.BACKEND = "eager"
+    cfg.TEST.EVAL_PERIOD = 0
+    trainer = RegressionTrainer(cfg)
+    assert is_sharded(trainer.model)
+    assert all(block._compiled_call_impl is not None for block in trainer.model.children())
+    trainer.train()
+    assert os.path.isdir(tmp_path / "model_final")
+
+
+def _train_for_eval(output_dir):
+    seed_all_rng(7 + comm.get_rank())
+    trainer = RegressionTrainer(_sharded_cfg(output_dir, TEST__EVAL_PERIOD=0))
+    return trainer.train()
+
+
+def test_one_process_evaluates_a_sharded_directory_whole_and_sharded(tmp_path):
+    out = str(tmp_path)
+    trained = run_on_ranks(_train_for_eval, 2, args=(out,), timeout_s=240)[0]
+    cfg = _sharded_cfg(out)
+    # --eval-only's way: Trainer.build_model shards (one process), the directory is resharded.
+    sharded = RegressionTrainer.build_model(cfg)
+    Checkpointer(sharded).load(os.path.join(out, "model_final"))
+    assert is_sharded(sharded)
+    assert RegressionTrainer.test(cfg, sharded) == trained
+    # DefaultPredictor's way: the whole model, the directory read whole.
+    whole = RegressionTrainer.build_model(_cfg(out, workers=0))
+    Checkpointer(whole).load(os.path.join(out, "model_final"))
+    assert not is_sharded(whole)
+    assert RegressionTrainer.test(cfg, whole) == trained
