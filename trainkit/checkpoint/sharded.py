@@ -70,18 +70,26 @@ def is_checkpoint_dir(path: str) -> bool:
     )
 
 
-def split_sharded(data: Any) -> tuple[Any, dict[str, Any]]:
-    """Split a checkpoint's dict into what rank 0 writes whole and the DTensors DCP writes.
+def split_sharded(
+    data: Any, select: Callable[[tuple[Any, ...], Any], bool] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Split a checkpoint's dict into what rank 0 writes whole and the tensors DCP writes.
+
+    Args:
+        data: the checkpoint's dict.
+        select: ``select(path, value)`` says whether DCP writes the leaf ``value`` found at
+            ``path`` (the keys and indices leading to it); by default every DTensor. A
+            converter selects whole tensors (a file's parameters and their optimizer state).
 
     Returns:
-        ``(rest, sharded)``: ``data`` rebuilt with every DTensor replaced by ``None`` (dicts,
-        lists and tuples), and ``{key: DTensor}`` where ``key`` is the JSON list of the path
-        to it (also listed in ``rest["__sharded__"]`` when ``data`` is a dict).
+        ``(rest, sharded)``: ``data`` rebuilt with every selected leaf replaced by ``None``
+        (dicts, lists and tuples), and ``{key: tensor}`` where ``key`` is the JSON list of the
+        path to it (also listed in ``rest["__sharded__"]`` when ``data`` is a dict).
     """
     sharded: dict[str, Any] = {}
 
     def walk(obj: Any, path: tuple[Any, ...]) -> Any:
-        if _is_dtensor(obj):
+        if _is_dtensor(obj) if select is None else select(path, obj):
             sharded[json.dumps(path)] = obj
             return None
         if isinstance(obj, dict):
@@ -108,12 +116,13 @@ def write_sharded_checkpoint(
     is_writer: bool,
     process_group: Any = None,
     in_background: bool = False,
+    select: Callable[[tuple[Any, ...], Any], bool] | None = None,
 ) -> Callable[[], None]:
     """Write ``data`` into ``partial_dir``: this process's shards, and ``run.pth`` on the writer.
 
     Collective: every process of ``process_group`` calls it with its own ``data``. The
     directory is made (and a stale one emptied) by the caller before, on the writer, with
-    every process waiting for it.
+    every process waiting for it. With ``select``, one process writes it all, alone.
 
     Args:
         data: the checkpoint's dict (DTensors are written by DCP, the rest by the writer).
@@ -122,20 +131,30 @@ def write_sharded_checkpoint(
         process_group: the group DCP's collectives run on (``None``: the default group).
         in_background: stage the shards to host memory now and write them in DCP's thread;
             the returned function then waits for that.
+        select: the leaves DCP writes (see :func:`split_sharded`), by default the DTensors.
+            Given, they are whole tensors (a file converted to a directory) and this process
+            (the writer) writes them with no process group: DCP stores each as one chunk,
+            which :func:`read_sharded_checkpoint` reads in any loading model's layout.
 
     Returns:
         A function that returns once this process's part is on disk (at once when not in
         the background); on the writer, ``.metadata`` is then written too.
+
+    Raises:
+        ValueError: If ``select`` is given with ``in_background`` or to another process.
     """
     import torch.distributed.checkpoint as dcp
 
-    rest, sharded = split_sharded(data)
+    if select is not None and (in_background or not is_writer):
+        raise ValueError("select (whole tensors) is written by the writer alone, not in_background")
+    rest, sharded = split_sharded(data, select)
     if is_writer:
         with atomic_write(os.path.join(partial_dir, RUN_FILE), "wb") as f:
             torch.save(rest, f)
     writer = dcp.FileSystemWriter(partial_dir)
     if not in_background:
-        dcp.save(sharded, storage_writer=writer, process_group=process_group)
+        alone = select is not None  # whole tensors: nothing to coordinate with other processes
+        dcp.save(sharded, storage_writer=writer, process_group=process_group, no_dist=alone)
         return lambda: None
     future = dcp.async_save(sharded, storage_writer=writer, process_group=process_group)
     return lambda: future.result()
