@@ -20,6 +20,8 @@ from trainkit.data import build_batch_data_loader
 from trainkit.data.common import DatasetFromList, MapDataset
 from trainkit.data.samplers import InferenceSampler
 from trainkit.engine import hooks
+from trainkit.engine.step_config import prepare_model
+from trainkit.modeling import model_blocks
 from trainkit.utils import comm
 from trainkit.utils.env import seed_all_rng
 from trainkit.utils.errors import UsageError
@@ -36,7 +38,10 @@ class _UnevenTestTrainer(RegressionTrainer):
             DatasetFromList(records),
             lambda r: {"x": torch.tensor(r["x"]), "y": torch.tensor(r["y"])},
         )
-        return build_batch_data_loader(data, InferenceSampler(len(records)), 8, drop_last=False)
+        per_rank = 8 * comm.get_world_size()  # the total over ranks, 8 a rank
+        return build_batch_data_loader(
+            data, InferenceSampler(len(records)), per_rank, drop_last=False
+        )
 
 
 def _sharded_cfg(output_dir, **opts):
@@ -168,7 +173,7 @@ def test_each_block_is_compiled_before_sharding_on_one_process(tmp_path):
     cfg.TEST.EVAL_PERIOD = 0
     trainer = RegressionTrainer(cfg)
     assert is_sharded(trainer.model)
-    assert all(block._compiled_call_impl is not None for block in trainer.model.children())
+    assert all(block._compiled_call_impl is not None for block in model_blocks(trainer.model))
     trainer.train()
     assert os.path.isdir(tmp_path / "model_final")
 
@@ -183,8 +188,8 @@ def test_one_process_evaluates_a_sharded_directory_whole_and_sharded(tmp_path):
     out = str(tmp_path)
     trained = run_on_ranks(_train_for_eval, 2, args=(out,), timeout_s=240)[0]
     cfg = _sharded_cfg(out)
-    # --eval-only's way: Trainer.build_model shards (one process), the directory is resharded.
-    sharded = RegressionTrainer.build_model(cfg)
+    # --eval-only's way with DefaultTrainer.build_model: sharded (one process), resharded.
+    sharded = prepare_model(cfg, RegressionTrainer.build_model(cfg))
     Checkpointer(sharded).load(os.path.join(out, "model_final"))
     assert is_sharded(sharded)
     assert RegressionTrainer.test(cfg, sharded) == trained

@@ -168,7 +168,8 @@ class BestCheckpointer(HookBase):
         # then); else, as detectron2 registers it anywhere, each rank checks its own losses.
         rule, previous, metric = self.rule, self.rule.best_metric, self._val_metric
         # A sharded model's save is collective: every rank must make rank 0's decision.
-        shared = rule.patience is not None or is_sharded(self._checkpointer.model)
+        sharded = is_sharded(getattr(self._checkpointer, "model", None))  # fvcore's has one
+        shared = rule.patience is not None or sharded
         self.trainer.flush_pending_checks(collective=shared)
         if update_from_storage(rule, self.trainer.storage, metric, shared=shared, strict=False):
             logger.info(
