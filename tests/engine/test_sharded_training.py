@@ -8,6 +8,7 @@ writer, each block compiled, and a sharded directory evaluated on one process.
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -198,3 +199,49 @@ def test_one_process_evaluates_a_sharded_directory_whole_and_sharded(tmp_path):
     Checkpointer(whole).load(os.path.join(out, "model_final"))
     assert not is_sharded(whole)
     assert RegressionTrainer.test(cfg, whole) == trained
+
+
+class _SlowFirstBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 16)
+
+    def forward(self, x):
+        if comm.get_rank() == 1:
+            time.sleep(0.03)  # rank 1 computes slowly; rank 0 waits in the next block's gather
+        return self.layer(x)
+
+
+class _TwoBlockModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = _SlowFirstBlock(), torch.nn.Linear(16, 1)
+
+    def forward(self, batch):
+        pred = self.second(self.first(torch.stack([b["x"] for b in batch]))).squeeze(1)
+        if not self.training:
+            return pred
+        y = torch.stack([b["y"] for b in batch])
+        return {"loss_mse": torch.nn.functional.mse_loss(pred, y)}
+
+
+class _SlowRankTrainer(RegressionTrainer):
+    @classmethod
+    def build_model(cls, cfg):
+        return _TwoBlockModel()
+
+
+def _train_with_a_slow_rank(output_dir):
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _sharded_cfg(output_dir, max_iter=25, TEST__EVAL_PERIOD=0, WRITER_PERIOD=5)
+    cfg.SOLVER.CHECKPOINT_PERIOD = 1000
+    trainer = _SlowRankTrainer(cfg)
+    trainer.train()
+    return trainer.storage.latest().get("straggler/rank")
+
+
+@pytest.mark.slow
+def test_the_wait_in_fsdps_gathers_is_collective_so_the_slow_rank_is_named(tmp_path):
+    named = run_on_ranks(_train_with_a_slow_rank, 2, args=(str(tmp_path),), timeout_s=240)[0]
+    assert named is not None and named[0] == 1  # rank 1, found from its own work

@@ -263,6 +263,10 @@ class Checkpointer:
             "(e.g. free disk space) and resume with --resume.",
         )
 
+    def checkpoint_path(self, name: str) -> str:
+        """Return where :meth:`save` writes checkpoint ``name``: a file, or a sharded directory."""
+        return os.path.join(self.save_dir, name if is_sharded(self.model) else f"{name}.pth")
+
     def _save_sharded(self, save_dir: str, data: dict[str, Any], tag_last: bool) -> None:
         # Collective. Written under a hidden name, renamed into place once complete.
         name = os.path.basename(save_dir)

@@ -115,6 +115,7 @@ class SimpleTrainer(TrainerBase):
         self.gradient_combiner = combiner_for(model)
         if isinstance(self.gradient_combiner, ShardedGradients):
             check_optimizer_of_sharded_model(optimizer, model)
+            self.gradient_combiner.announce_gathers(model, lambda name: self.events.phase(name))
         self._loss_check = LossCheck(deferred_checks)
         self._metrics = MetricsWriter(self._loss_check, every_step=record_every_step)
         self.events.bind_step([self._loss_check, self._metrics])
