@@ -245,3 +245,61 @@ def _train_with_a_slow_rank(output_dir):
 def test_the_wait_in_fsdps_gathers_is_collective_so_the_slow_rank_is_named(tmp_path):
     named = run_on_ranks(_train_with_a_slow_rank, 2, args=(str(tmp_path),), timeout_s=240)[0]
     assert named is not None and named[0] == 1  # rank 1, found from its own work
+
+
+class _NanAtStep(RegressionTrainer):
+    """The regression model, whose loss is NaN at step 4."""
+
+    @classmethod
+    def build_model(cls, cfg):
+        model = super().build_model(cfg)
+        forward, calls = model.forward, iter(range(10**6))
+
+        def nan_at_4(batch):
+            out = forward(batch)
+            if model.training and next(calls) == 4:
+                out = {k: v * float("nan") for k, v in out.items()}
+            return out
+
+        model.forward = nan_at_4
+        return model
+
+
+def test_a_deferred_non_finite_loss_is_named_and_no_checkpoint_holds_it(tmp_path):
+    from trainkit.engine.step_metrics import NonFiniteLossError
+
+    cfg = _sharded_cfg(str(tmp_path), TEST__EVAL_PERIOD=0, SOLVER__DEFERRED_CHECKS=True)
+    cfg.SOLVER.CHECKPOINT_PERIOD, cfg.WRITER_PERIOD = 3, 10
+    with pytest.raises(NonFiniteLossError, match="iteration=4"):
+        _NanAtStep(cfg).train()
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("model_")) == ["model_0000002"]
+
+
+def test_a_preempted_sharded_run_saves_its_directory_and_resumes(tmp_path):
+    import signal
+
+    from trainkit.engine.hooks.preemption import TrainingPreempted
+
+    class _SignalAt(hooks.HookBase):
+        def after_step(self):
+            if self.trainer.iter == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = _sharded_cfg(str(tmp_path), TEST__EVAL_PERIOD=0)
+    cfg.SOLVER.CHECKPOINT_PERIOD = 100
+    trainer = RegressionTrainer(cfg)
+    trainer._hooks.insert(0, _SignalAt())  # before the PreemptionHandler's check
+    trainer._hooks[0].trainer = trainer
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(TrainingPreempted) as e:
+            trainer.train()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert e.value.iteration == 3 and str(tmp_path / "model_0000003") in str(e.value)
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000003"
+    resumed = RegressionTrainer(cfg)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 4
+    resumed.train()
+    assert os.path.isdir(tmp_path / "model_final")
