@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import itertools
 import math
 import os
 import sys
@@ -139,6 +140,8 @@ def shard_model(
     """Shard ``model``'s parameters, gradients and optimizer state over the processes.
 
     Build the optimizer after this: ``fully_shard`` replaces the parameters by sharded ones.
+    Every process starts from rank 0's initial parameters and buffers (broadcast first, as
+    DDP does when it wraps a model).
     With one process and no process group, a one-process Gloo group is started (FSDP needs
     one); the shards go to the device ``model``'s parameters are on.
 
@@ -186,6 +189,8 @@ def shard_model(
     policy = MixedPrecisionPolicy(
         param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None
     )
+    if world > 1:
+        _broadcast_from_rank_0(model, device)
     blocks = model_blocks(model)
     if activation_checkpointing:
         checkpoint_activations(blocks)
@@ -199,6 +204,21 @@ def shard_model(
     # pass would only gather them again at once.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     return model
+
+
+def _broadcast_from_rank_0(model: nn.Module, device: torch.device) -> None:
+    """Give every process rank 0's initial parameters and buffers, as DDP does when it wraps.
+
+    Processes seeded differently (``default_setup`` adds the rank) initialise differently;
+    ``fully_shard`` keeps each process's own slice, which would make the model a patchwork.
+    """
+    with torch.no_grad():
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            # NCCL broadcasts device memory only: a model built on the CPU goes through it.
+            on_device = tensor.detach().to(device)
+            dist.broadcast(on_device, src=0)
+            if on_device is not tensor:
+                tensor.copy_(on_device)
 
 
 def shard_from_config(
