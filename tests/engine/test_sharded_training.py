@@ -303,3 +303,29 @@ def test_a_preempted_sharded_run_saves_its_directory_and_resumes(tmp_path):
     assert resumed.start_iter == 4
     resumed.train()
     assert os.path.isdir(tmp_path / "model_final")
+
+
+def test_max_to_keep_rotates_directories_and_a_predictor_reads_one_whole(tmp_path):
+    from tests.engine.test_predictor import _cfg as _image_cfg
+    from trainkit.engine import DefaultPredictor, DefaultTrainer
+
+    cfg = _image_cfg()
+    cfg.defrost()
+    cfg.OUTPUT_DIR, cfg.MODEL.FSDP.ENABLED = str(tmp_path), True
+    cfg.SOLVER.MAX_ITER, cfg.SOLVER.CHECKPOINT_PERIOD, cfg.SOLVER.MAX_TO_KEEP = 4, 1, 2
+    cfg.SOLVER.IMS_PER_BATCH, cfg.DATALOADER.NUM_WORKERS, cfg.TEST.EVAL_PERIOD = 4, 0, 0
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = ("shapes_minival",), ()
+    cfg.INPUT.MAX_SIZE_TRAIN, cfg.MODEL.CLASSIFIER.CHANNELS = 32, [4, 8]
+    trainer = DefaultTrainer(cfg)
+    trainer.train()
+    kept = sorted(n for n in os.listdir(tmp_path) if n.startswith("model_"))
+    assert kept == ["model_0000002", "model_0000003", "model_final"]
+    state = trainer.model.state_dict()
+    whole = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+    cfg.MODEL.WEIGHTS = str(tmp_path / "model_final")
+    predictor = DefaultPredictor(cfg)  # the whole model, on one process, without FSDP
+    assert not is_sharded(predictor.model)
+    for name, value in predictor.model.state_dict().items():
+        assert torch.equal(value, whole[name]), name
+    image = torch.randint(0, 255, (40, 48, 3), dtype=torch.uint8).numpy()
+    assert predictor(image) is not None
