@@ -329,3 +329,15 @@ def test_max_to_keep_rotates_directories_and_a_predictor_reads_one_whole(tmp_pat
         assert torch.equal(value, whole[name]), name
     image = torch.randint(0, 255, (40, 48, 3), dtype=torch.uint8).numpy()
     assert predictor(image) is not None
+
+
+def test_a_sharded_directory_is_accepted_as_model_weights_at_set_up(tmp_path):
+    from trainkit.config.run_config import run_config
+    from trainkit.utils.errors import MissingFileError
+
+    cfg = _sharded_cfg(str(tmp_path))
+    cfg.MODEL.WEIGHTS = str(tmp_path / "model_final")
+    with pytest.raises(MissingFileError, match="MODEL.WEIGHTS file not found"):
+        run_config(cfg).check_weights(eval_only=True, resume=False)
+    os.makedirs(tmp_path / "model_final")
+    run_config(cfg).check_weights(eval_only=True, resume=False)  # a directory is a checkpoint
