@@ -168,7 +168,8 @@ class BestCheckpointer(HookBase):
         # then); else, as detectron2 registers it anywhere, each rank checks its own losses.
         rule, previous, metric = self.rule, self.rule.best_metric, self._val_metric
         # A sharded model's save is collective: every rank must make rank 0's decision.
-        sharded = is_sharded(getattr(self._checkpointer, "model", None))  # fvcore's has one
+        checkpointer = self._checkpointer
+        sharded = isinstance(checkpointer, Checkpointer) and is_sharded(checkpointer.model)
         shared = rule.patience is not None or sharded
         self.trainer.flush_pending_checks(collective=shared)
         if update_from_storage(rule, self.trainer.storage, metric, shared=shared, strict=False):
