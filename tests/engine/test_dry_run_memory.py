@@ -321,6 +321,8 @@ def _held_after_a_configured_step(opts):
     }
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_figures_are_the_largest_that_two_real_sharded_processes_hold():
     opts = ["MODEL.META_ARCHITECTURE", "DryRunMemoryBlocks", *_fsdp(0)]
     report = dry_run(_cfg(opts), 2, num_steps=0)

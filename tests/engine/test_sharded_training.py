@@ -67,6 +67,7 @@ def _evaluate_unequal_batches(output_dir):
     return trainer.storage.latest().get("validation/loss_mse"), trainer._last_eval_results
 
 
+@pytest.mark.slow
 def test_evaluation_and_validation_losses_run_unequal_batches_on_three_processes(tmp_path):
     results = run_on_ranks(_evaluate_unequal_batches, 3, args=(str(tmp_path),), timeout_s=240)
     (val_loss, _), evaluated = results[0], results[0][1]
@@ -185,6 +186,7 @@ def _train_for_eval(output_dir):
     return trainer.train()
 
 
+@pytest.mark.slow
 def test_one_process_evaluates_a_sharded_directory_whole_and_sharded(tmp_path):
     out = str(tmp_path)
     trained = run_on_ranks(_train_for_eval, 2, args=(out,), timeout_s=240)[0]
