@@ -343,3 +343,36 @@ def test_a_sharded_directory_is_accepted_as_model_weights_at_set_up(tmp_path):
         run_config(cfg).check_weights(eval_only=True, resume=False)
     os.makedirs(tmp_path / "model_final")
     run_config(cfg).check_weights(eval_only=True, resume=False)  # a directory is a checkpoint
+
+
+def test_model_weights_load_into_a_sharded_model_under_the_same_rules(tmp_path):
+    from tests.engine.test_default_trainer import RegressionModel
+    from trainkit.checkpoint import ShapeMismatchError
+    from trainkit.modeling import shard_model
+
+    torch.manual_seed(0)
+    source = RegressionModel()
+    state = {f"module.{k}": v for k, v in source.state_dict().items()}  # a DDP wrapper's names
+    state["module.out.weight"] = torch.zeros(2, 16)  # another head: a shape mismatch
+    torch.save({"model": state}, tmp_path / "weights.pth")
+    sharded = shard_model(RegressionModel())
+    with pytest.raises(ShapeMismatchError, match="out.weight"):
+        Checkpointer(sharded, allow_shape_mismatch=False).load(str(tmp_path / "weights.pth"))
+    Checkpointer(sharded, allow_shape_mismatch=True).load(str(tmp_path / "weights.pth"))
+    loaded = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    assert torch.equal(loaded["hidden.weight"], source.hidden.weight)
+    assert not torch.equal(loaded["out.weight"], source.out.weight)  # skipped, as initialised
+
+    class _Renaming(Checkpointer):  # a project's DetectionCheckpointer subclass
+        def _load_model(self, checkpoint):
+            checkpoint["model"] = {
+                k.replace("module.first.", "module.hidden."): v
+                for k, v in checkpoint["model"].items()
+            }
+            return super()._load_model(checkpoint)
+
+    renamed = {k.replace("hidden.", "first."): v for k, v in state.items()}
+    torch.save({"model": renamed}, tmp_path / "renamed.pth")
+    other = shard_model(RegressionModel())
+    _Renaming(other, allow_shape_mismatch=True).load(str(tmp_path / "renamed.pth"))
+    assert torch.equal(other.state_dict()["hidden.weight"].full_tensor(), source.hidden.weight)
