@@ -31,9 +31,10 @@ import argparse
 import logging
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 
-from trainkit.checkpoint import DetectionCheckpointer
+from trainkit.checkpoint import DetectionCheckpointer, is_sharded
 from trainkit.config import LazyConfig, instantiate
 from trainkit.engine import (
     AMPTrainer,
@@ -44,10 +45,12 @@ from trainkit.engine import (
     hooks,
     launch,
 )
+from trainkit.engine.amp_trainer import default_precision
 from trainkit.engine.defaults import create_ddp_model
 from trainkit.engine.run_state import RunState, upgrade_run_state
 from trainkit.evaluation import inference_on_dataset, print_csv_format
 from trainkit.launcher import resumes_by_itself
+from trainkit.modeling import gathered_parameters, shard_model
 from trainkit.utils import comm
 from trainkit.utils.errors import UsageError
 
@@ -61,9 +64,11 @@ def do_test(cfg: Any, model: Any) -> dict[str, Any]:
     """
     if "evaluator" not in cfg.dataloader:
         return {}
-    results = inference_on_dataset(
-        model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator)
-    )
+    # Sharded (train.fsdp): the parameters gathered once, so ranks may run unequal batches.
+    with gathered_parameters(model):
+        results = inference_on_dataset(
+            model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator)
+        )
     if comm.is_main_process():
         print_csv_format(results)
     return results
@@ -81,13 +86,15 @@ def do_train(args: argparse.Namespace, cfg: Any) -> None:
     """
     model = instantiate(cfg.model)
     logger.info("Model:\n%s", model)
-    model.to(cfg.train.device)
+    model = place_model(cfg, model)
 
+    # After sharding: fully_shard replaces the parameters the optimizer must hold.
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
 
-    model = create_ddp_model(model, **cfg.train.ddp)
+    if not is_sharded(model):
+        model = create_ddp_model(model, **cfg.train.ddp)
     trainer_class = AMPTrainer if cfg.train.amp.enabled else SimpleTrainer
     trainer = trainer_class(model, train_loader, optimizer)
     output_dir = cfg.train.output_dir
@@ -115,6 +122,26 @@ def do_train(args: argparse.Namespace, cfg: Any) -> None:
     finally:
         trainer.batches.close()
         checkpointer.wait()
+
+
+def place_model(cfg: Any, model: Any) -> Any:
+    """Move ``model`` to ``train.device``, or shard it there with ``train.fsdp.enabled``.
+
+    Sharded, a model built on the CPU is moved shard by shard; with ``train.amp.enabled`` its
+    parameters are gathered in the device's AMP dtype (``AMPTrainer`` then runs no autocast).
+    """
+    fsdp = OmegaConf.select(cfg, "train.fsdp", default=None)
+    if fsdp is None or not fsdp.enabled:
+        return model.to(cfg.train.device)
+    device = torch.device(cfg.train.device)
+    return shard_model(
+        model,
+        shard_size=fsdp.shard_size,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        param_dtype=default_precision(device.type) if cfg.train.amp.enabled else None,
+        device=device,
+        shard_size_name="train.fsdp.shard_size",
+    )
 
 
 def resume_or_load(
@@ -165,9 +192,9 @@ def main(args: argparse.Namespace) -> dict[str, Any] | None:
     default_setup(cfg, args)
 
     if args.eval_only:
-        model = instantiate(cfg.model)
-        model.to(cfg.train.device)
-        model = create_ddp_model(model)
+        model = place_model(cfg, instantiate(cfg.model))
+        if not is_sharded(model):
+            model = create_ddp_model(model)
         DetectionCheckpointer(model, cfg.train.output_dir).resume_or_load(
             cfg.train.init_checkpoint, resume=args.resume
         )

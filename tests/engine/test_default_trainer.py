@@ -515,7 +515,7 @@ def test_a_custom_step_trainer_runs_inside_default_trainer_with_its_hooks(tmp_pa
     assert hook.seen == [(i, True) for i in range(4)]  # and the loop's hooks
     assert trainer._trainer.storage is trainer.storage
     state = trainer.state_dict()
-    assert set(state["_trainer"]) == {"optimizer"}  # the loop's state is saved once
+    assert set(state["_trainer"]) == {"optimizer", "parameter_names"}  # the loop's saved once
 
 
 def test_an_assigned_step_adopts_the_configs_wiring(tmp_path):

@@ -432,7 +432,7 @@ def test_hook_state_leaves_out_what_weights_only_cannot_load(caplog):
 def test_model_ema_update_matches_torchs_averaged_model():
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from trainkit.engine.hooks.ema import _update_average
+    from trainkit.engine.hooks.ema import _tensor_pairs, _update_average
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
@@ -445,7 +445,9 @@ def test_model_ema_update_matches_torchs_averaged_model():
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
-        _update_average(ours, model, get_ema_multi_avg_fn(0.9))
+        _update_average(
+            _tensor_pairs(ours.module, model), ours.n_averaged, get_ema_multi_avg_fn(0.9)
+        )
         torchs.update_parameters(model)
     for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()):
         assert torch.equal(a, b)

@@ -84,7 +84,7 @@ class _StopAfter(hooks.HookBase):
             raise KeyboardInterrupt
 
 
-def _cfg(output_dir, grouping, reference, accumulate, mixed=False):
+def _cfg(output_dir, grouping, reference, accumulate, mixed=False, opts=()):
     cfg = get_cfg()
     if mixed:
         cfg.DATASETS.TRAIN, cfg.DATASETS.TRAIN_WEIGHTS = _MIXED, (10.0, 5.0, 1.0)
@@ -104,13 +104,16 @@ def _cfg(output_dir, grouping, reference, accumulate, mixed=False):
     cfg.SOLVER.REFERENCE_WORLD_SIZE = reference
     cfg.SOLVER.ACCUMULATE_STEPS = accumulate
     cfg.WRITER_PERIOD = 100
+    cfg.merge_from_list(list(opts))
     return cfg
 
 
-def _run(output_dir, grouping, reference, accumulate, resume=False, stop_after=None, mixed=False):
+def _run(
+    output_dir, grouping, reference, accumulate, resume=False, stop_after=None, mixed=False, opts=()
+):
     seed_all_rng(1 + comm.get_rank())
     trainer_class = _MixedTrainer if mixed else _Trainer
-    trainer = trainer_class(_cfg(output_dir, grouping, reference, accumulate, mixed))
+    trainer = trainer_class(_cfg(output_dir, grouping, reference, accumulate, mixed, opts))
     if stop_after is not None:
         trainer.register_hooks([_StopAfter(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -124,9 +127,14 @@ def _run(output_dir, grouping, reference, accumulate, resume=False, stop_after=N
     for ledger in ledgers:
         for step, ids in ledger.items():
             steps.setdefault(step, []).extend(ids)
-    weights = {k: v.clone() for k, v in trainer.checkpointer.model.state_dict().items()}
+    weights = {k: _whole(v).clone() for k, v in trainer.checkpointer.model.state_dict().items()}
     return {"steps": {s: sorted(ids) for s, ids in steps.items()},
             "accumulate": trainer.cfg.SOLVER.ACCUMULATE_STEPS, "weights": weights}  # fmt: skip
+
+
+def _whole(tensor):
+    # A sharded model's parameters (DTensors) gathered whole: collective, like the ledgers.
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _on(world_size, *args, **kwargs):

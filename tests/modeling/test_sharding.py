@@ -78,7 +78,7 @@ def test_the_mesh_is_flat_or_hybrid(shard_size, world, local, shape):
 
 @pytest.mark.parametrize(("shard_size", "local"), [(1, 4), (3, 4), (-2, 4), (8, 4), (2, 1)])
 def test_a_shard_size_that_does_not_divide_is_one_line_naming_what_is_allowed(shard_size, local):
-    with pytest.raises(ConfigError, match=r"shard_size must be 0 or 4 \(shard over every") as e:
+    with pytest.raises(ConfigError, match=r"shard_size must be 0 or 4 \(shard over all 4") as e:
         hybrid_mesh_shape(shard_size, 4, local)
     assert "\n" not in str(e.value) and f"got {shard_size}" in str(e.value)
 

@@ -18,6 +18,13 @@ from trainkit.checkpoint.model_state import (
     unwrap_model,
 )
 from trainkit.checkpoint.periodic import PeriodicCheckpointer
+from trainkit.checkpoint.sharded import (
+    check_parameter_names,
+    is_checkpoint_dir,
+    optimizer_parameter_names,
+    shard_like,
+    shard_optimizer_state,
+)
 
 # detectron2's name for the same class: its detection-specific weight-name matching (Caffe2
 # and pycls models) is out of scope, so there is nothing for a subclass to add.
@@ -33,11 +40,16 @@ __all__ = [
     "PeriodicCheckpointer",
     "ShapeMismatchError",
     "UntrustedCheckpointError",
+    "check_parameter_names",
     "find_shape_mismatches",
     "find_unsafe_value",
+    "is_checkpoint_dir",
     "is_sharded",
+    "optimizer_parameter_names",
     "read_checkpoint_file",
     "shape_changing_state_keys",
     "shape_mismatch_message",
+    "shard_like",
+    "shard_optimizer_state",
     "unwrap_model",
 ]

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
@@ -36,9 +37,17 @@ from trainkit.checkpoint.model_state import (
     IncompatibleKeys,
     ShapeMismatchError,
     describe_incompatible,
+    is_sharded,
     matched_model_state,
     missing_keys_without_aliases,
     unwrap_model,
+)
+from trainkit.checkpoint.sharded import (
+    is_checkpoint_dir,
+    publish_directory,
+    read_sharded_checkpoint,
+    shard_like,
+    write_sharded_checkpoint,
 )
 from trainkit.utils import comm
 from trainkit.utils.errors import MissingFileError
@@ -86,11 +95,14 @@ class Checkpointer:
     tag) and hold the bare module's state; loads accept ``module.`` and ``_orig_mod.``
     prefixes, explain corrupt files by name and report shape mismatches in one message;
     :meth:`resume_or_load` falls back to older checkpoints. With ``async_save=True`` one
-    background thread writes and tags, in the order of the saves. Drive one checkpointer
-    from one thread. It does not decide *when* to save (:class:`PeriodicCheckpointer`
-    does) and writes only local files (``os.replace``). Subclasses change loading at
-    fvcore's override points, which every load calls (detectron2's
-    ``DetectionCheckpointer`` way): ``_load_file``, ``_load_model`` (which calls
+    background thread writes and tags, in the order of the saves. A model sharded by
+    :func:`~trainkit.modeling.shard_model` is saved as a directory every process writes its
+    shards into (:mod:`~trainkit.checkpoint.sharded`): its saves are collective, and
+    ``save_to_disk`` then names the process that writes the rest, renames and tags. Drive
+    one checkpointer from one thread. It does not decide *when* to save
+    (:class:`PeriodicCheckpointer` does) and writes only local files (``os.replace``).
+    Subclasses change loading at fvcore's override points, which every load calls
+    (detectron2's ``DetectionCheckpointer`` way): ``_load_file``, ``_load_model`` (which calls
     ``_convert_ndarray_to_tensor``) and ``_log_incompatible_keys``.
     """
 
@@ -146,6 +158,7 @@ class Checkpointer:
         self._writer = BackgroundWriter()
         self._staging = HostStaging()  # holds one host copy between async saves
         self._restoring_path = ""  # the file _load_model is loading, for its messages
+        self._background_group: Any = None  # async sharded saves' own Gloo group
 
     @property
     def model(self) -> nn.Module:
@@ -194,7 +207,8 @@ class Checkpointer:
         """Atomically write ``save_dir/{name}.pth`` and then point ``last_checkpoint`` at it.
 
         Does nothing when ``save_dir`` is empty or ``save_to_disk`` is False (other ranks).
-        With ``async_save``, returns once the state is copied to host memory.
+        With ``async_save``, returns once the state is copied to host memory. A sharded model
+        is saved as the directory ``save_dir/{name}/`` by every process (call it on all).
 
         Args:
             name: file name without ``.pth``.
@@ -207,9 +221,10 @@ class Checkpointer:
             TypeError: If some value could not be loaded back with ``weights_only=True``.
             CheckpointWriteError: If the previous background write failed (no save is made).
         """
-        if not self.save_dir or not self.save_to_disk:
+        sharded = is_sharded(self.model)
+        if not self.save_dir or not (self.save_to_disk or sharded):
             return
-        basename = f"{name}.pth"
+        basename = name if sharded else f"{name}.pth"
         if os.path.basename(basename) != basename:
             raise ValueError(f"checkpoint name {name!r} must be a file name, not a path")
         with self._blocking_context():
@@ -228,8 +243,12 @@ class Checkpointer:
                     "cannot read back. Store tensors and plain containers only (convert "
                     "numpy arrays with torch.from_numpy or .tolist())."
                 )
-            self.path_manager.mkdirs(self.save_dir)
+            if self.save_to_disk:
+                self.path_manager.mkdirs(self.save_dir)
             save_file = os.path.join(self.save_dir, basename)
+            if sharded:
+                self._save_sharded(save_file, data, tag_last)
+                return
             if not self.async_save:
                 self.logger.info("Saving checkpoint to %s", save_file)
                 self._write_checkpoint(save_file, data, tag_last)
@@ -243,6 +262,59 @@ class Checkpointer:
             advice="The last_checkpoint tag still names the previous checkpoint; fix the cause "
             "(e.g. free disk space) and resume with --resume.",
         )
+
+    def checkpoint_path(self, name: str) -> str:
+        """Return where :meth:`save` writes checkpoint ``name``: a file, or a sharded directory."""
+        return os.path.join(self.save_dir, name if is_sharded(self.model) else f"{name}.pth")
+
+    def _save_sharded(self, save_dir: str, data: dict[str, Any], tag_last: bool) -> None:
+        # Collective. Written under a hidden name, renamed into place once complete.
+        name = os.path.basename(save_dir)
+        partial = os.path.join(self.save_dir, f".{name}.partial")
+        if self.save_to_disk:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-save
+            os.makedirs(partial)
+        comm.synchronize()  # nobody writes shards into the stale directory
+        group = self._checkpoint_group() if self.async_save else None
+        self.logger.info(
+            "Saving sharded checkpoint to %s%s",
+            save_dir,
+            " (written in the background)" if self.async_save else "",
+        )
+        written = write_sharded_checkpoint(
+            data,
+            partial,
+            is_writer=self.save_to_disk,
+            process_group=group,
+            in_background=self.async_save,
+        )
+        del data
+
+        def finish() -> None:
+            written()
+            if self.save_to_disk:
+                publish_directory(partial, save_dir)
+                if tag_last:
+                    self.tag_last_checkpoint(name)
+
+        if not self.async_save:
+            finish()
+            return
+        self._writer.submit(
+            f"write of checkpoint {save_dir}",
+            finish,
+            advice="The last_checkpoint tag still names the previous checkpoint; fix the cause "
+            "(e.g. free disk space) and resume with --resume.",
+        )
+
+    def _checkpoint_group(self) -> Any:
+        # DCP's collectives in the writer thread run on a group of their own, so they never
+        # interleave with training's on the default group (created collectively, once).
+        if self._background_group is None:
+            import torch.distributed as dist
+
+            self._background_group = dist.new_group(backend="gloo")
+        return self._background_group
 
     def _write_checkpoint(self, save_file: str, data: dict[str, Any], tag_last: bool) -> None:
         # Runs on the writer thread when saving asynchronously. The tag moves only after
@@ -308,10 +380,16 @@ class Checkpointer:
         return path if os.path.basename(path) else ""  # an empty tag names nothing
 
     def get_all_checkpoint_files(self) -> list[str]:
-        """Return every ``.pth`` file in ``save_dir``, newest first (by modification time)."""
+        """Return every checkpoint in ``save_dir``, newest first (by modification time).
+
+        Files ending in ``.pth`` and complete sharded checkpoint directories.
+        """
         if not self.save_dir or not self.path_manager.isdir(self.save_dir):
             return []
         files = self._fvcore.get_all_checkpoint_files()
+        if os.path.isdir(self.save_dir):
+            entries = (os.path.join(self.save_dir, e) for e in os.listdir(self.save_dir))
+            files += [e for e in entries if not e.startswith(".") and is_checkpoint_dir(e)]
         return sorted(files, key=lambda p: (os.path.getmtime(p), p), reverse=True)
 
     def load(self, path: str, checkpointables: list[str] | None = None) -> dict[str, Any]:
@@ -340,7 +418,7 @@ class Checkpointer:
             self.logger.info("No checkpoint given; the model keeps its initialisation.")
             return {}
         path, matching_heuristics = _split_matching_heuristics(path)
-        local_path = local_checkpoint_path(self.path_manager, path)
+        local_path = path if os.path.isdir(path) else local_checkpoint_path(self.path_manager, path)
         checkpoint = self._load_file(local_path)
         if matching_heuristics:
             checkpoint["model"] = align_and_update_state_dicts(
@@ -402,9 +480,14 @@ class Checkpointer:
     def _load_file(self, f: str) -> dict[str, Any]:
         """Read the local file ``f`` as ``{"model": state dict, ...}`` (fvcore's override point).
 
+        A sharded checkpoint directory is read in the layout of this checkpointer's model
+        (:func:`~trainkit.checkpoint.sharded.read_sharded_checkpoint`).
+
         Raises:
             As :func:`~trainkit.checkpoint.read_checkpoint_file` (with ``trust_pickle``).
         """
+        if os.path.isdir(f):
+            return read_sharded_checkpoint(f, self.model, trust_pickle=self.trust_pickle)
         return read_checkpoint_file(f, trust_pickle=self.trust_pickle)
 
     def _load_model(self, checkpoint: dict[str, Any]) -> IncompatibleKeys:
@@ -427,6 +510,10 @@ class Checkpointer:
             strict=self.strict,
             allow_shape_mismatch=self.allow_shape_mismatch,
         )
+        if is_sharded(self.model):
+            # Whole tensors (a file, or a directory read whole) become this process's shards.
+            own = self.model.state_dict()
+            state = {k: shard_like(v, own[k]) if k in own else v for k, v in state.items()}
         result = self.model.load_state_dict(state, strict=False)
         return IncompatibleKeys(
             missing_keys_without_aliases(self.model, result.missing_keys),

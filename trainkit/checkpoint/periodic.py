@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from typing import Any
 
 from trainkit.checkpoint.checkpointer import Checkpointer
@@ -89,7 +90,7 @@ class PeriodicCheckpointer:
             if self.max_to_keep and trainkit_checkpointer:
                 self.checkpointer.call_after_write(
                     lambda: self._delete_old_checkpoints(iteration),
-                    f"deletion of checkpoints older than {name}.pth (max_to_keep)",
+                    f"deletion of checkpoints older than {name} (max_to_keep)",
                 )
             elif self.max_to_keep:  # fvcore's or another synchronous checkpointer
                 self._delete_old_checkpoints(iteration)
@@ -104,7 +105,8 @@ class PeriodicCheckpointer:
         save_dir = self.checkpointer.save_dir
         if not save_dir or not self.checkpointer.save_to_disk:
             return  # only the rank that writes files deletes them
-        pattern = re.compile(rf"^{re.escape(self.file_prefix)}_(\d{{7,}})\.pth$")
+        # Files, or the directories of a sharded model's checkpoints.
+        pattern = re.compile(rf"^{re.escape(self.file_prefix)}_(\d{{7,}})(\.pth)?$")
         matches = [pattern.match(name) for name in self.path_manager.ls(save_dir)]
         # Files from an abandoned longer run (after resuming from an older checkpoint) are
         # left alone: they are overwritten as this run reaches them.
@@ -115,4 +117,7 @@ class PeriodicCheckpointer:
         )
         for _, path in periodic[: max(len(periodic) - self.max_to_keep, 0)]:
             logger.info("Deleting old checkpoint %s (max_to_keep=%d)", path, self.max_to_keep)
-            self.path_manager.rm(path)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                self.path_manager.rm(path)

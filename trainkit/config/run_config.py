@@ -118,11 +118,12 @@ class RunConfig:
         """Check the weights to start from, before anything starts.
 
         Raises:
-            MissingFileError: If they name a local file that does not exist.
+            MissingFileError: If they name a local file (or directory) that does not exist.
             UsageError: If ``eval_only`` has neither weights nor ``resume``.
         """
         key, weights = self.weights_key, self.weights
-        if weights and "://" not in weights and not os.path.isfile(weights):
+        # A file, or a sharded checkpoint's directory.
+        if weights and "://" not in weights and not os.path.exists(weights):
             raise MissingFileError(f"{key} file not found: {weights}. Check the path.")
         if eval_only and not weights and not resume:
             raise UsageError(

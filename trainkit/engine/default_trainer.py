@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.checkpoint import Checkpointer
-from trainkit.config import CfgNode
+from trainkit.checkpoint import Checkpointer, is_sharded
+from trainkit.config import CfgNode, ConfigError
 from trainkit.config.scaling import auto_scale_config, check_same_recipe
 from trainkit.data import build_test_loader, build_train_loader
 from trainkit.data.train_config import resolve_random_seed, with_seed
@@ -20,13 +20,14 @@ from trainkit.engine import hooks
 from trainkit.engine.failed_steps import FailedStepCapture
 from trainkit.engine.gradients import create_ddp_model
 from trainkit.engine.hook_base import HookBase
+from trainkit.engine.hooks.checkpointing import check_saves_on_every_rank
 from trainkit.engine.hooks.early_stopping import early_stopping_from_config
 from trainkit.engine.hooks.evaluation import BATCH_NORM_TYPES
 from trainkit.engine.hooks.preemption import PreemptionHandler
 from trainkit.engine.hooks.watchdog import ProgressWatchdog
 from trainkit.engine.run_state import RunState, upgrade_run_state
 from trainkit.engine.simple_trainer import SimpleTrainer
-from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer
+from trainkit.engine.step_config import adopt_config_wiring, build_step_trainer, prepare_model
 from trainkit.engine.step_metrics import NonFiniteLossError
 from trainkit.engine.stragglers import StragglerDetector, build_straggler_detector
 from trainkit.engine.trainer_base import TrainerBase
@@ -34,7 +35,7 @@ from trainkit.engine.writers import build_writers
 from trainkit.evaluation import DatasetEvaluator, verify_results
 from trainkit.evaluation.testing import evaluate_test_sets, validation_losses_of_test_sets
 from trainkit.launcher import connect_job_store, resumes_by_itself
-from trainkit.modeling import build_model
+from trainkit.modeling import build_model, gathered_parameters
 from trainkit.solver import build_lr_scheduler, build_optimizer
 from trainkit.utils import comm
 from trainkit.utils.errors import UsageError
@@ -124,10 +125,18 @@ class DefaultTrainer(TrainerBase):
         cfg = self.auto_scale_workers(cfg, comm.get_world_size())
         self._seed_was_random = cfg.SEED < 0
         self.cfg = cfg = resolve_random_seed(cfg)
-        model = self.build_model(cfg)
+        if cfg.MODEL.FSDP.ENABLED and cfg.MODEL_EMA.ENABLED and cfg.MODEL_EMA.USE_FOR_EVAL:
+            raise ConfigError(
+                "MODEL_EMA.USE_FOR_EVAL cannot be used with MODEL.FSDP.ENABLED: the average of a "
+                "sharded model is kept as shards, with no model to evaluate; set "
+                "MODEL_EMA.USE_FOR_EVAL False (the average is still saved)."
+            )
+        model = prepare_model(cfg, self.build_model(cfg))
+        # After sharding: fully_shard replaces the parameters the optimizer must hold.
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
-        model = create_ddp_model(model, broadcast_buffers=False)
+        if not is_sharded(model):
+            model = create_ddp_model(model, broadcast_buffers=False)
         self._trainer = build_step_trainer(cfg, model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(
@@ -234,6 +243,9 @@ class DefaultTrainer(TrainerBase):
         """Run one step of the step trainer (it shares this trainer's iteration and hooks)."""
         self._trainer.run_step()
 
+    def _check_before_train(self) -> None:
+        check_saves_on_every_rank(self._hooks, self.model)
+
     def _end_early(self) -> None:
         self._trainer._end_early()
 
@@ -248,8 +260,14 @@ class DefaultTrainer(TrainerBase):
     # ---- the parts (one-line override points) ---------------------------------------
     @classmethod
     def build_model(cls, cfg: CfgNode) -> nn.Module:
-        """Build the model; override to change it. Delegates to ``modeling.build_model``."""
-        return build_model(cfg)
+        """Build the model; override to change it. Delegates to ``modeling.build_model``.
+
+        With ``MODEL.FSDP.ENABLED`` the model is sharded (also for ``--eval-only``), and
+        ``MODEL.ACTIVATION_CHECKPOINTING`` applied
+        (:func:`~trainkit.engine.step_config.prepare_model`); a model an override returns
+        is prepared when the trainer is built.
+        """
+        return prepare_model(cfg, build_model(cfg))
 
     @classmethod
     def build_optimizer(cls, cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
@@ -411,7 +429,11 @@ class DefaultTrainer(TrainerBase):
     def _evaluate_for_hook(self) -> dict[str, Any]:
         use_ema = self.model_ema is not None and self.cfg.MODEL_EMA.USE_FOR_EVAL
         model = self.model_ema.ema_model if use_ema else self.model  # type: ignore[union-attr]
-        with self.events.during("eval"):
+        # Sharded: gathered once for the evaluation and the validation losses together.
+        gathered = gathered_parameters(
+            model, reshard_after_forward=self.cfg.MODEL.FSDP.RESHARD_AFTER_FORWARD
+        )
+        with self.events.during("eval"), gathered:
             self._last_eval_results = self.test(self.cfg, model)
             if not self.cfg.TEST.VAL_LOSS:
                 return self._last_eval_results
@@ -478,9 +500,12 @@ class DefaultTrainer(TrainerBase):
         Collective:
             ``inference_on_dataset`` gathers on every rank.
         """
-        return evaluate_test_sets(
-            cfg, model, evaluators, cls.build_test_loader, cls.build_evaluator
-        )
+        # A sharded model's parameters are gathered once, so ranks may run different numbers
+        # of batches (no collective in the forward passes).
+        with gathered_parameters(model, reshard_after_forward=cfg.MODEL.FSDP.RESHARD_AFTER_FORWARD):
+            return evaluate_test_sets(
+                cfg, model, evaluators, cls.build_test_loader, cls.build_evaluator
+            )
 
     @staticmethod
     def auto_scale_workers(cfg: CfgNode, num_workers: int) -> CfgNode:

@@ -108,7 +108,10 @@ def _parser(epilog: str | None) -> argparse.ArgumentParser:
         "dry run",
         "show what a job of --num-gpus x --num-machines processes would do, on this machine, "
         "in seconds: the scaled recipe, what auto-scaling refuses, the records of the first "
-        "steps per rank and micro-batch, and with --resume where the data stream continues. "
+        "steps per rank and micro-batch, with --resume where the data stream continues, and "
+        "the bytes of parameters, gradients and optimizer state per process (as configured, "
+        "FSDP or DDP, and under DDP; the model built on the meta device, activations not "
+        "counted). "
         "Nothing is trained and no process is started (exit status 2 if the job would be "
         "refused).",
     )
@@ -120,7 +123,8 @@ def _parser(epilog: str | None) -> argparse.ArgumentParser:
         metavar="FILE",
         action=_DryRunJson,
         help="also write it to FILE as JSON ({recipe, steps: [{step, rank, micro_batch, "
-        "record_ids}], ...}); implies --dry-run",
+        "record_ids}], memory: {strategy, shard_size, per_process, ddp_per_process}, ...}); "
+        "implies --dry-run",
     )
     dry_run.add_argument(
         "--dry-run-steps",

@@ -8,7 +8,10 @@ code a real job runs: for a yacs config ``auto_scale_config`` for the job's worl
 loader gets it, a :class:`~trainkit.data.spec.TrainDataSpec` (from the config, or from a
 LazyConfig's ``dataloader.train`` arguments, without building the loader) and its batch
 plan; with ``--resume`` the newest checkpoint's run state (read, never loaded into a model)
-and the recipe check of a resume on another world size.
+and the recipe check of a resume on another world size; and the bytes one process holds of
+the model's parameters, gradients and optimizer state under the configured strategy (FSDP or
+DDP) and under DDP, from the model built on the meta device
+(:mod:`~trainkit.engine.dry_run_memory`).
 
 A map-style dataset's steps are listed for every rank and micro-batch; only the records they draw
 are read (and, with aspect-ratio grouping, those the plan passes that wait in buckets), so a
@@ -25,17 +28,27 @@ import itertools
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from trainkit.checkpoint import Checkpointer, read_checkpoint_file
+from trainkit.config import ConfigError
 from trainkit.config.run_config import RunConfig, run_config
 from trainkit.config.scaling import ScalingError
 from trainkit.data import TrainDataSpec
 from trainkit.data.build import train_data_spec
 from trainkit.data.loading.loader import TrainLoader
 from trainkit.data.plans.step_records import RecordsNotPlannedError, record_label
+from trainkit.engine.dry_run_memory import (
+    MemoryNotCountedError,
+    build_model_override_note,
+    format_memory,
+    script_trainers,
+    shard_group_size,
+    state_memory,
+)
 from trainkit.engine.run_state import continued_position, upgrade_run_state
 from trainkit.engine.stragglers import check_straggler_config
 from trainkit.utils.errors import UsageError
@@ -50,7 +63,13 @@ _SHOWN_CHARS = 60  # of an element of a stream that has no id of its own
 
 
 def dry_run(
-    cfg: Any, world_size: int, *, resume: bool = False, num_steps: int = 3
+    cfg: Any,
+    world_size: int,
+    *,
+    resume: bool = False,
+    num_steps: int = 3,
+    local_size: int | None = None,
+    trainers: Sequence[type] = (),
 ) -> dict[str, Any]:
     """Return what a job of ``world_size`` processes would do with ``cfg``, as plain data.
 
@@ -59,6 +78,9 @@ def dry_run(
         world_size: the job's processes (``--num-gpus`` x ``--num-machines``).
         resume: continue from the newest checkpoint in the output directory (``--resume``).
         num_steps: the optimizer steps whose records are listed.
+        local_size: the processes per machine (``--num-gpus``); ``None``: one machine.
+        trainers: the script's ``DefaultTrainer`` subclasses; a note says when one overrides
+            ``build_model`` (the memory figures are the registry's model's).
 
     Returns:
         ``{"world_size", "recipe", "rescaled", "origins", "micro_batch_size", "accumulate_steps",
@@ -70,11 +92,15 @@ def dry_run(
         ``{"step", "rank", "micro_batch", "record_ids"}`` per rank and micro-batch of each step (for
         a stream, rank 0's batches, each with the loader ``"worker"`` that formed it); ``datasets``
         (with several ``DATASETS.TRAIN``) one ``{"step", "records": {name: count}}`` per listed
-        step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares).
+        step: its records of each dataset (with ``DATASETS.TRAIN_WEIGHTS``, the mix's exact shares);
+        ``memory`` :func:`~trainkit.engine.dry_run_memory.state_memory`'s figures (``None``
+        when a shard size is refused or the model cannot be built on the meta device: a
+        ``refused`` line or a note says why).
 
     Raises:
         ConfigError: For any other config error, as the real job raises it (the loader's
-            checks, the datasets, a saved position of another loader).
+            checks, the datasets, a saved position of another loader, the model's
+            architecture or optimizer).
     """
     run = run_config(cfg)
     report: dict[str, Any] = {
@@ -89,20 +115,40 @@ def dry_run(
         "resume": None,
         "steps": [],
         "datasets": [],
+        "memory": None,
     }
     try:
         scaled = run.scaled(world_size)
     except ScalingError as e:  # DefaultTrainer.auto_scale_workers would refuse the job
         report["refused"].append(f"auto_scale_workers: {e}")
-        return report
-    written, report["recipe"] = report["recipe"], scaled.recipe()
-    changed = [key for key, value in report["recipe"].items() if value != written[key]]
-    report["origins"] = {key: scaled.origin(key) for key in changed}
-    try:
-        _plan_steps(scaled, world_size, resume, num_steps, report)
-    except ScalingError as e:  # the recipe would change on resuming (SCALE_MODE linear)
-        report["refused"].append(f"resume: {e}")
+    else:
+        written, report["recipe"] = report["recipe"], scaled.recipe()
+        changed = [key for key, value in report["recipe"].items() if value != written[key]]
+        report["origins"] = {key: scaled.origin(key) for key in changed}
+        try:
+            _plan_steps(scaled, world_size, resume, num_steps, report)
+        except ScalingError as e:  # the recipe would change on resuming (SCALE_MODE linear)
+            report["refused"].append(f"resume: {e}")
+    # Also for a refused recipe: the state's bytes do not depend on it.
+    _count_memory(cfg, world_size, local_size or world_size, trainers, report)
     return report
+
+
+def _count_memory(
+    cfg: Any, world_size: int, local_size: int, trainers: Sequence[type], report: dict[str, Any]
+) -> None:
+    try:
+        group_size = shard_group_size(cfg, world_size, local_size)
+    except ConfigError as e:  # shard_model would refuse the job's mesh
+        report["refused"].append(f"shard_model: {e}")
+        return
+    try:
+        report["memory"] = state_memory(cfg, group_size)
+    except MemoryNotCountedError as e:
+        report["notes"].append(f"memory not counted: {e}")
+        return
+    if (note := build_model_override_note(cfg, trainers)) is not None:
+        report["notes"].append(note)
 
 
 def _plan_steps(
@@ -245,6 +291,8 @@ def format_dry_run(report: dict[str, Any], num_gpus: int, num_machines: int) -> 
             f"{resume['iteration']}; the global stream at optimizer step {resume['step']}."
         )
     lines += [f"Note: {note}" for note in report["notes"]]
+    if report.get("memory") is not None:
+        lines += format_memory(report["memory"], report["world_size"])
     lines += _format_steps(report["steps"], report.get("datasets", []))
     return "\n".join(lines) + "\n"
 
@@ -294,7 +342,14 @@ def run_dry_run(cfg: Any, args: argparse.Namespace) -> None:
         )
     if "STRAGGLER" in cfg:  # the keys a trainer checks first, before it trains
         check_straggler_config(cfg)
-    report = dry_run(cfg, num_gpus * num_machines, resume=bool(args.resume), num_steps=num_steps)
+    report = dry_run(
+        cfg,
+        num_gpus * num_machines,
+        resume=bool(args.resume),
+        num_steps=num_steps,
+        local_size=num_gpus,
+        trainers=script_trainers(),
+    )
     # Under torchrun every process gets here (launch starts none); one prints.
     if os.environ.get("RANK", "0") == "0":
         print(format_dry_run(report, num_gpus, num_machines), end="", flush=True)  # noqa: T201

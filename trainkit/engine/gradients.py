@@ -10,7 +10,7 @@ several ranks in one process with :class:`EmulatedRanks`; a model sharded by
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,51 @@ class ShardedGradients(GradientCombiner):
     ) -> contextlib.AbstractContextManager[Any]:
         model.set_requires_all_reduce(index == count - 1)  # type: ignore[operator]
         return contextlib.nullcontext()
+
+    @staticmethod
+    def announce_gathers(model: nn.Module, phase: Callable[[str], None]) -> None:
+        """Announce the time each block waits for its parameters' all-gather as ``collective``.
+
+        FSDP gathers a block's parameters right before its forward pass (and, resharded after
+        it, before its backward pass): a fast rank waits there for a slow one. Marked around
+        FSDP's own hooks (``prepend``), so that wait is not counted as the rank's own work by
+        the slow-rank rule. Only with gradients enabled: an evaluation keeps its own phase.
+        """
+        from torch.distributed.fsdp import FSDPModule
+
+        def mark(name: str) -> Callable[..., None]:
+            def announce(*_: Any) -> None:
+                if torch.is_grad_enabled():
+                    phase(name)
+
+            return announce
+
+        def on_outputs(announce: Callable[..., None]) -> Callable[..., None]:
+            def register(_module: nn.Module, _args: Any, output: Any) -> None:
+                if torch.is_grad_enabled():
+                    for tensor in _tensors(output):
+                        if tensor.requires_grad:
+                            tensor.register_hook(announce)
+
+            return register
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.register_forward_pre_hook(mark("collective"), prepend=True)
+                module.register_forward_pre_hook(mark("forward/backward"))
+                # Backward: before and after the gather FSDP's hook on the outputs' gradients does.
+                module.register_forward_hook(on_outputs(mark("collective")), prepend=True)
+                module.register_forward_hook(on_outputs(mark("forward/backward")))
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in _tensors(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in _tensors(item)]
+    return []
 
 
 def combiner_for(model: nn.Module) -> GradientCombiner:

@@ -55,6 +55,13 @@ class DefaultPredictor:
                 f"DefaultPredictor takes 3-channel images: INPUT.FORMAT must be RGB or BGR, got "
                 f"{self.input_format!r}"
             )
+        # The whole model, on MODEL.DEVICE, even for a config that trains it sharded: it loads
+        # a sharded checkpoint directory as it loads a file, on one process.
+        frozen = self.cfg.is_frozen()
+        self.cfg.defrost()
+        self.cfg.MODEL.FSDP.ENABLED = False
+        if frozen:
+            self.cfg.freeze()
         self.model = build_model(self.cfg)
         self.model.eval()
         if len(self.cfg.DATASETS.TEST):

@@ -199,6 +199,9 @@ def replay_config(folder: str, step: dict[str, Any], output_dir: str) -> CfgNode
     cfg.DATALOADER.NUM_WORKERS = 0  # the same batches for any number of workers
     cfg.DATASETS.TEST, cfg.TEST.EVAL_PERIOD, cfg.TEST.EARLY_STOP.METRIC = (), 0, ""
     cfg.WATCHDOG_TIMEOUT_S, cfg.WRITERS, cfg.MODEL.WEIGHTS = 0.0, ("json",), ""
+    # The whole model on one process: a sharded run's checkpoint directory is read whole, and
+    # the emulated ranks' gradients are summed as DDP's would be (up to summation order).
+    cfg.MODEL.FSDP.ENABLED = False
     if cfg.MODEL.DEVICE.startswith("cuda") and not torch.cuda.is_available():
         logger.warning("The run used %s; this machine has no GPU: replaying on the CPU", "cuda")
         cfg.MODEL.DEVICE = "cpu"

@@ -13,11 +13,18 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from trainkit.checkpoint import (
+    check_parameter_names,
+    optimizer_parameter_names,
+    shard_optimizer_state,
+)
 from trainkit.data.loading.step_batches import StepBatches
-from trainkit.engine.gradients import StepResult, add_weighted, combiner_for
+from trainkit.engine.gradients import ShardedGradients, StepResult, add_weighted, combiner_for
+from trainkit.engine.hooks.checkpointing import check_saves_on_every_rank
 from trainkit.engine.period_metrics import LossCheck, MetricsWriter
 from trainkit.engine.step_metrics import checked_losses, sum_losses, write_metrics
 from trainkit.engine.trainer_base import TrainerBase
+from trainkit.modeling.sharding import check_optimizer_of_sharded_model
 from trainkit.utils.periodic import is_last_iter, is_period_end
 from trainkit.utils.torch_private import queue_backward_callback
 
@@ -106,6 +113,9 @@ class SimpleTrainer(TrainerBase):
         self.zero_grad_before_forward = zero_grad_before_forward
         self.accumulate_steps = accumulate_steps
         self.gradient_combiner = combiner_for(model)
+        if isinstance(self.gradient_combiner, ShardedGradients):
+            check_optimizer_of_sharded_model(optimizer, model)
+            self.gradient_combiner.announce_gathers(model, lambda name: self.events.phase(name))
         self._loss_check = LossCheck(deferred_checks)
         self._metrics = MetricsWriter(self._loss_check, every_step=record_every_step)
         self.events.bind_step([self._loss_check, self._metrics])
@@ -281,18 +291,30 @@ class SimpleTrainer(TrainerBase):
             super().after_train()
 
     @override
+    def _check_before_train(self) -> None:
+        check_saves_on_every_rank(self._hooks, self.model)
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         # The last guard for a checkpoint saved by code that did not flush first: this rank's
         # pending steps (the checkpoint paths flush every rank's before).
         self._loss_check.check(collective=False)
         state = super().state_dict()
         state["optimizer"] = self.optimizer.state_dict()
+        # Which parameter each of the optimizer state's indices is: a resume under another
+        # optimizer layout is caught, and tools/convert_checkpoint.py maps states by name.
+        state["parameter_names"] = optimizer_parameter_names(self.optimizer, self.model)
         return state
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+            check_parameter_names(state.get("parameter_names"), self.optimizer, self.model)
+            optimizer_state = state["optimizer"]
+            if isinstance(self.gradient_combiner, ShardedGradients):
+                # From a file or an unsharded run: whole tensors; this rank keeps its shards.
+                optimizer_state = shard_optimizer_state(self.optimizer, optimizer_state)
+            self.optimizer.load_state_dict(optimizer_state)
         else:
             logger.warning("The trainer state holds no optimizer state; the optimizer starts fresh")

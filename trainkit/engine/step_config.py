@@ -14,9 +14,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainkit.checkpoint import is_sharded
 from trainkit.config import CfgNode, ConfigError
 from trainkit.engine.amp_trainer import AMPTrainer, default_precision
 from trainkit.engine.simple_trainer import SimpleTrainer
+from trainkit.modeling import (
+    checkpoint_activations,
+    model_blocks,
+    model_device,
+    shard_from_config,
+)
 from trainkit.utils.errors import UsageError
 
 __all__ = [
@@ -26,6 +33,7 @@ __all__ = [
     "check_step_arithmetic",
     "deferred_checks",
     "prefetch_device",
+    "prepare_model",
 ]
 
 _PRECISIONS = {"": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -48,6 +56,27 @@ def build_step_trainer(
     if not cfg.SOLVER.AMP.ENABLED:
         return SimpleTrainer(model, data_loader, optimizer, **kwargs)
     return AMPTrainer(model, data_loader, optimizer, precision=precision, **kwargs)
+
+
+def prepare_model(cfg: CfgNode, model: nn.Module) -> nn.Module:
+    """Shard ``model`` (``MODEL.FSDP``) or set its activation checkpointing, as ``cfg`` says.
+
+    Sharded, parameters are gathered in the AMP precision (``SOLVER.AMP``) and gradients
+    reduced in float32. A model the trainer's ``build_model`` already sharded is kept.
+
+    Raises:
+        ConfigError: As :func:`~trainkit.modeling.shard_from_config`.
+    """
+    if cfg.MODEL.FSDP.ENABLED:
+        if is_sharded(model):
+            return model
+        param_dtype = None
+        if cfg.SOLVER.AMP.ENABLED:
+            param_dtype = amp_precision(cfg) or default_precision(model_device(cfg).type)
+        return shard_from_config(model, cfg, param_dtype=param_dtype)
+    if cfg.MODEL.ACTIVATION_CHECKPOINTING:
+        checkpoint_activations(model_blocks(model))
+    return model
 
 
 def amp_precision(cfg: CfgNode) -> torch.dtype | None:

@@ -184,6 +184,7 @@ class TrainerBase:
         self._dispatch.add([])
         if self._dispatch.hooks:
             logger.info("Hooks, in the order they run: %s", ", ".join(self._dispatch.describe()))
+        self._check_before_train()
         with EventStorage(start_iter) as self.storage:
             try:
                 self.before_train()
@@ -320,6 +321,9 @@ class TrainerBase:
         raise NotImplementedError
 
     # ---- resumable state ------------------------------------------------------------------
+    def _check_before_train(self) -> None:
+        """Refuse, before any hook runs, a set-up that would fail or hang mid-run (a seam)."""
+
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"iteration": last finished iteration, "hooks": {name: state}}``.
 

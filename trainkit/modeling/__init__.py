@@ -56,6 +56,7 @@ from trainkit.modeling.sharding import (
     checkpoint_activations,
     gathered_parameters,
     model_blocks,
+    shard_from_config,
     shard_model,
     state_bytes_per_process,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "checkpoint_activations",
     "gathered_parameters",
     "model_blocks",
+    "shard_from_config",
     "shard_model",
     "state_bytes_per_process",
 ]

@@ -12,7 +12,13 @@ from trainkit.modeling.compile import compile_from_config
 from trainkit.utils.errors import UnknownNameError
 from trainkit.utils.registry import Registry
 
-__all__ = ["META_ARCH_REGISTRY", "build_model", "model_device", "to_channels_last"]
+__all__ = [
+    "META_ARCH_REGISTRY",
+    "build_model",
+    "build_registered_model",
+    "model_device",
+    "to_channels_last",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +63,9 @@ def build_model(cfg: CfgNode) -> nn.Module:
         cfg: the config.
 
     Returns:
-        The model, in training mode, on ``cfg.MODEL.DEVICE``; with ``MODEL.CHANNELS_LAST``
+        The model, in training mode, on ``cfg.MODEL.DEVICE`` (with ``MODEL.FSDP.ENABLED`` on
+        the CPU and not compiled, for :func:`~trainkit.modeling.shard_from_config`); with
+        ``MODEL.CHANNELS_LAST``
         its 4-D weights in channels-last memory (:func:`to_channels_last`);
         with ``MODEL.COMPILE.ENABLED``
         its ``compiled_methods`` compiled (:func:`trainkit.modeling.compile.compile_model`).
@@ -68,25 +76,62 @@ def build_model(cfg: CfgNode) -> nn.Module:
         ConfigError: As :func:`model_device`.
         TypeError: If the registered object does not build an ``nn.Module``.
     """
+    _check_registered(cfg)  # an unknown name is reported before a missing device
+    device = model_device(cfg)  # before building: a device this machine lacks fails at once
+    model = build_registered_model(cfg)
+    if not cfg.MODEL.FSDP.ENABLED:
+        # Sharded, it stays on the CPU: shard_from_config moves only each process's shards
+        # to the device, so a model larger than one device can be built.
+        model.to(device)
+    if cfg.MODEL.CHANNELS_LAST:
+        to_channels_last(model)
+    logger.info("Model:\n%s", model)
+    if cfg.MODEL.COMPILE.ENABLED and not cfg.MODEL.FSDP.ENABLED:
+        # Sharded, each block is compiled before it is wrapped (shard_from_config).
+        # The network part only (the compile seam); DDP, if any, wraps the model afterwards.
+        compile_from_config(model, cfg)
+    return model
+
+
+def _check_registered(cfg: CfgNode) -> None:
+    """Check that ``cfg.MODEL.META_ARCHITECTURE`` is registered.
+
+    Raises:
+        UnknownNameError: A ``KeyError``: if it is not (the message lists those that are).
+    """
     meta_arch = cfg.MODEL.META_ARCHITECTURE
     if meta_arch not in META_ARCH_REGISTRY:
         raise UnknownNameError(
             META_ARCH_REGISTRY.unknown_name_message(meta_arch, key="MODEL.META_ARCHITECTURE")
         )
-    device = model_device(cfg)
+
+
+def build_registered_model(cfg: CfgNode) -> nn.Module:
+    """Build ``cfg.MODEL.META_ARCHITECTURE`` from the registry, as its class makes it.
+
+    Nothing else: the model stays on the default device its ``__init__`` creates tensors on
+    (under ``with torch.device("meta"):`` nothing is allocated, as the dry run builds it),
+    and it is neither moved, converted nor compiled (:func:`build_model` does that).
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        The model the registered class builds from ``cfg``.
+
+    Raises:
+        UnknownNameError: A ``KeyError``: if MODEL.META_ARCHITECTURE is not registered (the
+            message lists those that are).
+        TypeError: If the registered object does not build an ``nn.Module``.
+    """
+    _check_registered(cfg)
+    meta_arch = cfg.MODEL.META_ARCHITECTURE
     model = META_ARCH_REGISTRY.get(meta_arch)(cfg)
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"META_ARCH_REGISTRY entry {meta_arch!r} built a {type(model).__name__}, "
             "not a torch.nn.Module"
         )
-    model.to(device)
-    if cfg.MODEL.CHANNELS_LAST:
-        to_channels_last(model)
-    logger.info("Model:\n%s", model)
-    if cfg.MODEL.COMPILE.ENABLED:
-        # The network part only (the compile seam); DDP, if any, wraps the model afterwards.
-        compile_from_config(model, cfg)
     return model
 
 

@@ -106,13 +106,18 @@ def get_local_process_group() -> dist.ProcessGroup:
 
 
 def get_local_size() -> int:
-    """Return the number of processes on this machine (1 without a process group)."""
-    return dist.get_world_size(group=get_local_process_group()) if _is_distributed() else 1
+    """Return the number of processes on this machine (1 without a process group or alone)."""
+    # One process (e.g. the group shard_model starts for itself) has no local group to ask.
+    if get_world_size() == 1:
+        return 1
+    return dist.get_world_size(group=get_local_process_group())
 
 
 def get_local_rank() -> int:
-    """Return this process's rank within its machine (0 without a process group)."""
-    return dist.get_rank(group=get_local_process_group()) if _is_distributed() else 0
+    """Return this process's rank within its machine (0 without a process group or alone)."""
+    if get_world_size() == 1:
+        return 0
+    return dist.get_rank(group=get_local_process_group())
 
 
 def is_main_process() -> bool:

@@ -10,7 +10,7 @@ from typing import IO
 
 from iopath.common.file_io import PathManager as _PathManagerClass
 
-__all__ = ["PathManager", "atomic_write"]
+__all__ = ["PathManager", "atomic_write", "fsync_directory"]
 
 PathManager = _PathManagerClass()
 """The project-wide path manager; register extra handlers (e.g. for a blob store) on it."""
@@ -48,6 +48,11 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         raise
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: str) -> None:
+    """Make the renames in ``directory`` survive a power loss (where the file system allows)."""
     # Some file systems refuse to open a directory for fsync; the rename is then as durable
     # as that file system makes it.
     with contextlib.suppress(OSError):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from trainkit.checkpoint import Checkpointer
+from trainkit.checkpoint import Checkpointer, is_sharded, unwrap_model
 from trainkit.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
 from trainkit.engine.hook_base import HookBase, is_time
 from trainkit.engine.hooks.early_stopping import (
@@ -15,11 +15,13 @@ from trainkit.engine.hooks.early_stopping import (
     is_evaluation_step,
     update_from_storage,
 )
+from trainkit.utils import comm
+from trainkit.utils.errors import UsageError
 
 if TYPE_CHECKING:
     from trainkit.engine.run_state import RunState
 
-__all__ = ["BestCheckpointer", "PeriodicCheckpointer"]
+__all__ = ["BestCheckpointer", "PeriodicCheckpointer", "check_saves_on_every_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +114,10 @@ class BestCheckpointer(HookBase):
     the :class:`~trainkit.engine.hooks.ImprovementRule` ``EarlyStopping`` uses too.
 
     Collective:
-        Only with ``patience`` and several processes: an ``all_gather`` at each check (rank 0
-        decides, every rank stops after the same step). Without ``patience`` each rank
-        decides from its own storage, as in detectron2.
+        With ``patience`` or a sharded model (whose saves are collective) and several
+        processes: an ``all_gather`` at each check (rank 0 decides, every rank saves and
+        stops after the same step). Otherwise each rank decides from its own storage, as in
+        detectron2.
     """
 
     def __init__(
@@ -164,7 +167,9 @@ class BestCheckpointer(HookBase):
         # non-finite step's update. Agreed by every rank only with patience (the hook is collective
         # then); else, as detectron2 registers it anywhere, each rank checks its own losses.
         rule, previous, metric = self.rule, self.rule.best_metric, self._val_metric
-        shared = rule.patience is not None
+        # A sharded model's save is collective: every rank must make rank 0's decision.
+        sharded = is_sharded(getattr(self._checkpointer, "model", None))  # fvcore's has one
+        shared = rule.patience is not None or sharded
         self.trainer.flush_pending_checks(collective=shared)
         if update_from_storage(rule, self.trainer.storage, metric, shared=shared, strict=False):
             logger.info(
@@ -196,3 +201,32 @@ class BestCheckpointer(HookBase):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rule.load_state_dict(state)
+
+
+def check_saves_on_every_rank(hooks: list[HookBase], model: Any) -> None:
+    """Refuse checkpointing hooks registered on only some ranks when ``model`` is sharded.
+
+    A sharded model's checkpoint is written by every process together: a hook that saves on
+    rank 0 alone (detectron2's ``build_hooks`` adds its ``PeriodicCheckpointer`` under
+    ``comm.is_main_process()``) would wait forever for the others at its first save.
+
+    Raises:
+        UsageError: Naming the hook and the ranks that lack it (on every rank).
+
+    Collective:
+        An ``all_gather`` with several processes and a sharded model; nothing otherwise.
+    """
+    if comm.get_world_size() == 1 or not is_sharded(unwrap_model(model)):
+        return
+    saving = (PeriodicCheckpointer, BestCheckpointer)
+    names = sorted(type(h).__name__ for h in hooks if isinstance(h, saving))
+    everyone = comm.all_gather(names)
+    for name in sorted({n for ranks_names in everyone for n in ranks_names}):
+        counts = [ranks_names.count(name) for ranks_names in everyone]
+        if len(set(counts)) > 1:
+            having = [rank for rank, count in enumerate(counts) if count == max(counts)]
+            raise UsageError(
+                f"{name} is registered on rank(s) {having} only, but a sharded model's "
+                "checkpoint is written by every process together; register it on every rank "
+                "(not under comm.is_main_process(), as detectron2's build_hooks does)."
+            )

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from typing_extensions import override
 
-from trainkit.checkpoint import read_checkpoint_file, unwrap_model
+from trainkit.checkpoint import is_sharded, read_checkpoint_file, shard_like, unwrap_model
 from trainkit.engine.hook_base import HookBase, HookPriority
 
 __all__ = ["ModelEMA", "load_ema_weights"]
@@ -28,6 +28,10 @@ class ModelEMA(HookBase):
     the weights, so a resume is bit-exact. The averaged weights and update count are its
     checkpoint state (:func:`load_ema_weights` reads them). It does not change what is
     trained: evaluate with :attr:`ema_model` (``MODEL_EMA.USE_FOR_EVAL``).
+
+    Of a sharded model (``MODEL.FSDP``) each process averages its own shards: torch's
+    ``AveragedModel`` cannot copy an FSDP module, and a whole copy would not fit. The
+    average is then saved sharded with the checkpoint; it has no :attr:`ema_model`.
     """
 
     priority = HookPriority.HIGH
@@ -47,7 +51,7 @@ class ModelEMA(HookBase):
             raise ValueError(f"MODEL_EMA.DECAY must be in [0, 1), got {decay}")
         self.decay = decay
         self._model = model
-        self._averaged: AveragedModel | None = None
+        self._averaged: AveragedModel | _ShardedAverage | None = None
         self._pending_state: dict[str, Any] | None = None
 
     @property
@@ -57,12 +61,20 @@ class ModelEMA(HookBase):
         Raises:
             RuntimeError: If no model was given and training has not started.
         """
-        return self._get_averaged().module
+        averaged = self._get_averaged()
+        if isinstance(averaged, _ShardedAverage):
+            raise RuntimeError(
+                "The EMA of a sharded model is kept as shards, with no model to evaluate; set "
+                "MODEL_EMA.USE_FOR_EVAL False (or MODEL.FSDP.ENABLED False)."
+            )
+        return averaged.module
 
     def _source(self) -> nn.Module:
         return unwrap_model(self._model if self._model is not None else self.trainer.model)  # type: ignore[attr-defined]
 
-    def _get_averaged(self) -> AveragedModel:
+    def _get_averaged(self) -> AveragedModel | _ShardedAverage:
+        if self._averaged is None and is_sharded(self._source()):
+            self._averaged = _ShardedAverage(self._source())
         if self._averaged is None:
             # use_buffers: BatchNorm statistics are averaged too, so the EMA model is usable
             # as it is; the multi-tensor update averages every floating tensor in one go.
@@ -72,7 +84,10 @@ class ModelEMA(HookBase):
             self._averaged.requires_grad_(False)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
-            self._averaged.module.load_state_dict(state["model"])
+            if isinstance(self._averaged, _ShardedAverage):
+                self._averaged.load(state["model"])
+            else:
+                self._averaged.module.load_state_dict(state["model"])
             self._averaged.n_averaged.fill_(int(state["num_updates"]))
             if state.get("decay", self.decay) != self.decay:
                 logger.warning(
@@ -89,7 +104,12 @@ class ModelEMA(HookBase):
 
     @override
     def after_step(self) -> None:
-        _update_average(self._get_averaged(), self._source(), get_ema_multi_avg_fn(self.decay))
+        averaged = self._get_averaged()
+        if isinstance(averaged, _ShardedAverage):
+            pairs = averaged.pairs(self._source())
+        else:
+            pairs = _tensor_pairs(averaged.module, self._source())
+        _update_average(pairs, averaged.n_averaged, get_ema_multi_avg_fn(self.decay))
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -97,7 +117,9 @@ class ModelEMA(HookBase):
         return {
             "decay": self.decay,
             "num_updates": int(averaged.n_averaged.item()),
-            "model": averaged.module.state_dict(),
+            "model": averaged.state_dict()
+            if isinstance(averaged, _ShardedAverage)
+            else averaged.module.state_dict(),
         }
 
     @override
@@ -107,17 +129,51 @@ class ModelEMA(HookBase):
             self._get_averaged()  # else the trainer's model is known in before_train
 
 
-def _update_average(averaged: AveragedModel, model: nn.Module, multi_avg_fn: Any) -> None:
-    """Do ``averaged.update_parameters(model)`` without waiting for the device.
+class _ShardedAverage:
+    """The average of a sharded model: a copy of this process's shards and buffers, by name."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.tensors = {name: t.detach().clone() for name, t in _named_tensors(model)}
+        self.n_averaged = torch.tensor(0, dtype=torch.long)
+
+    def pairs(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # The local shards: the average is elementwise, so each process updates its own.
+        return [
+            (_local(self.tensors[name]), _local(t.detach())) for name, t in _named_tensors(model)
+        ]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.tensors)
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        for name, tensor in self.tensors.items():
+            tensor.copy_(shard_like(state[name], tensor))
+
+
+def _tensor_pairs(averaged: nn.Module, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    averaged_tensors = itertools.chain(averaged.parameters(), averaged.buffers())
+    model_tensors = itertools.chain(model.parameters(), model.buffers())
+    return [(a.detach(), m.detach()) for a, m in zip(averaged_tensors, model_tensors)]
+
+
+def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _update_average(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]], n_averaged: torch.Tensor, multi_avg_fn: Any
+) -> None:
+    """Do ``AveragedModel.update_parameters`` on ``(average, model)`` tensor pairs, with no wait.
 
     torch's ``update_parameters`` copies its update count (a CPU tensor) to the device at every
     call, a blocking copy; the EMA rule does not use the count, so it is left on the CPU. The
     tensors are grouped by device and dtype as torch groups them: the same update, bit for bit.
     """
-    averaged_tensors = itertools.chain(averaged.module.parameters(), averaged.module.buffers())
-    model_tensors = itertools.chain(model.parameters(), model.buffers())
-    pairs = [(a.detach(), m.detach()) for a, m in zip(averaged_tensors, model_tensors)]
-    if int(averaged.n_averaged) == 0:  # the first update copies (as torch's does)
+    if int(n_averaged) == 0:  # the first update copies (as torch's does)
         for a, m in pairs:
             a.copy_(m)
     else:
@@ -127,8 +183,8 @@ def _update_average(averaged: AveragedModel, model: nn.Module, multi_avg_fn: Any
             group[0].append(a)
             group[1].append(m.to(a.device))
         for averaged_group, model_group in groups.values():
-            multi_avg_fn(averaged_group, model_group, averaged.n_averaged)
-    averaged.n_averaged += 1
+            multi_avg_fn(averaged_group, model_group, n_averaged)
+    n_averaged += 1
 
 
 def load_ema_weights(model: nn.Module, path: str) -> bool:

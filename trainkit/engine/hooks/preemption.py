@@ -110,5 +110,8 @@ class PreemptionHandler(HookBase):
         if isinstance(checkpointer, Checkpointer):
             checkpointer.wait()  # written in the background with async_save: wait for it here
         comm.synchronize()  # no rank exits (and gets its peers killed) before the file is complete
-        path = os.path.join(trainer.checkpointer.save_dir, name + ".pth")
+        if isinstance(checkpointer, Checkpointer):
+            path = checkpointer.checkpoint_path(name)
+        else:  # fvcore's
+            path = os.path.join(checkpointer.save_dir, name + ".pth")
         raise TrainingPreempted(requested, trainer.iter, path)
