@@ -117,10 +117,10 @@ def test_training_without_label_is_explained():
 
 def test_inputs_already_on_the_model_device_are_used_as_they_are():
     # What a device prefetcher delivers: images (and labels) already on the model's device.
-    from trainkit.modeling.image_classifier import _to_device
+    from trainkit.modeling.image_batch import to_device
 
     image = _image(16, 16, seed=0)
-    assert _to_device(image, torch.device("cpu")) is image
+    assert to_device(image, torch.device("cpu")) is image
     model = build_model(_cfg())
     model.train()
     losses = model([{"image": _image(16, 20, seed=1), "label": 2}])

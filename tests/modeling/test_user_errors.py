@@ -22,7 +22,8 @@ def test_unknown_architecture_names_the_key_and_lists_the_registered_ones():
     assert isinstance(error, UsageError) and isinstance(error, KeyError)
     message = str(error)
     assert message.startswith("MODEL.META_ARCHITECTURE 'ImageClasifier' is not registered")
-    assert "Did you mean ImageClassifier?" in message and "Registered: " in message
+    # ViTClassifier is a near miss too, so it may follow in the list
+    assert "Did you mean ImageClassifier" in message and "Registered: " in message
 
 
 def test_an_architecture_registered_for_a_test_can_be_removed():
