@@ -179,10 +179,10 @@ def test_the_flags_are_checked(tmp_path):
         _dry_run(tmp_path, ["--dry-run-steps", "-1"])
 
 
-def _train(output_dir, stop_after=None, resume=False):
+def _train(output_dir, stop_after=None, resume=False, opts=()):
     _register()
     seed_all_rng(1 + comm.get_rank())
-    trainer = _Trainer(_cfg(output_dir))  # scaled to the world size by the trainer
+    trainer = _Trainer(_cfg(output_dir, opts))  # scaled to the world size by the trainer
     if stop_after is not None:
         trainer.register_hooks([_StopAfter(stop_after)])
     trainer.resume_or_load(resume=resume)
@@ -194,11 +194,13 @@ def _train(output_dir, stop_after=None, resume=False):
     return comm.all_gather(model.ledger)  # by rank
 
 
-def test_a_resumed_dry_run_starts_at_the_checkpoints_step(tmp_path):
-    (ledger,) = _train(tmp_path, stop_after=2)  # its checkpoint: after iteration 2
-    code, report = _dry_run(tmp_path, ["--resume", "--dry-run-steps", "2"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded-directory"])
+def test_a_resumed_dry_run_starts_at_the_checkpoints_step(tmp_path, sharded):
+    opts = ["MODEL.FSDP.ENABLED", True] if sharded else []
+    (ledger,) = _train(tmp_path, stop_after=2, opts=opts)  # its checkpoint: after iteration 2
+    code, report = _dry_run(tmp_path, ["--resume", "--dry-run-steps", "2"], opts)
     assert code == 0
-    assert report["resume"]["checkpoint"].endswith("model_0000002.pth")
+    assert report["resume"]["checkpoint"].endswith("model_0000002" + ("" if sharded else ".pth"))
     assert report["resume"]["iteration"] == report["resume"]["step"] == 3
     _, fresh = _dry_run(tmp_path, ["--dry-run-steps", "5"])
     assert _by_slot(report) == {k: v for k, v in _by_slot(fresh).items() if k[0] >= 3}

@@ -376,3 +376,19 @@ def test_model_weights_load_into_a_sharded_model_under_the_same_rules(tmp_path):
     other = shard_model(RegressionModel())
     _Renaming(other, allow_shape_mismatch=True).load(str(tmp_path / "renamed.pth"))
     assert torch.equal(other.state_dict()["hidden.weight"].full_tensor(), source.hidden.weight)
+
+
+def test_the_ema_of_a_sharded_run_loads_from_its_directory(tmp_path):
+    from tests.engine.test_default_trainer import RegressionModel
+    from trainkit.engine.hooks import load_ema_weights
+
+    cfg = _sharded_cfg(str(tmp_path), max_iter=3, TEST__EVAL_PERIOD=0, MODEL_EMA__ENABLED=True)
+    trainer = RegressionTrainer(cfg)
+    trainer.train()
+    averaged = trainer.model_ema._get_averaged().tensors
+    whole = RegressionModel()
+    assert load_ema_weights(whole, str(tmp_path / "model_final"))
+    for name, value in whole.state_dict().items():
+        expected = averaged[name]
+        expected = expected.full_tensor() if hasattr(expected, "full_tensor") else expected
+        assert torch.equal(value, expected), name

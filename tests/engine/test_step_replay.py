@@ -161,3 +161,25 @@ def test_the_replay_and_the_training_run_the_same_accumulate(tmp_path, monkeypat
     calls.clear()
     replay_failed_step(str(tmp_path / "failed_steps" / "iter_9"))
     assert calls == [("EmulatedRanks", 2)] * 2  # step 8 with its update, then step 9
+
+
+def test_a_sharded_runs_failing_step_is_replayed_whole_from_its_directory(tmp_path):
+    # MODEL.FSDP: the step's records come from the directory's run.pth; the replay holds the
+    # whole model on one process and reads the directory whole.
+    cfg = cfg_for(tmp_path)
+    cfg.MODEL.FSDP.ENABLED = True
+    index = poison_record_of(cfg, 9)
+    before = _WeightsAfter(8)
+    train(cfg, hooks=[before])
+    folder = tmp_path / "failed_steps" / "iter_9"
+    step = json.loads((folder / "step.json").read_text())
+    assert step["last_checkpoint"] == "model_0000007" and step["records"]
+    report = replay_failed_step(str(folder))
+    assert report.checkpoint.endswith("model_0000007") and report.reproduced
+    whole = {
+        k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in before.weights.items()
+    }
+    for name, value in whole.items():  # FSDP's reduce-scatter and DDP's sums agree to rounding
+        torch.testing.assert_close(report.weights[name], value, rtol=1e-5, atol=1e-6)
+    (bad,) = report.bad_records
+    assert bad.record_id == f"failed_steps_regression[{index}]"

@@ -22,6 +22,8 @@ from trainkit.checkpoint.sharded import (
     check_parameter_names,
     is_checkpoint_dir,
     optimizer_parameter_names,
+    read_sharded_checkpoint,
+    read_unsharded_part,
     shard_like,
     shard_optimizer_state,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "is_sharded",
     "optimizer_parameter_names",
     "read_checkpoint_file",
+    "read_sharded_checkpoint",
+    "read_unsharded_part",
     "shape_changing_state_keys",
     "shape_mismatch_message",
     "shard_like",

@@ -46,6 +46,7 @@ __all__ = [
     "optimizer_parameter_names",
     "publish_directory",
     "read_sharded_checkpoint",
+    "read_unsharded_part",
     "shard_like",
     "shard_optimizer_state",
     "split_sharded",
@@ -326,3 +327,20 @@ def check_parameter_names(
         "written by another model or optimizer set-up; resume with the config that wrote it, "
         "or start from its weights alone (MODEL.WEIGHTS, without --resume)."
     )
+
+
+def read_unsharded_part(path: str, *, keep_mapped: bool = False) -> dict[str, Any]:
+    """Read a checkpoint file whole, or a checkpoint directory without its shards.
+
+    For what needs the run state only (the dry run, a failing step's records): a
+    directory's ``run.pth``, with each sharded entry ``None``; no process group, and none of
+    the shards is read.
+
+    Raises:
+        As :func:`~trainkit.checkpoint.read_checkpoint_file`.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, RUN_FILE)
+    checkpoint = read_checkpoint_file(path, trust_pickle=False, keep_mapped=keep_mapped)
+    checkpoint.pop(_SHARDED, None)
+    return checkpoint

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trainkit.checkpoint import Checkpointer, read_checkpoint_file
+from trainkit.checkpoint import Checkpointer, read_unsharded_part
 from trainkit.config import ConfigError
 from trainkit.config.run_config import RunConfig, run_config
 from trainkit.config.scaling import ScalingError
@@ -234,7 +234,7 @@ def _resume_state(
         )
         return None, run.data_seed
     # Memory-mapped and dropped: the weights are never read into a model.
-    checkpoint = read_checkpoint_file(newest, trust_pickle=False, keep_mapped=True)
+    checkpoint = read_unsharded_part(newest, keep_mapped=True)
     state = upgrade_run_state(checkpoint)
     last = state.get("iteration", checkpoint.get("iteration"))
     first = None if last is None else last + 1

@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-from trainkit.checkpoint import Checkpointer
-from trainkit.checkpoint._files import read_checkpoint_file
+from trainkit.checkpoint import Checkpointer, read_unsharded_part
 from trainkit.config import CfgNode
 from trainkit.data.loading.loader import TrainLoader
 from trainkit.data.plans.loader_state import is_global_position
@@ -322,9 +321,7 @@ class FailedStepCapture:
         """
         start_iter, state = self._start
         if checkpoint:
-            saved = upgrade_run_state(
-                read_checkpoint_file(checkpoint, trust_pickle=False, keep_mapped=True)
-            )
+            saved = upgrade_run_state(read_unsharded_part(checkpoint, keep_mapped=True))
             saved_state = continued_position(saved, comm.get_world_size())
             saved_iter = saved.get("iteration", -1)
             if is_global_position(saved_state) and start_iter <= saved_iter + 1 <= iteration:

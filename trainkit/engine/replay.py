@@ -311,7 +311,7 @@ def _load_start(
     if not checkpoint:
         logger.warning("No checkpoint: replaying from iteration 0 with the model's initialisation")
         return 0, [None] * world_size
-    if not os.path.isfile(checkpoint):
+    if not os.path.exists(checkpoint):  # a file, or a sharded checkpoint's directory
         raise ReplayError(f"checkpoint {checkpoint} not found; give one with --checkpoint")
     state = upgrade_run_state(trainer.checkpointer.load(checkpoint, checkpointables=[]))
     # The loop, the step (optimizer, gradient scaler) and the hooks (the LR schedule).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from typing import Any
 
 import torch
@@ -11,7 +12,13 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from typing_extensions import override
 
-from trainkit.checkpoint import is_sharded, read_checkpoint_file, shard_like, unwrap_model
+from trainkit.checkpoint import (
+    is_sharded,
+    read_checkpoint_file,
+    read_sharded_checkpoint,
+    shard_like,
+    unwrap_model,
+)
 from trainkit.engine.hook_base import HookBase, HookPriority
 
 __all__ = ["ModelEMA", "load_ema_weights"]
@@ -201,11 +208,18 @@ def load_ema_weights(model: nn.Module, path: str) -> bool:
     Raises:
         trainkit.checkpoint.CheckpointError: If ``path`` is not a readable checkpoint.
     """
-    checkpoint = read_checkpoint_file(path, trust_pickle=False)
+    bare = unwrap_model(model)
+    if os.path.isdir(path):  # a sharded checkpoint: the average read in the model's layout
+        checkpoint = read_sharded_checkpoint(path, bare)
+    else:
+        checkpoint = read_checkpoint_file(path, trust_pickle=False)
     state = checkpoint.get("trainer", {}).get("hooks", {}).get(ModelEMA.__qualname__)
     if state is None:
         logger.warning("%s holds no EMA weights; evaluating its trained weights instead", path)
         return False
-    unwrap_model(model).load_state_dict(state["model"])
+    own = bare.state_dict()
+    bare.load_state_dict(
+        {k: shard_like(v, own[k]) if k in own else v for k, v in state["model"].items()}
+    )
     logger.info("Loaded the EMA weights (%d updates) from %s", state["num_updates"], path)
     return True
