@@ -32,18 +32,22 @@ def _stopped_and_resumed(tmp_path, name, world_size, first_opts=_FSDP, resumed_o
 
 
 def test_resumed_on_2_bit_for_bit_and_on_1_with_the_same_records_per_step(tmp_path):
-    straight = _on(2, str(tmp_path / "straight"), False, 2, 1, opts=_FSDP)
+    # One uninterrupted run; its checkpoint after step 5 is resumed as if it had stopped there.
     out = str(tmp_path / "run")
-    first = _on(2, out, False, 2, 1, stop_after=5, opts=_FSDP)
+    straight = _on(2, out, False, 2, 1, opts=_FSDP)
     files = sorted(os.listdir(os.path.join(out, "model_0000005")))
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "run.pth"]
-    with open(os.path.join(out, "last_checkpoint")) as f:
-        assert f.read() == "model_0000005"
-    shutil.copytree(out, out + "_copy")
-    for world_size, directory in ((2, out), (1, out + "_copy")):
+    assert not [name for name in os.listdir(out) if name.startswith(".")]  # no partial left
+    for world_size in (2, 1):
+        directory = str(tmp_path / f"resumed_on_{world_size}")
+        shutil.copytree(out, directory)
+        for later in ("model_0000008", "model_final"):
+            shutil.rmtree(os.path.join(directory, later))
+        with open(os.path.join(directory, "last_checkpoint"), "w") as f:
+            f.write("model_0000005")
         resumed = _on(world_size, directory, False, 2, 1, resume=True, opts=_FSDP)
         assert sorted(resumed["steps"]) == list(range(6, 10))  # nothing repeated or skipped
-        ledger = {s: ids for s, ids in first["steps"].items() if s <= 5}
+        ledger = {s: ids for s, ids in straight["steps"].items() if s <= 5}
         ledger.update(resumed["steps"])
         assert ledger == straight["steps"], world_size
         if world_size == 2:  # bit for bit on the same world size
@@ -52,7 +56,6 @@ def test_resumed_on_2_bit_for_bit_and_on_1_with_the_same_records_per_step(tmp_pa
         else:
             assert resumed["accumulate"] == 2
             _assert_same_weights(straight, resumed)
-    assert not [name for name in os.listdir(out) if name.startswith(".")]  # no partial left
 
 
 @pytest.mark.slow
