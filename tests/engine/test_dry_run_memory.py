@@ -326,7 +326,7 @@ def _held_after_a_configured_step(opts):
 def test_the_figures_are_the_largest_that_two_real_sharded_processes_hold():
     opts = ["MODEL.META_ARCHITECTURE", "DryRunMemoryBlocks", *_fsdp(0)]
     report = dry_run(_cfg(opts), 2, num_steps=0)
-    held = run_on_ranks(_held_after_a_configured_step, 2, args=(opts,), timeout_s=120)
+    held = run_on_ranks(_held_after_a_configured_step, 2, args=(opts,), timeout_s=300)
     # Rank 1's optimizer state of a 7-row parameter has 3 rows, of the 1-row head none (its
     # parameter and gradient shards are padded to rank 0's 4 and 1 rows).
     assert held[0]["optimizer"] > held[1]["optimizer"]
