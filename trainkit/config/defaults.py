@@ -46,7 +46,8 @@ _C.MODEL.NUM_CLASSES = 6
 _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
 _C.MODEL.PIXEL_STD = [1.0, 1.0, 1.0]
 
-# Options of the built-in ImageClassifier.
+# Options of the built-in ImageClassifier; INPUT_NORM and LABEL_SMOOTHING are also the
+# ViTClassifier's.
 _C.MODEL.CLASSIFIER = CN()
 # Output channels of each conv stage (each stage halves the resolution).
 _C.MODEL.CLASSIFIER.CHANNELS = [16, 32, 64, 96]
@@ -62,6 +63,22 @@ _C.MODEL.CLASSIFIER.INPUT_NORM = "image"
 _C.MODEL.CLASSIFIER.POOL = "avgmax"
 # Label smoothing of the cross-entropy loss, in [0, 1); 0 is plain cross-entropy.
 _C.MODEL.CLASSIFIER.LABEL_SMOOTHING = 0.0
+
+# Options of the built-in ViTClassifier (MODEL.META_ARCHITECTURE "ViTClassifier"), a Vision
+# Transformer whose blocks are its FSDP and activation-checkpointing units. Its position
+# embeddings cover the largest image INPUT.MAX_SIZE_TRAIN/TEST and RANDOM_SCALE allow.
+_C.MODEL.VIT = CN()
+# Side of the square patches, in pixels (>= 1): one token per patch; images are padded to
+# a multiple of it.
+_C.MODEL.VIT.PATCH_SIZE = 8
+# Width of the tokens (>= 1, a multiple of HEADS).
+_C.MODEL.VIT.DIM = 64
+# Number of transformer blocks (>= 1).
+_C.MODEL.VIT.DEPTH = 4
+# Attention heads per block (>= 1); each head has DIM / HEADS channels.
+_C.MODEL.VIT.HEADS = 4
+# Hidden units of each block's MLP as a multiple of DIM (> 0).
+_C.MODEL.VIT.MLP_RATIO = 2.0
 
 # torch.compile of the model's tensor-in, tensor-out part (the methods its compiled_methods
 # names; see trainkit.modeling.compile). Batches are then padded to the few shapes the

@@ -16,9 +16,10 @@ placeholders; those modules re-export them when imported by their own path.
 
 from trainkit.layers import ShapeSpec
 
-# Imported for its side effect: it registers the built-in "ImageClassifier" (the default
-# MODEL.META_ARCHITECTURE), so build_model(get_cfg()) works after `import trainkit.modeling`.
-from trainkit.modeling import image_classifier  # noqa: F401
+# Imported for their side effect: they register the built-in "ImageClassifier" (the default
+# MODEL.META_ARCHITECTURE) and "ViTClassifier", so build_model(get_cfg()) works after
+# `import trainkit.modeling`.
+from trainkit.modeling import image_classifier, vit_classifier  # noqa: F401
 from trainkit.modeling.backbone import (
     BACKBONE_REGISTRY,
     FPN,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,11 +12,10 @@ from torch import Tensor, nn
 from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.modeling.build import META_ARCH_REGISTRY
 from trainkit.modeling.compile import call_compiled
+from trainkit.modeling.image_batch import INPUT_NORMS, normalize_image, pad_images, to_device
 from trainkit.modeling.shape_plan import ShapePlan, shape_plans_from_config
 
 __all__ = ["ImageClassifier", "MaskedBatchNorm2d"]
-
-_MIN_IMAGE_STD = 8.0  # the floor of the std INPUT_NORM "image" divides by (see _normalize)
 
 
 class MaskedBatchNorm2d(nn.BatchNorm2d):
@@ -78,7 +76,6 @@ class _ConvStage(nn.Module):
         return x, mask
 
 
-_INPUT_NORMS = ("image", "pixel")
 _POOLS = ("avg", "max", "avgmax")
 
 
@@ -159,13 +156,13 @@ class ImageClassifier(nn.Module):
         self.label_smoothing = smoothing = float(label_smoothing)
         self.channels_last = bool(channels_last)
         mean, std = list(pixel_mean), list(pixel_std)
-        norms, pools = ", ".join(_INPUT_NORMS), ", ".join(_POOLS)
+        norms, pools = ", ".join(INPUT_NORMS), ", ".join(_POOLS)
         for valid, key, requirement, value in [
             (channels and min(channels) >= 1, "CLASSIFIER.CHANNELS", "positive ints", channels),
             (num_classes >= 1, "NUM_CLASSES", ">= 1", num_classes),
             (divisibility >= 1, "CLASSIFIER.SIZE_DIVISIBILITY", ">= 1", divisibility),
             (convs_per_stage >= 1, "CLASSIFIER.CONVS_PER_STAGE", ">= 1", convs_per_stage),
-            (norm in _INPUT_NORMS, "CLASSIFIER.INPUT_NORM", f"one of {norms}", repr(norm)),
+            (norm in INPUT_NORMS, "CLASSIFIER.INPUT_NORM", f"one of {norms}", repr(norm)),
             (pool in _POOLS, "CLASSIFIER.POOL", f"one of {pools}", repr(pool)),
             (0.0 <= smoothing < 1.0, "CLASSIFIER.LABEL_SMOOTHING", "in [0, 1)", smoothing),
             (
@@ -211,15 +208,7 @@ class ImageClassifier(nn.Module):
 
     def _normalize(self, image: Tensor) -> Tensor:
         """Normalise one float image [3, h, w] (0-255) as ``self.input_norm`` says."""
-        if self.input_norm == "pixel":
-            return (image - self.pixel_mean) / self.pixel_std
-        # Per-image standardisation over this image's pixels (padding cannot change it): the
-        # background colour and contrast, drawn anew per image, are removed here rather than
-        # learnt slowly by the first layers (a CNN on fixed-normalised shapes barely leaves
-        # chance level in hundreds of iterations). One std over all channels keeps their
-        # relative strength; its floor (0-255 units) keeps a flat image's noise small.
-        centred = image - image.mean(dim=(1, 2), keepdim=True)
-        return centred / centred.square().mean().sqrt().clamp(min=_MIN_IMAGE_STD)
+        return normalize_image(image, self.input_norm, self.pixel_mean, self.pixel_std)
 
     def preprocess_image(self, batched_inputs: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:
         """Normalise and zero-pad the images into one batch.
@@ -232,21 +221,11 @@ class ImageClassifier(nn.Module):
         """
         if len(batched_inputs) == 0:
             raise ValueError("ImageClassifier got an empty batch")
-        images = [_to_device(x["image"], self.device) for x in batched_inputs]
-        height = max(image.shape[-2] for image in images)
-        width = max(image.shape[-1] for image in images)
+        images = [to_device(x["image"], self.device) for x in batched_inputs]
         plan = None if self.shape_plans is None else self.shape_plans[0 if self.training else 1]
-        if plan is None:
-            size, num = self.size_divisibility, len(images)
-            height, width = (math.ceil(v / size) * size for v in (height, width))
-        else:
-            num, height, width = plan.batch_shape(height, width, len(images))
-        batch = images[0].new_zeros((num, 3, height, width), dtype=torch.float32)
-        mask = batch.new_zeros((num, 1, height, width))
-        for i, image in enumerate(images):
-            h, w = image.shape[-2:]
-            batch[i, :, :h, :w] = self._normalize(image.float())
-            mask[i, :, :h, :w] = 1.0
+        batch, mask = pad_images(
+            images, self._normalize, size_divisibility=self.size_divisibility, plan=plan
+        )
         if self.channels_last:  # every conv and masked op after this keeps the layout
             batch = batch.contiguous(memory_format=torch.channels_last)
         return batch, mask
@@ -312,7 +291,7 @@ class ImageClassifier(nn.Module):
         labels += [0] * (images.shape[0] - len(labels))  # the added rows' weight is 0
         # Built on the CPU and copied without a wait (torch.as_tensor(..., device=cuda) would
         # copy from pageable memory, which blocks the host until the device catches up).
-        targets = _to_device(torch.tensor(labels), images.device)
+        targets = to_device(torch.tensor(labels), images.device)
         if torch.is_grad_enabled():
             loss = call_compiled(self, "train_network", images, mask, targets)
         else:
@@ -320,17 +299,3 @@ class ImageClassifier(nn.Module):
             # compiled function it would be a second graph per shape (Dynamo guards on it).
             loss = self.train_network(images, mask, targets)
         return {"loss_cls": loss}
-
-
-def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
-    """Return ``tensor`` on ``device`` without making the host wait for a CUDA device.
-
-    A tensor already there (a device prefetcher delivered it) is returned as it is; a CPU
-    tensor goes to CUDA from pinned memory (pinned here unless the loader pinned it), the
-    only source a ``non_blocking`` copy does not wait on.
-    """
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)

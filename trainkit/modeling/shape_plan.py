@@ -138,7 +138,9 @@ class ShapePlan:
         return n, shape[0], shape[1]
 
 
-def shape_plans_from_config(cfg: Any) -> tuple[ShapePlan | None, ShapePlan | None]:
+def shape_plans_from_config(
+    cfg: Any, divisibility: int | None = None
+) -> tuple[ShapePlan | None, ShapePlan | None]:
     """Return the (training, evaluation) plans of ``cfg``; None where the size is uncapped.
 
     Training: ``INPUT.MAX_SIZE_TRAIN`` times ``INPUT.RANDOM_SCALE``, a batch of
@@ -149,12 +151,18 @@ def shape_plans_from_config(cfg: Any) -> tuple[ShapePlan | None, ShapePlan | Non
     ``torch._dynamo.config.recompile_limit`` minus one: the spare graph takes a shape the
     plan did not foresee, so a method that reaches the limit (warned about by
     ``CompileMetrics``) has really met more shapes than planned.
+
+    Args:
+        cfg: the config.
+        divisibility: canvas sides are multiples of it; None reads
+            ``MODEL.CLASSIFIER.SIZE_DIVISIBILITY`` (a ViT passes its patch size).
     """
     from trainkit.modeling.compile import recompile_limit
     from trainkit.utils import comm
 
     budget = max(1, recompile_limit() - 1)
-    divisibility = int(cfg.MODEL.CLASSIFIER.SIZE_DIVISIBILITY)
+    if divisibility is None:
+        divisibility = int(cfg.MODEL.CLASSIFIER.SIZE_DIVISIBILITY)
     bins = list(cfg.DATALOADER.ASPECT_RATIO_BINS) if cfg.DATALOADER.ASPECT_RATIO_GROUPING else []
     low, high = (float(s) for s in cfg.INPUT.RANDOM_SCALE)
     per_rank = comm.get_world_size() * int(cfg.SOLVER.ACCUMULATE_STEPS)
