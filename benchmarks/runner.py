@@ -26,6 +26,7 @@ from benchmarks.data import bench_data
 from benchmarks.data_memory import bench_data_memory
 from benchmarks.device import bench_device
 from benchmarks.eval import bench_eval
+from benchmarks.fsdp import bench_fsdp
 from benchmarks.goodput import bench_goodput
 from benchmarks.import_cost import bench_import_cost
 from benchmarks.launch import bench_launch
@@ -57,6 +58,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "import_cost": bench_import_cost,
     "device": bench_device,
     "compile": bench_compile,
+    "fsdp": bench_fsdp,
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,6 +29,7 @@ TASKS = [
     "import_cost",
     "device",
     "compile",
+    "fsdp",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -90,8 +91,8 @@ def test_every_table_has_target_and_verdict_columns(quick_run):
     tables = _tables(stdout)
     # sampler 2, metafile 2, data_memory 1, train 2 (step, EMA), data 5 (map-style, stream,
     # grouping sizes, padding, mixing), mapper 2 (per image, seeding), launch 2,
-    # checkpoint 2, eval 1, goodput 1, import_cost 1, device 1, compile 1
-    assert len(tables) == 23
+    # checkpoint 2, eval 1, goodput 1, import_cost 1, device 1, compile 1, fsdp 2 (state, dry run)
+    assert len(tables) == 25
     for title, (header, *rows) in tables.items():
         assert header[-2] in ("target", "target (launch)"), title
         assert header[-1] == "PASS/MISS", title
@@ -247,3 +248,28 @@ def test_compile_json(quick_run):
     # Every graph the first pass compiled is reused by the second: no recompile.
     assert compile_["graphs_after_second_pass"] == compile_["graphs_after_first_pass"]
     assert compile_["graph_breaks"] == 0
+
+
+def test_fsdp_json(quick_run):
+    fsdp = quick_run[1]["fsdp"]
+    assert fsdp["world_size"] == 4 and fsdp["accumulate_steps"] == 2
+    assert [len(fsdp["ranks"][s]) for s in ("ddp", "fsdp")] == [4, 4]
+    for strategy in ("ddp", "fsdp"):
+        after = fsdp["after_step"][strategy]
+        assert sorted(after) == ["gradients", "optimizer", "parameters"]
+        assert all(v > 0 for v in after.values())
+        assert fsdp["total"][strategy] == sum(after.values())
+        # The peak is sampled during the step whose end is the after-step figure.
+        assert fsdp["peak_total"][strategy] >= fsdp["total"][strategy]
+        assert fsdp["hwm"][strategy] > 0 and fsdp["step_s"][strategy] > 0
+    assert fsdp["ratio"] == pytest.approx(fsdp["total"]["fsdp"] / fsdp["total"]["ddp"])
+    assert fsdp["target"] == 0.3 and fsdp["verdict"] in ("PASS", "MISS")
+    # DDP's buckets hold a copy of every gradient (gradient_as_bucket_view is off).
+    assert fsdp["ddp_buckets"] == fsdp["after_step"]["ddp"]["gradients"]
+    checks = fsdp["dry_run"]
+    assert [(c["strategy"], c["figure"]) for c in checks] == [
+        (s, f) for s in ("ddp", "fsdp") for f in ("parameters", "gradients", "optimizer", "total")
+    ]
+    for check in checks:
+        assert check["ratio"] == pytest.approx(check["measured"] / check["dry_run"])
+        assert check["verdict"] in ("PASS", "MISS")
