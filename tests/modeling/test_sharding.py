@@ -144,7 +144,11 @@ def _train_sharded(shard_size, accumulate, steps, checkpointing):
 
 @pytest.mark.parametrize(
     ("world", "shard_size", "accumulate", "checkpointing"),
-    [(2, 0, 1, False), (2, 0, 2, True), (4, 2, 2, False)],
+    [
+        pytest.param(2, 0, 1, False, marks=pytest.mark.slow),  # the next one covers it
+        (2, 0, 2, True),
+        pytest.param(4, 2, 2, False, marks=pytest.mark.slow),  # 4 processes
+    ],
     ids=["full-2", "full-2-accumulate-checkpointed", "hybrid-2x2-accumulate"],
 )
 def test_sharded_training_matches_the_unsharded_steps(world, shard_size, accumulate, checkpointing):
