@@ -122,6 +122,44 @@ def test_a_bad_value_is_one_line_naming_the_key(key, value, message):
     assert "\n" not in str(info.value)
 
 
+_STEM = {"MODEL.VIT.STEM_CHANNELS": [4, 8], "MODEL.CLASSIFIER.CONVS_PER_STAGE": 1}
+
+
+def test_a_stem_of_conv_stages_feeds_a_smaller_patch_embedding():
+    torch.manual_seed(0)
+    model = build_model(_cfg(**_STEM))
+    assert len(model.stem) == 2 and model.patch_embed.in_channels == 8
+    # 8 px patches after a stride-4 stem: the embedding covers 2x2 stem pixels
+    assert model.patch_embed.kernel_size == model.patch_embed.stride == (2, 2)
+    losses = model(_batch())
+    losses["loss_cls"].backward()
+    assert all(p.grad is not None for p in model.parameters())
+    # the stem is part of the root, not a block; the blocks stay the transformer blocks
+    assert model_blocks(model) == list(model.blocks) and len(model.blocks) == 3
+    outside = {name.split(".")[0] for name, _ in model.named_parameters()} - {"blocks"}
+    assert outside == {"stem", "patch_embed", "pos_row", "pos_col", "norm", "head"}
+
+
+def test_with_a_stem_eval_logits_do_not_depend_on_batch_mates():
+    torch.manual_seed(0)
+    model = build_model(_cfg(**_STEM))
+    model(_batch())  # one training step's batch statistics, so BN is not the identity
+    model.eval()
+    small = {"image": _image(19, 27, 0)}
+    with torch.no_grad():
+        alone = model([small])
+        padded = model([small, {"image": _image(61, 45, 1)}])[:1]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+def test_a_patch_size_the_stem_stride_does_not_divide_is_refused_in_one_line():
+    cfg = _cfg(**_STEM, **{"MODEL.VIT.PATCH_SIZE": 6})
+    with pytest.raises(ConfigError, match=r"MODEL\.VIT\.PATCH_SIZE .*STEM_CHANNELS") as info:
+        build_model(cfg)
+    message = str(info.value)
+    assert "\n" not in message and "got 6" in message and "stride 4" in message
+
+
 @pytest.fixture
 def one_process_group():
     assert not dist.is_initialized()

@@ -54,7 +54,8 @@ _C.MODEL.CLASSIFIER.CHANNELS = [16, 32, 64, 96]
 # Padded sizes are rounded up to a multiple of this many pixels.
 _C.MODEL.CLASSIFIER.SIZE_DIVISIBILITY = 16
 # 3x3 convs per stage (>= 1): the first has stride 2, the others stride 1. Two per stage
-# give the receptive field needed to see a whole object in a few stages.
+# give the receptive field needed to see a whole object in a few stages. Also the convs per
+# stage of ViTClassifier's stem (MODEL.VIT.STEM_CHANNELS).
 _C.MODEL.CLASSIFIER.CONVS_PER_STAGE = 2
 # Input normalisation: "image" standardises each image by its own per-channel mean and
 # overall std (removes background colour and contrast); "pixel" uses PIXEL_MEAN/PIXEL_STD.
@@ -71,6 +72,13 @@ _C.MODEL.VIT = CN()
 # Side of the square patches, in pixels (>= 1): one token per patch; images are padded to
 # a multiple of it.
 _C.MODEL.VIT.PATCH_SIZE = 8
+# Output channels of each stage of a convolutional stem before the patch embedding (the ViT
+# paper's "hybrid"): per entry, a stage of MODEL.CLASSIFIER.CONVS_PER_STAGE 3x3 convs (the
+# first of stride 2) with masked batch norm and ReLU, as ImageClassifier's stages. [] (no
+# stem) embeds the raw pixels of each patch linearly; with a stem the patch embedding is a
+# conv of kernel and stride PATCH_SIZE / 2**len(STEM_CHANNELS), so PATCH_SIZE must be
+# divisible by 2**len(STEM_CHANNELS). E.g. [16, 32]: two stages, stride 4.
+_C.MODEL.VIT.STEM_CHANNELS = []
 # Width of the tokens (>= 1, a multiple of HEADS).
 _C.MODEL.VIT.DIM = 64
 # Number of transformer blocks (>= 1).

@@ -21,6 +21,7 @@ from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.modeling.build import META_ARCH_REGISTRY
 from trainkit.modeling.compile import call_compiled
 from trainkit.modeling.image_batch import INPUT_NORMS, normalize_image, pad_images, to_device
+from trainkit.modeling.masked_conv import MaskedConvStage
 from trainkit.modeling.shape_plan import ShapePlan, shape_plans_from_config
 
 __all__ = ["ViTClassifier"]
@@ -78,23 +79,30 @@ class ViTClassifier(nn.Module):
 
     1. Each image is normalised on its own (``MODEL.CLASSIFIER.INPUT_NORM``) and the batch is
        zero-padded to a common size rounded up to ``MODEL.VIT.PATCH_SIZE``.
-    2. Patch embedding: a conv with kernel and stride ``PATCH_SIZE`` to ``MODEL.VIT.DIM``
-       channels, one token per patch, plus a learned position embedding: a row embedding
-       plus a column embedding, taken from the top-left of a grid sized for the largest
-       image the config allows (``INPUT.MAX_SIZE_TRAIN`` times ``RANDOM_SCALE[1]``, and
-       ``INPUT.MAX_SIZE_TEST``); patches past it share the grid's last row or column.
-    3. ``MODEL.VIT.DEPTH`` pre-norm transformer blocks (``MODEL.VIT.HEADS`` attention heads,
+    2. An optional convolutional stem (the ViT paper's "hybrid"; "early convolutions help
+       transformers see better"): one stage per entry of ``MODEL.VIT.STEM_CHANNELS``, each
+       ``MODEL.CLASSIFIER.CONVS_PER_STAGE`` 3x3 convs (the first of stride 2) with masked
+       batch norm and ReLU: ``ImageClassifier``'s stages (``MaskedConvStage``), so padded
+       pixels stay exactly zero.
+    3. Patch embedding: a conv with kernel and stride ``PATCH_SIZE / 2**len(STEM_CHANNELS)``
+       (``PATCH_SIZE`` without a stem) to ``MODEL.VIT.DIM`` channels, one token per
+       ``PATCH_SIZE`` x ``PATCH_SIZE`` patch of the image, plus a learned position
+       embedding: a row embedding plus a column embedding, taken from the top-left of a
+       grid sized for the largest image the config allows (``INPUT.MAX_SIZE_TRAIN`` times
+       ``RANDOM_SCALE[1]``, and ``INPUT.MAX_SIZE_TEST``); patches past it share the grid's
+       last row or column.
+    4. ``MODEL.VIT.DEPTH`` pre-norm transformer blocks (``MODEL.VIT.HEADS`` attention heads,
        an MLP of ``MLP_RATIO * DIM`` hidden units).
-    4. A final layer norm, the mean over the image's patches and a linear head.
+    5. A final layer norm, the mean over the image's patches and a linear head.
 
     A patch is valid when it holds at least one real pixel. Padded patches are left out of
     every attention's keys and of the mean, and a valid patch's embedding does not depend
     on the padded size, so in eval mode an image's logits do not depend on its batch-mates
     (up to rounding).
 
-    Sharding: ``block_modules = ("blocks",)``; the patch and position embeddings, the final
-    norm and the head go with the root. Compiling (``MODEL.COMPILE.ENABLED``): step 1 stays
-    eager; steps 2-4 and the loss are ``train_network`` and ``eval_network``, and batches
+    Sharding: ``block_modules = ("blocks",)``; the stem, the patch and position embeddings,
+    the final norm and the head go with the root. Compiling (``MODEL.COMPILE.ENABLED``): step
+    1 stays eager; steps 2-5 and the loss are ``train_network`` and ``eval_network``, and batches
     are padded to the shape plans (samples added to a batch have no valid patch and count
     nowhere), as for ``ImageClassifier``.
     """
@@ -110,6 +118,8 @@ class ViTClassifier(nn.Module):
         *,
         num_classes: int,
         patch_size: int = 8,
+        stem_channels: Sequence[int] = (),
+        stem_convs_per_stage: int = 2,
         dim: int = 64,
         depth: int = 4,
         heads: int = 4,
@@ -126,7 +136,10 @@ class ViTClassifier(nn.Module):
 
         Args:
             num_classes: ``MODEL.NUM_CLASSES``.
-            patch_size, dim, depth, heads, mlp_ratio: the ``MODEL.VIT`` keys (lower case).
+            patch_size, stem_channels, dim, depth, heads, mlp_ratio: the ``MODEL.VIT`` keys
+                (lower case); ``stem_channels`` empty: no stem (a linear patch embedding).
+            stem_convs_per_stage: ``MODEL.CLASSIFIER.CONVS_PER_STAGE``: 3x3 convs per stem
+                stage, as in ``ImageClassifier``'s stages (read only with a stem).
             pos_grid: patches per side the position embeddings cover; from a config, the
                 largest image ``INPUT.MAX_SIZE_TRAIN/TEST`` and ``RANDOM_SCALE`` allow.
             input_norm, label_smoothing: ``MODEL.CLASSIFIER.INPUT_NORM/LABEL_SMOOTHING``.
@@ -143,6 +156,8 @@ class ViTClassifier(nn.Module):
         num_classes, self.patch_size = int(num_classes), int(patch_size)
         dim, depth, heads, pos_grid = int(dim), int(depth), int(heads), int(pos_grid)
         mlp_ratio = float(mlp_ratio)
+        stem = [int(c) for c in stem_channels]
+        stem_stride, stem_convs = 2 ** len(stem), int(stem_convs_per_stage)
         self.input_norm = norm = str(input_norm)
         self.label_smoothing = smoothing = float(label_smoothing)
         self.channels_last = bool(channels_last)
@@ -150,6 +165,19 @@ class ViTClassifier(nn.Module):
         for valid, key, requirement, value in [
             (num_classes >= 1, "NUM_CLASSES", ">= 1", num_classes),
             (self.patch_size >= 1, "VIT.PATCH_SIZE", ">= 1", self.patch_size),
+            (min(stem, default=1) >= 1, "VIT.STEM_CHANNELS", "positive ints (or [])", stem),
+            (
+                stem_convs >= 1 or not stem,
+                "CLASSIFIER.CONVS_PER_STAGE",
+                ">= 1 (with MODEL.VIT.STEM_CHANNELS)",
+                stem_convs,
+            ),
+            (
+                self.patch_size % stem_stride == 0,
+                "VIT.PATCH_SIZE",
+                f"divisible by the stride {stem_stride} of MODEL.VIT.STEM_CHANNELS={stem}",
+                self.patch_size,
+            ),
             (heads >= 1, "VIT.HEADS", ">= 1", heads),
             (dim >= 1 and dim % heads == 0, "VIT.DIM", "a positive multiple of HEADS", dim),
             (depth >= 1, "VIT.DEPTH", ">= 1", depth),
@@ -169,7 +197,13 @@ class ViTClassifier(nn.Module):
         # Not persistent: they come from the config, so checkpoints need not carry them.
         self.register_buffer("pixel_mean", torch.tensor(mean).view(3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(3, 1, 1), persistent=False)
-        self.patch_embed = nn.Conv2d(3, dim, self.patch_size, stride=self.patch_size)
+        # Each stage halves the resolution: the patch embedding's kernel covers what is left
+        # of a patch, so a token still stands for PATCH_SIZE x PATCH_SIZE pixels.
+        self.stem = nn.ModuleList(
+            MaskedConvStage(i, o, stem_convs) for i, o in zip([3, *stem[:-1]], stem)
+        )
+        embed_in, self.embed_size = (stem or [3])[-1], self.patch_size // stem_stride
+        self.patch_embed = nn.Conv2d(embed_in, dim, self.embed_size, stride=self.embed_size)
         # Row plus column embeddings: parameters grow with the side, not the area, of the
         # largest image (an uncapped config would otherwise need a huge 2-D grid).
         self.pos_row = nn.Parameter(torch.zeros(pos_grid, dim))
@@ -204,6 +238,8 @@ class ViTClassifier(nn.Module):
         return {
             "num_classes": cfg.MODEL.NUM_CLASSES,
             "patch_size": patch,
+            "stem_channels": vit.STEM_CHANNELS,
+            "stem_convs_per_stage": cfg.MODEL.CLASSIFIER.CONVS_PER_STAGE,
             "dim": vit.DIM,
             "depth": vit.DEPTH,
             "heads": vit.HEADS,
@@ -268,13 +304,17 @@ class ViTClassifier(nn.Module):
         return (row[:, None, :] + col[None, :, :]).flatten(0, 1)
 
     def _logits(self, images: Tensor, mask: Tensor) -> Tensor:
-        """Embedding, blocks, pooling and head: logits [N, C] of a padded batch."""
+        """Stem, embedding, blocks, pooling and head: logits [N, C] of a padded batch."""
+        for stage in self.stem:
+            images, mask = stage(images, mask)
         tokens = self.patch_embed(images)  # [N, D, rows, cols]
         rows, cols = tokens.shape[-2:]
         tokens = tokens.flatten(2).transpose(1, 2) + self._position_embedding(rows, cols)
         # A patch is valid when it holds a real pixel; a sample the shape plan added has
         # none, and attends to all its (padding) tokens instead, so no softmax row is empty.
-        valid = F.max_pool2d(mask, self.patch_size).flatten(1) > 0  # [N, L]
+        # (After the stem, a mask pixel is its stride's top-left input pixel, and a patch's
+        # top-left pixel is real iff any of its pixels is: the test is the same.)
+        valid = F.max_pool2d(mask, self.embed_size).flatten(1) > 0  # [N, L]
         keys = valid | ~valid.any(dim=1, keepdim=True)
         keys = keys[:, None, None, :]  # broadcast over heads and queries
         for block in self.blocks:
