@@ -8,6 +8,7 @@ writer, each block compiled, and a sharded directory evaluated on one process.
 """
 
 import os
+import signal
 import time
 
 import pytest
@@ -392,3 +393,78 @@ def test_the_ema_of_a_sharded_run_loads_from_its_directory(tmp_path):
         expected = averaged[name]
         expected = expected.full_tensor() if hasattr(expected, "full_tensor") else expected
         assert torch.equal(value, expected), name
+
+
+class _KillAt(hooks.HookBase):
+    def __init__(self, iteration):
+        self.iteration = iteration
+
+    def after_step(self):
+        if self.trainer.iter == self.iteration:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no save, no goodbye
+
+
+def _compiled_deferred_crash_once(output_dir):
+    from trainkit.launcher.restarts import restart_count
+
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _sharded_cfg(output_dir, max_iter=8, TEST__EVAL_PERIOD=0, SOLVER__DEFERRED_CHECKS=True)
+    cfg.MODEL.COMPILE.ENABLED, cfg.MODEL.COMPILE.BACKEND = True, "eager"
+    trainer = RegressionTrainer(cfg)
+    if restart_count() == 0 and comm.get_rank() == 1:
+        trainer.register_hooks([_KillAt(6)])  # past the checkpoint of iteration 5
+    trainer.resume_or_load(resume=False)  # a restarted job resumes by itself
+    start = trainer.start_iter
+    trainer.train()
+    compiled = all(b._compiled_call_impl is not None for b in model_blocks(trainer.model))
+    return start, compiled, {k: v.full_tensor() for k, v in trainer.model.state_dict().items()}
+
+
+def _straight_compiled(output_dir):
+    seed_all_rng(7 + comm.get_rank())
+    cfg = _sharded_cfg(output_dir, max_iter=8, TEST__EVAL_PERIOD=0, SOLVER__DEFERRED_CHECKS=True)
+    cfg.MODEL.COMPILE.ENABLED, cfg.MODEL.COMPILE.BACKEND = True, "eager"
+    trainer = RegressionTrainer(cfg)
+    trainer.train()
+    return {k: v.full_tensor() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_compiled_blocks_deferred_checks_and_a_restart_after_a_crash_on_two_processes(tmp_path):
+    restarted = run_on_ranks(
+        _compiled_deferred_crash_once, 2, args=(str(tmp_path / "b"),), max_restarts=1,
+        timeout_s=300,
+    )  # fmt: skip
+    assert [(start, compiled) for start, compiled, _ in restarted] == [(6, True), (6, True)]
+    straight = run_on_ranks(_straight_compiled, 2, args=(str(tmp_path / "a"),), timeout_s=300)[0]
+    for name, value in straight.items():  # the restarted run ends where the straight one does
+        assert torch.equal(value, restarted[0][2][name]), name
+
+
+def _preempted_on_rank_1(output_dir):
+    from trainkit.engine.hooks.preemption import TrainingPreempted
+
+    class _SignalAt(hooks.HookBase):
+        def after_step(self):
+            if self.trainer.iter == 3 and comm.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    seed_all_rng(7 + comm.get_rank())
+    trainer = RegressionTrainer(_sharded_cfg(output_dir, TEST__EVAL_PERIOD=0))
+    trainer._hooks.insert(0, _SignalAt())  # before the PreemptionHandler's check
+    trainer._hooks[0].trainer = trainer
+    try:
+        trainer.train()
+    except TrainingPreempted as e:
+        return e.iteration
+    return None
+
+
+@pytest.mark.slow
+def test_a_signal_on_one_rank_saves_every_ranks_shards_and_stops_both(tmp_path):
+    stopped = run_on_ranks(_preempted_on_rank_1, 2, args=(str(tmp_path),), timeout_s=300)
+    assert stopped[0] == stopped[1] >= 3  # the ranks agree on the step to stop after
+    name = f"model_{stopped[0]:07d}"
+    assert (tmp_path / "last_checkpoint").read_text() == name
+    names = {p.name for p in (tmp_path / name).iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "run.pth"} <= names
