@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from trainkit.modeling.compile import call_compiled
 from trainkit.modeling.shape_plan import ShapePlan
 
-__all__ = ["INPUT_NORMS", "normalize_image", "pad_images", "to_device"]
+__all__ = [
+    "INPUT_NORMS",
+    "classify_padded_batch",
+    "masked_cross_entropy",
+    "normalize_image",
+    "pad_images",
+    "to_device",
+]
 
 # The values of MODEL.CLASSIFIER.INPUT_NORM (see normalize_image).
 INPUT_NORMS = ("image", "pixel")
@@ -99,3 +109,54 @@ def to_device(tensor: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
+
+
+def masked_cross_entropy(
+    logits: Tensor, labels: Tensor, mask: Tensor, label_smoothing: float = 0.0
+) -> Tensor:
+    """Return the mean cross-entropy over a padded batch's real samples.
+
+    Args:
+        logits: [N, C].
+        labels: int64 [N], anything for the rows a shape plan added (all padding).
+        mask: [N, 1, H, W], 1 on real pixels: a row with none is an added sample.
+        label_smoothing: as ``F.cross_entropy``'s.
+    """
+    weights = mask.flatten(1).amax(dim=1)  # 1 for a real sample, 0 for an added one
+    losses = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
+    return (losses * weights).sum() / weights.sum()
+
+
+def classify_padded_batch(model: Any, batched_inputs: list[dict[str, Any]]) -> Any:
+    """The ``forward`` of a classifier of padded image batches (the built-in classifiers).
+
+    ``model`` has ``preprocess_image`` (images and mask) and the compiled methods
+    ``eval_network(images, mask)`` and ``train_network(images, mask, labels)``.
+
+    Returns:
+        ``{"loss_cls": ...}`` in training mode, logits [N, C] in eval mode.
+
+    Raises:
+        KeyError: In training mode, if an input has no ``"label"``.
+    """
+    images, mask = model.preprocess_image(batched_inputs)
+    if not model.training:
+        return call_compiled(model, "eval_network", images, mask)[: len(batched_inputs)]
+    try:
+        labels = [int(inp["label"]) for inp in batched_inputs]
+    except KeyError:
+        raise KeyError(
+            f"{type(model).__name__} in training mode needs a 'label' in every input dict; use "
+            "a mapper that keeps it (ClassificationDatasetMapper) or call model.eval()."
+        ) from None
+    labels += [0] * (images.shape[0] - len(labels))  # the added rows' weight is 0
+    # Built on the CPU and copied without a wait (torch.as_tensor(..., device=cuda) would
+    # copy from pageable memory, which blocks the host until the device catches up).
+    targets = to_device(torch.tensor(labels), images.device)
+    if torch.is_grad_enabled():
+        loss = call_compiled(model, "train_network", images, mask, targets)
+    else:
+        # Training mode without gradients (TEST.VAL_LOSS, PreciseBN) runs eager: in the
+        # compiled function it would be a second graph per shape (Dynamo guards on it).
+        loss = model.train_network(images, mask, targets)
+    return {"loss_cls": loss}

@@ -19,8 +19,14 @@ from torch import Tensor, nn
 
 from trainkit.config import CfgNode, ConfigError, configurable
 from trainkit.modeling.build import META_ARCH_REGISTRY
-from trainkit.modeling.compile import call_compiled
-from trainkit.modeling.image_batch import INPUT_NORMS, normalize_image, pad_images, to_device
+from trainkit.modeling.image_batch import (
+    INPUT_NORMS,
+    classify_padded_batch,
+    masked_cross_entropy,
+    normalize_image,
+    pad_images,
+    to_device,
+)
 from trainkit.modeling.masked_conv import MaskedConvStage
 from trainkit.modeling.shape_plan import ShapePlan, shape_plans_from_config
 
@@ -336,11 +342,7 @@ class ViTClassifier(nn.Module):
             labels: int64 [N], anything for the added (all-padding) rows.
         """
         logits = self._logits(images, mask)
-        weights = mask.flatten(1).amax(dim=1)  # 1 for a real sample, 0 for an added one
-        losses = F.cross_entropy(
-            logits, labels, label_smoothing=self.label_smoothing, reduction="none"
-        )
-        return (losses * weights).sum() / weights.sum()
+        return masked_cross_entropy(logits, labels, mask, self.label_smoothing)
 
     def forward(self, batched_inputs: list[dict[str, Any]]) -> dict[str, Tensor] | Tensor:
         """Return ``{"loss_cls": ...}`` in training mode, logits [N, C] in eval mode.
@@ -348,22 +350,4 @@ class ViTClassifier(nn.Module):
         Raises:
             KeyError: In training mode, if an input has no ``"label"``.
         """
-        images, mask = self.preprocess_image(batched_inputs)
-        if not self.training:
-            return call_compiled(self, "eval_network", images, mask)[: len(batched_inputs)]
-        try:
-            labels = [int(inp["label"]) for inp in batched_inputs]
-        except KeyError:
-            raise KeyError(
-                "ViTClassifier in training mode needs a 'label' in every input dict; use a "
-                "mapper that keeps it (ClassificationDatasetMapper) or call model.eval()."
-            ) from None
-        labels += [0] * (images.shape[0] - len(labels))  # the added rows' weight is 0
-        targets = to_device(torch.tensor(labels), images.device)
-        if torch.is_grad_enabled():
-            loss = call_compiled(self, "train_network", images, mask, targets)
-        else:
-            # Training mode without gradients (TEST.VAL_LOSS) runs eager: in the compiled
-            # function it would be a second graph per shape (Dynamo guards on it).
-            loss = self.train_network(images, mask, targets)
-        return {"loss_cls": loss}
+        return classify_padded_batch(self, batched_inputs)
