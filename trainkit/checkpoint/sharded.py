@@ -247,7 +247,10 @@ def _set_at(obj: Any, path: list[Any], value: Any) -> None:
     for key in path[:-1]:
         obj = obj[key]
     if isinstance(obj, tuple):  # rebuilt by split_sharded; tuples hold no DTensor in practice
-        raise CorruptCheckpointError("a sharded tensor inside a tuple cannot be restored")
+        raise CorruptCheckpointError(
+            f"a sharded tensor at {path} sits in a tuple, which cannot be filled in place; "
+            "return a list or dict from that state_dict instead of a tuple."
+        )
     obj[path[-1]] = value
 
 
